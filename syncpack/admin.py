@@ -1,0 +1,280 @@
+"""Inspection and maintenance: lsepoch, chepoch, status, fsck, load, lspacket."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from . import codec, planning
+from .conflict import Version
+from .csn import CSN_LEN, pack_csn
+from .errors import LoadError, PacketError, UsageError
+from .site import SYS_PREFIX, Site, check_collection
+from .sync import (believed, check_signature, find_packet_files, link, matrix, open_packet,
+                   waiting_gaps, _ranges_from_blob)
+
+
+def lsepoch(site: Site) -> dict:
+    peers = {}
+    for m in sorted(site.members_by_id().values(), key=lambda m: m.name):
+        if m.site_id == site.site_id:
+            continue
+        sent, acked = matrix(site, m.site_id)
+        peers[m.name] = {"sent": site.named(sent), "acked": site.named(acked)}
+    return {"site": site.name, "family": site.family_name,
+            "vector": site.named(site.vector()), "peers": peers}
+
+
+def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
+    m = site.member_named(peer)
+    if m.site_id == site.site_id:
+        raise UsageError("chepoch corrects what we believe a peer holds; name another site")
+    changes = {}
+    for s in settings:
+        origin, sep, epoch = s.partition("=")
+        if not sep:
+            raise UsageError(f"expected ORIGIN=EPOCH, got {s!r}")
+        try:
+            e = int(epoch)
+            if e < 0:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"epoch must be a whole number >= 0 in {s!r}") from None
+        changes[site.member_named(origin).site_id if origin in site.roster()
+                else _origin_by_name(site, origin)] = e
+    with site.lock():
+        c = site.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            for o, e in changes.items():
+                c.execute("INSERT INTO matrix(peer, origin, sent, acked) VALUES (?, ?, ?, 0) "
+                          "ON CONFLICT(peer, origin) DO UPDATE SET sent=excluded.sent, "
+                          "acked=min(acked, excluded.sent)", (m.site_id, o, e))
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+    return lsepoch(site)
+
+
+def _origin_by_name(site: Site, name: str) -> bytes:
+    for o, n in site.names().items():
+        if n == name:
+            return o
+    raise UsageError(f"no origin named {name!r}")
+
+
+def status(site: Site) -> dict:
+    vec = site.vector()
+    peers = {}
+    for m in sorted(site.members_by_id().values(), key=lambda m: m.name):
+        if m.site_id == site.site_id:
+            continue
+        bel, reported = believed(site, m.site_id)
+        sent, acked = matrix(site, m.site_id)
+        lk = link(site, m.site_id)
+        peers[m.name] = {
+            "lag_ops": planning.lag(vec, bel, m.site_id, reported),
+            "unacknowledged_ops": sum(max(0, e - acked.get(o, 0)) for o, e in sent.items()),
+            "packets_sent": lk["out_seq"], "packets_received": lk["in_seq"],
+        }
+    parked = []
+    for pid, sender, seq, part, origin_path, w in site.conn.execute(
+            "SELECT packet_id, sender, seq, part, origin_path, waiting FROM parked "
+            "ORDER BY sender, seq, part"):
+        parked.append({"packet_id": pid.hex(), "from": site.name_of(sender), "seq": seq,
+                       "part": part, "path": origin_path,
+                       "waiting_for": {site.name_of(o): [lo, hi] for o, (lo, hi)
+                                       in sorted(_ranges_from_blob(w).items())}})
+    conflicts = site.conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
+        "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
+    changelog = site.conn.execute("SELECT count(*) FROM changelog").fetchone()[0]
+    return {"site": site.name, "family": site.family_name, "state": site.state,
+            "peers": peers, "parked": parked, "conflicts": conflicts,
+            "changelog_ops": changelog, "vector": site.named(vec)}
+
+
+def digest(site: Site) -> dict:
+    d, n = site.digest()
+    return {"digest": d, "records": n, "vector": site.named(site.vector())}
+
+
+def load(site: Site, path: str | os.PathLike) -> dict:
+    """JSON lines, all in one transaction; a bad line rejects the whole file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise LoadError(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LoadError(f"{p}: cannot read ({e})") from None
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LoadError(f"{p} line {n}: not valid JSON ({e.msg})",
+                            hint="nothing was loaded; fix the line and load the file again") from None
+        try:
+            if not isinstance(d, dict):
+                raise ValueError("each line must be a JSON object")
+            coll, key = d.get("collection"), d.get("key")
+            if not isinstance(coll, str) or not isinstance(key, str):
+                raise ValueError("needs string fields 'collection' and 'key'")
+            check_collection(coll)
+            if d.get("delete") is True:
+                if "value" in d:
+                    raise ValueError("a line has either 'value' or 'delete': true, not both")
+                items.append((coll, key, None, True))
+            elif "value" in d:
+                extra = set(d) - {"collection", "key", "value"}
+                if extra:
+                    raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
+                items.append((coll, key, d["value"], False))
+            else:
+                raise ValueError("needs 'value' or 'delete': true")
+        except (ValueError, UsageError) as e:
+            raise LoadError(f"{p} line {n}: {e}",
+                            hint="nothing was loaded; fix the line and load the file again") from None
+    with site.transaction() as tx:
+        for coll, key, value, is_delete in items:
+            if is_delete:
+                tx.delete(coll, key)
+            else:
+                tx.put(coll, key, value)
+    return {"loaded": len(items), "puts": sum(1 for i in items if not i[3]),
+            "deletes": sum(1 for i in items if i[3])}
+
+
+def fsck(site: Site) -> dict:
+    """Check the store's invariants; returns {"ok", "problems", ...}."""
+    c = site.conn
+    problems: list[str] = []
+    names = site.names()
+    vec = site.vector()
+    floors = site.floors()
+    c.execute("BEGIN")
+    try:
+        try:
+            ic = c.execute("PRAGMA integrity_check").fetchall()
+            if ic != [("ok",)]:
+                problems.append("sqlite integrity_check: " + "; ".join(r[0] for r in ic[:5]))
+        except Exception as e:  # a damaged file can fail the check itself
+            problems.append(f"sqlite integrity_check failed: {e}")
+        stats = {o: (lo, hi, n) for o, lo, hi, n in c.execute(
+            "SELECT origin, min(epoch), max(epoch), count(*) FROM changelog GROUP BY origin")}
+        for o in set(stats) | set(vec):
+            nm = names.get(o, o.hex())
+            floor = floors.get(o, 0)
+            lo, hi, n = stats.get(o, (None, None, 0))
+            if n:
+                if lo != floor + 1 or hi - lo + 1 != n:
+                    problems.append(f"changelog of {nm} is not contiguous: {n} ops between "
+                                    f"epochs {lo} and {hi}, floor {floor}")
+                if vec.get(o) != hi:
+                    problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog "
+                                    f"holds up to {hi}")
+            elif vec.get(o, 0) != floor:
+                problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog holds "
+                                f"nothing above floor {floor}")
+        max_hlc = c.execute("SELECT max(hlc) FROM changelog").fetchone()[0] or 0
+        if max_hlc > int(site.meta("hlc", 0)):
+            problems.append("clock is behind a CSN in the changelog")
+        problems += _replay_check(site)
+        c.execute("COMMIT")
+    except BaseException:
+        c.execute("ROLLBACK")
+        raise
+    return {"ok": not problems, "problems": problems,
+            "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
+
+
+def _replay_check(site: Site) -> list[str]:
+    """Record state must equal a replay of the changelog on top of the snapshot base."""
+    c = site.conn
+    state: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
+    logged = set()
+    for coll, key, hlc, origin, seq in c.execute(
+            "SELECT collection, key, hlc, origin, seq FROM changelog"):
+        logged.add(pack_csn(hlc, origin, seq))
+    floors = site.floors()
+    problems = []
+    actual: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
+    for coll, key, csn, value in c.execute("SELECT collection, key, csn, value FROM versions"):
+        actual.setdefault((coll, key), {})[csn] = value
+        if csn not in logged:
+            if floors.get(csn[8:16], 0) == 0:
+                problems.append(f"version {csn.hex()} of {coll}/{key} has no changelog op")
+            state.setdefault((coll, key), {})[csn] = value   # from a snapshot or trimmed
+    superseded: set[bytes] = set()
+    for coll, key, hlc, origin, seq, value, replaced in c.execute(
+            "SELECT collection, key, hlc, origin, seq, value, replaced FROM changelog "
+            "ORDER BY hlc, origin, seq"):
+        csn = pack_csn(hlc, origin, seq)
+        vs = state.setdefault((coll, key), {})
+        for i in range(0, len(replaced), CSN_LEN):
+            r = replaced[i:i + CSN_LEN]
+            if vs.pop(r, 0) == 0 and r not in logged:
+                superseded.add(r)
+        if csn in superseded:
+            continue
+        vs[csn] = value
+    state = {k: v for k, v in state.items() if v}
+    if state != actual:
+        diff = sorted(set(state) ^ set(actual)) + sorted(
+            k for k in set(state) & set(actual) if state[k] != actual[k])
+        for coll, key in diff[:10]:
+            problems.append(f"record {coll}/{key} differs from a replay of the changelog")
+        if len(diff) > 10:
+            problems.append(f"... and {len(diff) - 10} more records differ")
+    return problems
+
+
+def lspacket(paths: list[str], site: Site | None = None) -> dict:
+    out = []
+    errors = []
+    for path, named in find_packet_files(paths):
+        try:
+            pk = open_packet(path)
+        except PacketError as e:
+            if named:
+                errors.append({"path": str(path), "error": str(e)})
+            continue
+        try:
+            h = pk.header
+            names = site.names() if site else {}
+            sig = "unchecked"
+            if site is not None and site.joined and h.family == site.family_id:
+                m = site.members_by_id(include_retired=True).get(h.sender)
+                if m is not None:
+                    sig = "valid" if check_signature(pk, m.ed25519) else "invalid"
+            elif h.kind == codec.KIND_SNAPSHOT:
+                r = {m["id"]: m for m in h.roster}.get(h.sender)
+                if r is not None:
+                    sig = "valid" if check_signature(pk, r["ed25519"]) else "invalid"
+                    names = {m["id"]: m["name"] for m in h.roster}
+            nm = lambda o: names.get(o, o.hex())
+            out.append({"path": str(path), "kind": h.kind, "from": nm(h.sender),
+                        "to": nm(h.recipient), "family_id": h.family.hex(),
+                        "packet_id": h.packet_id.hex(), "seq": h.seq, "part": h.part,
+                        "final": h.final, "created_ms": h.created_ms, "ops": h.count,
+                        "bytes": pk.env.size,
+                        "ranges": {nm(o): [lo, hi] for o, (lo, hi) in sorted(h.ranges.items())},
+                        "vector": {nm(o): e for o, e in sorted(h.vector.items())},
+                        "signature": sig})
+        finally:
+            pk.close()
+    return {"packets": out, "errors": errors}
+
+
+def conflict_versions(site: Site, vs: list[Version]) -> list[dict]:
+    names = site.names()
+    from .csn import format_csn
+    return [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
+             "origin": names.get(v.csn[8:16], v.csn[8:16].hex()), "deleted": v.deleted,
+             "value": None if v.value is None else codec.decode_value(v.value)} for v in vs]

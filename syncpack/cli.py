@@ -1,0 +1,536 @@
+"""The ``syncpack`` command: parse, call one library function, print.
+
+The contract (names, exit codes, JSON fields) is ../shared/design/CLI.md, restated in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import admin, replica, sync
+from .errors import RecordNotFound, SyncpackError
+from .packets import DEFAULT_MAX_SIZE, parse_size
+from .site import Site
+
+
+class Ctx:
+    def __init__(self, site: str | None, as_json: bool, quiet: bool, verbose: bool):
+        self.site_dir = site or os.environ.get("SYNCPACK_SITE") or "."
+        self.site_given = bool(site or os.environ.get("SYNCPACK_SITE"))
+        self.json = as_json
+        self.quiet = quiet
+        self.verbose = verbose
+
+    def open(self, require_joined: bool = True) -> Site:
+        return Site.open(self.site_dir, require_joined=require_joined)
+
+    def emit(self, doc: dict, human: str | None = None) -> None:
+        """The JSON document on stdout in --json mode, else the human text on stdout."""
+        if self.json:
+            click.echo(json.dumps(doc, indent=2, sort_keys=False))
+        elif human is not None and human != "":
+            click.echo(human)
+
+    def say(self, text: str) -> None:
+        """Human remarks: stderr, and only when not quiet."""
+        if not self.quiet:
+            click.echo(text, err=True)
+
+    @contextmanager
+    def progress(self, label: str, total: int | None = None):
+        """A progress line on a terminal; nothing in --json mode or when stderr is redirected."""
+        if self.json or self.quiet or not sys.stderr.isatty():
+            yield None
+            return
+        done = [0]
+
+        def tick(n: int) -> None:
+            done[0] += n
+            if total:
+                click.echo(f"\r{label}: {done[0]:,}/{total:,} ops "
+                           f"({100 * done[0] // max(total, 1)}%)", err=True, nl=False)
+            else:
+                click.echo(f"\r{label}: {done[0]:,}", err=True, nl=False)
+
+        try:
+            yield tick
+        finally:
+            if done[0]:
+                click.echo("", err=True)
+
+
+def fail(ctx_obj: Ctx | None, message: str, hint: str | None, code: int = 1):
+    if ctx_obj is not None and ctx_obj.json:
+        click.echo(json.dumps({"error": message, "hint": hint}))
+    click.echo(f"error: {message}", err=True)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+    sys.exit(code)
+
+
+class Group(click.Group):
+    """Turns library errors into ``error:``/``hint:`` lines and exit 1, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SyncpackError as e:
+            fail(ctx.obj, e.message, e.hint, e.exit_code)
+        except sqlite3.DatabaseError as e:
+            fail(ctx.obj, f"the site store cannot be used: {e}",
+                 "check the disk and run 'syncpack fsck'; restore from a backup if it fails")
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except OSError as e:
+            fail(ctx.obj, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), None)
+        except Exception as e:  # a bug: say so in one line; -v shows the traceback
+            if ctx.obj is not None and ctx.obj.verbose:
+                traceback.print_exc()
+            fail(ctx.obj, f"internal error: {type(e).__name__}: {e}",
+                 "this is a bug in syncpack; rerun with -v and report the traceback")
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not valid JSON ({e.msg}); quote strings, e.g. '\"text\"'")
+
+
+def _size(ctx, param, value):
+    if value is None:
+        return DEFAULT_MAX_SIZE
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--site", "site", metavar="DIR", help="Site directory (default: $SYNCPACK_SITE, "
+              "else the current directory).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")
+@click.version_option(package_name="syncpack")
+@click.pass_context
+def cli(ctx, site, as_json, quiet, verbose):
+    """Offline replication by signed, compressed update packets.
+
+    Sites that cannot reach each other each keep a full replica; 'export' writes the changes a
+    peer lacks into packet files, you carry them (USB stick, shared drop), 'import' applies them.
+
+    \b
+    Example, a family of two sites:
+      syncpack init boston --family parts --site boston
+      syncpack keygen sanfran --site sanfran
+      syncpack --site boston mkreplica export --site sanfran \\
+          --pubkey sanfran/keys/site.pub --out /media/usb
+      syncpack --site sanfran mkreplica import /media/usb
+      syncpack --site boston put parts p1 '{"qty": 4}'
+      syncpack --site boston export --to sanfran --out /media/usb
+      syncpack --site sanfran import /media/usb
+    """
+    ctx.obj = Ctx(site, as_json, quiet, verbose)
+
+
+# --- site lifecycle ---------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--family", required=True, help="Name of the new family.")
+@click.option("--site", "site_name", required=True, help="Name of this first site.")
+@click.option("--policy", type=click.Choice(["lww", "priority"]), default="lww",
+              show_default=True, help="Default conflict policy for collections.")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="This site's priority under the 'priority' policy.")
+@click.pass_obj
+def init(obj: Ctx, directory, family, site_name, policy, priority):
+    """Create a new family whose first site lives in DIRECTORY.
+
+    Writes the site's store and an Ed25519 key pair (private key mode 0600).
+
+    \b
+    Example:
+      syncpack init /srv/boston --family parts --site boston_hub
+    """
+    s = Site.init_family(directory, family, site_name, policy, priority)
+    doc = {"site": s.name, "family": family, "family_id": s.family_id.hex(),
+           "path": str(s.path)}
+    obj.emit(doc, f"created family {family!r} ({s.family_id.hex()}) with site {s.name!r} "
+                  f"at {s.path}")
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--site", "site_name", required=True, help="Name of the new site.")
+@click.pass_obj
+def keygen(obj: Ctx, directory, site_name):
+    """Make a not-yet-joined site directory with its key pair.
+
+    Prints the public key file to hand to 'mkreplica export --pubkey' at a member site.
+
+    \b
+    Example:
+      syncpack keygen /srv/sanfran --site sanfran_hub
+    """
+    s, pub = Site.keygen(directory, site_name)
+    obj.emit({"site": s.name, "public_key": str(pub)}, str(pub))
+
+
+@cli.group(cls=Group)
+def mkreplica():
+    """Add a site to the family (export) and create it from the packets (import)."""
+
+
+@mkreplica.command("export")
+@click.option("--site", "name", required=True, help="Name of the new site.")
+@click.option("--pubkey", required=True, type=click.Path(dir_okay=False),
+              help="Public key file from 'syncpack keygen'.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory (e.g. a mounted USB stick) to write the packet(s) into.")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="The new site's priority under the 'priority' conflict policy.")
+@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
+              "(default just under 4G).")
+@click.pass_obj
+def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size):
+    """At a member site: add NAME to the family and write its replica-creation packets.
+
+    \b
+    Example:
+      syncpack --site /srv/boston mkreplica export --site sanfran_hub \\
+          --pubkey sanfran.pub --out /media/usb
+    """
+    s = obj.open()
+    with obj.progress("snapshot") as tick:
+        parts = replica.mkreplica_export(s, name, pubkey, out, priority, max_size,
+                                         progress=tick)
+    doc = {"packets": [{"path": str(p.path), "to": name, "records": p.header.count,
+                        "bytes": p.size, "part": p.header.part} for p in parts]}
+    obj.emit(doc, "\n".join(str(p.path) for p in parts))
+    obj.say(f"added {name} to family {s.family_name!r}; carry the packet(s) to the new site and "
+            f"run: syncpack --site DIR mkreplica import PATH")
+
+
+@mkreplica.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.pass_obj
+def mkreplica_import(obj: Ctx, paths):
+    """Create the replica (the --site directory made by keygen) from its packets.
+
+    \b
+    Example:
+      syncpack --site /srv/sanfran mkreplica import /media/usb
+    """
+    s = obj.open(require_joined=False)
+    with obj.progress("seeding") as tick:
+        replica.mkreplica_import(s, list(paths), progress=tick)
+    obj.emit({"site": s.name, "family": s.family_name, "family_id": s.family_id.hex()},
+             f"site {s.name!r} joined family {s.family_name!r}")
+
+
+# --- data -------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("collection")
+@click.argument("key")
+@click.argument("value", metavar="JSON")
+@click.pass_obj
+def put(obj: Ctx, collection, key, value):
+    """Write a record.
+
+    \b
+    Example:
+      syncpack put parts p-100 '{"name": "bolt", "qty": 40}'
+    """
+    v = _json_value(value)
+    s = obj.open()
+    with s.transaction() as tx:
+        tx.put(collection, key, v)
+    obj.emit({"collection": collection, "key": key, "value": v})
+
+
+@cli.command()
+@click.argument("collection")
+@click.argument("key")
+@click.pass_obj
+def delete(obj: Ctx, collection, key):
+    """Delete a record (a tombstone is recorded even if the record is absent).
+
+    \b
+    Example:
+      syncpack delete parts p-099
+    """
+    s = obj.open()
+    with s.transaction() as tx:
+        tx.delete(collection, key)
+    obj.emit({"collection": collection, "key": key, "deleted": True})
+
+
+@cli.command()
+@click.argument("collection")
+@click.argument("key")
+@click.pass_obj
+def get(obj: Ctx, collection, key):
+    """Print the visible value as JSON; exit 1 if absent.
+
+    \b
+    Example:
+      syncpack get parts p-100
+    """
+    s = obj.open()
+    try:
+        v = s.get(collection, key)
+    except RecordNotFound as e:
+        raise RecordNotFound(str(e), hint=f"'syncpack ls {collection}' lists the keys") from None
+    obj.emit({"collection": collection, "key": key, "value": v}, json.dumps(v))
+
+
+@cli.command("ls")
+@click.argument("collection", required=False)
+@click.pass_obj
+def ls_(obj: Ctx, collection):
+    """List records (all collections, or one).
+
+    \b
+    Example:
+      syncpack ls parts
+    """
+    s = obj.open()
+    recs = [{"collection": c, "key": k, "value": v} for c, k, v in s.records(collection)]
+    obj.emit({"records": recs},
+             "\n".join(f"{r['collection']}\t{r['key']}\t{json.dumps(r['value'])}" for r in recs))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_obj
+def load(obj: Ctx, file):
+    """Load JSON lines in one transaction; a bad line rejects the whole file.
+
+    Each line is {"collection", "key", "value"} or {"collection", "key", "delete": true}.
+
+    \b
+    Example:
+      syncpack load parts.jsonl
+    """
+    s = obj.open()
+    doc = admin.load(s, file)
+    obj.emit(doc, f"loaded {doc['loaded']} record(s) in one transaction")
+
+
+@cli.command()
+@click.pass_obj
+def digest(obj: Ctx):
+    """Print a digest of the replicated state; equal on converged sites.
+
+    \b
+    Example:
+      syncpack --site boston digest; syncpack --site sanfran digest
+    """
+    s = obj.open()
+    doc = admin.digest(s)
+    obj.emit(doc, doc["digest"])
+
+
+@cli.command()
+@click.pass_obj
+def fsck(obj: Ctx):
+    """Check the store's invariants; exit 1 on any violation.
+
+    Checks: each origin's changelog is contiguous, the vector equals the changelog's highest
+    epochs, and the record state equals a replay of the changelog.
+
+    \b
+    Example:
+      syncpack --site boston fsck
+    """
+    s = obj.open()
+    doc = admin.fsck(s)
+    if obj.json:
+        obj.emit(doc)
+    if not doc["ok"]:
+        for p in doc["problems"]:
+            click.echo(f"error: {p}", err=True)
+        click.echo("hint: restore the site from a backup, or re-seed it with a snapshot",
+                   err=True)
+        sys.exit(1)
+    if not obj.json:
+        obj.say(f"ok: {doc['changelog_ops']} changelog ops checked")
+
+
+# --- sync -------------------------------------------------------------------------------------
+
+@cli.command("export")
+@click.option("--to", "to", multiple=True, metavar="PEER", help="Peer to export to (repeat).")
+@click.option("--all", "all_peers", is_flag=True, help="Export to every other member.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory to write packets into (layout: OUT/<to>/<from>/<seq>-<part>.spk).")
+@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
+              "(default just under 4G, so packets fit FAT32).")
+@click.option("--engine", type=click.Choice(["local"]), default="local", show_default=True)
+@click.pass_obj
+def export_(obj: Ctx, to, all_peers, out, max_size, engine):
+    """Write update packets holding exactly what each peer lacks.
+
+    \b
+    Example:
+      syncpack --site boston export --to sanfran --out /media/usb
+      syncpack --site boston export --all --out /media/usb --max-size 650M
+    """
+    if to and all_peers:
+        raise click.UsageError("use either --to PEER... or --all")
+    s = obj.open()
+    with obj.progress("export") as tick:
+        pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick)
+    obj.emit({"packets": [p.to_json() for p in pkts]},
+             "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
+    if not pkts:
+        obj.say("nothing to send: every peer already holds our changes and our vector")
+
+
+@cli.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.pass_obj
+def import_(obj: Ctx, paths):
+    """Apply update packets (files, or directories searched recursively).
+
+    Packets with a gap are parked inside the site directory and applied by themselves once the
+    missing packets arrive.
+
+    \b
+    Example:
+      syncpack --site sanfran import /media/usb
+    """
+    s = obj.open()
+    with obj.progress("import") as tick:
+        res = sync.import_packets(s, paths, progress=tick)
+    lines = [f"applied {len(res.applied)} packet(s), {res.ops_applied} op(s)"]
+    if res.duplicates:
+        lines.append(f"skipped {len(res.duplicates)} duplicate packet(s)")
+    for p in res.parked:
+        w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
+        lines.append(f"parked {p['path']}: waiting for {w}")
+    if obj.json:
+        obj.emit(res.to_json())
+    else:
+        obj.say("\n".join(lines))
+    for r in res.rejected:
+        click.echo(f"error: {r['path']}: {r['error']}", err=True)
+    if res.rejected:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.pass_obj
+def lspacket(obj: Ctx, paths):
+    """Describe packets without applying them (no site needed; with one, checks signatures).
+
+    \b
+    Example:
+      syncpack lspacket /media/usb
+    """
+    s = None
+    try:
+        if obj.site_given or Path(obj.site_dir, "syncpack.db").exists():
+            s = obj.open(require_joined=False)
+    except SyncpackError:
+        s = None
+    doc = admin.lspacket(list(paths), s)
+    human = []
+    for p in doc["packets"]:
+        rng = ", ".join(f"{o} {lo + 1}-{hi}" for o, (lo, hi) in p["ranges"].items()) or "-"
+        human.append(f"{p['path']}: {p['kind']} {p['from']} -> {p['to']} seq {p['seq']} part "
+                     f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}")
+    obj.emit(doc, "\n".join(human))
+    for e in doc["errors"]:
+        click.echo(f"error: {e['path']}: {e['error']}", err=True)
+    if doc["errors"]:
+        sys.exit(1)
+
+
+@cli.command()
+@click.pass_obj
+def lsepoch(obj: Ctx):
+    """Show the epoch matrix: our vector, and per peer what we sent and what it acknowledged.
+
+    \b
+    Example:
+      syncpack --site boston lsepoch
+    """
+    s = obj.open()
+    doc = admin.lsepoch(s)
+    obj.emit(doc, _matrix_table(doc))
+
+
+def _matrix_table(doc: dict) -> str:
+    origins = list(doc["vector"])
+    w = max([len(o) for o in origins] + [len("sent to ") + max(
+        [len(p) for p in doc["peers"]] + [0]), 10]) + 2
+    lines = [f"site {doc['site']}".ljust(w) + "".join(o[:12].rjust(13) for o in origins)]
+    lines.append("holds".ljust(w) + "".join(str(doc["vector"][o]).rjust(13) for o in origins))
+    for p, d in doc["peers"].items():
+        lines.append(f"sent to {p}".ljust(w) + "".join(
+            str(d["sent"].get(o, 0)).rjust(13) for o in origins))
+        lines.append(f"acked by {p}".ljust(w) + "".join(
+            str(d["acked"].get(o, 0)).rjust(13) for o in origins))
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("peer")
+@click.argument("settings", nargs=-1, required=True, metavar="ORIGIN=EPOCH...")
+@click.pass_obj
+def chepoch(obj: Ctx, peer, settings):
+    """Correct what we believe PEER holds of each ORIGIN (the next export sends from there).
+
+    \b
+    Example:
+      syncpack --site boston chepoch sanfran boston=700
+    """
+    s = obj.open()
+    doc = admin.chepoch(s, peer, list(settings))
+    obj.emit(doc, _matrix_table(doc))
+
+
+@cli.command()
+@click.pass_obj
+def status(obj: Ctx):
+    """Per-peer lag, parked packets and what they wait for, state, conflicts.
+
+    \b
+    Example:
+      syncpack --site boston status
+    """
+    s = obj.open()
+    doc = admin.status(s)
+    lines = [f"site {doc['site']} ({doc['state']}), family {doc['family']}, "
+             f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
+    if doc["peers"]:
+        lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}")
+        for p, d in doc["peers"].items():
+            lines.append(f"{p:20} {d['lag_ops']:>10} {d['unacknowledged_ops']:>10} "
+                         f"{d['packets_sent']:>6} {d['packets_received']:>6}")
+    for p in doc["parked"]:
+        w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
+        lines.append(f"parked: packet {p['seq']}.{p['part']} from {p['from']} waits for {w}")
+    obj.emit(doc, "\n".join(lines))
+
+
+def main() -> None:
+    cli(prog_name="syncpack")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,516 @@
+"""The only module that touches msgpack and zstd: values, ops and packet files.
+
+The local exporter, the importer, ``mkreplica`` and the Spark job all read and write packets
+through this module, so both engines produce the same bytes.  The byte layout is specified in
+``formats/PACKET.md``; change the two together (the golden vectors in ``formats/vectors/`` catch a
+drift).
+
+Functions take file objects, never paths.  Everything read from a packet is untrusted: sizes are
+bounded before anything is allocated, library errors become :class:`PacketError` subclasses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple
+
+import msgpack
+import zstandard
+
+from .csn import CSN_LEN, SITE_ID_LEN
+from .errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
+                     PacketVersionError)
+
+# --- msgpack, with fixed settings -------------------------------------------------------------
+
+MAX_VALUE_BYTES = 64 * 1024 * 1024      # one record value, encoded
+MAX_HEADER_BYTES = 16 * 1024 * 1024     # O(sites); a thousand sites need well under 1 MiB
+MAX_ORIGINS = 100_000
+ZSTD_LEVEL = 3
+ZSTD_MAX_WINDOW = 1 << 27               # refuse frames that ask for more than 128 MiB of window
+
+
+def packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpackb(data: bytes) -> Any:
+    """Decode trusted bytes (our own store)."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def encode_value(value: Any) -> bytes:
+    """A record value as stored and shipped.  Raises TypeError/ValueError for unencodable input."""
+    try:
+        return packb(value)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"value cannot be encoded: {e}") from None
+
+
+def decode_value(raw: bytes) -> Any:
+    return unpackb(raw)
+
+
+def _untrusted_unpacker() -> msgpack.Unpacker:
+    return msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False,
+                            max_buffer_size=MAX_VALUE_BYTES + 1024 * 1024,
+                            max_bin_len=MAX_VALUE_BYTES, max_str_len=1024 * 1024,
+                            max_array_len=1_000_000, max_map_len=100_000, max_ext_len=0)
+
+
+def unpack_untrusted(data: bytes) -> Any:
+    try:
+        u = _untrusted_unpacker()
+        u.feed(data)
+        obj = u.unpack()
+        try:
+            u.unpack()
+        except msgpack.OutOfData:
+            return obj
+        raise PacketFormatError("extra bytes after a msgpack object")
+    except msgpack.OutOfData:
+        raise PacketFormatError("truncated msgpack data") from None
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+            TypeError) as e:
+        raise PacketFormatError(f"malformed msgpack: {e}") from None
+
+
+# --- ops --------------------------------------------------------------------------------------
+
+class Op(NamedTuple):
+    """One change, as the changelog holds it and a packet carries it."""
+    origin: bytes          # site id, 8 bytes
+    epoch: int
+    hlc: int
+    seq: int
+    collection: str
+    key: str
+    value: bytes | None    # msgpack-encoded value, None for a delete (tombstone)
+    replaced: bytes        # concatenated 20-byte CSNs of the versions this op superseded
+
+    @property
+    def csn(self) -> bytes:
+        return struct.pack(">Q8sI", self.hlc, self.origin, self.seq)
+
+
+class Record(NamedTuple):
+    """One surviving version, as a snapshot packet carries it."""
+    collection: str
+    key: str
+    csn: bytes
+    value: bytes | None
+
+
+# --- packet framing ---------------------------------------------------------------------------
+
+MAGIC = b"\x89SYNCPK\n"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+END_MAGIC = b"SPKE"
+SIG_LEN = 64
+_PREFIX = struct.Struct(">8sB")           # magic, version
+_FOOTER = struct.Struct(">I64s4s")        # header length, Ed25519 signature, end magic
+MIN_PACKET = _PREFIX.size + _FOOTER.size
+SIGNING_CONTEXT = b"syncpack packet signature v1\x00"
+
+KIND_UPDATE = "update"
+KIND_SNAPSHOT = "snapshot"
+KNOWN_MANDATORY = frozenset({"zstd"})
+KNOWN_ADVISORY: frozenset[str] = frozenset()
+
+
+def signed_bytes(version: int, header_bytes: bytes) -> bytes:
+    """What the signature covers: the version byte and the header, which holds the body hash."""
+    return SIGNING_CONTEXT + _PREFIX.pack(MAGIC, version) + header_bytes
+
+
+@dataclass
+class Header:
+    kind: str
+    family: bytes
+    sender: bytes
+    recipient: bytes
+    packet_id: bytes
+    seq: int
+    part: int
+    final: bool
+    created_ms: int
+    vector: dict[bytes, int]
+    ranges: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    recv_seq: int = 0
+    waiting: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    ack_floor: dict[bytes, int] = field(default_factory=dict)
+    count: int = 0
+    hlc_max: int = 0
+    body_len: int = 0
+    body_hash: bytes = b""
+    mandatory: list[str] = field(default_factory=lambda: ["zstd"])
+    advisory: list[str] = field(default_factory=list)
+    roster: list[dict] = field(default_factory=list)   # snapshot packets only
+
+    # The wire form numbers origins once, in order of first use, so ranges, vectors and ops
+    # refer to a small index instead of repeating 8-byte ids.
+    def origin_table(self, extra: Iterable[bytes] = ()) -> list[bytes]:
+        seen: dict[bytes, int] = {}
+        for o in list(self.vector) + list(self.ranges) + list(self.waiting) + \
+                list(self.ack_floor) + list(extra):
+            seen.setdefault(o, len(seen))
+        return list(seen)
+
+    def to_wire(self, origins: list[bytes]) -> dict:
+        ix = {o: i for i, o in enumerate(origins)}
+        h = {
+            "kind": self.kind, "family": self.family, "from": self.sender,
+            "to": self.recipient, "id": self.packet_id, "seq": self.seq, "part": self.part,
+            "final": self.final, "created": self.created_ms, "origins": origins,
+            "vector": [[ix[o], e] for o, e in sorted(self.vector.items())],
+            "ranges": [[ix[o], lo, hi] for o, (lo, hi) in sorted(self.ranges.items())],
+            "recv_seq": self.recv_seq,
+            "waiting": [[ix[o], lo, hi] for o, (lo, hi) in sorted(self.waiting.items())],
+            "ack_floor": [[ix[o], e] for o, e in sorted(self.ack_floor.items())],
+            "count": self.count, "hlc_max": self.hlc_max, "body_len": self.body_len,
+            "body_hash": self.body_hash, "req": list(self.mandatory),
+            "opt": list(self.advisory),
+        }
+        if self.kind == KIND_SNAPSHOT:
+            h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
+                           for m in self.roster]
+        return h
+
+
+def _need(cond: bool, what: str) -> None:
+    if not cond:
+        raise PacketFormatError(f"bad packet header: {what}")
+
+
+def _int(h: dict, k: str, lo: int = 0, hi: int = (1 << 64) - 1) -> int:
+    v = h.get(k)
+    _need(type(v) is int and lo <= v <= hi, f"field '{k}' must be an integer in [{lo}, {hi}]")
+    return v
+
+
+def _bytes(h: dict, k: str, n: int) -> bytes:
+    v = h.get(k)
+    _need(isinstance(v, bytes) and len(v) == n, f"field '{k}' must be {n} bytes")
+    return v
+
+
+def _triples(h: dict, k: str, origins: list[bytes]) -> dict[bytes, tuple[int, int]]:
+    v = h.get(k)
+    _need(isinstance(v, list), f"field '{k}' must be a list")
+    out: dict[bytes, tuple[int, int]] = {}
+    for t in v:
+        _need(isinstance(t, list) and len(t) == 3 and all(type(x) is int for x in t),
+              f"entries of '{k}' must be [origin, from, to]")
+        i, lo, hi = t
+        _need(0 <= i < len(origins) and 0 <= lo <= hi < (1 << 63), f"bad entry in '{k}'")
+        _need(origins[i] not in out, f"origin listed twice in '{k}'")
+        out[origins[i]] = (lo, hi)
+    return out
+
+
+def _pairs(h: dict, k: str, origins: list[bytes]) -> dict[bytes, int]:
+    v = h.get(k)
+    _need(isinstance(v, list), f"field '{k}' must be a list")
+    out: dict[bytes, int] = {}
+    for t in v:
+        _need(isinstance(t, list) and len(t) == 2 and all(type(x) is int for x in t),
+              f"entries of '{k}' must be [origin, epoch]")
+        i, e = t
+        _need(0 <= i < len(origins) and 0 <= e < (1 << 63), f"bad entry in '{k}'")
+        _need(origins[i] not in out, f"origin listed twice in '{k}'")
+        out[origins[i]] = e
+    return out
+
+
+def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
+    _need(isinstance(h, dict), "not a map")
+    req = h.get("req")
+    opt = h.get("opt", [])
+    _need(isinstance(req, list) and all(isinstance(x, str) for x in req), "field 'req'")
+    _need(isinstance(opt, list) and all(isinstance(x, str) for x in opt), "field 'opt'")
+    unknown = [f for f in req if f not in KNOWN_MANDATORY]
+    if unknown:
+        raise PacketFeatureError(f"packet needs unknown mandatory feature(s): {', '.join(unknown)}")
+    kind = h.get("kind")
+    _need(kind in (KIND_UPDATE, KIND_SNAPSHOT), "field 'kind' must be 'update' or 'snapshot'")
+    origins = h.get("origins")
+    _need(isinstance(origins, list) and len(origins) <= MAX_ORIGINS
+          and all(isinstance(o, bytes) and len(o) == SITE_ID_LEN for o in origins)
+          and len(set(origins)) == len(origins), "field 'origins'")
+    final = h.get("final")
+    _need(isinstance(final, bool), "field 'final' must be a boolean")
+    hdr = Header(
+        kind=kind, family=_bytes(h, "family", 16), sender=_bytes(h, "from", SITE_ID_LEN),
+        recipient=_bytes(h, "to", SITE_ID_LEN), packet_id=_bytes(h, "id", 16),
+        seq=_int(h, "seq"), part=_int(h, "part"), final=final, created_ms=_int(h, "created"),
+        vector=_pairs(h, "vector", origins), ranges=_triples(h, "ranges", origins),
+        recv_seq=_int(h, "recv_seq"), waiting=_triples(h, "waiting", origins),
+        ack_floor=_pairs(h, "ack_floor", origins), count=_int(h, "count", 0, 1 << 48),
+        hlc_max=_int(h, "hlc_max"), body_len=_int(h, "body_len", 0, 1 << 62),
+        body_hash=_bytes(h, "body_hash", 32), mandatory=req, advisory=opt)
+    if kind == KIND_SNAPSHOT:
+        roster = h.get("roster")
+        _need(isinstance(roster, list), "snapshot packets carry a roster")
+        for m in roster:
+            _need(isinstance(m, list) and len(m) == 5 and isinstance(m[0], str)
+                  and isinstance(m[1], bytes) and len(m[1]) == SITE_ID_LEN
+                  and isinstance(m[2], bytes) and len(m[2]) == 32
+                  and isinstance(m[3], bytes) and len(m[3]) in (0, 32)
+                  and type(m[4]) is int, "roster entry")
+            hdr.roster.append({"name": m[0], "id": m[1], "ed25519": m[2], "x25519": m[3],
+                               "priority": m[4]})
+    else:
+        for o, (lo, hi) in hdr.ranges.items():
+            _need(hi > lo, "empty range")
+        _need(sum(hi - lo for lo, hi in hdr.ranges.values()) == hdr.count,
+              "op count does not match the ranges")
+    return hdr, origins
+
+
+@dataclass
+class Envelope:
+    """A packet whose framing has been checked; the signature and body are not yet verified."""
+    version: int
+    header: Header
+    origins: list[bytes]
+    header_bytes: bytes
+    signature: bytes
+    body_offset: int
+    size: int
+
+
+def read_envelope(f: BinaryIO, size: int) -> Envelope:
+    """Check size, magic, version and framing, and parse the header (in that order)."""
+    if size < MIN_PACKET:
+        raise PacketFormatError(f"file is {size} bytes, too small to be a packet "
+                                f"(at least {MIN_PACKET})")
+    f.seek(0)
+    magic, version = _PREFIX.unpack(f.read(_PREFIX.size))
+    if magic != MAGIC:
+        raise PacketFormatError("not a syncpack packet (bad magic)")
+    if version not in SUPPORTED_VERSIONS:
+        if version > FORMAT_VERSION:
+            raise PacketVersionError(f"packet format version {version} is newer than this "
+                                     f"syncpack reads (up to {FORMAT_VERSION})")
+        raise PacketVersionError(f"unknown packet format version {version}")
+    f.seek(size - _FOOTER.size)
+    hlen, sig, end = _FOOTER.unpack(f.read(_FOOTER.size))
+    if end != END_MAGIC:
+        raise PacketFormatError("packet is truncated or damaged (bad end marker)")
+    if hlen > MAX_HEADER_BYTES:
+        raise PacketLimitError(f"header of {hlen} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    if hlen > size - MIN_PACKET:
+        raise PacketFormatError("header length runs past the start of the file")
+    f.seek(size - _FOOTER.size - hlen)
+    hbytes = f.read(hlen)
+    hdr, origins = header_from_wire(unpack_untrusted(hbytes))
+    body_len = size - MIN_PACKET - hlen
+    if hdr.body_len != body_len:
+        raise PacketFormatError(f"header says the body is {hdr.body_len} bytes, "
+                                f"the file holds {body_len}")
+    return Envelope(version, hdr, origins, hbytes, sig, _PREFIX.size, size)
+
+
+def _read_body_chunks(f: BinaryIO, env: Envelope, chunk: int = 1 << 20) -> Iterator[bytes]:
+    f.seek(env.body_offset)
+    left = env.header.body_len
+    while left:
+        b = f.read(min(chunk, left))
+        if not b:
+            raise PacketFormatError("packet is truncated")
+        left -= len(b)
+        yield b
+
+
+def body_hash_matches(f: BinaryIO, env: Envelope) -> bool:
+    h = hashlib.blake2b(digest_size=32)
+    for b in _read_body_chunks(f, env):
+        h.update(b)
+    return h.digest() == env.header.body_hash
+
+
+def _decoded_stream(f: BinaryIO, env: Envelope) -> Iterator[Any]:
+    """msgpack objects of the body, decompressed and decoded with limits."""
+    try:
+        d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
+        u = _untrusted_unpacker()
+        for chunk in _read_body_chunks(f, env):
+            # Feed in slices so one chunk of a compression bomb never becomes one huge buffer.
+            data = d.decompress(chunk)
+            for i in range(0, len(data), 1 << 20):
+                u.feed(data[i:i + (1 << 20)])
+                yield from u
+        if not d.eof:
+            raise PacketBodyError("packet body ends inside its compressed frame")
+        leftover = d.unused_data
+        if leftover:
+            raise PacketBodyError("bytes after the end of the compressed body")
+        try:
+            u.unpack()
+        except msgpack.OutOfData:
+            return
+        raise PacketBodyError("op stream ends inside an op")
+    except zstandard.ZstdError as e:
+        raise PacketBodyError(f"body does not decompress: {e}") from None
+    except msgpack.BufferFull:
+        raise PacketLimitError("an op in the packet exceeds the size limit") from None
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+            TypeError) as e:
+        raise PacketBodyError(f"malformed op stream: {e}") from None
+
+
+def _bad(msg: str) -> PacketBodyError:
+    return PacketBodyError(f"malformed op stream: {msg}")
+
+
+def iter_ops(f: BinaryIO, env: Envelope) -> Iterator[Op]:
+    """Ops of an update packet in the order sent, checked against the header's ranges.
+
+    Per origin, ops must carry exactly the epochs of the declared range in order, and CSNs must
+    ascend; a packet whose ranges lie about its body fails here (the caller holds the apply in
+    one transaction, so nothing it did survives)."""
+    hdr, origins = env.header, env.origins
+    nxt = {o: lo + 1 for o, (lo, hi) in hdr.ranges.items()}
+    hlc = 0
+    last_csn = b""
+    n = 0
+    for obj in _decoded_stream(f, env):
+        if not (isinstance(obj, list) and len(obj) == 7):
+            raise _bad("an op is not a 7-element array")
+        oi, dh, seq, coll, key, val, repl = obj
+        if not (type(oi) is int and 0 <= oi < len(origins)):
+            raise _bad("origin index out of range")
+        if not (type(dh) is int and dh >= 0 and type(seq) is int and 0 <= seq < (1 << 32)):
+            raise _bad("bad clock fields")
+        if not (isinstance(coll, str) and isinstance(key, str)):
+            raise _bad("collection and key must be strings")
+        if not (val is None or isinstance(val, bytes)):
+            raise _bad("value must be bytes or nil")
+        if not (isinstance(repl, bytes) and len(repl) % CSN_LEN == 0):
+            raise _bad("replaced versions must be whole CSNs")
+        hlc += dh
+        origin = origins[oi]
+        epoch = nxt.get(origin)
+        if epoch is None or epoch > hdr.ranges[origin][1]:
+            raise PacketBodyError("packet holds an op outside its declared ranges")
+        nxt[origin] = epoch + 1
+        op = Op(origin, epoch, hlc, seq, coll, key, val, repl)
+        c = op.csn
+        if c <= last_csn:
+            raise PacketBodyError("ops are not in ascending CSN order")
+        last_csn = c
+        n += 1
+        yield op
+    if n != hdr.count or any(nxt[o] != hi + 1 for o, (lo, hi) in hdr.ranges.items()):
+        raise PacketBodyError(f"packet declares {hdr.count} ops in its ranges but holds {n}")
+    if hlc > hdr.hlc_max:
+        raise PacketBodyError("ops carry a clock beyond the header's hlc_max")
+
+
+def iter_records(f: BinaryIO, env: Envelope) -> Iterator[Record]:
+    n = 0
+    for obj in _decoded_stream(f, env):
+        if not (isinstance(obj, list) and len(obj) == 4):
+            raise _bad("a record is not a 4-element array")
+        coll, key, c, val = obj
+        if not (isinstance(coll, str) and isinstance(key, str) and isinstance(c, bytes)
+                and len(c) == CSN_LEN and (val is None or isinstance(val, bytes))):
+            raise _bad("bad record fields")
+        n += 1
+        yield Record(coll, key, c, val)
+    if n != env.header.count:
+        raise PacketBodyError(f"snapshot declares {env.header.count} records but holds {n}")
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+class BodyWriter:
+    """Streams msgpack items through zstd into a file object, hashing what it writes.
+
+    ``would_fit`` answers, without writing, whether ``n`` more raw bytes stay within ``budget``
+    compressed bytes; near the limit it flushes a zstd block to learn the true size.  The
+    sequence of calls alone decides the output, so any engine that feeds the same items in the
+    same order writes the same bytes."""
+
+    def __init__(self, f: BinaryIO, budget: int, level: int = ZSTD_LEVEL):
+        self.f = f
+        self.budget = budget
+        self._c = zstandard.ZstdCompressor(level=level).compressobj()
+        self._h = hashlib.blake2b(digest_size=32)
+        self.out = 0
+        self.pending = 0
+        self.items = 0
+
+    def _emit(self, b: bytes) -> None:
+        if b:
+            self.f.write(b)
+            self._h.update(b)
+            self.out += len(b)
+
+    @staticmethod
+    def _bound(n: int) -> int:
+        return n + (n >> 7) + 64
+
+    def would_fit(self, n: int) -> bool:
+        if self.out + self._bound(self.pending + n) <= self.budget:
+            return True
+        if self.pending:
+            self._emit(self._c.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
+            self.pending = 0
+        return self.out + self._bound(n) <= self.budget
+
+    def write(self, raw: bytes) -> None:
+        self._emit(self._c.compress(raw))
+        self.pending += len(raw)
+        self.items += 1
+
+    def finish(self) -> tuple[int, bytes]:
+        self._emit(self._c.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
+        return self.out, self._h.digest()
+
+
+class OpEncoder:
+    """Encodes ops of one packet: origin as a table index, the clock as a delta (ops ascend by
+    CSN, so deltas are small and non-negative)."""
+
+    def __init__(self, origin_index: dict[bytes, int]):
+        self.ix = origin_index
+        self.hlc = 0
+
+    def encode(self, op: Op) -> bytes:
+        raw = packb([self.ix[op.origin], op.hlc - self.hlc, op.seq, op.collection, op.key,
+                     op.value, op.replaced])
+        self.hlc = op.hlc
+        return raw
+
+
+def finish_packet(f: BinaryIO, header: Header, origins: list[bytes],
+                  sign: Callable[[bytes], bytes]) -> int:
+    """Write header and footer after a finished body; returns the packet's total size."""
+    hbytes = packb(header.to_wire(origins))
+    if len(hbytes) > MAX_HEADER_BYTES:
+        raise ValueError("header too large")
+    sig = sign(signed_bytes(FORMAT_VERSION, hbytes))
+    f.write(hbytes)
+    f.write(_FOOTER.pack(len(hbytes), sig, END_MAGIC))
+    return _PREFIX.size + header.body_len + len(hbytes) + _FOOTER.size
+
+
+def start_packet(f: BinaryIO) -> None:
+    f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION))
+
+
+def header_reserve(n_origins: int, roster_members: int = 0) -> int:
+    """An upper bound of the encoded header size, for packet cutting."""
+    return 512 + n_origins * 64 + roster_members * 160
+
+
+def framing_overhead() -> int:
+    return MIN_PACKET
+
+
+def encode_record(rec: Record) -> bytes:
+    return packb([rec.collection, rec.key, rec.csn, rec.value])

@@ -1,0 +1,118 @@
+"""The one error family of syncpack.
+
+Every failure a user can cause is a subclass of :class:`SyncpackError`; the CLI turns it into
+``error: <message>`` and ``hint: <hint>`` on stderr and exit code 1.  Anything else reaching the
+CLI is a bug and is reported as an internal error (still without a traceback unless ``-v``).
+"""
+
+from __future__ import annotations
+
+
+class SyncpackError(Exception):
+    """Base class: a message, an optional hint, a stable exit code."""
+
+    exit_code = 1
+    default_hint: str | None = None
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(SyncpackError):
+    """Bad arguments that click could not catch (e.g. a malformed JSON value)."""
+
+
+class SiteError(SyncpackError):
+    """The site directory is missing, not a site, corrupt, or from a newer syncpack."""
+
+
+class NotJoinedError(SiteError):
+    default_hint = "import the replica-creation packet with 'syncpack --site DIR mkreplica import PATH'"
+
+
+class RecordNotFound(SyncpackError):
+    pass
+
+
+class LoadError(SyncpackError):
+    """A JSON-lines file was rejected; nothing was written."""
+
+
+class IntegrityError(SyncpackError):
+    """fsck found a violated invariant."""
+
+
+class RecoveringError(SyncpackError):
+    """Local writes are refused while the site waits for its own ops to come back."""
+
+
+class PacketError(SyncpackError):
+    """A packet failed verification.  Subclasses name the check that failed."""
+
+
+class PacketFormatError(PacketError):
+    """Size, magic, framing or encoding is wrong: the file is not a well-formed packet."""
+
+
+class PacketVersionError(PacketError):
+    default_hint = "upgrade syncpack at this site to read packets made by a newer version"
+
+
+class PacketFeatureError(PacketError):
+    default_hint = "upgrade syncpack at this site; the sender used a feature this version lacks"
+
+
+class PacketFamilyError(PacketError):
+    default_hint = "this packet belongs to another family; check which medium you imported"
+
+
+class PacketRecipientError(PacketError):
+    default_hint = "import it at the site it is addressed to"
+
+
+class PacketSenderError(PacketError):
+    default_hint = "the sender is not a current member of this family"
+
+
+class PacketSignatureError(PacketError):
+    default_hint = "the packet was altered or not made by its claimed sender; get a fresh copy"
+
+
+class PacketBodyError(PacketError):
+    """Body hash, decompression, op stream or declared ranges do not match."""
+
+    default_hint = "the packet is damaged or forged; get a fresh copy from the sender"
+
+
+class PacketLimitError(PacketError):
+    """The packet asks for more memory than we allow an untrusted input."""
+
+
+class EpochCollisionError(PacketError):
+    default_hint = ("the sender reused an epoch (was it restored from a backup without "
+                    "'syncpack restore'?); this site kept its data")
+
+
+class ClockSkewError(PacketError):
+    default_hint = "fix the sender's clock; the packet was not applied"
+
+
+class ScrubbedError(SyncpackError):
+    """A peer needs ops this site has already trimmed from its changelog."""
+
+
+class ExportError(SyncpackError):
+    pass
+
+
+class MediumFullError(ExportError):
+    default_hint = "free space on the medium or use a smaller --max-size"
+
+
+class LockedError(SyncpackError):
+    default_hint = "wait for the other syncpack command on this site to finish"

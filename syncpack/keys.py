@@ -1,0 +1,112 @@
+"""Site key pairs: Ed25519 for signing packets, X25519 for sealing them to a recipient.
+
+Private keys are written owner-only (mode 0600, created with that mode so they are never
+readable by others even for an instant).  The public key file handed to ``mkreplica export``
+also names the site and its id, so a key cannot be attached to the wrong site by mistake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from .errors import SiteError, UsageError
+
+KEY_DIR = "keys"
+SIGN_KEY = "sign.key"
+BOX_KEY = "box.key"
+PUBLIC_FILE = "site.pub"
+
+
+@dataclass(frozen=True)
+class PublicIdentity:
+    site: str
+    site_id: bytes
+    ed25519: bytes
+    x25519: bytes
+
+    def to_json(self) -> str:
+        return json.dumps({"syncpack_public_key": 1, "site": self.site,
+                           "site_id": self.site_id.hex(), "ed25519": self.ed25519.hex(),
+                           "x25519": self.x25519.hex()}, indent=2) + "\n"
+
+
+def _raw_pub(k) -> bytes:
+    return k.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _write_private(path: Path, raw: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, 0o600)  # in case a umask or filesystem widened it
+
+
+def generate(site_dir: Path, site: str, site_id: bytes) -> PublicIdentity:
+    kd = site_dir / KEY_DIR
+    kd.mkdir(mode=0o700, exist_ok=True)
+    sk = Ed25519PrivateKey.generate()
+    bk = X25519PrivateKey.generate()
+    pem = serialization.PrivateFormat.PKCS8
+    enc = serialization.NoEncryption()
+    _write_private(kd / SIGN_KEY, sk.private_bytes(serialization.Encoding.PEM, pem, enc))
+    _write_private(kd / BOX_KEY, bk.private_bytes(serialization.Encoding.PEM, pem, enc))
+    ident = PublicIdentity(site, site_id, _raw_pub(sk), _raw_pub(bk))
+    (kd / PUBLIC_FILE).write_text(ident.to_json())
+    return ident
+
+
+def public_path(site_dir: Path) -> Path:
+    return site_dir / KEY_DIR / PUBLIC_FILE
+
+
+def load_signing_key(site_dir: Path) -> Ed25519PrivateKey:
+    p = site_dir / KEY_DIR / SIGN_KEY
+    try:
+        k = serialization.load_pem_private_key(p.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise SiteError(f"signing key {p} is missing",
+                        hint="restore the site's keys directory from its backup") from None
+    except (ValueError, TypeError) as e:
+        raise SiteError(f"signing key {p} cannot be read: {e}") from None
+    if not isinstance(k, Ed25519PrivateKey):
+        raise SiteError(f"{p} is not an Ed25519 key")
+    return k
+
+
+def read_public_file(path: Path) -> PublicIdentity:
+    try:
+        d = json.loads(Path(path).read_text())
+        if d.get("syncpack_public_key") != 1:
+            raise ValueError("not a syncpack public key file")
+        ident = PublicIdentity(d["site"], bytes.fromhex(d["site_id"]),
+                               bytes.fromhex(d["ed25519"]), bytes.fromhex(d["x25519"]))
+        if len(ident.site_id) != 8 or len(ident.ed25519) != 32 or len(ident.x25519) != 32:
+            raise ValueError("wrong key or id length")
+        return ident
+    except FileNotFoundError:
+        raise UsageError(f"public key file {path} does not exist") from None
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not a syncpack public key file ({e})",
+                         hint="use the file 'syncpack keygen' printed") from None
+
+
+def signer(key: Ed25519PrivateKey):
+    return key.sign
+
+
+def verify(public_raw: bytes, signature: bytes, data: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, data)
+        return True
+    except (InvalidSignature, ValueError):
+        return False

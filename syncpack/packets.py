@@ -1,0 +1,234 @@
+"""Cutting an op stream into signed packets, and writing packet files safely.
+
+:func:`build_update_packets` is the one cutting rule: both the local exporter and the Spark job
+call it with the same ops in the same order and get the same bytes.  Ops arrive in CSN order;
+the unit of cutting is a transaction (a run of ops sharing hlc and origin), split only when one
+transaction alone is larger than a packet.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Iterator
+
+from . import codec
+from .codec import Header, Op
+from .errors import ExportError, MediumFullError
+
+DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
+MIN_MAX_SIZE = 4096
+PACKET_SUFFIX = ".spk"
+
+
+def parse_size(text: str) -> int:
+    t = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    for suffix, m in (("K", 1024), ("M", 1024 ** 2), ("G", 1024 ** 3), ("T", 1024 ** 4)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    try:
+        n = int(float(t) * mult)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M or G)") from None
+    if n < MIN_MAX_SIZE:
+        raise ValueError(f"--max-size must be at least {MIN_MAX_SIZE} bytes")
+    return n
+
+
+def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, part: int) -> bytes:
+    """Random by default; derived from a seed when reproducible packets are wanted (golden
+    vectors, engine comparisons)."""
+    if seed is None:
+        return secrets.token_bytes(16)
+    return hashlib.blake2b(seed + sender + recipient + seq.to_bytes(8, "big")
+                           + part.to_bytes(4, "big"), digest_size=16).digest()
+
+
+@dataclass
+class PartInfo:
+    path: Path
+    header: Header
+    size: int
+
+
+Opener = Callable[[int], tuple[BinaryIO, Callable[[bool], Path]]]
+
+
+def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
+    txn: list[Op] = []
+    key = None
+    for op in ops:
+        k = (op.hlc, op.origin)
+        if k != key and txn:
+            yield txn
+            txn = []
+        key = k
+        txn.append(op)
+    if txn:
+        yield txn
+
+
+def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[bytes], bytes],
+                         max_size: int, opener: Opener, seed: bytes | None = None,
+                         progress: Callable[[int], None] | None = None) -> list[PartInfo]:
+    """Write ``ops`` (CSN order) as one or more packets of at most ``max_size`` bytes.
+
+    ``opener(part)`` returns a writable file and a ``commit(ok)`` callable that makes the file
+    durable under its final name and returns that name (or discards it when ``ok`` is false).
+    The template gives every header field except the per-part ones."""
+    origins = template.origin_table()
+    ix = {o: i for i, o in enumerate(origins)}
+    budget = max_size - codec.framing_overhead() - codec.header_reserve(len(origins))
+    if budget < 1024:
+        raise ExportError(f"--max-size {max_size} leaves no room for ops with "
+                          f"{len(origins)} origins in the header")
+    parts: list[PartInfo] = []
+    state: dict = {}
+
+    def start(part: int) -> None:
+        f, commit = opener(part)
+        codec.start_packet(f)
+        state.update(f=f, commit=commit, part=part, body=codec.BodyWriter(f, budget),
+                     enc=codec.OpEncoder(ix), ranges={}, hlc_max=0, n=0)
+
+    def finish(final: bool) -> None:
+        f, body = state["f"], state["body"]
+        length, digest = body.finish()
+        hdr = replace(template, part=state["part"], final=final,
+                      packet_id=packet_id(seed, template.sender, template.recipient,
+                                          template.seq, state["part"]),
+                      ranges=dict(state["ranges"]), count=state["n"],
+                      hlc_max=state["hlc_max"], body_len=length, body_hash=digest)
+        size = codec.finish_packet(f, hdr, origins, sign)
+        path = state["commit"](True)
+        parts.append(PartInfo(path, hdr, size))
+
+    def add(op_list: list[Op], raws: list[bytes]) -> None:
+        body, ranges = state["body"], state["ranges"]
+        for op, raw in zip(op_list, raws):
+            body.write(raw)
+            lo_hi = ranges.get(op.origin)
+            ranges[op.origin] = (lo_hi[0] if lo_hi else op.epoch - 1, op.epoch)
+            if op.hlc > state["hlc_max"]:
+                state["hlc_max"] = op.hlc
+            state["n"] += 1
+        if progress:
+            progress(len(op_list))
+
+    def encode(op_list: list[Op]) -> list[bytes]:
+        return [state["enc"].encode(op) for op in op_list]
+
+    start(0)
+    try:
+        for txn in _txns(ops):
+            before = state["enc"].hlc
+            raws = encode(txn)
+            if state["body"].would_fit(sum(map(len, raws))):
+                add(txn, raws)
+                continue
+            state["enc"].hlc = before
+            if state["n"]:
+                finish(False)
+                start(state["part"] + 1)
+                raws = encode(txn)
+                if state["body"].would_fit(sum(map(len, raws))):
+                    add(txn, raws)
+                    continue
+                state["enc"].hlc = 0
+            # One transaction alone is larger than a packet: split it op by op.
+            for op in txn:
+                raw = encode([op])
+                if not state["body"].would_fit(len(raw[0])):
+                    if not state["n"]:
+                        raise ExportError(f"one op ({len(raw[0])} bytes) is larger than "
+                                          f"--max-size allows")
+                    finish(False)
+                    start(state["part"] + 1)
+                    raw = encode([op])
+                add([op], raw)
+        finish(True)
+    except BaseException:
+        if "commit" in state and (not parts or parts[-1].header.part != state["part"]):
+            state["commit"](False)
+        raise
+    return parts
+
+
+def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
+    """Files written under a temporary name, fsynced, renamed, and the directory fsynced: a
+    crash or a full medium never leaves a partial packet under a packet's name."""
+
+    def opener(part: int):
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / name_for(part)
+        tmp = directory / f".{final.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            f = open(tmp, "wb")
+        except OSError as e:
+            raise _os_error(e, directory) from None
+
+        def commit(ok: bool) -> Path:
+            try:
+                if not ok:
+                    f.close()
+                    tmp.unlink(missing_ok=True)
+                    return final
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+                os.replace(tmp, final)
+                fsync_dir(directory)
+                return final
+            except OSError as e:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+                tmp.unlink(missing_ok=True)
+                raise _os_error(e, directory) from None
+
+        return _GuardedFile(f, tmp, directory), commit
+
+    return opener
+
+
+class _GuardedFile:
+    """Turns write errors (a full medium above all) into typed errors and drops the temp file."""
+
+    def __init__(self, f: BinaryIO, tmp: Path, directory: Path):
+        self._f, self._tmp, self._dir = f, tmp, directory
+
+    def write(self, b: bytes) -> int:
+        try:
+            return self._f.write(b)
+        except OSError as e:
+            try:
+                self._f.close()
+            except OSError:
+                pass
+            self._tmp.unlink(missing_ok=True)
+            raise _os_error(e, self._dir) from None
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def _os_error(e: OSError, directory: Path) -> ExportError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return MediumFullError(f"the medium at {directory} is full ({e.strerror}); "
+                               f"no partial packet was left")
+    return ExportError(f"cannot write packets into {directory}: {e.strerror or e}")
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

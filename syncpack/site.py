@@ -1,0 +1,497 @@
+"""A site: its directory, store, identity, clock, and the Python API for applications.
+
+    >>> import syncpack
+    >>> site = syncpack.open_site("/srv/sites/boston")
+    >>> with site.transaction() as tx:
+    ...     tx.put("parts", "p-100", {"name": "bolt", "qty": 40})
+    ...     tx.delete("parts", "p-099")
+    >>> site.get("parts", "p-100")
+    {'name': 'bolt', 'qty': 40}
+
+Each committed transaction appends its ops to the changelog under consecutive epochs of this
+origin, atomically with the state change; an exception inside the ``with`` block leaves no op and
+no change.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import secrets
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import codec, keys, store
+from .codec import Op, Record
+from .conflict import POLICIES, Version, pick
+from .csn import CSN_LEN, next_hlc, pack_csn
+from .errors import (NotJoinedError, RecordNotFound, RecoveringError, SiteError,
+                     UsageError, LockedError)
+
+SYS_PREFIX = "$"
+ROSTER = "$roster"
+FAMILY = "$family"
+COLLECTIONS = "$collections"
+FAMILY_KEY = "settings"
+PARKED_DIR = "parked"
+LOCK_FILE = "lock"
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Member:
+    name: str
+    site_id: bytes
+    ed25519: bytes
+    x25519: bytes
+    priority: int
+    base: dict[bytes, int]
+    retired: bool
+
+    def to_value(self) -> dict:
+        return {"id": self.site_id, "ed25519": self.ed25519, "x25519": self.x25519,
+                "priority": self.priority, "base": [[o, e] for o, e in sorted(self.base.items())],
+                "retired": self.retired}
+
+    @classmethod
+    def from_value(cls, name: str, v: dict) -> "Member":
+        return cls(name, v["id"], v["ed25519"], v.get("x25519", b""), int(v.get("priority", 0)),
+                   {o: e for o, e in v.get("base", [])}, bool(v.get("retired", False)))
+
+
+def check_collection(name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise UsageError("a collection name must be a non-empty string")
+    if name.startswith(SYS_PREFIX):
+        raise UsageError(f"collection names starting with '{SYS_PREFIX}' are reserved "
+                         f"for syncpack itself: {name!r}")
+
+
+def check_key(key: str) -> None:
+    if not isinstance(key, str):
+        raise UsageError("a key must be a string")
+
+
+class Site:
+    """An open site directory.  Not thread-safe; open one per thread or process."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, clock: Callable[[], int] = wall_ms):
+        self.path = Path(path)
+        self.conn = conn
+        self.clock = clock
+        m = dict(conn.execute("SELECT key, value FROM meta"))
+        if "site_id" not in m:
+            raise SiteError(f"{self.path} holds an incomplete store (no site identity)",
+                            hint="remove the directory and create the site again")
+        self.site_id: bytes = m["site_id"]
+        self.name: str = m["site_name"]
+        self.joined = bool(m.get("joined", 0))
+        self.family_id: bytes | None = m.get("family_id")
+        self._roster: dict[str, Member] | None = None
+        self._policies: dict[str, str] | None = None
+
+    # -- opening and creating ------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, require_joined: bool = True,
+             clock: Callable[[], int] = wall_ms) -> "Site":
+        p = Path(path)
+        db = p / store.DB_NAME
+        if not p.is_dir():
+            raise SiteError(f"{p} is not a directory",
+                            hint="pass --site DIR or set SYNCPACK_SITE to a site directory")
+        if not db.is_file():
+            raise SiteError(f"{p} is not a syncpack site (no {store.DB_NAME})",
+                            hint="create one with 'syncpack init' or 'syncpack keygen', "
+                                 "or pass --site DIR")
+        conn = store.open_existing(db)
+        try:
+            site = cls(p, conn, clock)
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise SiteError(f"{db} is not a readable syncpack store ({e})") from None
+        if require_joined and not site.joined:
+            conn.close()
+            raise NotJoinedError(f"site {site.name!r} at {p} has not joined a family yet")
+        return site
+
+    @classmethod
+    def _create_dir(cls, path: Path, site: str) -> tuple[Path, sqlite3.Connection, keys.PublicIdentity]:
+        if not site or not isinstance(site, str) or any(c in site for c in "/\\=\0") \
+                or site.startswith(SYS_PREFIX) or site.strip() != site:
+            raise UsageError(f"invalid site name {site!r}",
+                             hint="use letters, digits, '_', '-' or '.'")
+        p = Path(path)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise SiteError(f"{p} already exists and is not an empty directory",
+                            hint="choose a new directory for the site")
+        p.mkdir(parents=True, exist_ok=True)
+        (p / PARKED_DIR).mkdir(exist_ok=True)
+        site_id = secrets.token_bytes(8)
+        ident = keys.generate(p, site, site_id)
+        conn = store.create(p / store.DB_NAME)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+            ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
+            ("state", "normal"), ("created_ms", wall_ms())])
+        conn.execute("INSERT INTO vector(origin, epoch) VALUES (?, 0)", (site_id,))
+        conn.execute("COMMIT")
+        return p, conn, ident
+
+    @classmethod
+    def keygen(cls, path: str | os.PathLike, site: str) -> tuple["Site", Path]:
+        p, conn, _ = cls._create_dir(Path(path), site)
+        s = cls(p, conn)
+        return s, keys.public_path(p)
+
+    @classmethod
+    def init_family(cls, path: str | os.PathLike, family: str, site: str,
+                    policy: str = "lww", priority: int = 0) -> "Site":
+        if policy not in POLICIES:
+            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if not family:
+            raise UsageError("the family needs a name")
+        p, conn, ident = cls._create_dir(Path(path), site)
+        fam_id = secrets.token_bytes(16)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                         [("family_id", fam_id), ("family_name", family), ("joined", 1)])
+        conn.execute("COMMIT")
+        s = cls(p, conn)
+        me = Member(site, ident.site_id, ident.ed25519, ident.x25519, priority, {}, False)
+        with s.transaction(_system=True) as tx:
+            tx._write(FAMILY, FAMILY_KEY, codec.encode_value({"name": family, "policy": policy}))
+            tx._write(ROSTER, site, codec.encode_value(me.to_value()))
+        return s
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Site":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    @property
+    def family_name(self) -> str:
+        return self.meta("family_name", "")
+
+    @property
+    def state(self) -> str:
+        return self.meta("state", "normal")
+
+    # -- roster and policies (replicated state, read through the visible values) ----------------
+
+    def invalidate(self) -> None:
+        self._roster = None
+        self._policies = None
+
+    def roster(self) -> dict[str, Member]:
+        if self._roster is None:
+            out: dict[str, Member] = {}
+            for _c, key, raw in self._visible_rows(ROSTER):
+                try:
+                    out[key] = Member.from_value(key, codec.decode_value(raw))
+                except (KeyError, TypeError, ValueError):
+                    continue
+            self._roster = out
+        return self._roster
+
+    def members_by_id(self, include_retired: bool = False) -> dict[bytes, Member]:
+        return {m.site_id: m for m in self.roster().values() if include_retired or not m.retired}
+
+    def names(self) -> dict[bytes, str]:
+        """Site id -> name for every site ever in the roster (retired ones too)."""
+        names = {m.site_id: m.name for m in self.roster().values()}
+        names.setdefault(self.site_id, self.name)
+        return names
+
+    def name_of(self, site_id: bytes) -> str:
+        return self.names().get(site_id, site_id.hex())
+
+    def member_named(self, name: str) -> Member:
+        m = self.roster().get(name)
+        if m is None or m.retired:
+            known = ", ".join(sorted(n for n, x in self.roster().items() if not x.retired))
+            raise UsageError(f"no member named {name!r} in family {self.family_name!r}",
+                             hint=f"members: {known}")
+        return m
+
+    def family_policy(self) -> str:
+        rows = self._versions(FAMILY, FAMILY_KEY)
+        v = pick(rows, "lww", {})
+        if v is None or v.value is None:
+            return "lww"
+        return codec.decode_value(v.value).get("policy", "lww")
+
+    def policies(self) -> dict[str, str]:
+        if self._policies is None:
+            out = {}
+            for _c, key, raw in self._visible_rows(COLLECTIONS):
+                try:
+                    out[key] = codec.decode_value(raw)["policy"]
+                except (KeyError, TypeError, ValueError):
+                    continue
+            self._policies = out
+        return self._policies
+
+    def policy_of(self, collection: str) -> str:
+        if collection.startswith(SYS_PREFIX):
+            return "lww"
+        return self.policies().get(collection) or self.family_policy()
+
+    def priorities(self) -> dict[bytes, int]:
+        return {m.site_id: m.priority for m in self.roster().values()}
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _versions(self, collection: str, key: str) -> list[Version]:
+        return [Version(c, v is None, v) for c, v in self.conn.execute(
+            "SELECT csn, value FROM versions WHERE collection=? AND key=?", (collection, key))]
+
+    def _visible_rows(self, collection: str | None = None) -> Iterator[tuple[str, str, bytes]]:
+        """(collection, key, msgpack value) of visible records, sorted."""
+        if collection is None:
+            cur = self.conn.execute(
+                "SELECT collection, key, csn, value FROM versions ORDER BY collection, key")
+        else:
+            cur = self.conn.execute("SELECT collection, key, csn, value FROM versions "
+                                    "WHERE collection=? ORDER BY key", (collection,))
+        for coll, key, vs in _group_versions(cur):
+            policy = "lww" if coll.startswith(SYS_PREFIX) else None
+            v = vs[0] if len(vs) == 1 else pick(
+                vs, policy or self.policy_of(coll), self.priorities())
+            if v is not None and v.value is not None:
+                yield coll, key, v.value
+
+    def get(self, collection: str, key: str, default: Any = RecordNotFound) -> Any:
+        vs = self._versions(collection, key)
+        v = pick(vs, self.policy_of(collection), self.priorities()) if vs else None
+        if v is None or v.value is None:
+            if default is RecordNotFound:
+                raise RecordNotFound(f"no record {collection}/{key}")
+            return default
+        return codec.decode_value(v.value)
+
+    def records(self, collection: str | None = None,
+                include_system: bool = False) -> Iterator[tuple[str, str, Any]]:
+        for coll, key, raw in self._visible_rows(collection):
+            if coll.startswith(SYS_PREFIX) and not include_system and collection is None:
+                continue
+            yield coll, key, codec.decode_value(raw)
+
+    def vector(self) -> dict[bytes, int]:
+        return {o: e for o, e in self.conn.execute("SELECT origin, epoch FROM vector")}
+
+    def floors(self) -> dict[bytes, int]:
+        return {o: f for o, f in self.conn.execute("SELECT origin, floor FROM vector")}
+
+    def named(self, vec: dict[bytes, int]) -> dict[str, int]:
+        names = self.names()
+        return {names.get(o, o.hex()): e for o, e in sorted(vec.items(),
+                                                             key=lambda x: names.get(x[0], ""))}
+
+    def digest(self) -> tuple[str, int]:
+        """A hash of the replicated state: equal on sites that hold the same ops.
+
+        Covers every key's surviving versions (CSN and value) and its visible value; leaves out
+        local bookkeeping (matrix, packets, clock) and keys whose only survivor is a tombstone,
+        which trimming removes at different times at different sites."""
+        h = hashlib.sha256(b"syncpack digest v1\0")
+        n = 0
+        cur = self.conn.execute(
+            "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn")
+        prio = self.priorities()
+        for coll, key, vs in _group_versions(cur):
+            if len(vs) == 1 and vs[0].value is None:
+                continue
+            v = pick(vs, self.policy_of(coll), prio)
+            visible = v.value if v is not None else None
+            if visible is not None and not coll.startswith(SYS_PREFIX):
+                n += 1
+            h.update(codec.packb([coll, key, [[x.csn, x.value] for x in vs], visible]))
+        return h.hexdigest(), n
+
+    # -- writing -------------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, _system: bool = False) -> Iterator["Transaction"]:
+        if not self.joined:
+            raise NotJoinedError(f"site {self.name!r} has not joined a family yet")
+        if self.state == "recovering" and not _system:
+            raise RecoveringError(
+                f"site {self.name!r} is recovering from a restore and refuses local writes "
+                f"until its own ops have come back from its peers",
+                hint="import packets from the peers ('syncpack status' shows what is missing)")
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            tx = Transaction(self, _system)
+            yield tx
+            tx._finish()
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            self.invalidate()
+            raise
+        if tx.touched_system:
+            self.invalidate()
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialises packet work (export, import, mkreplica, scrub) on one site."""
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise LockedError(f"another syncpack command is working on site "
+                                  f"{self.name!r}") from None
+            yield
+        finally:
+            os.close(fd)
+
+    # -- op application (shared by local writes, imports and fsck's replay) --------------------
+
+    def apply_version(self, op: Op, csn: bytes) -> None:
+        """Make ``op`` a surviving version of its key unless a known write superseded it, and
+        drop the versions it superseded."""
+        cur = self.conn
+        if op.replaced:
+            for i in range(0, len(op.replaced), CSN_LEN):
+                r = op.replaced[i:i + CSN_LEN]
+                n = cur.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
+                                (op.collection, op.key, r)).rowcount
+                if n == 0 and not self._op_known(r):
+                    cur.execute("INSERT OR IGNORE INTO superseded VALUES (?)", (r,))
+        if cur.execute("DELETE FROM superseded WHERE csn=?", (csn,)).rowcount:
+            return
+        cur.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
+                    (op.collection, op.key, csn, op.value))
+
+    def _op_known(self, csn: bytes) -> bool:
+        hlc, origin, seq = int.from_bytes(csn[:8], "big"), csn[8:16], int.from_bytes(csn[16:], "big")
+        if self.conn.execute("SELECT 1 FROM changelog WHERE hlc=? AND origin=? AND seq=?",
+                             (hlc, origin, seq)).fetchone():
+            return True
+        # An op trimmed from the changelog was applied before; it can never arrive again.
+        return False
+
+    def record_ops(self, ops: list[Op]) -> None:
+        self.conn.executemany(
+            "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
+             for o in ops])
+
+    def iter_changelog(self, origin: bytes, lo: int, hi: int) -> Iterator[Op]:
+        """Ops of ``origin`` with epochs in (lo, hi], in epoch (= CSN) order."""
+        cur = self.conn.execute(
+            "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog "
+            "WHERE origin=? AND epoch>? AND epoch<=? ORDER BY epoch", (origin, lo, hi))
+        for row in cur:
+            yield Op(*row)
+
+    def iter_versions(self) -> Iterator[Record]:
+        for row in self.conn.execute(
+                "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn"):
+            yield Record(*row)
+
+    def parked_dir(self) -> Path:
+        d = self.path / PARKED_DIR
+        d.mkdir(exist_ok=True)
+        return d
+
+
+def _group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
+    cur_key = None
+    vs: list[Version] = []
+    for coll, key, csn, value in cur:
+        k = (coll, key)
+        if k != cur_key:
+            if cur_key is not None:
+                yield cur_key[0], cur_key[1], vs
+            cur_key, vs = k, []
+        vs.append(Version(csn, value is None, value))
+    if cur_key is not None:
+        yield cur_key[0], cur_key[1], vs
+
+
+class Transaction:
+    """Puts and deletes of one local transaction; see :meth:`Site.transaction`."""
+
+    def __init__(self, site: Site, system: bool):
+        self.site = site
+        self.system = system
+        c = site.conn
+        self.hlc = next_hlc(int(site.meta("hlc", 0)), site.clock())
+        self.epoch = c.execute("SELECT epoch FROM vector WHERE origin=?",
+                               (site.site_id,)).fetchone()[0]
+        self.ops: list[Op] = []
+        self.touched_system = False
+
+    def put(self, collection: str, key: str, value: Any) -> None:
+        check_collection(collection)
+        check_key(key)
+        try:
+            raw = codec.encode_value(value)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self._write(collection, key, raw)
+
+    def delete(self, collection: str, key: str) -> None:
+        check_collection(collection)
+        check_key(key)
+        self._write(collection, key, None)
+
+    def set_policy(self, collection: str, policy: str) -> None:
+        check_collection(collection)
+        if policy not in POLICIES:
+            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        self._write(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
+
+    def _write(self, collection: str, key: str, raw: bytes | None) -> None:
+        site = self.site
+        if collection.startswith(SYS_PREFIX):
+            self.touched_system = True
+        seq = len(self.ops)
+        self.epoch += 1
+        replaced = b"".join(r[0] for r in site.conn.execute(
+            "SELECT csn FROM versions WHERE collection=? AND key=? ORDER BY csn",
+            (collection, key)))
+        op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
+        csn = pack_csn(self.hlc, site.site_id, seq)
+        if replaced:
+            site.conn.execute("DELETE FROM versions WHERE collection=? AND key=?",
+                              (collection, key))
+        site.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, raw))
+        self.ops.append(op)
+
+    def _finish(self) -> None:
+        if not self.ops:
+            return
+        site = self.site
+        site.record_ops(self.ops)
+        site.conn.execute("UPDATE vector SET epoch=? WHERE origin=?", (self.epoch, site.site_id))
+        site.set_meta("hlc", self.hlc)
+
+
+def open_site(path: str | os.PathLike) -> Site:
+    """Open a joined site for reading and local transactions."""
+    return Site.open(path)

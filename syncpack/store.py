@@ -1,0 +1,117 @@
+"""The site store: one SQLite database per site directory, with versioned migrations.
+
+WAL mode with ``synchronous=FULL``: a commit is on stable storage when it returns, and a crash
+at any instant leaves either the whole transaction or none of it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from .errors import SiteError
+
+DB_NAME = "syncpack.db"
+SCHEMA_VERSION = 1
+
+# Each entry migrates from version i to i+1; never edit a released step, add one.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+    -- origin -> highest epoch applied; floor: epochs <= floor are not in the changelog
+    -- (trimmed, or received inside a snapshot)
+    CREATE TABLE vector(origin BLOB PRIMARY KEY, epoch INTEGER NOT NULL,
+                        floor INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+    CREATE TABLE changelog(
+        origin BLOB NOT NULL, epoch INTEGER NOT NULL,
+        hlc INTEGER NOT NULL, seq INTEGER NOT NULL,
+        collection TEXT NOT NULL, key TEXT NOT NULL,
+        value BLOB,                      -- msgpack value; NULL for a delete
+        replaced BLOB NOT NULL,          -- concatenated CSNs this op superseded at its origin
+        PRIMARY KEY(origin, epoch)) WITHOUT ROWID;
+    -- CSN order is (hlc, origin, seq)
+    CREATE UNIQUE INDEX changelog_csn ON changelog(hlc, origin, seq);
+    -- surviving versions per key; value NULL is a tombstone
+    CREATE TABLE versions(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
+                          value BLOB, PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
+    -- versions superseded by an op that arrived before them (only outside causal delivery)
+    CREATE TABLE superseded(csn BLOB PRIMARY KEY) WITHOUT ROWID;
+    -- the epoch matrix: what we sent each peer and what it acknowledged, per origin
+    CREATE TABLE matrix(peer BLOB NOT NULL, origin BLOB NOT NULL,
+                        sent INTEGER NOT NULL DEFAULT 0, acked INTEGER NOT NULL DEFAULT 0,
+                        PRIMARY KEY(peer, origin)) WITHOUT ROWID;
+    -- per link: our outgoing sequence, the highest sequence received, what we last told it
+    CREATE TABLE links(peer BLOB PRIMARY KEY, out_seq INTEGER NOT NULL DEFAULT 0,
+                       in_seq INTEGER NOT NULL DEFAULT 0, told BLOB,
+                       peer_recv_seq INTEGER NOT NULL DEFAULT 0,
+                       peer_waiting BLOB) WITHOUT ROWID;
+    CREATE TABLE packets_in(packet_id BLOB PRIMARY KEY, sender BLOB NOT NULL,
+                            seq INTEGER NOT NULL, part INTEGER NOT NULL, kind TEXT NOT NULL,
+                            ops INTEGER NOT NULL, path TEXT, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+    CREATE TABLE packets_out(packet_id BLOB PRIMARY KEY, recipient BLOB NOT NULL,
+                             seq INTEGER NOT NULL, part INTEGER NOT NULL, kind TEXT NOT NULL,
+                             ranges BLOB NOT NULL, ops INTEGER NOT NULL, bytes INTEGER NOT NULL,
+                             path TEXT NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+    CREATE TABLE parked(packet_id BLOB PRIMARY KEY, sender BLOB NOT NULL, seq INTEGER NOT NULL,
+                        part INTEGER NOT NULL, file TEXT NOT NULL, origin_path TEXT,
+                        waiting BLOB NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+    """,
+]
+
+
+def connect(db_path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(db_path), isolation_level=None, timeout=30.0,
+                           check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    return conn
+
+
+def create(db_path: Path) -> sqlite3.Connection:
+    conn = connect(db_path)
+    migrate(conn, db_path)
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, db_path: Path) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise SiteError(f"{db_path} has schema version {version}, newer than this syncpack "
+                        f"understands ({SCHEMA_VERSION})",
+                        hint="upgrade syncpack to open this site")
+    while version < SCHEMA_VERSION:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _statements(MIGRATIONS[version]):
+                conn.execute(stmt)
+            conn.execute(f"PRAGMA user_version={version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        version += 1
+
+
+def _statements(script: str) -> list[str]:
+    out, buf = [], []
+    for line in script.splitlines():
+        s = line.split("--", 1)[0]
+        buf.append(s)
+        if s.rstrip().endswith(";"):
+            stmt = "\n".join(buf).strip()
+            if stmt.strip(";").strip():
+                out.append(stmt)
+            buf = []
+    return out
+
+
+def open_existing(db_path: Path) -> sqlite3.Connection:
+    try:
+        conn = connect(db_path)
+        migrate(conn, db_path)
+        conn.execute("SELECT count(*) FROM meta").fetchone()
+        return conn
+    except sqlite3.DatabaseError as e:
+        raise SiteError(f"{db_path} is not a readable syncpack store ({e})",
+                        hint="restore the site directory from a backup") from None
