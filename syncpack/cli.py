@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from . import admin, replica, sync
+from . import admin, conflicts as conflicts_mod, replica, sync
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size
 from .site import Site
@@ -526,6 +526,113 @@ def status(obj: Ctx):
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
         lines.append(f"parked: packet {p['seq']}.{p['part']} from {p['from']} waits for {w}")
     obj.emit(doc, "\n".join(lines))
+
+
+# --- conflicts and policies -------------------------------------------------------------------
+
+@cli.group(cls=Group, invoke_without_command=True)
+@click.argument("collection", required=False)
+@click.pass_context
+def conflicts(ctx, collection):
+    """List keys with more than one surviving version (writes that did not see each other).
+
+    \b
+    Example:
+      syncpack conflicts parts
+      syncpack conflicts resolve parts p-100 --pick 1763822000000.0@boston#0
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    obj: Ctx = ctx.obj
+    if collection == "resolve":
+        raise click.UsageError("usage: syncpack conflicts resolve COLLECTION KEY "
+                               "(--pick VERSION | --value JSON)")
+    s = obj.open()
+    found = conflicts_mod.list_conflicts(s, collection)
+    lines = []
+    for c in found:
+        lines.append(f"{c['collection']}/{c['key']} ({c['policy']}):")
+        for v in c["versions"]:
+            shown = "<deleted>" if v["deleted"] else json.dumps(v["value"])
+            lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
+    obj.emit({"conflicts": found}, "\n".join(lines))
+    if not obj.json:
+        obj.say(f"{len(found)} key(s) in conflict" + ("; * marks the visible version" if found
+                                                       else ""))
+
+
+@conflicts.command("resolve")
+@click.argument("collection")
+@click.argument("key")
+@click.option("--pick", "pick_version", metavar="VERSION", help="Keep this surviving version.")
+@click.option("--value", "value", metavar="JSON", help="Write this value instead.")
+@click.pass_obj
+def conflicts_resolve(obj: Ctx, collection, key, pick_version, value):
+    """Write a new version that supersedes every surviving version of KEY.
+
+    \b
+    Example:
+      syncpack conflicts resolve parts p-100 --value '{"qty": 12}'
+    """
+    if (pick_version is None) == (value is None):
+        raise click.UsageError("give exactly one of --pick VERSION or --value JSON")
+    s = obj.open()
+    v = _json_value(value) if value is not None else None
+    doc = conflicts_mod.resolve(s, collection, key, pick_version, v, value is not None)
+    obj.emit(doc)
+    obj.say(f"resolved {collection}/{key}: superseded {doc['superseded']} version(s)")
+
+
+@cli.group(cls=Group)
+def collection():
+    """Create collections with a conflict policy, and list them."""
+
+
+@collection.command("create")
+@click.argument("name")
+@click.option("--policy", type=click.Choice(["lww", "priority"]), required=True,
+              help="lww: greatest CSN wins; priority: the higher-priority site wins.")
+@click.pass_obj
+def collection_create(obj: Ctx, name, policy):
+    """Create collection NAME with a conflict policy (replicated to every site).
+
+    \b
+    Example:
+      syncpack collection create parts --policy priority
+    """
+    s = obj.open()
+    doc = conflicts_mod.create_collection(s, name, policy)
+    obj.emit(doc, f"collection {name} uses policy {policy}")
+
+
+@collection.command("ls")
+@click.pass_obj
+def collection_ls(obj: Ctx):
+    """List collections and their conflict policies.
+
+    \b
+    Example:
+      syncpack collection ls
+    """
+    s = obj.open()
+    cols = conflicts_mod.list_collections(s)
+    obj.emit({"collections": cols}, "\n".join(f"{c['collection']}\t{c['policy']}" for c in cols))
+
+
+@cli.command()
+@click.argument("member")
+@click.argument("priority", type=int)
+@click.pass_obj
+def priority(obj: Ctx, member, priority):
+    """Set a member's priority for the 'priority' policy (replicated to every site).
+
+    \b
+    Example:
+      syncpack priority boston_hub 10
+    """
+    s = obj.open()
+    doc = conflicts_mod.set_priority(s, member, priority)
+    obj.emit(doc, f"{member} now has priority {priority}")
 
 
 def main() -> None:

@@ -1,0 +1,112 @@
+"""Conflict list and resolution, collection policies, site priorities (DESIGN.md §7).
+
+A key is in conflict when more than one version survives (writes that did not see each other).
+Resolving writes a new version at this site that supersedes every surviving one; it replicates
+like any write, and a write concurrent with the resolution makes a new conflict instead of
+being lost.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import codec
+from .conflict import POLICIES, Version, pick
+from .csn import format_csn
+from .errors import UsageError
+from .site import COLLECTIONS, ROSTER, SYS_PREFIX, Site, check_collection, _group_versions
+
+
+def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
+    names = site.names()
+    win = pick(vs, site.policy_of(coll), site.priorities())
+    return {"collection": coll, "key": key, "policy": site.policy_of(coll),
+            "visible": None if win is None or win.value is None else
+            codec.decode_value(win.value),
+            "versions": [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
+                          "origin": names.get(v.csn[8:16], v.csn[8:16].hex()),
+                          "deleted": v.deleted, "winner": v == win,
+                          "value": None if v.value is None else codec.decode_value(v.value)}
+                         for v in sorted(vs, key=lambda v: v.csn)]}
+
+
+def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
+    if collection is not None:
+        cur = site.conn.execute(
+            "SELECT v.collection, v.key, v.csn, v.value FROM versions v JOIN "
+            "(SELECT collection, key FROM versions WHERE collection=? GROUP BY collection, key "
+            "HAVING count(*) > 1) c USING (collection, key) ORDER BY v.collection, v.key, v.csn",
+            (collection,))
+    else:
+        cur = site.conn.execute(
+            "SELECT v.collection, v.key, v.csn, v.value FROM versions v JOIN "
+            "(SELECT collection, key FROM versions GROUP BY collection, key "
+            "HAVING count(*) > 1) c USING (collection, key) ORDER BY v.collection, v.key, v.csn")
+    return [_describe(site, c, k, vs) for c, k, vs in _group_versions(cur)
+            if collection is not None or not c.startswith(SYS_PREFIX)]
+
+
+def resolve(site: Site, collection: str, key: str, pick_version: str | None = None,
+            value: Any = None, has_value: bool = False) -> dict:
+    if (pick_version is None) == (not has_value):
+        raise UsageError("give exactly one of --pick VERSION or --value JSON")
+    vs = site._versions(collection, key)
+    if len(vs) < 2:
+        raise UsageError(f"{collection}/{key} is not in conflict",
+                         hint=f"'syncpack conflicts {collection}' lists the keys in conflict")
+    if pick_version is not None:
+        names = site.names()
+        chosen = [v for v in vs if pick_version in (format_csn(v.csn, names), v.csn.hex())]
+        if not chosen:
+            raise UsageError(f"{pick_version!r} is not a surviving version of {collection}/{key}",
+                             hint="use a 'version' (or 'csn') shown by 'syncpack conflicts'")
+        raw = chosen[0].value
+    else:
+        try:
+            raw = codec.encode_value(value)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    with site.transaction() as tx:
+        tx._write(collection, key, raw)   # supersedes every surviving version
+    return {"collection": collection, "key": key,
+            "value": None if raw is None else codec.decode_value(raw),
+            "deleted": raw is None, "superseded": len(vs)}
+
+
+def create_collection(site: Site, name: str, policy: str) -> dict:
+    check_collection(name)
+    if policy not in POLICIES:
+        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    exists = site.conn.execute("SELECT 1 FROM versions WHERE collection IN (?, ?) AND "
+                               "(collection=? OR key=?) LIMIT 1",
+                               (name, COLLECTIONS, name, name)).fetchone()
+    if exists:
+        raise UsageError(f"collection {name!r} already exists (policy "
+                         f"{site.policy_of(name)})",
+                         hint="the policy is chosen when a collection is first written")
+    with site.transaction() as tx:
+        tx.set_policy(name, policy)
+    return {"collection": name, "policy": policy}
+
+
+def list_collections(site: Site) -> list[dict]:
+    names = {c for (c,) in site.conn.execute("SELECT DISTINCT collection FROM versions")
+             if not c.startswith(SYS_PREFIX)}
+    names |= set(site.policies())
+    return [{"collection": n, "policy": site.policy_of(n)} for n in sorted(names)]
+
+
+def set_priority(site: Site, member: str, priority: int) -> dict:
+    m = site.member_named(member)
+    m.priority = priority
+    with site.transaction(_system=True) as tx:
+        tx._write(ROSTER, m.name, codec.encode_value(m.to_value()))
+    return {"site": m.name, "priority": priority}
+
+
+def parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"not valid JSON ({e.msg})") from None
