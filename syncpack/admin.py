@@ -92,8 +92,9 @@ def status(site: Site) -> dict:
         "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
         "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
     changelog = site.conn.execute("SELECT count(*) FROM changelog").fetchone()[0]
+    from .recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
-            "peers": peers, "parked": parked, "conflicts": conflicts,
+            "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec)}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from . import admin, conflicts as conflicts_mod, replica, sync
+from . import admin, conflicts as conflicts_mod, recovery, replica, sync
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size
 from .site import Site
@@ -633,6 +633,98 @@ def priority(obj: Ctx, member, priority):
     s = obj.open()
     doc = conflicts_mod.set_priority(s, member, priority)
     obj.emit(doc, f"{member} now has priority {priority}")
+
+
+# --- recovery and maintenance -----------------------------------------------------------------
+
+@cli.command()
+@click.option("--finish", is_flag=True, help="Leave the recovering state now (override; only "
+              "when a peer that holds this site's ops is gone for good).")
+@click.pass_obj
+def restore(obj: Ctx, finish):
+    """Declare that this site directory was restored from a backup.
+
+    The site refuses local writes until its own ops have come back from every peer (export
+    to them, import what they send); epochs are never reused.
+
+    \b
+    Example:
+      syncpack --site boston restore
+      syncpack --site boston export --all --out /media/usb
+    """
+    s = obj.open()
+    doc = recovery.restore(s, finish)
+    if doc["state"] == "recovering":
+        human = ("site is recovering: local writes are refused until every peer has sent back "
+                 "this site's own ops; export to all peers and import their packets")
+    else:
+        human = "site is in normal state"
+    obj.emit(doc, human)
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@click.option("--min-age", "min_age", default="0", metavar="SECONDS",
+              help="Keep ops younger than this (s, or with m/h/d), acknowledged or not.")
+@click.pass_obj
+def scrub(obj: Ctx, dry_run, min_age):
+    """Trim changelog ops (and tombstones) every current member has acknowledged.
+
+    Never trims on estimates of what was sent: only on what members reported.
+
+    \b
+    Example:
+      syncpack --site boston scrub --dry-run
+      syncpack --site boston scrub --min-age 7d
+    """
+    try:
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(min_age[-1:], None)
+        secs = float(min_age[:-1]) * unit if unit else float(min_age)
+    except ValueError:
+        raise click.BadParameter(f"not a duration: {min_age!r}", param_hint="--min-age")
+    s = obj.open()
+    doc = recovery.scrub(s, dry_run, int(secs * 1000))
+    verb = "would remove" if dry_run else "removed"
+    obj.emit(doc, f"{verb} {doc['ops_removed']} changelog op(s) and "
+                  f"{doc['tombstones_removed']} tombstone(s); floors: "
+                  + (", ".join(f"{o}={e}" for o, e in doc["floors"].items()) or "unchanged"))
+
+
+@cli.command()
+@click.option("--to", "peer", required=True, metavar="PEER", help="Member to re-seed.")
+@click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--max-size", callback=_size, help="Largest packet (bytes, or K/M/G).")
+@click.pass_obj
+def resync(obj: Ctx, peer, out, max_size):
+    """Write a snapshot packet that re-seeds PEER (when it needs ops we have trimmed).
+
+    Importing it at PEER keeps and replays PEER's own not-yet-acknowledged local ops.
+
+    \b
+    Example:
+      syncpack --site boston resync --to bangalore --out /media/usb
+    """
+    s = obj.open()
+    with obj.progress("snapshot") as tick:
+        parts = recovery.resync_export(s, peer, out, max_size, progress=tick)
+    obj.emit({"packets": [{"path": str(p.path), "to": peer, "records": p.header.count,
+                           "bytes": p.size, "part": p.header.part} for p in parts]},
+             "\n".join(str(p.path) for p in parts))
+
+
+@cli.command()
+@click.argument("name")
+@click.pass_obj
+def rmreplica(obj: Ctx, name):
+    """Retire member NAME: its packets are refused and trimming stops waiting for it.
+
+    \b
+    Example:
+      syncpack --site boston rmreplica bangalore
+    """
+    s = obj.open()
+    doc = recovery.rmreplica(s, name)
+    obj.emit(doc, f"{name} retired from family {s.family_name!r}")
 
 
 def main() -> None:

@@ -44,7 +44,13 @@ MIGRATIONS: list[str] = [
     CREATE TABLE links(peer BLOB PRIMARY KEY, out_seq INTEGER NOT NULL DEFAULT 0,
                        in_seq INTEGER NOT NULL DEFAULT 0, told BLOB,
                        peer_recv_seq INTEGER NOT NULL DEFAULT 0,
-                       peer_waiting BLOB) WITHOUT ROWID;
+                       peer_waiting BLOB,
+                       acked_created INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+    -- tombstones every member acknowledged, waiting until every op that could be concurrent
+    -- with them (anything below 'after', a vector) is acknowledged too
+    CREATE TABLE tomb_pending(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
+                              after BLOB NOT NULL, PRIMARY KEY(collection, key, csn))
+                              WITHOUT ROWID;
     CREATE TABLE packets_in(packet_id BLOB PRIMARY KEY, sender BLOB NOT NULL,
                             seq INTEGER NOT NULL, part INTEGER NOT NULL, kind TEXT NOT NULL,
                             ops INTEGER NOT NULL, path TEXT, at_ms INTEGER NOT NULL) WITHOUT ROWID;

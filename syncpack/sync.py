@@ -363,6 +363,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     res = ImportResult()
     with site.lock():
         cands: list[_Candidate] = []
+        snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
         for path, named in find_packet_files(paths):
             if not path.exists():
                 res.rejected.append({"path": str(path), "error": "no such file"})
@@ -374,22 +375,20 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     res.rejected.append({"path": str(path), "error": str(e)})
                 continue  # in a directory: not a packet, leave it alone
             h = pk.header
-            if not named and (h.family != site.family_id or h.recipient != site.site_id
-                              or h.kind != codec.KIND_UPDATE):
+            if not named and (h.family != site.family_id or h.recipient != site.site_id):
                 res.skipped.append(str(path))
                 pk.close()
                 continue
             try:
-                if h.kind != codec.KIND_UPDATE:
-                    raise PacketFormatError("this is a replica-creation (snapshot) packet",
-                                            hint="use 'syncpack mkreplica import' at a new "
-                                                 "site directory")
                 verify(site, pk)
             except PacketError as e:
                 res.rejected.append({"path": str(path), "error": str(e)})
                 pk.close()
                 continue
-            cands.append(_Candidate(pk, str(path)))
+            if h.kind == codec.KIND_SNAPSHOT:
+                snaps.setdefault((h.sender, h.seq), []).append(_Candidate(pk, str(path)))
+            else:
+                cands.append(_Candidate(pk, str(path)))
         # Previously parked packets join the queue: they may apply now.
         for pid, fname, shown in site.conn.execute(
                 "SELECT packet_id, file, origin_path FROM parked ORDER BY sender, seq, part"):
@@ -403,11 +402,38 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 continue
             cands.append(_Candidate(pk, shown or str(f), parked_file=f))
         try:
+            for group in snaps.values():
+                _apply_snapshot(site, group, res)
             _apply_all(site, cands, res, skew_ms, now_ms, progress)
         finally:
-            for c in cands:
+            for c in cands + [c for g in snaps.values() for c in g]:
                 c.pk.close()
     return res
+
+
+def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> None:
+    """A snapshot packet addressed to a member: a hard resync (DESIGN.md §6)."""
+    from .recovery import apply_resync
+    group.sort(key=lambda c: c.pk.header.part)
+    shown = [c.display for c in group]
+    if site.conn.execute("SELECT 1 FROM packets_in WHERE packet_id=?",
+                         (group[0].pk.header.packet_id,)).fetchone():
+        res.duplicates.extend(shown)
+        return
+    parts = [c.pk.header.part for c in group]
+    if parts != list(range(len(group))) or not group[-1].pk.header.final:
+        for s in shown:
+            res.rejected.append({"path": s, "error": f"snapshot parts incomplete: have {parts}; "
+                                 f"import every part together"})
+        return
+    try:
+        n = apply_resync(site, [c.pk for c in group])
+    except PacketError as e:
+        for s in shown:
+            res.rejected.append({"path": s, "error": str(e)})
+        return
+    res.applied.extend(shown)
+    res.ops_applied += n
 
 
 def _drop_parked(site: Site, pid: bytes, f: Path) -> None:
@@ -488,10 +514,25 @@ def park(site: Site, pk: OpenPacket, gaps: dict[bytes, tuple[int, int]], shown: 
 
 
 def _note_header(site: Site, h: Header) -> None:
-    """What every verified packet teaches us about its sender, applied or parked."""
+    """What every verified packet teaches us about its sender, applied or parked.
+
+    The sender's vector is exact when it was made, so the newest report replaces what we had
+    (not a running maximum): a peer restored from a backup reports less than before, and then
+    everything we believed it held is wound back to what it reports."""
     peer = h.sender
     _ensure_link(site, peer)
-    _raise_matrix(site, peer, "acked", h.vector)
+    row = site.conn.execute("SELECT acked_created FROM links WHERE peer=?", (peer,)).fetchone()
+    if h.created_ms >= row[0]:
+        _sent, old = matrix(site, peer)
+        regressed = any(h.vector.get(o, 0) < e for o, e in old.items())
+        site.conn.execute("UPDATE matrix SET acked=0 WHERE peer=?", (peer,))
+        site.conn.executemany(
+            "INSERT INTO matrix(peer, origin, acked) VALUES (?, ?, ?) "
+            "ON CONFLICT(peer, origin) DO UPDATE SET acked=excluded.acked",
+            [(peer, o, e) for o, e in h.vector.items()])
+        if regressed:
+            site.conn.execute("UPDATE matrix SET sent=acked WHERE peer=?", (peer,))
+        site.conn.execute("UPDATE links SET acked_created=? WHERE peer=?", (h.created_ms, peer))
     site.conn.execute(
         "UPDATE links SET in_seq=max(in_seq, ?), peer_recv_seq=max(peer_recv_seq, ?), "
         "peer_waiting=? WHERE peer=?", (h.seq, h.recv_seq, _ranges_blob(h.waiting), peer))
@@ -500,6 +541,8 @@ def _note_header(site: Site, h: Header) -> None:
     merged = planning.vmax(gossip, h.ack_floor)
     if merged != gossip:
         site.set_meta("ack_floor_gossip", _vec_blob(merged))
+    from .recovery import note_report
+    note_report(site, h)
 
 
 def _wind_back(site: Site, peer: bytes, h: Header) -> None:

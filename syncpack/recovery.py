@@ -1,0 +1,268 @@
+"""Restore from backup, changelog trimming (scrub), hard resync, retiring members.
+
+DESIGN.md §6.  Trimming only ever uses acknowledgements (what members reported in their own
+packets, directly or through the all-members floor other members gossip), never estimates of
+what was sent.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import codec
+from .csn import hlc_ms, pack_csn
+from .errors import PacketError, PacketFormatError, SyncpackError, UsageError
+from .packets import DEFAULT_MAX_SIZE
+from .site import ROSTER, Site, wall_ms
+
+NORMAL, RECOVERING = "normal", "recovering"
+
+
+# --- restore ----------------------------------------------------------------------------------
+
+def _reports(site: Site) -> dict[bytes, int]:
+    raw = site.meta("recover_reports")
+    return {o: e for o, e in codec.unpackb(raw)} if raw else {}
+
+
+def enter_recovering(site: Site, reason: str) -> None:
+    """Called inside a write transaction."""
+    if site.state != RECOVERING:
+        site.set_meta("state", RECOVERING)
+        site.set_meta("restore_ms", wall_ms())
+        site.set_meta("recover_reason", reason)
+        site.set_meta("recover_reports", codec.packb([]))
+
+
+def note_report(site: Site, h) -> None:
+    """Every verified packet from a member reports how much of our own origin it holds.
+    A peer holding more of our origin than we do means we were restored from an old copy."""
+    mine = h.vector.get(site.site_id, 0)
+    held = site.vector().get(site.site_id, 0)
+    if mine > held and site.state != RECOVERING:
+        enter_recovering(site, f"{site.name_of(h.sender)} holds epoch {mine} of this site's "
+                               f"own changes, this site only {held}")
+    if site.state == RECOVERING and h.created_ms >= int(site.meta("restore_ms", 0)):
+        reps = _reports(site)
+        reps[h.sender] = max(reps.get(h.sender, 0), mine)
+        site.set_meta("recover_reports", codec.packb(sorted([o, e] for o, e in reps.items())))
+    maybe_finish(site)
+
+
+def recovery_status(site: Site) -> dict:
+    if site.state != RECOVERING:
+        return {"state": NORMAL}
+    reps = _reports(site)
+    held = site.vector().get(site.site_id, 0)
+    peers = [m for m in site.members_by_id().values() if m.site_id != site.site_id]
+    waiting = sorted(m.name for m in peers if m.site_id not in reps)
+    need = max(reps.values(), default=0)
+    return {"state": RECOVERING, "reason": site.meta("recover_reason", ""),
+            "own_epoch": held, "needed_epoch": need, "waiting_for_reports_from": waiting}
+
+
+def maybe_finish(site: Site) -> bool:
+    """Leave the recovering state once every current member has reported since the restore
+    and we hold every epoch of our own that any of them reported."""
+    st = recovery_status(site)
+    if st["state"] != RECOVERING:
+        return False
+    if st["waiting_for_reports_from"] or st["own_epoch"] < st["needed_epoch"]:
+        return False
+    site.set_meta("state", NORMAL)
+    return True
+
+
+def restore(site: Site, finish: bool = False) -> dict:
+    """Declare that this site was restored from a backup (or, with ``finish``, override)."""
+    with site.lock():
+        c = site.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            if finish:
+                site.set_meta("state", NORMAL)
+            else:
+                enter_recovering(site, "declared restored from a backup with 'syncpack restore'")
+                # Everything we believed peers held is suspect: our own records are old.
+                c.execute("UPDATE matrix SET sent=acked")
+                c.execute("UPDATE links SET told=NULL")
+                maybe_finish(site)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+    return {"site": site.name, **recovery_status(site)}
+
+
+# --- scrub ------------------------------------------------------------------------------------
+
+@dataclass
+class ScrubPlan:
+    ops: dict[bytes, tuple[int, int]]   # origin -> (old floor, new floor)
+    tombstones: int
+    tombstones_pending: int
+
+
+def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
+          now_ms: int | None = None) -> dict:
+    from .sync import ack_floor
+    now = wall_ms() if now_ms is None else now_ms
+    with site.lock():
+        c = site.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            acked = ack_floor(site)
+            floors = site.floors()
+            vec = site.vector()
+            plan: dict[bytes, tuple[int, int]] = {}
+            for o, e in acked.items():
+                new = min(e, vec.get(o, 0))
+                if min_age_ms:
+                    # Keep ops younger than the minimum age, whatever was acknowledged.
+                    row = c.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND "
+                                    "epoch>? AND epoch<=? AND hlc>=?",
+                                    (o, floors.get(o, 0), new,
+                                     (now - min_age_ms) << 16)).fetchone()
+                    if row[0] is not None:
+                        new = row[0] - 1
+                if new > floors.get(o, 0):
+                    plan[o] = (floors.get(o, 0), new)
+            n_ops = 0
+            for o, (lo, hi) in plan.items():
+                n_ops += c.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? "
+                                   "AND epoch<=?", (o, lo, hi)).fetchone()[0]
+            tombs, pending = _tombstones(site, acked, vec, dry_run)
+            if not dry_run:
+                for o, (lo, hi) in plan.items():
+                    c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (o, hi))
+                    c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
+            c.execute("COMMIT" if not dry_run else "ROLLBACK")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+    return {"dry_run": dry_run, "ops_removed": n_ops, "tombstones_removed": tombs,
+            "tombstones_waiting": pending,
+            "floors": {site.name_of(o): hi for o, (lo, hi) in plan.items()}}
+
+
+def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
+                dry_run: bool) -> tuple[int, int]:
+    """Two phases.  A tombstone (sole survivor of its key) that every member acknowledged is
+    noted with our vector at that moment; it goes once every member has acknowledged that whole
+    vector too, because any write concurrent with the delete was issued before its site saw the
+    delete and so sits below what we held when all acknowledgements of the delete were in."""
+    c = site.conn
+    removed = 0
+    for coll, key, csn, after in c.execute(
+            "SELECT collection, key, csn, after FROM tomb_pending").fetchall():
+        need = {o: e for o, e in codec.unpackb(after)}
+        still_sole = c.execute("SELECT count(*), max(csn=?) FROM versions WHERE collection=? "
+                               "AND key=?", (csn, coll, key)).fetchone()
+        if still_sole[0] != 1 or not still_sole[1]:
+            if not dry_run:
+                c.execute("DELETE FROM tomb_pending WHERE collection=? AND key=? AND csn=?",
+                          (coll, key, csn))
+            continue
+        if all(acked.get(o, 0) >= e for o, e in need.items()):
+            removed += 1
+            if not dry_run:
+                c.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
+                          (coll, key, csn))
+                c.execute("DELETE FROM tomb_pending WHERE collection=? AND key=? AND csn=?",
+                          (coll, key, csn))
+    after_blob = codec.packb(sorted([o, e] for o, e in vec.items() if e))
+    pending = 0
+    for coll, key, csn in c.execute(
+            "SELECT v.collection, v.key, v.csn FROM versions v WHERE v.value IS NULL AND "
+            "NOT EXISTS (SELECT 1 FROM versions w WHERE w.collection=v.collection AND "
+            "w.key=v.key AND w.csn<>v.csn) AND NOT EXISTS (SELECT 1 FROM tomb_pending t "
+            "WHERE t.collection=v.collection AND t.key=v.key AND t.csn=v.csn)").fetchall():
+        origin = csn[8:16]
+        row = c.execute("SELECT epoch FROM changelog WHERE hlc=? AND origin=? AND seq=?",
+                        (int.from_bytes(csn[:8], "big"), origin,
+                         int.from_bytes(csn[16:], "big"))).fetchone()
+        epoch = row[0] if row else site.floors().get(origin, 0)
+        if acked.get(origin, 0) >= epoch:
+            pending += 1
+            if not dry_run:
+                c.execute("INSERT OR IGNORE INTO tomb_pending VALUES (?, ?, ?, ?)",
+                          (coll, key, csn, after_blob))
+    pending += c.execute("SELECT count(*) FROM tomb_pending").fetchone()[0] if dry_run else 0
+    return removed, (c.execute("SELECT count(*) FROM tomb_pending").fetchone()[0]
+                     if not dry_run else pending)
+
+
+# --- retiring a member ------------------------------------------------------------------------
+
+def rmreplica(site: Site, name: str) -> dict:
+    m = site.member_named(name)
+    if m.site_id == site.site_id:
+        raise UsageError("a site cannot retire itself; run rmreplica at another member")
+    m.retired = True
+    with site.transaction(_system=True) as tx:
+        tx._write(ROSTER, m.name, codec.encode_value(m.to_value()))
+    return {"site": name, "retired": True}
+
+
+# --- hard resync ------------------------------------------------------------------------------
+
+def resync_export(site: Site, peer: str, out_dir: str | os.PathLike,
+                  max_size: int = DEFAULT_MAX_SIZE, progress=None) -> list:
+    from .replica import write_snapshot
+    m = site.member_named(peer)
+    if m.site_id == site.site_id:
+        raise UsageError("resync sends a snapshot to another member")
+    with site.lock():
+        return write_snapshot(site, m.site_id, m.name, Path(out_dir), max_size,
+                              progress=progress)
+
+
+def apply_resync(site: Site, pks: list) -> int:
+    """Re-seed from a snapshot while keeping every op we hold above the snapshot's vector (our
+    own not-yet-acknowledged local ops above all), replayed on top in CSN order."""
+    from .sync import _note_header
+    first = pks[0].header
+    snap = first.vector
+    c = site.conn
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        kept = []
+        for row in c.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced "
+                             "FROM changelog ORDER BY hlc, origin, seq"):
+            if row[1] > snap.get(row[0], 0):
+                kept.append(codec.Op(*row))
+        c.execute("DELETE FROM versions")
+        c.execute("DELETE FROM superseded")
+        c.execute("DELETE FROM tomb_pending")
+        c.execute("DELETE FROM changelog")
+        n = 0
+        for pk in pks:
+            rows = [(r.collection, r.key, r.csn, r.value) for r in codec.iter_records(pk.f, pk.env)]
+            c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+            n += len(rows)
+            c.execute("INSERT OR IGNORE INTO packets_in VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                      (pk.header.packet_id, pk.header.sender, pk.header.seq, pk.header.part,
+                       pk.header.kind, pk.header.count, str(pk.path), wall_ms()))
+        for o, e in snap.items():
+            c.execute("INSERT INTO vector(origin, epoch, floor) VALUES (?, ?, ?) "
+                      "ON CONFLICT(origin) DO UPDATE SET epoch=max(epoch, excluded.epoch), "
+                      "floor=excluded.floor", (o, e, e))
+        site.invalidate()
+        site.record_ops(kept)
+        for op in kept:
+            site.apply_version(op, pack_csn(op.hlc, op.origin, op.seq))
+        for o, e in snap.items():
+            top = max([op.epoch for op in kept if op.origin == o], default=e)
+            c.execute("UPDATE vector SET epoch=? WHERE origin=?", (max(top, e), o))
+        hlc = max(int(site.meta("hlc", 0)), first.hlc_max)
+        site.set_meta("hlc", hlc)
+        _note_header(site, first)
+        c.execute("COMMIT")
+    except BaseException:
+        c.execute("ROLLBACK")
+        site.invalidate()
+        raise
+    site.invalidate()
+    return n
