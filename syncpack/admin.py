@@ -86,8 +86,10 @@ def status(site: Site) -> dict:
             "ORDER BY sender, seq, part"):
         parked.append({"packet_id": pid.hex(), "from": site.name_of(sender), "seq": seq,
                        "part": part, "path": origin_path,
-                       "waiting_for": {site.name_of(o): [lo, hi] for o, (lo, hi)
-                                       in sorted(_ranges_from_blob(w).items())}})
+                       # stored at parking time; narrowed to what is still missing now
+                       "waiting_for": {site.name_of(o): [max(lo, vec.get(o, 0)), hi]
+                                       for o, (lo, hi) in sorted(_ranges_from_blob(w).items())
+                                       if hi > vec.get(o, 0)}})
     conflicts = site.conn.execute(
         "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
         "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
@@ -136,6 +138,7 @@ def load(site: Site, path: str | os.PathLike) -> dict:
                 extra = set(d) - {"collection", "key", "value"}
                 if extra:
                     raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
+                codec.encode_value(d["value"])  # an unencodable value is rejected with its line
                 items.append((coll, key, d["value"], False))
             else:
                 raise ValueError("needs 'value' or 'delete': true")

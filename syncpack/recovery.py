@@ -246,9 +246,9 @@ def apply_resync(site: Site, pks: list) -> int:
                       (pk.header.packet_id, pk.header.sender, pk.header.seq, pk.header.part,
                        pk.header.kind, pk.header.count, str(pk.path), wall_ms()))
         for o, e in snap.items():
-            c.execute("INSERT INTO vector(origin, epoch, floor) VALUES (?, ?, ?) "
+            c.execute("INSERT INTO vector(origin, epoch, floor, seeded) VALUES (?, ?, ?, ?) "
                       "ON CONFLICT(origin) DO UPDATE SET epoch=max(epoch, excluded.epoch), "
-                      "floor=excluded.floor", (o, e, e))
+                      "floor=excluded.floor, seeded=excluded.seeded", (o, e, e, e))
         site.invalidate()
         site.record_ops(kept)
         for op in kept:

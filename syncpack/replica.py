@@ -223,10 +223,10 @@ def _seed(site: Site, pks: list, progress) -> None:
             conn.execute("INSERT INTO packets_in VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                          (pk.header.packet_id, pk.header.sender, pk.header.seq, pk.header.part,
                           pk.header.kind, pk.header.count, str(pk.path), wall_ms()))
-        conn.executemany("INSERT INTO vector(origin, epoch, floor) VALUES (?, ?, ?) "
+        conn.executemany("INSERT INTO vector(origin, epoch, floor, seeded) VALUES (?, ?, ?, ?) "
                          "ON CONFLICT(origin) DO UPDATE SET epoch=excluded.epoch, "
-                         "floor=excluded.floor",
-                         [(o, e, e) for o, e in first.vector.items()])
+                         "floor=excluded.floor, seeded=excluded.seeded",
+                         [(o, e, e, e) for o, e in first.vector.items()])
         site.set_meta("family_id", first.family)
         site.set_meta("hlc", max(int(site.meta("hlc", 0)), first.hlc_max))
         site.set_meta("joined", 1)

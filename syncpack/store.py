@@ -20,8 +20,11 @@ MIGRATIONS: list[str] = [
     CREATE TABLE meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
     -- origin -> highest epoch applied; floor: epochs <= floor are not in the changelog
     -- (trimmed, or received inside a snapshot)
+    -- seeded: epochs <= seeded arrived inside a snapshot (never in our changelog), so peers
+    -- that lack them are left to other members instead of failing the export
     CREATE TABLE vector(origin BLOB PRIMARY KEY, epoch INTEGER NOT NULL,
-                        floor INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+                        floor INTEGER NOT NULL DEFAULT 0,
+                        seeded INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
     CREATE TABLE changelog(
         origin BLOB NOT NULL, epoch INTEGER NOT NULL,
         hlc INTEGER NOT NULL, seq INTEGER NOT NULL,

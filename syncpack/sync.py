@@ -149,13 +149,14 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int) -> list[PeerPlan]:
     """Inside a read snapshot: what each peer lacks, and the header it will get."""
     vec = site.vector()
     floor = site.floors()
+    seeded = {o: e for o, e in site.conn.execute("SELECT origin, seeded FROM vector")}
     floor_acks = ack_floor(site)
     plans = []
     for peer in peers:
         name = site.name_of(peer)
         bel, reported = believed(site, peer)
         try:
-            ranges = planning.plan_ranges(vec, peer, bel, reported, floor)
+            ranges = planning.plan_ranges(vec, peer, bel, reported, floor, seeded, site.site_id)
         except planning.BelowFloor as e:
             raise ScrubbedError(
                 f"peer {name} needs epoch {e.needed} of {site.name_of(e.origin)}, but this "
@@ -364,6 +365,10 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
+        # A sender we do not know yet may be a member whose roster entry arrives in another
+        # packet of this same import; such packets are verified again after each pass.
+        unknown: list[tuple[_Candidate, PacketError]] = []
+        opened: list[_Candidate] = []
         for path, named in find_packet_files(paths):
             if not path.exists():
                 res.rejected.append({"path": str(path), "error": "no such file"})
@@ -379,36 +384,74 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 res.skipped.append(str(path))
                 pk.close()
                 continue
+            c = _Candidate(pk, str(path))
+            opened.append(c)
             try:
                 verify(site, pk)
+            except PacketSenderError as e:
+                if h.sender not in site.members_by_id(include_retired=True):
+                    unknown.append((c, e))
+                else:
+                    res.rejected.append({"path": str(path), "error": str(e)})
+                continue
             except PacketError as e:
                 res.rejected.append({"path": str(path), "error": str(e)})
-                pk.close()
                 continue
             if h.kind == codec.KIND_SNAPSHOT:
-                snaps.setdefault((h.sender, h.seq), []).append(_Candidate(pk, str(path)))
+                snaps.setdefault((h.sender, h.seq), []).append(c)
             else:
-                cands.append(_Candidate(pk, str(path)))
-        # Previously parked packets join the queue: they may apply now.
-        for pid, fname, shown in site.conn.execute(
-                "SELECT packet_id, file, origin_path FROM parked ORDER BY sender, seq, part"):
-            f = site.parked_dir() / fname
-            try:
-                pk = open_packet(f)
-                verify(site, pk)
-            except PacketError as e:
-                res.rejected.append({"path": shown or str(f), "error": f"parked packet: {e}"})
-                _drop_parked(site, pid, f)
-                continue
-            cands.append(_Candidate(pk, shown or str(f), parked_file=f))
+                cands.append(c)
         try:
             for group in snaps.values():
                 _apply_snapshot(site, group, res)
-            _apply_all(site, cands, res, skew_ms, now_ms, progress)
+            while True:
+                cands += _parked_candidates(site, res, opened)
+                _apply_all(site, cands, res, skew_ms, now_ms, progress)
+                cands = []
+                still = []
+                for c, err in unknown:
+                    try:
+                        verify(site, c.pk)
+                        cands.append(c)
+                    except PacketSenderError as e:
+                        still.append((c, e))
+                    except PacketError as e:
+                        res.rejected.append({"path": c.display, "error": str(e)})
+                unknown = still
+                if not cands:
+                    break
+            for c, err in unknown:
+                res.rejected.append({"path": c.display, "error": str(err)})
         finally:
-            for c in cands + [c for g in snaps.values() for c in g]:
+            for c in opened:
                 c.pk.close()
     return res
+
+
+def _parked_candidates(site: Site, res: ImportResult, opened: list) -> list[_Candidate]:
+    """Parked packets join every pass: they may apply now."""
+    out = []
+    res.parked = []
+    for pid, fname, shown in site.conn.execute(
+            "SELECT packet_id, file, origin_path FROM parked ORDER BY sender, seq, part"
+            ).fetchall():
+        f = site.parked_dir() / fname
+        try:
+            pk = open_packet(f)
+        except PacketError as e:
+            res.rejected.append({"path": shown or str(f), "error": f"parked packet: {e}"})
+            _drop_parked(site, pid, f)
+            continue
+        c = _Candidate(pk, shown or str(f), parked_file=f)
+        opened.append(c)
+        try:
+            verify(site, pk)
+        except PacketError as e:
+            res.rejected.append({"path": c.display, "error": f"parked packet: {e}"})
+            _drop_parked(site, pid, f)
+            continue
+        out.append(c)
+    return out
 
 
 def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> None:
@@ -479,8 +522,11 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, skew_ms: 
             changed = True
         pending = still
     vec = site.vector()
+    parked_ids = {c.pk.header.packet_id for c in pending if c.parked_file}
     for c in pending:
         h = c.pk.header
+        if not c.parked_file and h.packet_id in parked_ids:
+            continue  # named again while parked: it stays parked, reported once
         gaps = planning.gaps(h.ranges, vec)
         if not c.parked_file:
             park(site, c.pk, gaps, c.display)
