@@ -530,10 +530,24 @@ def status(obj: Ctx):
 
 # --- conflicts and policies -------------------------------------------------------------------
 
-@cli.group(cls=Group, invoke_without_command=True)
-@click.argument("collection", required=False)
+class _ConflictsGroup(Group):
+    """``conflicts [COLLECTION]`` lists; ``conflicts resolve ...`` resolves.  Click cannot mix
+    an optional argument with subcommands, so the collection is taken off the arguments here."""
+
+    def parse_args(self, ctx, args):
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            ctx.meta["conflicts_collection"] = args[0]
+            args = args[1:]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx, formatter):
+        formatter.write_usage(ctx.command_path, "[COLLECTION] | resolve COLLECTION KEY "
+                                                "(--pick VERSION | --value JSON)")
+
+
+@cli.group(cls=_ConflictsGroup, invoke_without_command=True)
 @click.pass_context
-def conflicts(ctx, collection):
+def conflicts(ctx):
     """List keys with more than one surviving version (writes that did not see each other).
 
     \b
@@ -544,9 +558,7 @@ def conflicts(ctx, collection):
     if ctx.invoked_subcommand is not None:
         return
     obj: Ctx = ctx.obj
-    if collection == "resolve":
-        raise click.UsageError("usage: syncpack conflicts resolve COLLECTION KEY "
-                               "(--pick VERSION | --value JSON)")
+    collection = ctx.meta.get("conflicts_collection")
     s = obj.open()
     found = conflicts_mod.list_conflicts(s, collection)
     lines = []
