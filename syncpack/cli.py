@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from . import admin, conflicts as conflicts_mod, recovery, replica, sync
+from . import admin, batch as batch_mod, conflicts as conflicts_mod, recovery, replica, sync
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size
 from .site import Site
@@ -31,7 +31,9 @@ class Ctx:
         self.verbose = verbose
 
     def open(self, require_joined: bool = True) -> Site:
-        return Site.open(self.site_dir, require_joined=require_joined)
+        s = Site.open(self.site_dir, require_joined=require_joined)
+        click.get_current_context().call_on_close(s.close)
+        return s
 
     def emit(self, doc: dict, human: str | None = None) -> None:
         """The JSON document on stdout in --json mode, else the human text on stdout."""
@@ -737,6 +739,48 @@ def rmreplica(obj: Ctx, name):
     s = obj.open()
     doc = recovery.rmreplica(s, name)
     obj.emit(doc, f"{name} retired from family {s.family_name!r}")
+
+
+# --- scheduled rounds -------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("config", metavar="CONFIG.toml")
+@click.pass_obj
+def batch(obj: Ctx, config):
+    """Run one scheduled round at one site: the imports, exports and scrub named in CONFIG.toml.
+
+    Imports first (optionally deleting the packet files that were applied), then exports, then
+    scrub; the site comes from the file, not from --site.  Two rounds at a site never overlap.
+    Exit 0 when all went well, 1 when an action failed or a packet was rejected; with -q a
+    good round prints nothing (for cron).  The file format is in the README ("Batch rounds").
+
+    \b
+    Example:
+      syncpack -q batch /etc/syncpack/boston_hub.toml
+
+    \b
+    where /etc/syncpack/boston_hub.toml holds:
+      site = "/srv/syncpack/boston_hub"
+      [[import]]
+      path = "/mnt/media/boston_hub"
+      remove_after_import = true
+      [[export]]
+      out = "/mnt/media"
+      to = "all"
+    """
+    with obj.progress("batch") as tick:
+        doc = batch_mod.run_batch(config, progress=tick)
+    if obj.json:
+        obj.emit(doc)
+    elif not obj.quiet:
+        obj.emit(doc, batch_mod.format_summary(doc))
+    for r in doc["imported"]["rejected"]:
+        click.echo(f"error: {r['path']}: {r['error']}", err=True)
+    for e in doc["errors"]:
+        click.echo(f"error: {e['action']} {e['target']}: {e['error']}", err=True)
+        if e["hint"]:
+            click.echo(f"hint: {e['hint']}", err=True)
+    sys.exit(doc["exit_code"])
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import zstandard
 
 from .csn import CSN_LEN, SITE_ID_LEN
 from .errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
-                     PacketVersionError)
+                     PacketSealError, PacketVersionError)
 
 # --- msgpack, with fixed settings -------------------------------------------------------------
 
@@ -53,11 +53,30 @@ def decode_value(raw: bytes) -> Any:
     return unpackb(raw)
 
 
-def _untrusted_unpacker() -> msgpack.Unpacker:
+def _untrusted_unpacker(body: bool = False) -> msgpack.Unpacker:
+    # An empty array or map is one byte of input and ~60 bytes of memory, so length limits alone
+    # let a 16 MiB header (parsed before the signature is checked) become gigabytes of nested
+    # lists.  Bound the number of containers in a header; body items (ops, records) are flat.
+    if body:
+        def hook(obj):
+            for x in obj:
+                if type(x) is list or type(x) is dict:
+                    raise ValueError("nested array or map inside an op")
+            return obj
+    else:
+        left = [5 * MAX_ORIGINS + 1000]
+
+        def hook(obj):
+            left[0] -= 1
+            if left[0] < 0:
+                raise ValueError("too many arrays and maps")
+            return obj
     return msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False,
                             max_buffer_size=MAX_VALUE_BYTES + 1024 * 1024,
                             max_bin_len=MAX_VALUE_BYTES, max_str_len=1024 * 1024,
-                            max_array_len=1_000_000, max_map_len=100_000, max_ext_len=0)
+                            max_array_len=7 if body else 1_000_000,
+                            max_map_len=0 if body else 100_000, max_ext_len=0,
+                            list_hook=hook, object_hook=None if body else hook)
 
 
 def unpack_untrusted(data: bytes) -> Any:
@@ -117,7 +136,8 @@ SIGNING_CONTEXT = b"syncpack packet signature v1\x00"
 
 KIND_UPDATE = "update"
 KIND_SNAPSHOT = "snapshot"
-KNOWN_MANDATORY = frozenset({"zstd"})
+KNOWN_MANDATORY = frozenset({"zstd", "seal-x25519-chacha20poly1305"})
+FEATURE_SEAL = "seal-x25519-chacha20poly1305"
 KNOWN_ADVISORY: frozenset[str] = frozenset()
 
 
@@ -149,6 +169,11 @@ class Header:
     mandatory: list[str] = field(default_factory=lambda: ["zstd"])
     advisory: list[str] = field(default_factory=list)
     roster: list[dict] = field(default_factory=list)   # snapshot packets only
+    seal_epk: bytes = b""      # sealed packets: the sender's ephemeral X25519 public key
+
+    @property
+    def sealed(self) -> bool:
+        return FEATURE_SEAL in self.mandatory
 
     # The wire form numbers origins once, in order of first use, so ranges, vectors and ops
     # refer to a small index instead of repeating 8-byte ids.
@@ -174,6 +199,8 @@ class Header:
             "body_hash": self.body_hash, "req": list(self.mandatory),
             "opt": list(self.advisory),
         }
+        if self.sealed:
+            h["seal"] = {"epk": self.seal_epk}
         if self.kind == KIND_SNAPSHOT:
             h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
                            for m in self.roster]
@@ -251,6 +278,11 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
         ack_floor=_pairs(h, "ack_floor", origins), count=_int(h, "count", 0, 1 << 48),
         hlc_max=_int(h, "hlc_max"), body_len=_int(h, "body_len", 0, 1 << 62),
         body_hash=_bytes(h, "body_hash", 32), mandatory=req, advisory=opt)
+    if hdr.sealed:
+        seal = h.get("seal")
+        _need(isinstance(seal, dict) and isinstance(seal.get("epk"), bytes)
+              and len(seal["epk"]) == 32, "sealed packets carry 'seal' with a 32-byte 'epk'")
+        hdr.seal_epk = seal["epk"]
     if kind == KIND_SNAPSHOT:
         roster = h.get("roster")
         _need(isinstance(roster, list), "snapshot packets carry a roster")
@@ -332,17 +364,26 @@ def body_hash_matches(f: BinaryIO, env: Envelope) -> bool:
     return h.digest() == env.header.body_hash
 
 
-def _decoded_stream(f: BinaryIO, env: Envelope) -> Iterator[Any]:
-    """msgpack objects of the body, decompressed and decoded with limits."""
+def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
+    """msgpack objects of the body, unsealed, decompressed and decoded with limits."""
+    from . import seal
+    chunks: Iterator[bytes] = _read_body_chunks(f, env)
+    if env.header.sealed:
+        if unsealer is None:
+            raise PacketSealError("packet is sealed to its recipient; this site cannot open it")
+        chunks = seal.unseal(chunks, unsealer(env.header))
     try:
         d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
-        u = _untrusted_unpacker()
-        for chunk in _read_body_chunks(f, env):
-            # Feed in slices so one chunk of a compression bomb never becomes one huge buffer.
-            data = d.decompress(chunk)
-            for i in range(0, len(data), 1 << 20):
-                u.feed(data[i:i + (1 << 20)])
-                yield from u
+        u = _untrusted_unpacker(body=True)
+        for chunk in chunks:
+            # Decompress 1 KiB at a time: a zstd block expands at most ~32768-fold (a 128 KiB
+            # RLE block costs 4 bytes), so one call never returns more than ~32 MiB of a bomb.
+            mv = memoryview(chunk)
+            for j in range(0, len(mv), 1024):
+                data = d.decompress(mv[j:j + 1024])
+                for i in range(0, len(data), 1 << 20):
+                    u.feed(data[i:i + (1 << 20)])
+                    yield from u
         if not d.eof:
             raise PacketBodyError("packet body ends inside its compressed frame")
         leftover = d.unused_data
@@ -353,6 +394,8 @@ def _decoded_stream(f: BinaryIO, env: Envelope) -> Iterator[Any]:
         except msgpack.OutOfData:
             return
         raise PacketBodyError("op stream ends inside an op")
+    except seal.SealError as e:
+        raise PacketSealError(str(e)) from None
     except zstandard.ZstdError as e:
         raise PacketBodyError(f"body does not decompress: {e}") from None
     except msgpack.BufferFull:
@@ -366,7 +409,7 @@ def _bad(msg: str) -> PacketBodyError:
     return PacketBodyError(f"malformed op stream: {msg}")
 
 
-def iter_ops(f: BinaryIO, env: Envelope) -> Iterator[Op]:
+def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
     """Ops of an update packet in the order sent, checked against the header's ranges.
 
     Per origin, ops must carry exactly the epochs of the declared range in order, and CSNs must
@@ -377,7 +420,7 @@ def iter_ops(f: BinaryIO, env: Envelope) -> Iterator[Op]:
     hlc = 0
     last_csn = b""
     n = 0
-    for obj in _decoded_stream(f, env):
+    for obj in _decoded_stream(f, env, unsealer):
         if not (isinstance(obj, list) and len(obj) == 7):
             raise _bad("an op is not a 7-element array")
         oi, dh, seq, coll, key, val, repl = obj
@@ -410,9 +453,9 @@ def iter_ops(f: BinaryIO, env: Envelope) -> Iterator[Op]:
         raise PacketBodyError("ops carry a clock beyond the header's hlc_max")
 
 
-def iter_records(f: BinaryIO, env: Envelope) -> Iterator[Record]:
+def iter_records(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Record]:
     n = 0
-    for obj in _decoded_stream(f, env):
+    for obj in _decoded_stream(f, env, unsealer):
         if not (isinstance(obj, list) and len(obj) == 4):
             raise _bad("a record is not a 4-element array")
         coll, key, c, val = obj
@@ -427,27 +470,43 @@ def iter_records(f: BinaryIO, env: Envelope) -> Iterator[Record]:
 
 # --- writing ----------------------------------------------------------------------------------
 
+class _HashingSink:
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.h = hashlib.blake2b(digest_size=32)
+        self.n = 0
+
+    def write(self, b: bytes) -> int:
+        self.f.write(b)
+        self.h.update(b)
+        self.n += len(b)
+        return len(b)
+
+
 class BodyWriter:
-    """Streams msgpack items through zstd into a file object, hashing what it writes.
+    """Streams msgpack items through zstd (and, for sealed packets, the sealer) into a file
+    object, hashing the bytes that land in the file.
 
     ``would_fit`` answers, without writing, whether ``n`` more raw bytes stay within ``budget``
-    compressed bytes; near the limit it flushes a zstd block to learn the true size.  The
-    sequence of calls alone decides the output, so any engine that feeds the same items in the
-    same order writes the same bytes."""
+    body bytes; near the limit it flushes a zstd block to learn the true size.  The sequence of
+    calls alone decides the output, so any engine that feeds the same items in the same order
+    writes the same bytes."""
 
-    def __init__(self, f: BinaryIO, budget: int, level: int = ZSTD_LEVEL):
-        self.f = f
-        self.budget = budget
+    def __init__(self, f: BinaryIO, budget: int, level: int = ZSTD_LEVEL, sealer=None):
+        from . import seal
+        self._sink = _HashingSink(f)
+        self._sealer = sealer(self._sink) if sealer else None
+        self._out = self._sealer or self._sink
+        self.epk = self._sealer.epk if self._sealer else b""
+        self.budget = budget - (seal.overhead(budget) if sealer else 0)
         self._c = zstandard.ZstdCompressor(level=level).compressobj()
-        self._h = hashlib.blake2b(digest_size=32)
         self.out = 0
         self.pending = 0
         self.items = 0
 
     def _emit(self, b: bytes) -> None:
         if b:
-            self.f.write(b)
-            self._h.update(b)
+            self._out.write(b)
             self.out += len(b)
 
     @staticmethod
@@ -469,7 +528,9 @@ class BodyWriter:
 
     def finish(self) -> tuple[int, bytes]:
         self._emit(self._c.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
-        return self.out, self._h.digest()
+        if self._sealer:
+            self._sealer.close_stream()
+        return self._sink.n, self._sink.h.digest()
 
 
 class OpEncoder:

@@ -89,6 +89,16 @@ class PacketBodyError(PacketError):
     default_hint = "the packet is damaged or forged; get a fresh copy from the sender"
 
 
+class PacketSealError(PacketError):
+    """A sealed (encrypted) packet cannot be opened here."""
+
+    default_hint = "only the recipient can read a sealed packet; import it at its recipient"
+
+
+class PacketPolicyError(PacketError):
+    default_hint = "this family requires sealed packets: export with --encrypt"
+
+
 class PacketLimitError(PacketError):
     """The packet asks for more memory than we allow an untrusted input."""
 
@@ -114,5 +124,22 @@ class MediumFullError(ExportError):
     default_hint = "free space on the medium or use a smaller --max-size"
 
 
+class SparkUnavailableError(ExportError):
+    """The Spark engine cannot run here: pyspark or Java is missing, or Spark did not start."""
+
+    default_hint = "install pyspark ('pip install syncpack[spark]') and Java 17+, or use --engine local"
+
+
 class LockedError(SyncpackError):
     default_hint = "wait for the other syncpack command on this site to finish"
+
+
+class BatchConfigError(SyncpackError):
+    """A batch round's TOML configuration is missing, malformed or names a bad value."""
+
+
+class BatchLockedError(SyncpackError):
+    """Another batch round holds this site's batch lock: rounds never overlap."""
+
+    default_hint = ("this round was skipped and changed nothing; the next scheduled round "
+                    "catches up (if rounds keep overlapping, schedule them further apart)")

@@ -83,6 +83,32 @@ def load_signing_key(site_dir: Path) -> Ed25519PrivateKey:
     return k
 
 
+def load_box_key(site_dir: Path) -> X25519PrivateKey:
+    p = site_dir / KEY_DIR / BOX_KEY
+    try:
+        k = serialization.load_pem_private_key(p.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise SiteError(f"sealing key {p} is missing",
+                        hint="restore the site's keys directory from its backup") from None
+    except (ValueError, TypeError) as e:
+        raise SiteError(f"sealing key {p} cannot be read: {e}") from None
+    if not isinstance(k, X25519PrivateKey):
+        raise SiteError(f"{p} is not an X25519 key")
+    return k
+
+
+def unsealer(site_dir: Path):
+    """A callable that, given a sealed packet's header, returns the AEAD that opens its body.
+    The private key is loaded only when a sealed packet shows up."""
+    from . import seal
+
+    def open_for(header):
+        k = load_box_key(site_dir)
+        return seal.opener(k, _raw_pub(k), header.seal_epk, header.packet_id)
+
+    return open_for
+
+
 def read_public_file(path: Path) -> PublicIdentity:
     try:
         d = json.loads(Path(path).read_text())

@@ -50,6 +50,19 @@ def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, par
                            + part.to_bytes(4, "big"), digest_size=16).digest()
 
 
+def sealer_for(seal_to: bytes | None, pid: bytes, seed: bytes | None):
+    if not seal_to:
+        return None
+    from .seal import SealWriter
+    return lambda sink: SealWriter(sink, seal_to, pid, seed)
+
+
+def sealed_fields(template: Header, body: codec.BodyWriter) -> dict:
+    if not body.epk:
+        return {}
+    return {"mandatory": [*template.mandatory, codec.FEATURE_SEAL], "seal_epk": body.epk}
+
+
 @dataclass
 class PartInfo:
     path: Path
@@ -76,12 +89,14 @@ def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
 
 def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[bytes], bytes],
                          max_size: int, opener: Opener, seed: bytes | None = None,
-                         progress: Callable[[int], None] | None = None) -> list[PartInfo]:
+                         progress: Callable[[int], None] | None = None,
+                         seal_to: bytes | None = None) -> list[PartInfo]:
     """Write ``ops`` (CSN order) as one or more packets of at most ``max_size`` bytes.
 
     ``opener(part)`` returns a writable file and a ``commit(ok)`` callable that makes the file
     durable under its final name and returns that name (or discards it when ``ok`` is false).
-    The template gives every header field except the per-part ones."""
+    The template gives every header field except the per-part ones.  With ``seal_to`` (the
+    recipient's X25519 public key) every body is sealed so only the recipient can read it."""
     origins = template.origin_table()
     ix = {o: i for i, o in enumerate(origins)}
     budget = max_size - codec.framing_overhead() - codec.header_reserve(len(origins))
@@ -94,17 +109,18 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
     def start(part: int) -> None:
         f, commit = opener(part)
         codec.start_packet(f)
-        state.update(f=f, commit=commit, part=part, body=codec.BodyWriter(f, budget),
+        pid = packet_id(seed, template.sender, template.recipient, template.seq, part)
+        state.update(f=f, commit=commit, part=part, pid=pid,
+                     body=codec.BodyWriter(f, budget, sealer=sealer_for(seal_to, pid, seed)),
                      enc=codec.OpEncoder(ix), ranges={}, hlc_max=0, n=0)
 
     def finish(final: bool) -> None:
         f, body = state["f"], state["body"]
         length, digest = body.finish()
-        hdr = replace(template, part=state["part"], final=final,
-                      packet_id=packet_id(seed, template.sender, template.recipient,
-                                          template.seq, state["part"]),
+        hdr = replace(template, part=state["part"], final=final, packet_id=state["pid"],
                       ranges=dict(state["ranges"]), count=state["n"],
-                      hlc_max=state["hlc_max"], body_len=length, body_hash=digest)
+                      hlc_max=state["hlc_max"], body_len=length, body_hash=digest,
+                      **sealed_fields(template, body))
         size = codec.finish_packet(f, hdr, origins, sign)
         path = state["commit"](True)
         parts.append(PartInfo(path, hdr, size))

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import codec
+from . import codec, keys
 from .csn import hlc_ms, pack_csn
 from .errors import PacketError, PacketFormatError, SyncpackError, UsageError
 from .packets import DEFAULT_MAX_SIZE
@@ -209,14 +209,15 @@ def rmreplica(site: Site, name: str) -> dict:
 # --- hard resync ------------------------------------------------------------------------------
 
 def resync_export(site: Site, peer: str, out_dir: str | os.PathLike,
-                  max_size: int = DEFAULT_MAX_SIZE, progress=None) -> list:
+                  max_size: int = DEFAULT_MAX_SIZE, progress=None, encrypt: bool = False) -> list:
     from .replica import write_snapshot
+    from .sync import seal_key
     m = site.member_named(peer)
     if m.site_id == site.site_id:
         raise UsageError("resync sends a snapshot to another member")
     with site.lock():
         return write_snapshot(site, m.site_id, m.name, Path(out_dir), max_size,
-                              progress=progress)
+                              progress=progress, seal_to=seal_key(site, m.site_id, encrypt))
 
 
 def apply_resync(site: Site, pks: list) -> int:
@@ -239,7 +240,8 @@ def apply_resync(site: Site, pks: list) -> int:
         c.execute("DELETE FROM changelog")
         n = 0
         for pk in pks:
-            rows = [(r.collection, r.key, r.csn, r.value) for r in codec.iter_records(pk.f, pk.env)]
+            rows = [(r.collection, r.key, r.csn, r.value)
+                    for r in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path))]
             c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
             n += len(rows)
             c.execute("INSERT OR IGNORE INTO packets_in VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -16,7 +16,8 @@ from typing import Callable
 from . import codec, keys
 from .codec import Header
 from .errors import PacketError, PacketFormatError, PacketSignatureError, SiteError, UsageError
-from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, atomic_opener, packet_id
+from .packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, atomic_opener, packet_id, sealed_fields,
+                      sealer_for)
 from .site import FAMILY, FAMILY_KEY, ROSTER, Member, Site, wall_ms
 from .sync import (_ensure_link, _raise_matrix, _vec_blob, check_signature, find_packet_files,
                    link, open_packet, packet_dir)
@@ -31,7 +32,8 @@ class SnapshotPart:
 
 def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: Path,
                    max_size: int, seed: bytes | None = None, now_ms: int | None = None,
-                   progress: Callable[[int], None] | None = None) -> list[SnapshotPart]:
+                   progress: Callable[[int], None] | None = None,
+                   seal_to: bytes | None = None) -> list[SnapshotPart]:
     """Write the whole state at one consistent point as snapshot packet(s) for ``recipient``.
     The caller holds the site lock; this opens its own read snapshot."""
     now = wall_ms() if now_ms is None else now_ms
@@ -60,14 +62,15 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
         def start(part: int):
             f, commit = opener(part)
             codec.start_packet(f)
-            state.update(f=f, commit=commit, part=part, body=codec.BodyWriter(f, budget), n=0)
+            pid = packet_id(seed, site.site_id, recipient, seq, part)
+            state.update(f=f, commit=commit, part=part, pid=pid, n=0,
+                         body=codec.BodyWriter(f, budget, sealer=sealer_for(seal_to, pid, seed)))
 
         def finish(final: bool):
             length, digest = state["body"].finish()
             h = Header(**{**tmpl.__dict__, "part": state["part"], "final": final,
-                          "packet_id": packet_id(seed, site.site_id, recipient, seq,
-                                                 state["part"]),
-                          "count": state["n"], "body_len": length, "body_hash": digest})
+                          "packet_id": state["pid"], "count": state["n"], "body_len": length,
+                          "body_hash": digest, **sealed_fields(tmpl, state["body"])})
             size = codec.finish_packet(state["f"], h, origins, sign)
             parts.append(SnapshotPart(state["commit"](True), h, size))
 
@@ -115,7 +118,8 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
 
 def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: str | os.PathLike,
                      priority: int = 0, max_size: int = DEFAULT_MAX_SIZE,
-                     seed: bytes | None = None, progress=None) -> list[SnapshotPart]:
+                     seed: bytes | None = None, progress=None,
+                     encrypt: bool = False) -> list[SnapshotPart]:
     ident = keys.read_public_file(Path(pubkey))
     if ident.site != name:
         raise UsageError(f"public key file {pubkey} belongs to site {ident.site!r}, not {name!r}",
@@ -133,8 +137,9 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
             base[site.site_id] = tx.epoch + 1   # the roster op written just below
             m = Member(name, ident.site_id, ident.ed25519, ident.x25519, priority, base, False)
             tx._write(ROSTER, name, codec.encode_value(m.to_value()))
+        seal = ident.x25519 if (encrypt or site.requires_sealing()) else None
         return write_snapshot(site, ident.site_id, name, Path(out_dir), max_size, seed,
-                              progress=progress)
+                              progress=progress, seal_to=seal)
 
 
 def mkreplica_import(site: Site, paths: list[str | os.PathLike],
@@ -210,7 +215,7 @@ def _seed(site: Site, pks: list, progress) -> None:
     try:
         for pk in pks:
             rows = []
-            for rec in codec.iter_records(pk.f, pk.env):
+            for rec in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
                 rows.append((rec.collection, rec.key, rec.csn, rec.value))
                 if len(rows) >= 20_000:
                     conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)

@@ -236,11 +236,14 @@ class Site:
         return m
 
     def family_policy(self) -> str:
-        rows = self._versions(FAMILY, FAMILY_KEY)
-        v = pick(rows, "lww", {})
-        if v is None or v.value is None:
-            return "lww"
-        return codec.decode_value(v.value).get("policy", "lww")
+        return self.family_settings().get("policy", "lww")
+
+    def family_settings(self) -> dict:
+        v = pick(self._versions(FAMILY, FAMILY_KEY), "lww", {})
+        return codec.decode_value(v.value) if v is not None and v.value is not None else {}
+
+    def requires_sealing(self) -> bool:
+        return bool(self.family_settings().get("require_sealed", False))
 
     def policies(self) -> dict[str, str]:
         if self._policies is None:

@@ -116,11 +116,29 @@ def _statements(script: str) -> list[str]:
 
 
 def open_existing(db_path: Path) -> sqlite3.Connection:
+    """Open a site's store; never writes to a file that is not already a syncpack store."""
+    hint = "restore the site directory from a backup"
+    try:
+        with open(db_path, "rb") as f:
+            magic = f.read(16)
+    except OSError as e:
+        raise SiteError(f"{db_path} cannot be read ({e.strerror})", hint=hint) from None
+    if magic != b"SQLite format 3\0":
+        raise SiteError(f"{db_path} is not a readable syncpack store (not an SQLite database)", hint=hint)
+    conn = None
     try:
         conn = connect(db_path)
+        if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+            raise SiteError(f"{db_path} is not a readable syncpack store (an SQLite database of something else)",
+                            hint=hint)
         migrate(conn, db_path)
         conn.execute("SELECT count(*) FROM meta").fetchone()
         return conn
     except sqlite3.DatabaseError as e:
-        raise SiteError(f"{db_path} is not a readable syncpack store ({e})",
-                        hint="restore the site directory from a backup") from None
+        if conn is not None:
+            conn.close()
+        raise SiteError(f"{db_path} is not a readable syncpack store ({e})", hint=hint) from None
+    except SiteError:
+        if conn is not None:
+            conn.close()
+        raise

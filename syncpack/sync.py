@@ -20,7 +20,8 @@ from .codec import Envelope, Header, Op
 from .csn import hlc_from_ms
 from .errors import (ClockSkewError, EpochCollisionError, PacketError, PacketFamilyError,
                      PacketFormatError, PacketRecipientError, PacketSenderError,
-                     PacketSignatureError, PacketBodyError, ScrubbedError, UsageError)
+                     PacketSignatureError, PacketBodyError, PacketPolicyError, ScrubbedError,
+                     UsageError)
 from .packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener,
                       build_update_packets)
 from .site import SYS_PREFIX, Site, wall_ms
@@ -177,6 +178,16 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int) -> list[PeerPlan]:
     return plans
 
 
+def seal_key(site: Site, peer: bytes, encrypt: bool) -> bytes | None:
+    """The peer's X25519 key when the packet must be sealed (asked for, or family policy)."""
+    if not (encrypt or site.requires_sealing()):
+        return None
+    m = site.members_by_id(include_retired=True).get(peer)
+    if m is None or len(m.x25519) != 32:
+        raise UsageError(f"no X25519 key for {site.name_of(peer)} in the roster; cannot seal")
+    return m.x25519
+
+
 def packet_name(sender: str, seq: int, part: int) -> str:
     return f"{seq:010d}-{part:04d}{PACKET_SUFFIX}"
 
@@ -189,7 +200,8 @@ def packet_dir(out: Path, sender: str, recipient: str) -> Path:
 def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
            all_peers: bool = False, max_size: int = DEFAULT_MAX_SIZE,
            seed: bytes | None = None, now_ms: int | None = None,
-           progress: Callable[[int], None] | None = None) -> list[ExportedPacket]:
+           progress: Callable[[int], None] | None = None,
+           encrypt: bool = False) -> list[ExportedPacket]:
     out = Path(out_dir)
     if not to and not all_peers:
         raise UsageError("name the peers with --to PEER (repeatable) or use --all")
@@ -217,7 +229,8 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
                 opener = atomic_opener(d, lambda part, s=plan.template.seq:
                                        packet_name(site.name, s, part))
                 parts = build_update_packets(merged_ops(site, plan.ranges), plan.template, sign,
-                                             max_size, opener, seed, progress)
+                                             max_size, opener, seed, progress,
+                                             seal_to=seal_key(site, plan.peer, encrypt))
                 written.append((plan, parts))
             conn.execute("COMMIT")
         except BaseException:
@@ -314,6 +327,9 @@ def verify(site: Site, pk: OpenPacket) -> None:
         raise PacketSignatureError(f"signature does not verify with {member.name}'s key")
     if not codec.body_hash_matches(pk.f, pk.env):
         raise PacketBodyError("packet body does not match the hash in its signed header")
+    if site.requires_sealing() and not h.sealed:
+        raise PacketPolicyError(f"family {site.family_name!r} requires sealed packets and this "
+                                f"one from {member.name} is not sealed")
 
 
 # --- import -----------------------------------------------------------------------------------
@@ -583,6 +599,15 @@ def _note_header(site: Site, h: Header) -> None:
         "UPDATE links SET in_seq=max(in_seq, ?), peer_recv_seq=max(peer_recv_seq, ?), "
         "peer_waiting=? WHERE peer=?", (h.seq, h.recv_seq, _ranges_blob(h.waiting), peer))
     _wind_back(site, peer, h)
+    vec = site.vector()
+    if any(e > vec.get(o, 0) for o, e in h.vector.items()):
+        # The sender holds ops we lack that its packets did not bring (lost, or parked here):
+        # tell it our vector again even if it has not changed, or its probes go unanswered.
+        site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+    elif h.recv_seq < link(site, peer)["out_seq"]:
+        # The sender has not received our latest packet (lost, or still on its way): our
+        # vector may never have reached it, and it probes until it does; answer once more.
+        site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
     gossip = _vec_from_blob(site.meta("ack_floor_gossip"))
     merged = planning.vmax(gossip, h.ack_floor)
     if merged != gossip:
@@ -628,7 +653,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, skew_ms: int = DEFAULT_SKEW_MS,
         batch: list[Op] = []
         system = False
         superseded_any = conn.execute("SELECT 1 FROM superseded LIMIT 1").fetchone() is not None
-        for op in codec.iter_ops(pk.f, pk.env):
+        for op in codec.iter_ops(pk.f, pk.env, keys.unsealer(site.path)):
             if op.epoch <= vec.get(op.origin, 0):
                 _check_collision(site, op)
                 continue

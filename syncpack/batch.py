@@ -1,0 +1,589 @@
+"""One scheduled round for one site: ``syncpack batch CONFIG.toml`` (from cron or a systemd timer).
+
+A round, in this order:
+
+1. **imports** — each inbox is imported with :func:`syncpack.sync.import_packets`, like
+   ``syncpack import INBOX``; with ``remove_after_import`` the packet files that were applied or
+   reported as duplicates are deleted afterwards (see below);
+2. **exports** — each outbox gets :func:`syncpack.sync.export`, like ``syncpack export``; running
+   after the imports, the packets carry what was just received (relayed changes, and the
+   acknowledgements peers need to trim their changelogs);
+3. **scrub** (optional) — :func:`syncpack.recovery.scrub`, like ``syncpack scrub``.
+
+A failing action (a rejected packet, an unmounted required medium, a peer that needs a
+snapshot) is recorded and the round carries on with the next action; the outcome then says
+``failed`` and the exit code is 1, so a scheduler can alert.  Parked packets are not failures:
+they wait, inside the site, for the packets they miss and apply by themselves in a later round.
+
+Configuration
+-------------
+
+UTF-8 TOML.  Relative paths are relative to the directory holding the configuration file
+(cron and systemd start commands in other directories); ``~`` is expanded.  Unknown keys are
+errors, so a misspelt key is never silently ignored.
+
+=========================  ========================================================================
+key                        meaning
+=========================  ========================================================================
+``site``                   **required**: the site directory
+``log``                    log file, one line appended per action (default ``SITE/batch.log``)
+``[[import]]``             an inbox; repeat the table for several
+``  path``                 **required**: a directory (searched recursively, as ``syncpack import``
+                           does: packets for other sites and files that are not packets are left
+                           alone) or one packet file.  The shared-media layout written by export is
+                           ``MEDIA/<recipient>/<sender>/<seq>-<part>.spk``, so ``MEDIA/<this site>``
+``  remove_after_import``  ``true``: after the import has committed, delete the files of packets
+                           this site has applied (now or before: duplicates).  Only files inside
+                           ``path`` that are packets addressed to this site and recorded as applied
+                           in its store are deleted; parked, rejected, skipped and foreign files
+                           stay.  Default ``false``
+``  required``             ``true``: a missing ``path`` is an error (a medium that should be
+                           mounted); default ``false``: a missing inbox means nothing arrived yet
+``[[export]]``             an outbox; repeat the table for an outbox per peer
+``  out``                  **required**: the directory packets are written into
+                           (``OUT/<recipient>/<sender>/...``)
+``  to``                   ``"all"`` (default: every other current member) or a list of peer names
+``  max_size``             largest packet: bytes, or a string with K/M/G (default just under 4G)
+``  create``               ``true``: create ``out`` if it is missing.  Default ``false``: a missing
+                           ``out`` is an error, so an unmounted medium never fills the root disk
+``[scrub]``                present: trim the changelog after the exports
+``  min_age``              keep ops younger than this: seconds, or a string with s/m/h/d (``"7d"``)
+``  dry_run``              ``true``: report what would be trimmed, change nothing
+=========================  ========================================================================
+
+A configuration must name at least one import, export or scrub.  ``[import]``/``[export]``
+written as a single table (one bracket) are accepted as one-element lists.
+
+Example (``/etc/syncpack/boston_hub.toml``)::
+
+    site = "/srv/syncpack/boston_hub"
+    log = "/var/log/syncpack/boston_hub.log"
+
+    [[import]]
+    path = "/mnt/media/boston_hub"        # what peers wrote for us
+    remove_after_import = true
+
+    [[export]]
+    out = "/mnt/media"                    # one outbox for all peers
+    to = "all"
+    max_size = "650M"
+
+    [scrub]
+    min_age = "7d"
+
+Locking and logging
+-------------------
+
+Two rounds at one site never overlap: a round holds ``fcntl.flock`` on ``SITE/batch.lock``
+(separate from the site's own per-command lock ``SITE/lock``, which every import, export and
+scrub takes in turn, so interactive commands can still run between the actions of a round).  A
+second round started meanwhile changes nothing and raises :class:`BatchLockedError` (exit 1).
+The lock is released by the kernel when the process ends, however it ends, so a killed round
+never leaves a stale lock; that is also why cron lines need no ``flock(1)`` wrapper.
+
+The log gets one line per action, each ``<UTC timestamp> <site> <action>: <what happened>``,
+appended with ``O_APPEND`` so concurrent writers never interleave within a line.
+
+Summary
+-------
+
+:func:`run_batch` returns a JSON-able dict (``syncpack --json batch`` prints it)::
+
+    site, config, log, started, finished      where and when
+    imported   {applied, duplicates, parked, rejected, removed, ops_applied}   all inboxes,
+               fields as in 'syncpack --json import' (plus removed: deleted files)
+    exported   {packets}                       as in 'syncpack --json export'
+    scrub      the 'syncpack --json scrub' document, or null
+    inboxes, outboxes                          the same per configured inbox / outbox
+    errors     [{action, target, error, hint}]
+    counts     {applied, ops_applied, duplicates, parked, rejected, removed,
+                exported_packets, exported_ops, errors}
+    outcome    "ok" or "failed";  exit_code  0 or 1
+"""
+
+from __future__ import annotations
+
+import difflib
+import fcntl
+import os
+import sqlite3
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from . import recovery, sync
+from .errors import (BatchConfigError, BatchLockedError, PacketError, SiteError,
+                     SyncpackError)
+from .packets import DEFAULT_MAX_SIZE, parse_size
+from .site import Site
+
+BATCH_LOCK_FILE = "batch.lock"
+DEFAULT_LOG_NAME = "batch.log"
+
+TOP_KEYS = ("site", "log", "import", "export", "scrub")
+IMPORT_KEYS = ("path", "remove_after_import", "required")
+EXPORT_KEYS = ("out", "to", "max_size", "create")
+SCRUB_KEYS = ("min_age", "dry_run")
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+@dataclass
+class ImportSpec:
+    name: str                 # "import[1]": how errors and the log refer to it
+    path: Path
+    remove_after_import: bool = False
+    required: bool = False
+
+
+@dataclass
+class ExportSpec:
+    name: str
+    out: Path
+    to: list[str] | None = None   # None: every other member
+    max_size: int = DEFAULT_MAX_SIZE
+    create: bool = False
+
+
+@dataclass
+class ScrubSpec:
+    min_age_ms: int = 0
+    dry_run: bool = False
+
+
+@dataclass
+class BatchConfig:
+    path: Path
+    site: Path
+    log: Path | None          # None: SITE/batch.log
+    imports: list[ImportSpec] = field(default_factory=list)
+    exports: list[ExportSpec] = field(default_factory=list)
+    scrub: ScrubSpec | None = None
+
+
+class _Checker:
+    """Reads values out of the parsed TOML; every complaint names the file and the key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.base = Path(os.path.abspath(path)).parent
+
+    def error(self, key: str, what: str, hint: str | None = None) -> BatchConfigError:
+        return BatchConfigError(f"batch config {self.path}: {key}: {what}", hint=hint)
+
+    def known(self, table: dict, keys: tuple[str, ...], where: str) -> None:
+        for k in table:
+            if k not in keys:
+                near = difflib.get_close_matches(k, keys, n=1)
+                hint = (f"did you mean {near[0]!r}?" if near
+                        else f"known keys{' in ' + where if where else ''}: {', '.join(keys)}")
+                raise self.error(f"{where}.{k}" if where else k, "unknown key", hint)
+
+    def string(self, table: dict, key: str, where: str, required: bool = False) -> str | None:
+        name = f"{where}.{key}" if where else key
+        if key not in table:
+            if required:
+                raise self.error(name, "missing (required)")
+            return None
+        v = table[key]
+        if not isinstance(v, str) or not v.strip():
+            raise self.error(name, f"must be a non-empty string, not {v!r}")
+        return v
+
+    def path_(self, table: dict, key: str, where: str, required: bool = False) -> Path | None:
+        v = self.string(table, key, where, required)
+        if v is None:
+            return None
+        return Path(os.path.abspath(self.base / os.path.expanduser(v)))
+
+    def boolean(self, table: dict, key: str, where: str, default: bool = False) -> bool:
+        v = table.get(key, default)
+        if not isinstance(v, bool):
+            raise self.error(f"{where}.{key}" if where else key,
+                             f"must be true or false, not {v!r}")
+        return v
+
+    def tables(self, doc: dict, key: str) -> list[tuple[str, dict]]:
+        v = doc.get(key, [])
+        if isinstance(v, dict):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
+            raise self.error(key, f"must be [[{key}]] tables")
+        return [(f"{key}[{i}]", t) for i, t in enumerate(v, 1)]
+
+
+def parse_duration_ms(value: Any) -> int:
+    """Seconds as a number, or a string with an s/m/h/d unit: ``90``, ``"15m"``, ``"7d"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        secs = float(value)
+    elif isinstance(value, str) and value.strip():
+        t = value.strip().lower()
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(t[-1:])
+        try:
+            secs = float(t[:-1]) * unit if unit else float(t)
+        except ValueError:
+            raise ValueError(f"not a duration: {value!r} (seconds, or e.g. \"15m\", \"7d\")") \
+                from None
+    else:
+        raise ValueError(f"not a duration: {value!r}")
+    if secs < 0:
+        raise ValueError(f"a duration cannot be negative: {value!r}")
+    return int(secs * 1000)
+
+
+def load_config(config_path: str | os.PathLike) -> BatchConfig:
+    """Parse and check a batch configuration; raises :class:`BatchConfigError`."""
+    path = Path(config_path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise BatchConfigError(f"batch config {path}: no such file",
+                               hint="give the path of a TOML file; see 'syncpack batch --help'"
+                               ) from None
+    except IsADirectoryError:
+        raise BatchConfigError(f"batch config {path}: is a directory, not a TOML file") from None
+    except OSError as e:
+        raise BatchConfigError(f"batch config {path}: cannot read ({e.strerror})") from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BatchConfigError(f"batch config {path}: not UTF-8 text ({e.reason} at byte "
+                               f"{e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BatchConfigError(f"batch config {path}: not valid TOML ({e})",
+                               hint="see the format in 'syncpack batch --help'") from None
+    ck = _Checker(path)
+    ck.known(doc, TOP_KEYS, "")
+    site = ck.path_(doc, "site", "", required=True)
+    log = ck.path_(doc, "log", "")
+    cfg = BatchConfig(path=path, site=site, log=log)
+
+    for name, t in ck.tables(doc, "import"):
+        ck.known(t, IMPORT_KEYS, name)
+        cfg.imports.append(ImportSpec(
+            name, ck.path_(t, "path", name, required=True),
+            ck.boolean(t, "remove_after_import", name), ck.boolean(t, "required", name)))
+
+    for name, t in ck.tables(doc, "export"):
+        ck.known(t, EXPORT_KEYS, name)
+        out = ck.path_(t, "out", name, required=True)
+        to_v = t.get("to", "all")
+        if to_v == "all":
+            to = None
+        elif (isinstance(to_v, list) and to_v
+              and all(isinstance(x, str) and x.strip() for x in to_v)):
+            to = list(dict.fromkeys(to_v))
+        else:
+            raise ck.error(f"{name}.to", f"must be \"all\" or a list of peer names, not {to_v!r}")
+        max_size = DEFAULT_MAX_SIZE
+        if "max_size" in t:
+            v = t["max_size"]
+            if isinstance(v, bool) or not isinstance(v, (int, str)):
+                raise ck.error(f"{name}.max_size", f"must be bytes or a string like \"650M\", "
+                                                   f"not {v!r}")
+            try:
+                max_size = parse_size(v)
+            except ValueError as e:
+                raise ck.error(f"{name}.max_size", str(e)) from None
+        cfg.exports.append(ExportSpec(name, out, to, max_size, ck.boolean(t, "create", name)))
+
+    if "scrub" in doc:
+        t = doc["scrub"]
+        if not isinstance(t, dict):
+            raise ck.error("scrub", "must be a [scrub] table")
+        ck.known(t, SCRUB_KEYS, "scrub")
+        min_age = 0
+        if "min_age" in t:
+            try:
+                min_age = parse_duration_ms(t["min_age"])
+            except ValueError as e:
+                raise ck.error("scrub.min_age", str(e)) from None
+        cfg.scrub = ScrubSpec(min_age, ck.boolean(t, "dry_run", "scrub"))
+
+    if not cfg.imports and not cfg.exports and cfg.scrub is None:
+        raise ck.error("import/export/scrub", "nothing to do: the file names no [[import]], "
+                       "[[export]] or [scrub]")
+    return cfg
+
+
+# --- the log and the lock ---------------------------------------------------------------------
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class BatchLog:
+    """One line per action, appended; each line is written with a single ``write``."""
+
+    def __init__(self, path: Path, site_name: str):
+        self.path = path
+        self.site_name = site_name
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+
+    def line(self, action: str, text: str) -> None:
+        text = " ".join(str(text).split())  # one line, whatever the message held
+        os.write(self.fd, f"{_now_iso()} {self.site_name} {action}: {text}\n".encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def acquire_lock(site_dir: Path, site_name: str) -> int:
+    """The batch lock: an fd holding ``flock(LOCK_EX | LOCK_NB)`` on ``SITE/batch.lock``."""
+    lock_path = site_dir / BATCH_LOCK_FILE
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise BatchLockedError(f"another batch round is running at site {site_name!r} "
+                               f"(it holds {lock_path})") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# --- the round --------------------------------------------------------------------------------
+
+def _ranges_text(waiting: dict) -> str:
+    return ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in waiting.items())
+
+
+def remove_applied(site: Site, inbox: Path, shown: list[str]) -> list[str]:
+    """Delete those of ``shown`` (paths an import reported applied or duplicate) that are files
+    inside ``inbox`` holding a packet addressed to this site whose id the store records as
+    applied.  Checked again here, file by file, so nothing else is ever deleted."""
+    root = Path(os.path.abspath(inbox))
+    removed = []
+    for s in dict.fromkeys(shown):
+        p = Path(os.path.abspath(s))
+        if p != root and root not in p.parents:
+            continue  # e.g. a packet parked in an earlier round from another inbox
+        if not p.is_file():
+            continue
+        try:
+            pk = sync.open_packet(p)
+        except PacketError:
+            continue
+        try:
+            h = pk.header
+            ok = (h.family == site.family_id and h.recipient == site.site_id
+                  and site.conn.execute("SELECT 1 FROM packets_in WHERE packet_id=?",
+                                        (h.packet_id,)).fetchone() is not None)
+        finally:
+            pk.close()
+        if ok:
+            p.unlink(missing_ok=True)
+            removed.append(s)
+    return removed
+
+
+class _Round:
+    def __init__(self, cfg: BatchConfig, site: Site, log: BatchLog,
+                 progress: Callable[[int], None] | None):
+        self.cfg = cfg
+        self.site = site
+        self.log = log
+        self.progress = progress
+        self.imported: dict[str, Any] = {"applied": [], "duplicates": [], "parked": [],
+                                         "rejected": [], "removed": [], "ops_applied": 0}
+        self.exported: list[dict] = []
+        self.inboxes: list[dict] = []
+        self.outboxes: list[dict] = []
+        self.scrub: dict | None = None
+        self.errors: list[dict] = []
+
+    def fail(self, action: str, target: str, message: str, hint: str | None) -> None:
+        self.errors.append({"action": action, "target": target, "error": message, "hint": hint})
+        self.log.line(action, f"ERROR {target}: {message}" + (f" (hint: {hint})" if hint else ""))
+
+    def guarded(self, action: str, target: str, fn: Callable[[], None]) -> None:
+        """Run one action; a failure is recorded and the round goes on with the next one."""
+        try:
+            fn()
+        except SyncpackError as e:
+            self.fail(action, target, e.message, e.hint)
+        except sqlite3.DatabaseError as e:
+            self.fail(action, target, f"the site store cannot be used: {e}",
+                      "check the disk and run 'syncpack fsck'")
+        except OSError as e:
+            self.fail(action, target, f"{e.strerror or e}"
+                      + (f": {e.filename}" if e.filename else ""), None)
+
+    def do_import(self, spec: ImportSpec) -> None:
+        entry: dict[str, Any] = {"path": str(spec.path), "present": spec.path.exists()}
+        self.inboxes.append(entry)
+        if not entry["present"]:
+            if spec.required:
+                self.fail("import", str(spec.path), f"inbox {spec.path} does not exist "
+                          f"({spec.name}.required is true)", "is the medium mounted?")
+            else:
+                self.log.line("import", f"{spec.path}: absent, nothing to import")
+            return
+        res = sync.import_packets(self.site, [spec.path], progress=self.progress)
+        removed: list[str] = []
+        if spec.remove_after_import:
+            # import_packets has returned: every packet it applied is committed.
+            removed = remove_applied(self.site, spec.path, res.applied + res.duplicates)
+        entry.update(res.to_json())
+        entry["removed"] = removed
+        for k in ("applied", "duplicates", "parked", "rejected"):
+            self.imported[k] += getattr(res, k)
+        self.imported["removed"] += removed
+        self.imported["ops_applied"] += res.ops_applied
+        text = (f"{spec.path}: applied {len(res.applied)} packet(s) ({res.ops_applied} ops), "
+                f"{len(res.duplicates)} duplicate(s), {len(res.parked)} parked, "
+                f"{len(res.rejected)} rejected")
+        if spec.remove_after_import:
+            text += f", removed {len(removed)} file(s)"
+        self.log.line("import", text)
+        for p in res.parked:
+            self.log.line("import", f"parked {p['path']}: waiting for "
+                                    f"{_ranges_text(p['waiting_for'])}")
+        for r in res.rejected:
+            self.log.line("import", f"REJECTED {r['path']}: {r['error']}")
+
+    def do_export(self, spec: ExportSpec) -> None:
+        to_shown = "all" if spec.to is None else spec.to
+        entry: dict[str, Any] = {"out": str(spec.out), "to": to_shown, "packets": []}
+        self.outboxes.append(entry)
+        if not spec.out.is_dir():
+            if spec.create:
+                spec.out.mkdir(parents=True, exist_ok=True)
+            else:
+                self.fail("export", str(spec.out), f"outbox {spec.out} does not exist",
+                          f"mount the medium, or set {spec.name}.create = true")
+                return
+        pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
+                           max_size=spec.max_size, progress=self.progress)
+        entry["packets"] = [p.to_json() for p in pkts]
+        self.exported += entry["packets"]
+        who = "all" if spec.to is None else ",".join(spec.to)
+        if pkts:
+            peers = ", ".join(sorted({p.to for p in pkts}))
+            self.log.line("export", f"{spec.out} -> {who}: {len(pkts)} packet(s) to {peers}, "
+                                    f"{sum(p.ops for p in pkts)} ops, "
+                                    f"{sum(p.bytes for p in pkts)} bytes")
+        else:
+            self.log.line("export", f"{spec.out} -> {who}: nothing to send")
+
+    def do_scrub(self, spec: ScrubSpec) -> None:
+        doc = recovery.scrub(self.site, spec.dry_run, spec.min_age_ms)
+        self.scrub = doc
+        verb = "would remove" if spec.dry_run else "removed"
+        self.log.line("scrub", f"{verb} {doc['ops_removed']} changelog op(s), "
+                               f"{doc['tombstones_removed']} tombstone(s)")
+
+    def run(self) -> None:
+        for spec in self.cfg.imports:
+            self.guarded("import", str(spec.path), lambda s=spec: self.do_import(s))
+        for spec in self.cfg.exports:
+            self.guarded("export", str(spec.out), lambda s=spec: self.do_export(s))
+        if self.cfg.scrub is not None:
+            self.guarded("scrub", self.site.name, lambda: self.do_scrub(self.cfg.scrub))
+
+
+def run_batch(config_path: str | os.PathLike,
+              progress: Callable[[int], None] | None = None) -> dict:
+    """Run one round as configured in ``config_path``; returns the summary (module docstring).
+
+    Raises :class:`BatchConfigError` for a bad configuration (nothing done) and
+    :class:`BatchLockedError` when another round holds the site (nothing done).  Failures of
+    single actions do not raise: they are in ``summary["errors"]`` and make ``exit_code`` 1.
+    """
+    cfg = load_config(config_path)
+    try:
+        site = Site.open(cfg.site)
+    except SiteError as e:
+        raise BatchConfigError(f"batch config {cfg.path}: site: {e.message}", hint=e.hint) \
+            from None
+    try:
+        log_path = cfg.log or site.path / DEFAULT_LOG_NAME
+        try:
+            log = BatchLog(log_path, site.name)
+        except OSError as e:
+            raise BatchConfigError(f"batch config {cfg.path}: log: cannot append to {log_path} "
+                                   f"({e.strerror})") from None
+        try:
+            try:
+                lock_fd = acquire_lock(site.path, site.name)
+            except BatchLockedError as e:
+                log.line("round", f"refused: {e.message}")
+                raise
+            try:
+                started = _now_iso()
+                log.line("round", f"start ({os.path.abspath(cfg.path)})")
+                rnd = _Round(cfg, site, log, progress)
+                try:
+                    rnd.run()
+                except BaseException as e:  # a bug or an interrupt: say so in the log, re-raise
+                    log.line("round", f"ABORTED: {type(e).__name__}: {e}")
+                    raise
+                summary = _summary(cfg, site, log_path, started, rnd)
+                c = summary["counts"]
+                log.line("round", f"end: {summary['outcome']} (exit {summary['exit_code']}); "
+                                  f"applied {c['applied']}, parked {c['parked']}, rejected "
+                                  f"{c['rejected']}, exported {c['exported_packets']}, "
+                                  f"errors {c['errors']}")
+                return summary
+            finally:
+                os.close(lock_fd)  # releases the flock
+        finally:
+            log.close()
+    finally:
+        site.close()
+
+
+def _summary(cfg: BatchConfig, site: Site, log_path: Path, started: str, rnd: _Round) -> dict:
+    imp = rnd.imported
+    counts = {"applied": len(imp["applied"]), "ops_applied": imp["ops_applied"],
+              "duplicates": len(imp["duplicates"]), "parked": len(imp["parked"]),
+              "rejected": len(imp["rejected"]), "removed": len(imp["removed"]),
+              "exported_packets": len(rnd.exported),
+              "exported_ops": sum(p["ops"] for p in rnd.exported), "errors": len(rnd.errors)}
+    ok = not imp["rejected"] and not rnd.errors
+    return {"site": site.name, "config": str(cfg.path), "log": str(log_path),
+            "started": started, "finished": _now_iso(),
+            "imported": imp, "exported": {"packets": rnd.exported}, "scrub": rnd.scrub,
+            "inboxes": rnd.inboxes, "outboxes": rnd.outboxes, "errors": rnd.errors,
+            "counts": counts, "outcome": "ok" if ok else "failed", "exit_code": 0 if ok else 1}
+
+
+def format_summary(doc: dict) -> str:
+    """The human-readable summary ``syncpack batch`` prints (problems go to stderr apart)."""
+    lines = [f"batch round at {doc['site']}: {doc['outcome']}"]
+    for e in doc["inboxes"]:
+        if not e["present"]:
+            lines.append(f"  import {e['path']}: absent")
+        elif "applied" in e:
+            t = (f"  import {e['path']}: applied {len(e['applied'])} packet(s) "
+                 f"({e['ops_applied']} ops), {len(e['duplicates'])} duplicate(s), "
+                 f"{len(e['parked'])} parked, {len(e['rejected'])} rejected")
+            if e.get("removed"):
+                t += f"; removed {len(e['removed'])} file(s)"
+            lines.append(t)
+            for p in e["parked"]:
+                lines.append(f"    parked {p['path']}: waiting for "
+                             f"{_ranges_text(p['waiting_for'])}")
+    for e in doc["outboxes"]:
+        who = e["to"] if isinstance(e["to"], str) else ", ".join(e["to"])
+        pk = e["packets"]
+        if pk:
+            lines.append(f"  export {e['out']} -> {who}: {len(pk)} packet(s), "
+                         f"{sum(p['ops'] for p in pk)} ops, {sum(p['bytes'] for p in pk)} bytes")
+        else:
+            lines.append(f"  export {e['out']} -> {who}: nothing to send")
+    if doc["scrub"] is not None:
+        s = doc["scrub"]
+        verb = "would remove" if s["dry_run"] else "removed"
+        lines.append(f"  scrub: {verb} {s['ops_removed']} changelog op(s), "
+                     f"{s['tombstones_removed']} tombstone(s)")
+    if doc["errors"] or doc["imported"]["rejected"]:
+        lines.append(f"  {len(doc['imported']['rejected'])} rejected packet(s), "
+                     f"{len(doc['errors'])} failed action(s): see the error lines")
+    return "\n".join(lines)

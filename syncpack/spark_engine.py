@@ -1,0 +1,567 @@
+"""Building update packets with PySpark, from the Parquet log (DESIGN.md §9, formats/LOG.md).
+
+:func:`export_spark` gives the same packets, byte for byte, as :func:`syncpack.sync.export` for
+the same site state and parameters, and records them in the store the same way:
+
+1. Under the site lock and inside one read snapshot of the store: bring the site's own log up to
+   date (unless ``log_dir`` names another log), plan every peer's ranges with
+   :func:`syncpack.sync.plan_exports` (so a peer below the floor gets the same
+   :class:`ScrubbedError`), and check that the log holds every planned range.
+2. A Spark job builds each peer's packets inside the executors: the per-peer ranges and header
+   templates are broadcast, each task filters the log to its peer's ranges, orders the ops by
+   CSN ``(hlc, origin, seq)``, and encodes, signs and writes them with
+   :func:`syncpack.packets.build_update_packets` through :func:`syncpack.packets.atomic_opener`
+   into the local engine's media layout.  Only packet metadata comes back to the driver.
+3. The driver records the exports with :func:`syncpack.sync._record_exports`.
+
+Cutting a peer's stream into packets is sequential by nature (where part *k* ends depends on the
+compressed size of everything before it), so a peer's stream is one task; the parallelism is
+across peers.  Two strategies move the ops to the tasks, both over Arrow, never pickled rows:
+
+``merge`` (default)
+    Each task reads its peer's ranges straight from the segment files with pyarrow (only the
+    segments and row groups that overlap, pruned by the manifest and the ``epoch`` statistics)
+    and merges the per-origin streams, which the log keeps in epoch = CSN order, so no sort and
+    no shuffle are needed.  Works for logs on any filesystem pyarrow opens.
+``shuffle``
+    Spark SQL does the data movement: the needed segments are read as a DataFrame, joined with
+    the broadcast range table, hash-partitioned one peer per partition, sorted within partitions
+    by ``(hlc, origin, seq)``, and handed to the encoder with ``mapInArrow``.  This is the path
+    for logs written by other producers to storage only the JVM can read; it pays a shuffle and
+    a sort of every (peer, op) pair.
+
+The strategy is the ``strategy`` argument, or ``SYNCPACK_SPARK_STRATEGY`` in the environment.
+
+Spark is started once per command (or reused when the caller already has a session), with its
+UI, console progress bar and INFO/WARN logging off, and with the JVM's own output sent to a log
+file so that nothing reaches the terminal or a ``--json`` document.  The signing key goes to the
+executors as raw key bytes inside the task closure: on a cluster, enable Spark's RPC encryption
+(``spark.network.crypto.enabled``) or keep to ``local[*]``.  The output directory must be one the
+executors can write (local mode, or a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from . import errors, keys, oplog
+from .codec import Header, Op
+from .errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
+from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener, \
+    build_update_packets
+from .site import Site, wall_ms
+from .sync import ExportedPacket, PeerPlan, _record_exports, packet_dir, packet_name, \
+    plan_exports
+
+STRATEGIES = ("merge", "shuffle")
+DEFAULT_MASTER = "local[*]"
+
+_LOG4J2 = """\
+status = error
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+# --- the session ------------------------------------------------------------------------------
+
+def _check_java() -> None:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return
+    if shutil.which("java"):
+        return
+    raise SparkUnavailableError(
+        "the Spark engine needs Java (17 or newer), and no 'java' was found",
+        hint="install a Java runtime (e.g. 'apt install openjdk-17-jre-headless') or set "
+             "JAVA_HOME; or use --engine local")
+
+
+def _import_pyspark():
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+    except ImportError as e:
+        raise SparkUnavailableError(
+            f"the Spark engine needs pyspark, which is not installed here ({e})",
+            hint="pip install 'syncpack[spark]' (or: pip install pyspark), or use "
+                 "--engine local") from None
+    return SparkContext, SparkSession
+
+
+@contextmanager
+def _jvm_output_to(path: Path) -> Iterator[None]:
+    """The JVM inherits our stdout and stderr; point them at a file while it starts, so not even
+    the JVM's own start-up warnings reach the terminal or a --json document.  The JVM (and the
+    Python workers it forks) keep writing there."""
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except (OSError, ValueError):
+            pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    saved = (os.dup(1), os.dup(2))
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for x in (*saved, fd):
+            os.close(x)
+
+
+class SparkSessionHandle:
+    """A Spark session for one command: stops it at the end only if it started it."""
+
+    def __init__(self, spark, created: bool, workdir: Path | None, log_file: Path | None):
+        self.spark, self.created, self.workdir, self.log_file = spark, created, workdir, log_file
+
+    @property
+    def sc(self):
+        return self.spark.sparkContext
+
+    def stop(self, keep_log: bool = False) -> None:
+        if self.created:
+            self.spark.stop()
+            if self.workdir is not None and not keep_log:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = None,
+                  app_name: str = "syncpack") -> SparkSessionHandle:
+    """Reuse the process's Spark session, or start one with syncpack's settings."""
+    SparkContext, SparkSession = _import_pyspark()
+    if SparkContext._active_spark_context is not None:
+        return SparkSessionHandle(SparkSession.builder.getOrCreate(), False, None, None)
+    _check_java()
+    local = master.startswith("local")
+    if local:
+        # Driver and Python workers must be this interpreter, which can import syncpack.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    workdir = Path(tempfile.mkdtemp(prefix="syncpack-spark-"))
+    log4j = workdir / "log4j2.properties"
+    log4j.write_text(_LOG4J2)
+    log_file = workdir / "spark.log"
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j} -Dlog4j.configurationFile=file:{log4j}"
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": java_opts,
+        "spark.python.worker.reuse": "true",
+        "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(oplog.BATCH_ROWS // 2),
+        "spark.sql.adaptive.enabled": "false",   # keep one partition per peer
+    }
+    if local:
+        settings["spark.driver.host"] = "127.0.0.1"
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    try:
+        with _jvm_output_to(log_file):
+            spark = builder.getOrCreate()
+    except Exception as e:  # pyspark raises several kinds when the JVM cannot start
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SparkUnavailableError(f"Spark did not start ({msg})",
+                                    hint=f"see {log_file}; check JAVA_HOME and --spark-master, "
+                                         f"or use --engine local") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    if not local:
+        _ship_package(spark.sparkContext, workdir)
+    return SparkSessionHandle(spark, True, workdir, log_file)
+
+
+def _ship_package(sc, workdir: Path) -> None:
+    """On a cluster the executors may lack syncpack: send this copy along."""
+    pkg = Path(__file__).resolve().parent
+    z = workdir / "syncpack.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        for f in sorted(pkg.rglob("*.py")):
+            zf.write(f, f"syncpack/{f.relative_to(pkg)}")
+    sc.addPyFile(str(z))
+
+
+# --- what the executors get -------------------------------------------------------------------
+
+@dataclass
+class _Job:
+    """One peer's work, broadcast to the executors."""
+    index: int                                  # position in the plan list
+    name: str
+    ranges: dict[bytes, tuple[int, int]]
+    template: Header
+    segments: dict[bytes, oplog.OriginLog]      # the manifest entries of its origins
+    ops: int
+
+
+@dataclass
+class _TaskCtx:
+    log: str
+    out: str
+    sender: str
+    key: bytes          # raw Ed25519 private key
+    max_size: int
+    seed: bytes | None
+
+
+def _build_peer(job: _Job, ops: Iterable[Op], ctx: _TaskCtx) -> bytes:
+    """Encode, sign and write one peer's packets; returns the pickled outcome for the driver
+    (typed syncpack errors travel back as data, so the driver can raise the same error)."""
+    t0 = time.perf_counter()
+    sign = Ed25519PrivateKey.from_private_bytes(ctx.key).sign
+    d = packet_dir(Path(ctx.out), ctx.sender, job.name)
+    seq = job.template.seq
+    opener = atomic_opener(d, lambda part: packet_name(ctx.sender, seq, part))
+    try:
+        parts = build_update_packets(ops, job.template, sign, ctx.max_size, opener, ctx.seed)
+    except SyncpackError as e:
+        return pickle.dumps(("error", job.index, type(e).__name__, e.message, e.hint))
+    stats = {"peer": job.name, "ops": job.ops, "parts": len(parts),
+             "seconds": round(time.perf_counter() - t0, 3),
+             "worker_pid": os.getpid(),
+             "worker_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    return pickle.dumps(("ok", job.index, parts, stats))
+
+
+def _checked(ops: Iterable[Op], ranges: dict[bytes, tuple[int, int]], where: str) -> Iterator[Op]:
+    """Each planned epoch exactly once, in order, and nothing else (a log from another producer
+    must not be able to make a packet whose ranges lie)."""
+    nxt = {o: lo + 1 for o, (lo, hi) in ranges.items()}
+    for op in ops:
+        e = nxt.get(op.origin)
+        if op.epoch != e or e > ranges[op.origin][1]:
+            raise ExportError(f"the log at {where} is inconsistent: expected epoch {e} of origin "
+                              f"{op.origin.hex()}, found {op.epoch}")
+        nxt[op.origin] = e + 1
+        yield op
+    for o, (lo, hi) in ranges.items():
+        if nxt[o] != hi + 1:
+            raise ExportError(f"the log at {where} lacks epochs {nxt[o]}-{hi} of origin "
+                              f"{o.hex()}")
+
+
+def _merge_task(bc, ctx: _TaskCtx, acc):
+    """mapPartitions function of the ``merge`` strategy: job indices in, outcomes out."""
+
+    def run(indices: Iterator[int]) -> Iterator[bytes]:
+        jobs = bc.value
+        loc = oplog.LogLocation(ctx.log)
+        for i in indices:
+            job = jobs[i]
+            man = oplog.Manifest(b"", b"", "", origins=job.segments)
+            try:
+                ops = oplog.merged_log_ops(loc, man, job.ranges)
+            except SyncpackError as e:
+                yield pickle.dumps(("error", job.index, type(e).__name__, e.message, e.hint))
+                continue
+            yield _build_peer(job, ops, ctx)
+            acc.add(job.ops)
+
+    return run
+
+
+def _arrow_task(bc, ctx: _TaskCtx, acc):
+    """mapInArrow function of the ``shuffle`` strategy: rows of one or more peers, each peer's
+    rows contiguous and in CSN order, as Arrow batches in; one outcome per peer out."""
+
+    def run(batches):
+        import pyarrow as pa
+
+        jobs = bc.value
+
+        def rows():
+            for b in batches:
+                cols = [b.column(i).to_pylist() for i in range(9)]
+                yield from zip(cols[0], map(Op, *cols[1:]))
+
+        for pid, group in groupby(rows(), key=itemgetter(0)):
+            job = jobs[pid]
+            ops = _checked(map(itemgetter(1), group), job.ranges, ctx.log)
+            payload = _build_peer(job, ops, ctx)
+            acc.add(job.ops)
+            yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())],
+                                             names=["payload"])
+
+    return run
+
+
+# --- the export -------------------------------------------------------------------------------
+
+def _select_peers(site: Site, to: list[str] | None, all_peers: bool) -> list[bytes]:
+    """The same choice of peers as :func:`syncpack.sync.export`."""
+    members = site.members_by_id()
+    if all_peers:
+        return sorted((i for i in members if i != site.site_id), key=site.name_of)
+    peers: list[bytes] = []
+    for name in to or []:
+        m = site.member_named(name)
+        if m.site_id == site.site_id:
+            raise UsageError(f"{name} is this site; export to another member")
+        if m.site_id not in peers:
+            peers.append(m.site_id)
+    return peers
+
+
+def _check_log_covers(site: Site, plans: list[PeerPlan], man: oplog.Manifest,
+                      loc: oplog.LogLocation) -> None:
+    if man.family_id != site.family_id:
+        raise ExportError(f"the log at {loc} belongs to family {man.family_id.hex()}, this site "
+                          f"to {site.family_id.hex()}", hint="name this family's log with --log")
+    for plan in plans:
+        for o, (lo, hi) in sorted(plan.ranges.items()):
+            ent = man.origins.get(o)
+            origin = site.name_of(o)
+            if ent is not None and lo < ent.floor:
+                raise ScrubbedError(
+                    f"peer {plan.name} needs epoch {lo + 1} of {origin}, but the log at {loc} "
+                    f"starts at epoch {ent.floor + 1}",
+                    hint=f"send {plan.name} a snapshot instead: 'syncpack resync --to "
+                         f"{plan.name} --out DIR'")
+            if ent is None or ent.top < hi:
+                have = f"up to epoch {ent.top}" if ent else "none"
+                raise ExportError(
+                    f"the log at {loc} holds {have} of {origin}'s ops, but {plan.name} needs "
+                    f"up to epoch {hi}",
+                    hint=f"bring it up to date with 'syncpack log export {loc}', or omit --log "
+                         f"to use the site's own log")
+
+
+def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
+                 all_peers: bool = False, max_size: int = DEFAULT_MAX_SIZE,
+                 master: str = DEFAULT_MASTER, log_dir: str | os.PathLike | None = None,
+                 seed: bytes | None = None, progress: Callable[[int], None] | None = None, *,
+                 now_ms: int | None = None, strategy: str | None = None,
+                 stats: dict | None = None) -> list[ExportedPacket]:
+    """Like :func:`syncpack.sync.export`, with the packets built by a Spark job.
+
+    ``log_dir`` None uses (and first brings up to date) the site's own log ``SITE/log``; any
+    other log is only read and must hold every planned range.  ``stats``, when given, is filled
+    with timings and per-task figures."""
+    strategy = strategy or os.environ.get("SYNCPACK_SPARK_STRATEGY") or "merge"
+    if strategy not in STRATEGIES:
+        raise UsageError(f"unknown Spark strategy {strategy!r}; choose one of "
+                         f"{', '.join(STRATEGIES)}")
+    if not to and not all_peers:
+        raise UsageError("name the peers with --to PEER (repeatable) or use --all")
+    out = Path(out_dir)
+    stats = stats if stats is not None else {}
+    own = log_dir is None
+    loc = oplog.LogLocation(oplog.default_log_dir(site) if own else log_dir)
+    with site.lock():
+        peers = _select_peers(site, to, all_peers)
+        now = wall_ms() if now_ms is None else now_ms
+        signing_key = keys.load_signing_key(site.path)
+        raw_key = signing_key.private_bytes(serialization.Encoding.Raw,
+                                            serialization.PrivateFormat.Raw,
+                                            serialization.NoEncryption())
+        conn = site.conn
+        t0 = time.perf_counter()
+        conn.execute("BEGIN")  # one read snapshot: log catch-up, plan and coverage check
+        try:
+            if own:
+                man, stats["log"] = oplog.append_log(site, loc)
+            plans = plan_exports(site, peers, now)
+            if not own:
+                man = oplog.load_manifest(loc)
+            _check_log_covers(site, plans, man, loc)
+        finally:
+            conn.execute("ROLLBACK")
+        stats["plan_s"] = round(time.perf_counter() - t0, 3)
+        written: dict[int, list[PartInfo]] = {}
+        try:
+            for i, plan in enumerate(plans):
+                if not plan.ranges:  # only the header (acknowledgements): no job needed
+                    d = packet_dir(out, site.name, plan.name)
+                    opener = atomic_opener(d, lambda part, s=plan.template.seq:
+                                           packet_name(site.name, s, part))
+                    written[i] = build_update_packets(iter(()), plan.template, signing_key.sign,
+                                                      max_size, opener, seed)
+            jobs = [_Job(i, p.name, p.ranges, p.template,
+                         {o: man.origins[o] for o in p.ranges},
+                         sum(hi - lo for lo, hi in p.ranges.values()))
+                    for i, p in enumerate(plans) if p.ranges]
+            if jobs:
+                ctx = _TaskCtx(loc.text, str(out.resolve()), site.name, raw_key, max_size, seed)
+                written.update(_run_jobs(jobs, ctx, loc, master, strategy, progress, stats))
+        except BaseException:
+            _remove_outputs(out, site.name, plans)
+            raise
+        for i, plan in enumerate(plans):
+            for p in written[i]:  # the paths as the local engine reports them
+                p.path = packet_dir(out, site.name, plan.name) / packet_name(
+                    site.name, p.header.seq, p.header.part)
+        _record_exports(site, [(plan, written[i]) for i, plan in enumerate(plans)], now)
+    result = []
+    for i, plan in enumerate(plans):
+        for p in written[i]:
+            result.append(ExportedPacket(
+                p.path, plan.name, p.header.count, p.size,
+                {site.name_of(o): [lo, hi] for o, (lo, hi) in sorted(p.header.ranges.items())},
+                p.header.seq, p.header.part))
+    return result
+
+
+def _remove_outputs(out: Path, sender: str, plans: list[PeerPlan]) -> None:
+    """After a failed job: no packet of this run may stay behind (nothing was recorded)."""
+    for plan in plans:
+        d = packet_dir(out, sender, plan.name)
+        if d.is_dir():
+            for f in d.glob(f"{plan.template.seq:010d}-*{PACKET_SUFFIX}"):
+                f.unlink(missing_ok=True)
+
+
+def _run_jobs(jobs: list[_Job], ctx: _TaskCtx, loc: oplog.LogLocation, master: str,
+              strategy: str, progress, stats: dict) -> dict[int, list[PartInfo]]:
+    t0 = time.perf_counter()
+    handle = start_session(master)
+    stats["session_s"] = round(time.perf_counter() - t0, 3)
+    ok = False
+    try:
+        sc = handle.sc
+        by_index = {j.index: j for j in jobs}
+        bc = sc.broadcast(by_index)
+        acc = sc.accumulator(0)
+        if strategy == "merge":
+            order = [j.index for j in sorted(jobs, key=lambda j: -j.ops)]  # biggest first
+            action = sc.parallelize(order, len(order)).mapPartitions(
+                _merge_task(bc, ctx, acc)).collect
+        else:
+            action = _shuffle_action(handle.spark, jobs, loc, bc, ctx, acc)
+        t1 = time.perf_counter()
+        payloads = _collect_with_progress(action, acc, progress)
+        stats["job_s"] = round(time.perf_counter() - t1, 3)
+        bc.unpersist()
+        ok = True
+    except SyncpackError:
+        raise
+    except Exception as e:
+        raise ExportError(f"the Spark job failed: {_spark_error_line(e)}",
+                          hint=f"see {handle.log_file or 'the Spark log'}; nothing was "
+                               f"recorded, the next export sends the same ranges") from None
+    finally:
+        handle.stop(keep_log=not ok)
+    written: dict[int, list[PartInfo]] = {}
+    stats["tasks"] = []
+    errs = []
+    for raw in payloads:
+        res = pickle.loads(raw if isinstance(raw, bytes) else raw["payload"])
+        if res[0] == "error":
+            _kind, _i, cls_name, message, hint = res
+            cls = getattr(errors, cls_name, ExportError)
+            errs.append(cls(message, hint) if isinstance(cls, type)
+                        and issubclass(cls, SyncpackError) else ExportError(message, hint))
+            continue
+        _kind, i, parts, task_stats = res
+        written[i] = parts
+        stats["tasks"].append(task_stats)
+    if errs:
+        raise errs[0]
+    missing = [j.name for j in jobs if j.index not in written]
+    if missing:
+        raise ExportError(f"the Spark job returned no packets for {', '.join(missing)}")
+    return written
+
+
+def _shuffle_action(spark, jobs: list[_Job], loc: oplog.LogLocation, bc, ctx: _TaskCtx, acc):
+    """The ``shuffle`` strategy as a DataFrame plan; returns its collect action."""
+    from pyspark.sql import functions as F
+
+    files = sorted({s.path for j in jobs for o, (lo, hi) in j.ranges.items()
+                    for s in j.segments[o].overlapping(lo, hi)})
+    log = spark.read.schema(oplog.SPARK_DDL).parquet(*[loc.uri(f) for f in files])
+    n = len(jobs)
+    # One peer per partition: for partition p pick a bucket value that Spark's hash
+    # partitioning (pmod(murmur3(value), n)) sends to p.
+    probe = spark.range(0, 64 * n).selectExpr("cast(id as int) as b",
+                                              f"pmod(hash(cast(id as int)), {n}) as p")
+    first: dict[int, int] = {}
+    for row in probe.collect():
+        first.setdefault(row["p"], row["b"])
+    if len(first) < n:
+        buckets = list(range(n))
+    else:
+        buckets = [first[p] for p in range(n)]
+    ranges = spark.createDataFrame(
+        [(j.index, buckets[k], o, lo, hi) for k, j in enumerate(jobs)
+         for o, (lo, hi) in j.ranges.items()],
+        "pid int, bucket int, r_origin binary, lo long, hi long")
+    cond = ((log.origin == ranges.r_origin) & (log.epoch > ranges.lo)
+            & (log.epoch <= ranges.hi))
+    df = (log.join(F.broadcast(ranges), cond)
+          .select("pid", "bucket", "origin", "epoch", "hlc", "seq", "collection", "key",
+                  "value", "replaced")
+          .repartition(n, "bucket")
+          .sortWithinPartitions("pid", "hlc", "origin", "seq")
+          .drop("bucket"))
+    return df.mapInArrow(_arrow_task(bc, ctx, acc), "payload binary").collect
+
+
+def _collect_with_progress(action, acc, progress):
+    """Run the job; meanwhile report finished peers' ops (accumulators arrive per task)."""
+    if progress is None:
+        return action()
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = action()
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="syncpack-spark-job", daemon=True)
+    t.start()
+    reported = 0
+    while t.is_alive():
+        t.join(0.5)
+        v = acc.value
+        if v > reported:
+            progress(v - reported)
+            reported = v
+    v = acc.value
+    if v > reported:
+        progress(v - reported)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _spark_error_line(e: Exception) -> str:
+    """The most telling line of a Spark/Py4J failure (the Python exception, when there is one)."""
+    text = str(e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.split(":", 1)[0].endswith(("Error", "Exception")) and not ln.startswith("at "):
+            return ln[:500]
+    return (lines[0] if lines else type(e).__name__)[:500]

@@ -1,0 +1,316 @@
+"""The site store: atomic transactions, epochs, load, fsck, key files, and opening bad stores."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from conftest import run
+from syncpack import codec
+from syncpack.csn import pack_csn
+from syncpack.errors import SiteError, UsageError
+from syncpack.site import Site
+from syncpack.store import DB_NAME
+
+
+class Boom(Exception):
+    pass
+
+
+def snapshot(site: Site) -> tuple:
+    """Everything a failed write must leave alone."""
+    c = site.conn
+    return (site.digest(), site.vector(),
+            c.execute("SELECT count(*) FROM changelog").fetchone()[0],
+            c.execute("SELECT collection, key, csn, value FROM versions ORDER BY 1, 2, 3").fetchall(),
+            site.meta("hlc"))
+
+
+def changelog_count(path: Path) -> int:
+    with Site.open(path) as s:
+        return s.conn.execute("SELECT count(*) FROM changelog").fetchone()[0]
+
+
+def sql(path: Path, *statements: tuple) -> None:
+    """Edit a site's database behind syncpack's back."""
+    c = sqlite3.connect(str(path / DB_NAME), isolation_level=None)
+    try:
+        for stmt, *args in statements:
+            c.execute(stmt, *args)
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def site_dir(tmp_path) -> Path:
+    p = tmp_path / "a"
+    with Site.init_family(p, "fam", "a") as s:
+        for i in range(3):
+            with s.transaction() as tx:
+                tx.put("parts", f"p{i}", {"n": i})
+                tx.put("parts", f"q{i}", f"value {i}")
+    return p
+
+
+# --- transactions -------------------------------------------------------------------------------
+
+def test_an_exception_inside_a_transaction_leaves_no_trace(site_dir):
+    with Site.open(site_dir) as s:
+        before = snapshot(s)
+        with pytest.raises(Boom):
+            with s.transaction() as tx:
+                tx.put("parts", "p0", {"n": 100})      # overwrite
+                tx.put("parts", "new", 1)              # insert
+                tx.delete("parts", "q1")               # delete
+                raise Boom()
+        assert snapshot(s) == before
+        assert s.get("parts", "p0") == {"n": 0}
+        assert s.get("parts", "new", None) is None
+        assert s.get("parts", "q1") == "value 1"
+    with Site.open(site_dir) as s:                      # and nothing reached the disk
+        assert snapshot(s) == before
+
+
+def test_a_rejected_write_rolls_back_the_writes_before_it(site_dir):
+    with Site.open(site_dir) as s:
+        before = snapshot(s)
+        with pytest.raises(UsageError):
+            with s.transaction() as tx:
+                tx.put("parts", "x", 1)
+                tx.put("$roster", "x", 1)           # reserved: refused
+        assert snapshot(s) == before
+        with pytest.raises(UsageError):
+            with s.transaction() as tx:
+                tx.put("parts", "y", 1)
+                tx.put("parts", "z", 2**70)         # not encodable
+        assert snapshot(s) == before
+
+
+def test_a_failed_transaction_does_not_use_up_epochs(site_dir):
+    with Site.open(site_dir) as s:
+        e0 = s.vector()[s.site_id]
+        with pytest.raises(Boom):
+            with s.transaction() as tx:
+                tx.put("parts", "a", 1)
+                tx.put("parts", "b", 1)
+                raise Boom()
+        with s.transaction() as tx:
+            tx.put("parts", "c", 1)
+        assert s.vector()[s.site_id] == e0 + 1
+        assert s.conn.execute("SELECT key FROM changelog WHERE origin=? AND epoch=?",
+                              (s.site_id, e0 + 1)).fetchone() == ("c",)
+
+
+def test_epochs_are_consecutive_per_origin_across_transactions(tmp_path):
+    with Site.init_family(tmp_path / "a", "fam", "a") as s:
+        sizes = [3, 1, 0, 2, 5]
+        for i, n in enumerate(sizes):
+            with s.transaction() as tx:
+                for j in range(n):
+                    if j % 2:
+                        tx.delete("c", f"{i}.{j}")
+                    else:
+                        tx.put("c", f"{i}.{j}", j)
+        rows = s.conn.execute("SELECT epoch, hlc, seq FROM changelog WHERE origin=? "
+                              "ORDER BY epoch", (s.site_id,)).fetchall()
+        total = 2 + sum(sizes)                            # init wrote two system ops
+        assert [r[0] for r in rows] == list(range(1, total + 1))
+        assert s.vector() == {s.site_id: total}
+        # each non-empty transaction is one hlc with seq 0..n-1; the empty one left nothing
+        groups: dict[int, list[int]] = {}
+        for _e, h, sq in rows:
+            groups.setdefault(h, []).append(sq)
+        assert [len(g) for g in groups.values()] == [2] + [n for n in sizes if n]
+        assert all(g == list(range(len(g))) for g in groups.values())
+        assert run("fsck", site=tmp_path / "a").code == 0
+
+
+# --- load ---------------------------------------------------------------------------------------
+
+GOOD = '{"collection": "parts", "key": "p9", "value": 9}'
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('{"collection": "parts", "key": "x", "value": 1', "not valid JSON"),
+    ('[1, 2]', "JSON object"),
+    ('{"collection": "parts", "key": 5, "value": 1}', "collection"),
+    ('{"collection": "$roster", "key": "x", "value": 1}', "reserved"),
+    ('{"collection": "parts", "key": "x"}', "delete"),
+    ('{"collection": "parts", "key": "x", "value": 1, "delete": true}', "not both"),
+    ('{"collection": "parts", "key": "x", "value": 1, "extra": 2}', "extra"),
+    ('{"collection": "parts", "key": "x", "value": %d}' % 2**70, "encoded"),
+])
+def test_load_rejects_a_bad_line_and_leaves_the_store_untouched(site_dir, tmp_path, bad, why):
+    f = tmp_path / "in.jsonl"
+    f.write_text("\n".join([GOOD, '{"collection": "parts", "key": "p0", "delete": true}', "",
+                            bad, GOOD]) + "\n")
+    with Site.open(site_dir) as s:
+        before = s.digest(), s.conn.execute("SELECT count(*) FROM changelog").fetchone()[0]
+    r = run("load", f, site=site_dir)
+    assert r.code == 1, r
+    assert r.err.startswith(f"error: {f} line 4: "), r
+    assert why in r.err
+    assert "hint: nothing was loaded" in r.err
+    with Site.open(site_dir) as s:
+        assert (s.digest(), s.conn.execute("SELECT count(*) FROM changelog").fetchone()[0]) \
+            == before
+        assert s.get("parts", "p0") == {"n": 0}
+
+
+def test_load_applies_a_good_file_in_one_transaction(site_dir, tmp_path):
+    f = tmp_path / "in.jsonl"
+    f.write_text(GOOD + '\n{"collection": "parts", "key": "p0", "delete": true}\n'
+                 '{"collection": "other", "key": "k", "value": [1, {"a": null}]}\n')
+    n0 = changelog_count(site_dir)
+    assert run("load", f, site=site_dir).code == 0
+    with Site.open(site_dir) as s:
+        rows = s.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? ORDER BY epoch "
+                              "LIMIT -1 OFFSET ?", (s.site_id, n0)).fetchall()
+        assert len(rows) == 3 and len({h for h, _ in rows}) == 1
+        assert [sq for _, sq in rows] == [0, 1, 2]
+        assert s.get("parts", "p9") == 9
+        assert s.get("parts", "p0", None) is None
+        assert s.get("other", "k") == [1, {"a": None}]
+
+
+# --- fsck ---------------------------------------------------------------------------------------
+
+def _own(path: Path) -> bytes:
+    with Site.open(path) as s:
+        return s.site_id
+
+
+def break_delete_middle_op(p: Path):
+    sql(p, ("DELETE FROM changelog WHERE origin=? AND epoch=4", (_own(p),)))
+
+
+def break_bump_vector(p: Path):
+    sql(p, ("UPDATE vector SET epoch=epoch+1 WHERE origin=?", (_own(p),)))
+
+
+def break_change_value(p: Path):
+    sql(p, ("UPDATE versions SET value=? WHERE collection='parts' AND key='p1'",
+            (codec.encode_value({"n": 999}),)))
+
+
+def break_version_without_op(p: Path):
+    with Site.open(p) as s:
+        hlc = int(s.meta("hlc"))
+    sql(p, ("INSERT INTO versions VALUES ('parts', 'ghost', ?, ?)",
+            (pack_csn(hlc - 5, _own(p), 0), codec.encode_value("boo"))))
+
+
+def break_drop_version(p: Path):
+    sql(p, ("DELETE FROM versions WHERE collection='parts' AND key='q2'",))
+
+
+@pytest.mark.parametrize("breaker, says", [
+    (break_delete_middle_op, "not contiguous"),
+    (break_bump_vector, "vector says a is at epoch 9, changelog holds up to 8"),
+    (break_change_value, "record parts/p1 differs from a replay"),
+    (break_version_without_op, "of parts/ghost has no changelog op"),
+    (break_drop_version, "record parts/q2 differs from a replay"),
+])
+def test_fsck_catches_a_broken_store(site_dir, breaker, says):
+    ok = run("fsck", site=site_dir)
+    assert ok.code == 0 and "error:" not in ok.err, ok
+    breaker(site_dir)
+    r = run("fsck", site=site_dir)
+    assert r.code == 1, r
+    errors = [line for line in r.err.splitlines() if line.startswith("error: ")]
+    assert errors and any(says in e for e in errors), r
+    j = run("fsck", site=site_dir, json_mode=True)
+    assert j.code == 1 and j.json["ok"] is False and any(says in p for p in j.json["problems"])
+
+
+# --- key files ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def open_umask():
+    old = os.umask(0)        # so only an explicit mode can make the keys private
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("how", ["init", "keygen"])
+def test_private_keys_are_created_owner_only(tmp_path, open_umask, how):
+    d = tmp_path / "s"
+    args = ["init", d, "--family", "f", "--site", "s"] if how == "init" \
+        else ["keygen", d, "--site", "s"]
+    assert run(*args).code == 0
+    for name in ("sign.key", "box.key"):
+        mode = stat.S_IMODE((d / "keys" / name).stat().st_mode)
+        assert mode == 0o600, (name, oct(mode))
+    assert stat.S_IMODE((d / "keys").stat().st_mode) & 0o077 == 0
+    assert (d / "keys" / "site.pub").read_text().startswith("{")
+
+
+# --- opening what is not a usable site ----------------------------------------------------------
+
+def _assert_site_error(r, *needles):
+    assert r.code == 1, r
+    lines = r.err.splitlines()
+    assert lines and lines[0].startswith("error: "), r
+    assert any(line.startswith("hint: ") for line in lines), r
+    assert r.out == ""
+    for n in needles:
+        assert n in r.err, r
+
+
+@pytest.mark.parametrize("cmd", [["ls"], ["get", "c", "k"], ["put", "c", "k", "1"], ["digest"],
+                                 ["fsck"]])
+def test_a_directory_that_is_not_a_site(tmp_path, cmd):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("hello")
+    _assert_site_error(run(*cmd, site=tmp_path / "plain"), "not a syncpack site")
+    _assert_site_error(run(*cmd, site=tmp_path / "missing"), "not a directory")
+    assert sorted(os.listdir(tmp_path / "plain")) == ["notes.txt"]   # nothing created there
+
+
+@pytest.mark.parametrize("cmd", [["ls"], ["put", "c", "k", "1"], ["fsck"]])
+def test_a_corrupt_database_file(site_dir, cmd):
+    db = site_dir / DB_NAME
+    assert not (site_dir / (DB_NAME + "-wal")).exists()      # closed cleanly by the fixture
+    db.write_bytes(b"\x00garbage, not an SQLite file\xff" * 400)
+    _assert_site_error(run(*cmd, site=site_dir), "not a readable syncpack store")
+    with pytest.raises(SiteError):
+        Site.open(site_dir)
+
+
+def test_a_store_from_a_newer_syncpack(site_dir):
+    sql(site_dir, ("PRAGMA user_version=99",))
+    for cmd in (["ls"], ["put", "c", "k", "1"], ["fsck"]):
+        _assert_site_error(run(*cmd, site=site_dir), "schema version 99", "upgrade syncpack")
+    c = sqlite3.connect(str(site_dir / DB_NAME))
+    try:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 99   # left as it was
+        assert c.execute("SELECT count(*) FROM changelog").fetchone()[0] == 8
+    finally:
+        c.close()
+
+
+def test_a_site_that_has_not_joined_refuses_data_commands(tmp_path):
+    assert run("keygen", tmp_path / "k", "--site", "k").code == 0
+    _assert_site_error(run("put", "c", "k", "1", site=tmp_path / "k"), "has not joined")
+    _assert_site_error(run("ls", site=tmp_path / "k"), "has not joined")
+
+
+def test_bench_api_script_runs_small(tmp_path):
+    import json
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parents[1] / "tools" / "bench_api.py"
+    p = subprocess.run([sys.executable, str(script), "--ops", "250", "--batch", "100", "--json",
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["ops"] == 250 and doc["transactions"] == 3
+    assert doc["changelog_ops"] == 252                  # + the two system ops of init
+    assert doc["store_bytes"] > 250 * 100 and doc["ops_per_s"] > 0
+    assert list(tmp_path.iterdir()) == []               # the temporary site was removed
