@@ -204,8 +204,9 @@ def mkreplica():
               help="The new site's priority under the 'priority' conflict policy.")
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G).")
+@click.option("--encrypt", is_flag=True, help="Seal the snapshot to the new site's X25519 key.")
 @click.pass_obj
-def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size):
+def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt):
     """At a member site: add NAME to the family and write its replica-creation packets.
 
     \b
@@ -216,7 +217,7 @@ def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size):
     s = obj.open()
     with obj.progress("snapshot") as tick:
         parts = replica.mkreplica_export(s, name, pubkey, out, priority, max_size,
-                                         progress=tick)
+                                         progress=tick, encrypt=encrypt)
     doc = {"packets": [{"path": str(p.path), "to": name, "records": p.header.count,
                         "bytes": p.size, "part": p.header.part} for p in parts]}
     obj.emit(doc, "\n".join(str(p.path) for p in parts))
@@ -381,8 +382,10 @@ def fsck(obj: Ctx):
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G, so packets fit FAT32).")
 @click.option("--engine", type=click.Choice(["local"]), default="local", show_default=True)
+@click.option("--encrypt", is_flag=True, help="Seal each packet to its recipient's X25519 key "
+              "(always on when the family requires it).")
 @click.pass_obj
-def export_(obj: Ctx, to, all_peers, out, max_size, engine):
+def export_(obj: Ctx, to, all_peers, out, max_size, engine, encrypt):
     """Write update packets holding exactly what each peer lacks.
 
     \b
@@ -394,7 +397,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine):
         raise click.UsageError("use either --to PEER... or --all")
     s = obj.open()
     with obj.progress("export") as tick:
-        pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick)
+        pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
+                           encrypt=encrypt)
     obj.emit({"packets": [p.to_json() for p in pkts]},
              "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
     if not pkts:
@@ -708,8 +712,9 @@ def scrub(obj: Ctx, dry_run, min_age):
 @click.option("--to", "peer", required=True, metavar="PEER", help="Member to re-seed.")
 @click.option("--out", required=True, type=click.Path(file_okay=False))
 @click.option("--max-size", callback=_size, help="Largest packet (bytes, or K/M/G).")
+@click.option("--encrypt", is_flag=True, help="Seal the snapshot to the peer's X25519 key.")
 @click.pass_obj
-def resync(obj: Ctx, peer, out, max_size):
+def resync(obj: Ctx, peer, out, max_size, encrypt):
     """Write a snapshot packet that re-seeds PEER (when it needs ops we have trimmed).
 
     Importing it at PEER keeps and replays PEER's own not-yet-acknowledged local ops.
@@ -720,7 +725,7 @@ def resync(obj: Ctx, peer, out, max_size):
     """
     s = obj.open()
     with obj.progress("snapshot") as tick:
-        parts = recovery.resync_export(s, peer, out, max_size, progress=tick)
+        parts = recovery.resync_export(s, peer, out, max_size, progress=tick, encrypt=encrypt)
     obj.emit({"packets": [{"path": str(p.path), "to": peer, "records": p.header.count,
                            "bytes": p.size, "part": p.header.part} for p in parts]},
              "\n".join(str(p.path) for p in parts))
@@ -781,6 +786,25 @@ def batch(obj: Ctx, config):
         if e["hint"]:
             click.echo(f"hint: {e['hint']}", err=True)
     sys.exit(doc["exit_code"])
+
+
+@cli.command("require-sealing")
+@click.argument("setting", type=click.Choice(["on", "off"]))
+@click.pass_obj
+def require_sealing(obj: Ctx, setting):
+    """Family policy: when on, every site seals its packets and refuses unsealed ones.
+
+    The setting is replicated like any change, so it takes hold at each site as the packet
+    carrying it arrives.
+
+    \b
+    Example:
+      syncpack --site boston require-sealing on
+    """
+    s = obj.open()
+    doc = conflicts_mod.set_family_setting(s, "require_sealed", setting == "on")
+    obj.emit(doc, f"family {s.family_name!r}: sealed packets "
+                  f"{'required' if setting == 'on' else 'optional'}")
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from . import codec
 from .conflict import POLICIES, Version, pick
 from .csn import format_csn
 from .errors import UsageError
-from .site import COLLECTIONS, ROSTER, SYS_PREFIX, Site, check_collection, _group_versions
+from .site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, _group_versions
 
 
 def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
@@ -110,3 +110,12 @@ def parse_json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"not valid JSON ({e.msg})") from None
+
+
+def set_family_setting(site: Site, name: str, value: Any) -> dict:
+    """Family-wide settings live in one replicated record (lww)."""
+    settings = dict(site.family_settings())
+    settings[name] = value
+    with site.transaction(_system=True) as tx:
+        tx._write(FAMILY, FAMILY_KEY, codec.encode_value(settings))
+    return {"family": site.family_name, "settings": settings}

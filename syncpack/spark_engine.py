@@ -525,7 +525,31 @@ def _shuffle_action(spark, jobs: list[_Job], loc: oplog.LogLocation, bc, ctx: _T
           .repartition(n, "bucket")
           .sortWithinPartitions("pid", "hlc", "origin", "seq")
           .drop("bucket"))
-    return df.mapInArrow(_arrow_task(bc, ctx, acc), "payload binary").collect
+    return _map_in_arrow(df, _arrow_task(bc, ctx, acc), "payload binary").collect
+
+
+def _map_in_arrow(df, func, schema: str):
+    """``df.mapInArrow``.  pyspark's public method insists on pandas although an Arrow map never
+    uses it (neither the driver nor the worker imports it); without pandas, build the same UDF
+    through the function that method calls."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return df.mapInArrow(func, schema)
+    try:
+        from pyspark.sql import DataFrame
+        from pyspark.sql.pandas.functions import vectorized_udf
+        from pyspark.util import PythonEvalType
+
+        udf = vectorized_udf(func, schema, PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+        col = udf(*[df[c] for c in df.columns])
+        return DataFrame(df._jdf.mapInArrow(col._jc, False, None), df.sparkSession)
+    except Exception as e:
+        raise SparkUnavailableError(
+            f"the shuffle strategy needs pandas with this pyspark ({type(e).__name__}: {e})",
+            hint="pip install pandas, or use the default merge strategy") from None
 
 
 def _collect_with_progress(action, acc, progress):

@@ -1,0 +1,133 @@
+"""Sealed packets: only the recipient can read them; still signed by the sender."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import run
+from syncpack import codec, keys, sync
+from syncpack.errors import PacketSealError, PacketPolicyError
+from syncpack.site import Site
+
+
+@pytest.fixture
+def trio(family):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=1)
+    family.put("a", "col", "secret", {"pin": 1234})
+    return family
+
+
+def _export_sealed(fam, src, dst):
+    d = fam.medium()
+    r = run("export", "--to", dst, "--out", d, "--encrypt", site=fam.path(src), json_mode=True)
+    assert r.code == 0, r
+    return [p["path"] for p in r.json["packets"]]
+
+
+def test_sealed_packet_imports_at_its_recipient(trio):
+    (p,) = _export_sealed(trio, "a", "b")
+    raw = open(p, "rb").read()
+    assert b"1234" not in raw and b"secret" not in raw
+    with open(p, "rb") as f:
+        env = codec.read_envelope(f, len(raw))
+    assert env.header.sealed and codec.FEATURE_SEAL in env.header.mandatory
+    r = run("import", p, site=trio.path("b"), json_mode=True)
+    assert r.code == 0 and r.json["ops_applied"] >= 1, r
+    assert run("get", "col", "secret", site=trio.path("b")).out.strip() == '{"pin": 1234}'
+
+
+def test_a_third_member_cannot_read_it(trio):
+    (p,) = _export_sealed(trio, "a", "b")
+    # Through the CLI the packet is simply not for c.
+    r = run("import", p, site=trio.path("c"))
+    assert r.code == 1 and "addressed to b" in r.err
+    # Even with the packet's signature checked, c's key does not open the body.
+    with Site.open(trio.path("c")) as c, open(p, "rb") as f:
+        import os
+        env = codec.read_envelope(f, os.fstat(f.fileno()).st_size)
+        with pytest.raises(PacketSealError):
+            list(codec.iter_ops(f, env, keys.unsealer(c.path)))
+        with pytest.raises(PacketSealError):
+            list(codec.iter_ops(f, env))     # no key at all
+    # lspacket at c still checks who sent it.
+    ls = run("lspacket", p, site=trio.path("c"), json_mode=True)
+    assert ls.json["packets"][0]["signature"] == "valid"
+
+
+def test_tampered_sealed_body_is_rejected_and_store_unchanged(trio):
+    (p,) = _export_sealed(trio, "a", "b")
+    before = trio.digest("b")
+    data = bytearray(open(p, "rb").read())
+    data[20] ^= 0x01          # inside the sealed body
+    open(p, "wb").write(bytes(data))
+    r = run("import", p, site=trio.path("b"))
+    assert r.code == 1 and "hash" in r.err
+    assert trio.digest("b") == before
+
+
+def test_resigned_tampered_ciphertext_fails_authentication(trio, tmp_path):
+    """A member re-signs a header over altered ciphertext: the hash and signature pass, the
+    AEAD does not."""
+    (p,) = _export_sealed(trio, "a", "b")
+    import hashlib, os, struct
+    raw = bytearray(open(p, "rb").read())
+    with open(p, "rb") as f:
+        env = codec.read_envelope(f, len(raw))
+    body_start = env.body_offset
+    raw[body_start + 5] ^= 0x40
+    body = bytes(raw[body_start:body_start + env.header.body_len])
+    h = env.header
+    h.body_hash = hashlib.blake2b(body, digest_size=32).digest()
+    key = keys.load_signing_key(trio.path("a"))
+    out = tmp_path / "forged.spk"
+    with open(out, "wb") as f:
+        codec.start_packet(f)
+        f.write(body)
+        codec.finish_packet(f, h, env.origins, key.sign)
+    before = trio.digest("b")
+    r = run("import", out, site=trio.path("b"))
+    assert r.code == 1 and "authenticate" in r.err, r
+    assert trio.digest("b") == before
+
+
+def test_family_policy_requires_sealing(trio):
+    assert run("require-sealing", "on", site=trio.path("a")).code == 0
+    trio.full_exchange(rounds=1)
+    # An unsealed packet made with the API is refused at b ...
+    trio.put("c", "col", "k", 1)
+    d = trio.medium()
+    with trio.open("c") as c:
+        # c knows the policy now, so even a plain export is sealed.
+        pk = sync.export(c, d, to=["b"])
+    with open(pk[0].path, "rb") as f:
+        import os
+        assert codec.read_envelope(f, os.fstat(f.fileno()).st_size).header.sealed
+    assert trio.import_(["b"][0], [pk[0].path]).applied
+    # ... and one forged unsealed (policy switched off locally at the sender only) is refused.
+    with trio.open("c") as c:
+        c.conn.execute("BEGIN IMMEDIATE")
+        c.conn.execute("DELETE FROM versions WHERE collection='$family'")
+        c.conn.execute("COMMIT")
+        c.invalidate()
+        trio.put("c", "col", "k2", 2)
+        pk = sync.export(c, trio.medium(), to=["b"])
+    res = trio.import_("b", [pk[0].path])
+    assert res.rejected and "requires sealed" in res.rejected[0]["error"]
+
+
+def test_sealed_replica_creation(family, tmp_path):
+    family.init("a")
+    family.put("a", "col", "k", "v")
+    pub = run("keygen", tmp_path / "n", "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "usb"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--encrypt",
+            site=family.path("a"), json_mode=True)
+    assert r.code == 0, r
+    assert b'"v"' not in open(r.json["packets"][0]["path"], "rb").read()
+    assert run("mkreplica", "import", out, site=tmp_path / "n").code == 0
+    assert run("get", "col", "k", site=tmp_path / "n").out.strip() == '"v"'
