@@ -521,10 +521,11 @@ class BodyWriter:
             self.pending = 0
         return self.out + self._bound(n) <= self.budget
 
-    def write(self, raw: bytes) -> None:
+    def write(self, raw: bytes, items: int = 1) -> None:
+        """Append encoded items (one, or several already joined: fewer compressor calls)."""
         self._emit(self._c.compress(raw))
         self.pending += len(raw)
-        self.items += 1
+        self.items += items
 
     def finish(self) -> tuple[int, bytes]:
         self._emit(self._c.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))

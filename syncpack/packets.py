@@ -127,13 +127,14 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
 
     def add(op_list: list[Op], raws: list[bytes]) -> None:
         body, ranges = state["body"], state["ranges"]
-        for op, raw in zip(op_list, raws):
-            body.write(raw)
+        body.write(b"".join(raws), len(raws))
+        for op in op_list:
             lo_hi = ranges.get(op.origin)
             ranges[op.origin] = (lo_hi[0] if lo_hi else op.epoch - 1, op.epoch)
-            if op.hlc > state["hlc_max"]:
-                state["hlc_max"] = op.hlc
-            state["n"] += 1
+        # ops ascend by CSN, so the last op carries the highest clock
+        if op_list[-1].hlc > state["hlc_max"]:
+            state["hlc_max"] = op_list[-1].hlc
+        state["n"] += len(op_list)
         if progress:
             progress(len(op_list))
 

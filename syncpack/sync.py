@@ -143,6 +143,8 @@ class PeerPlan:
 def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]:
     """Ops of all ranges in CSN order (each origin's epoch order is its CSN order)."""
     its = [site.iter_changelog(o, lo, hi) for o, (lo, hi) in ranges.items()]
+    if len(its) == 1:
+        return its[0]
     return heapq.merge(*its, key=lambda op: (op.hlc, op.origin, op.seq))
 
 
@@ -367,6 +369,14 @@ def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bo
     return out
 
 
+def _has_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(codec.MAGIC)) == codec.MAGIC
+    except OSError:
+        return False
+
+
 @dataclass
 class _Candidate:
     pk: OpenPacket
@@ -392,7 +402,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             try:
                 pk = open_packet(path)
             except PacketError as e:
-                if named:
+                if named or _has_magic(path):  # a damaged or too new packet is not silent
                     res.rejected.append({"path": str(path), "error": str(e)})
                 continue  # in a directory: not a packet, leave it alone
             h = pk.header
@@ -651,33 +661,36 @@ def apply_packet(site: Site, pk: OpenPacket, *, skew_ms: int = DEFAULT_SKEW_MS,
             conn.execute("INSERT OR IGNORE INTO vector(origin, epoch) VALUES (?, 0)", (o,))
         applied = 0
         batch: list[Op] = []
+        rows: list[tuple] = []     # versions of ops that supersede nothing: inserted in bulk
         system = False
         superseded_any = conn.execute("SELECT 1 FROM superseded LIMIT 1").fetchone() is not None
+
+        def flush() -> None:
+            nonlocal batch, rows, applied
+            conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+            site.record_ops(batch)
+            applied += len(batch)
+            if progress and batch:
+                progress(len(batch))
+            batch, rows = [], []
+
         for op in codec.iter_ops(pk.f, pk.env, keys.unsealer(site.path)):
             if op.epoch <= vec.get(op.origin, 0):
                 _check_collision(site, op)
                 continue
             if op.origin == site.site_id:
                 _check_own(site, op)
-            csn = op.csn
             if op.replaced or superseded_any:
-                site.apply_version(op, csn)
+                flush()     # the slow path reads versions and the changelog
+                site.apply_version(op, op.csn)
             else:
-                conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
-                             (op.collection, op.key, csn, op.value))
-            if op.collection.startswith(SYS_PREFIX):
+                rows.append((op.collection, op.key, op.csn, op.value))
+            if not system and op.collection.startswith(SYS_PREFIX):
                 system = True
             batch.append(op)
             if len(batch) >= APPLY_BATCH:
-                site.record_ops(batch)
-                applied += len(batch)
-                if progress:
-                    progress(len(batch))
-                batch = []
-        site.record_ops(batch)
-        applied += len(batch)
-        if progress and batch:
-            progress(len(batch))
+                flush()
+        flush()
         for o, (lo, hi) in h.ranges.items():
             conn.execute("UPDATE vector SET epoch=max(epoch, ?) WHERE origin=?", (hi, o))
         hlc = int(site.meta("hlc", 0))
