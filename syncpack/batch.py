@@ -46,6 +46,8 @@ key                        meaning
 ``  max_size``             largest packet: bytes, or a string with K/M/G (default just under 4G)
 ``  create``               ``true``: create ``out`` if it is missing.  Default ``false``: a missing
                            ``out`` is an error, so an unmounted medium never fills the root disk
+``  encrypt``              ``true``: seal each packet to its recipient, as ``export --encrypt``
+                           (always on when the family requires sealing).  Default ``false``
 ``[scrub]``                present: trim the changelog after the exports
 ``  min_age``              keep ops younger than this: seconds, or a string with s/m/h/d (``"7d"``)
 ``  dry_run``              ``true``: report what would be trimmed, change nothing
@@ -90,8 +92,8 @@ Summary
 :func:`run_batch` returns a JSON-able dict (``syncpack --json batch`` prints it)::
 
     site, config, log, started, finished      where and when
-    imported   {applied, duplicates, parked, rejected, removed, ops_applied}   all inboxes,
-               fields as in 'syncpack --json import' (plus removed: deleted files)
+    imported   {applied, duplicates, parked, rejected, skipped, removed, ops_applied}: all
+               inboxes, fields as in 'syncpack --json import' (plus removed: deleted files)
     exported   {packets}                       as in 'syncpack --json export'
     scrub      the 'syncpack --json scrub' document, or null
     inboxes, outboxes                          the same per configured inbox / outbox
@@ -124,7 +126,7 @@ DEFAULT_LOG_NAME = "batch.log"
 
 TOP_KEYS = ("site", "log", "import", "export", "scrub")
 IMPORT_KEYS = ("path", "remove_after_import", "required")
-EXPORT_KEYS = ("out", "to", "max_size", "create")
+EXPORT_KEYS = ("out", "to", "max_size", "create", "encrypt")
 SCRUB_KEYS = ("min_age", "dry_run")
 
 
@@ -145,6 +147,7 @@ class ExportSpec:
     to: list[str] | None = None   # None: every other member
     max_size: int = DEFAULT_MAX_SIZE
     create: bool = False
+    encrypt: bool = False
 
 
 @dataclass
@@ -289,7 +292,8 @@ def load_config(config_path: str | os.PathLike) -> BatchConfig:
                 max_size = parse_size(v)
             except ValueError as e:
                 raise ck.error(f"{name}.max_size", str(e)) from None
-        cfg.exports.append(ExportSpec(name, out, to, max_size, ck.boolean(t, "create", name)))
+        cfg.exports.append(ExportSpec(name, out, to, max_size, ck.boolean(t, "create", name),
+                                      ck.boolean(t, "encrypt", name)))
 
     if "scrub" in doc:
         t = doc["scrub"]
@@ -391,7 +395,8 @@ class _Round:
         self.log = log
         self.progress = progress
         self.imported: dict[str, Any] = {"applied": [], "duplicates": [], "parked": [],
-                                         "rejected": [], "removed": [], "ops_applied": 0}
+                                         "rejected": [], "skipped": [], "removed": [],
+                                         "ops_applied": 0}
         self.exported: list[dict] = []
         self.inboxes: list[dict] = []
         self.outboxes: list[dict] = []
@@ -432,7 +437,7 @@ class _Round:
             removed = remove_applied(self.site, spec.path, res.applied + res.duplicates)
         entry.update(res.to_json())
         entry["removed"] = removed
-        for k in ("applied", "duplicates", "parked", "rejected"):
+        for k in ("applied", "duplicates", "parked", "rejected", "skipped"):
             self.imported[k] += getattr(res, k)
         self.imported["removed"] += removed
         self.imported["ops_applied"] += res.ops_applied
@@ -460,7 +465,8 @@ class _Round:
                           f"mount the medium, or set {spec.name}.create = true")
                 return
         pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
-                           max_size=spec.max_size, progress=self.progress)
+                           max_size=spec.max_size, progress=self.progress,
+                           encrypt=spec.encrypt)
         entry["packets"] = [p.to_json() for p in pkts]
         self.exported += entry["packets"]
         who = "all" if spec.to is None else ",".join(spec.to)

@@ -191,7 +191,15 @@ def keygen(obj: Ctx, directory, site_name):
 
 @cli.group(cls=Group)
 def mkreplica():
-    """Add a site to the family (export) and create it from the packets (import)."""
+    """Add a site to the family (export) and create it from the packets (import).
+
+    \b
+    Example:
+      syncpack keygen /srv/sanfran --site sanfran_hub
+      syncpack --site /srv/boston mkreplica export --site sanfran_hub \\
+          --pubkey /srv/sanfran/keys/site.pub --out /media/usb
+      syncpack --site /srv/sanfran mkreplica import /media/usb
+    """
 
 
 @mkreplica.command("export")
@@ -381,24 +389,39 @@ def fsck(obj: Ctx):
               help="Directory to write packets into (layout: OUT/<to>/<from>/<seq>-<part>.spk).")
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G, so packets fit FAT32).")
-@click.option("--engine", type=click.Choice(["local"]), default="local", show_default=True)
+@click.option("--engine", type=click.Choice(["local", "spark"]), default="local",
+              show_default=True, help="'spark' builds the peers' packets in parallel with "
+              "PySpark from the Parquet log (same bytes as 'local').")
+@click.option("--spark-master", "spark_master", metavar="URL", default="local[*]",
+              show_default=True, help="Spark master for --engine spark.")
+@click.option("--log", "log_dir", metavar="DIR", help="Parquet log to read with --engine spark "
+              "(default: the site's own log, brought up to date first).")
 @click.option("--encrypt", is_flag=True, help="Seal each packet to its recipient's X25519 key "
               "(always on when the family requires it).")
 @click.pass_obj
-def export_(obj: Ctx, to, all_peers, out, max_size, engine, encrypt):
+def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_dir, encrypt):
     """Write update packets holding exactly what each peer lacks.
 
     \b
     Example:
       syncpack --site boston export --to sanfran --out /media/usb
       syncpack --site boston export --all --out /media/usb --max-size 650M
+      syncpack --site boston export --all --out /media/usb --engine spark
     """
     if to and all_peers:
         raise click.UsageError("use either --to PEER... or --all")
+    if log_dir is not None and engine != "spark":
+        raise click.UsageError("--log is read by --engine spark only")
     s = obj.open()
     with obj.progress("export") as tick:
-        pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
-                           encrypt=encrypt)
+        if engine == "spark":
+            from . import spark_engine
+            pkts = spark_engine.export_spark(s, out, list(to), all_peers, max_size,
+                                             master=spark_master, log_dir=log_dir,
+                                             progress=tick, encrypt=encrypt)
+        else:
+            pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
+                               encrypt=encrypt)
     obj.emit({"packets": [p.to_json() for p in pkts]},
              "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
     if not pkts:
@@ -603,7 +626,13 @@ def conflicts_resolve(obj: Ctx, collection, key, pick_version, value):
 
 @cli.group(cls=Group)
 def collection():
-    """Create collections with a conflict policy, and list them."""
+    """Create collections with a conflict policy, and list them.
+
+    \b
+    Example:
+      syncpack collection create parts --policy priority
+      syncpack collection ls
+    """
 
 
 @collection.command("create")
@@ -805,6 +834,38 @@ def require_sealing(obj: Ctx, setting):
     doc = conflicts_mod.set_family_setting(s, "require_sealed", setting == "on")
     obj.emit(doc, f"family {s.family_name!r}: sealed packets "
                   f"{'required' if setting == 'on' else 'optional'}")
+
+
+@cli.group("log", cls=Group)
+def log_group():
+    """Keep the changelog as Parquet segments for 'export --engine spark' (formats/LOG.md).
+
+    \b
+    Example:
+      syncpack --site boston log export /data/boston-log
+      syncpack --site boston export --all --out /media/usb --engine spark --log /data/boston-log
+    """
+
+
+@log_group.command("export")
+@click.argument("directory", metavar="[DIR]", required=False)
+@click.pass_obj
+def log_export(obj: Ctx, directory):
+    """Append to the Parquet log at DIR (default SITE/log) the ops it does not hold yet.
+
+    \b
+    Example:
+      syncpack --site boston log export /data/boston-log
+    """
+    from . import oplog
+    s = obj.open()
+    with obj.progress("log") as tick:
+        doc = oplog.log_export(s, directory, progress=tick)
+    obj.emit(doc, "\n".join(f"{o}\tepochs {lo + 1}-{hi}" for o, (lo, hi) in
+                            doc["origins"].items()))
+    if not obj.json:
+        obj.say(f"log {doc['log']}: wrote {doc['ops_written']} op(s) in "
+                f"{doc['segments_written']} segment(s)")
 
 
 def main() -> None:

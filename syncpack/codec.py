@@ -261,6 +261,7 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
     unknown = [f for f in req if f not in KNOWN_MANDATORY]
     if unknown:
         raise PacketFeatureError(f"packet needs unknown mandatory feature(s): {', '.join(unknown)}")
+    _need("zstd" in req, "the body encoding 'zstd' must be listed in 'req'")
     kind = h.get("kind")
     _need(kind in (KIND_UPDATE, KIND_SNAPSHOT), "field 'kind' must be 'update' or 'snapshot'")
     origins = h.get("origins")
@@ -380,6 +381,8 @@ def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
             # RLE block costs 4 bytes), so one call never returns more than ~32 MiB of a bomb.
             mv = memoryview(chunk)
             for j in range(0, len(mv), 1024):
+                if d.eof:
+                    raise PacketBodyError("bytes after the end of the compressed body")
                 data = d.decompress(mv[j:j + 1024])
                 for i in range(0, len(data), 1 << 20):
                     u.feed(data[i:i + (1 << 20)])
@@ -435,6 +438,8 @@ def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
         if not (isinstance(repl, bytes) and len(repl) % CSN_LEN == 0):
             raise _bad("replaced versions must be whole CSNs")
         hlc += dh
+        if hlc > hdr.hlc_max:
+            raise PacketBodyError("ops carry a clock beyond the header's hlc_max")
         origin = origins[oi]
         epoch = nxt.get(origin)
         if epoch is None or epoch > hdr.ranges[origin][1]:
@@ -565,9 +570,17 @@ def start_packet(f: BinaryIO) -> None:
     f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION))
 
 
-def header_reserve(n_origins: int, roster_members: int = 0) -> int:
-    """An upper bound of the encoded header size, for packet cutting."""
-    return 512 + n_origins * 64 + roster_members * 160
+def header_reserve(template: "Header", origins: list[bytes]) -> int:
+    """An upper bound of the encoded header of any part built from ``template``: the template
+    encoded with every per-part field at its widest (ranges for every origin, 64-bit
+    numbers, a sealing key)."""
+    from dataclasses import replace
+    big = (1 << 63) - 1
+    worst = replace(template, packet_id=b"\xff" * 16, part=1 << 32, final=False,
+                    ranges={o: (big, big) for o in origins}, count=1 << 48,
+                    hlc_max=(1 << 64) - 1, body_len=1 << 62, body_hash=b"\xff" * 32,
+                    mandatory=[*template.mandatory, FEATURE_SEAL], seal_epk=b"\xff" * 32)
+    return len(packb(worst.to_wire(origins))) + 64
 
 
 def framing_overhead() -> int:

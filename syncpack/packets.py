@@ -99,7 +99,7 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
     recipient's X25519 public key) every body is sealed so only the recipient can read it."""
     origins = template.origin_table()
     ix = {o: i for i, o in enumerate(origins)}
-    budget = max_size - codec.framing_overhead() - codec.header_reserve(len(origins))
+    budget = max_size - codec.framing_overhead() - codec.header_reserve(template, origins)
     if budget < 1024:
         raise ExportError(f"--max-size {max_size} leaves no room for ops with "
                           f"{len(origins)} origins in the header")
@@ -162,12 +162,13 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
             for op in txn:
                 raw = encode([op])
                 if not state["body"].would_fit(len(raw[0])):
-                    if not state["n"]:
+                    if state["n"]:
+                        finish(False)
+                        start(state["part"] + 1)
+                        raw = encode([op])
+                    if not state["body"].would_fit(len(raw[0])):
                         raise ExportError(f"one op ({len(raw[0])} bytes) is larger than "
-                                          f"--max-size allows")
-                    finish(False)
-                    start(state["part"] + 1)
-                    raw = encode([op])
+                                          f"--max-size {max_size} allows")
                 add([op], raw)
         finish(True)
     except BaseException:

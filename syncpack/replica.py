@@ -15,7 +15,7 @@ from typing import Callable
 
 from . import codec, keys
 from .codec import Header
-from .errors import PacketError, PacketFormatError, PacketSignatureError, SiteError, UsageError
+from .errors import PacketBodyError, PacketError, PacketFormatError, PacketSignatureError, SiteError, UsageError
 from .packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, atomic_opener, packet_id, sealed_fields,
                       sealer_for)
 from .site import FAMILY, FAMILY_KEY, ROSTER, Member, Site, wall_ms
@@ -51,8 +51,7 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
                       recipient=recipient, packet_id=b"", seq=seq, part=0, final=False,
                       created_ms=now, vector=vec, roster=roster, hlc_max=hlc)
         origins = tmpl.origin_table()
-        budget = (max_size - codec.framing_overhead()
-                  - codec.header_reserve(len(origins), len(roster)))
+        budget = max_size - codec.framing_overhead() - codec.header_reserve(tmpl, origins)
         if budget < 1024:
             raise UsageError(f"--max-size {max_size} is too small for a snapshot header")
         d = packet_dir(out_dir, site.name, recipient_name)
@@ -79,10 +78,12 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
             for rec in site.iter_versions():
                 raw = codec.encode_record(rec)
                 if not state["body"].would_fit(len(raw)):
-                    if not state["n"]:
-                        raise UsageError("one record is larger than --max-size allows")
-                    finish(False)
-                    start(state["part"] + 1)
+                    if state["n"]:
+                        finish(False)
+                        start(state["part"] + 1)
+                    if not state["body"].would_fit(len(raw)):
+                        raise UsageError(f"one record ({len(raw)} bytes) is larger than "
+                                         f"--max-size {max_size} allows")
                 state["body"].write(raw)
                 state["n"] += 1
                 if progress:
@@ -205,7 +206,7 @@ def _verify_snapshot(pk, first: Header, site: Site, me: keys.PublicIdentity) -> 
     if sender is None or not check_signature(pk, sender["ed25519"]):
         raise PacketSignatureError("snapshot signature does not verify with its sender's key")
     if not codec.body_hash_matches(pk.f, pk.env):
-        raise PacketFormatError("snapshot body does not match the hash in its signed header")
+        raise PacketBodyError("snapshot body does not match the hash in its signed header")
 
 
 def _seed(site: Site, pks: list, progress) -> None:

@@ -67,9 +67,15 @@ class Member:
                    {o: e for o, e in v.get("base", [])}, bool(v.get("retired", False)))
 
 
+MAX_NAME_CHARS = 16 * 1024       # collections and keys; readers accept far more
+MAX_SITE_NAME = 128
+
+
 def check_collection(name: str) -> None:
     if not isinstance(name, str) or not name:
         raise UsageError("a collection name must be a non-empty string")
+    if len(name) > MAX_NAME_CHARS:
+        raise UsageError(f"a collection name is limited to {MAX_NAME_CHARS} characters")
     if name.startswith(SYS_PREFIX):
         raise UsageError(f"collection names starting with '{SYS_PREFIX}' are reserved "
                          f"for syncpack itself: {name!r}")
@@ -78,6 +84,8 @@ def check_collection(name: str) -> None:
 def check_key(key: str) -> None:
     if not isinstance(key, str):
         raise UsageError("a key must be a string")
+    if len(key) > MAX_NAME_CHARS:
+        raise UsageError(f"a key is limited to {MAX_NAME_CHARS} characters")
 
 
 class Site:
@@ -126,7 +134,8 @@ class Site:
     @classmethod
     def _create_dir(cls, path: Path, site: str) -> tuple[Path, sqlite3.Connection, keys.PublicIdentity]:
         if not site or not isinstance(site, str) or any(c in site for c in "/\\=\0") \
-                or site.startswith(SYS_PREFIX) or site.strip() != site:
+                or site.startswith(SYS_PREFIX) or site.strip() != site \
+                or len(site) > MAX_SITE_NAME:
             raise UsageError(f"invalid site name {site!r}",
                              hint="use letters, digits, '_', '-' or '.'")
         p = Path(path)
@@ -456,6 +465,9 @@ class Transaction:
             raw = codec.encode_value(value)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        if len(raw) > codec.MAX_VALUE_BYTES:
+            raise UsageError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
+                             f"(this one is {len(raw)}); peers would refuse it")
         self._write(collection, key, raw)
 
     def delete(self, collection: str, key: str) -> None:

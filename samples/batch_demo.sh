@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Scheduled rounds: the demo family of samples/demo.sh (boston_hub, sanfran_hub, bangalore)
+# synchronised by 'syncpack batch' alone, through a shared "media" directory that stands in for
+# a drop directory or a medium that travels.  Two rounds at every site, then equal digests.
+# Run from anywhere; everything goes under $DEMO (default ./batch-demo).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DEMO="${DEMO:-batch-demo}"
+SP="${SYNCPACK:-syncpack}"
+rm -rf "$DEMO"
+mkdir -p "$DEMO"
+cd "$DEMO"
+say() { printf '\n== %s\n' "$*"; }
+
+say "the family: boston_hub founds it, adds sanfran_hub and bangalore"
+$SP -q init boston_hub --family parts --site boston_hub
+$SP -q keygen sanfran_hub --site sanfran_hub
+$SP -q keygen bangalore --site bangalore
+$SP -q --site boston_hub mkreplica export --site sanfran_hub \
+    --pubkey sanfran_hub/keys/site.pub --out usb --priority 2 >/dev/null
+$SP -q --site sanfran_hub mkreplica import usb
+$SP -q --site boston_hub mkreplica export --site bangalore \
+    --pubkey bangalore/keys/site.pub --out usb --priority 1 >/dev/null
+$SP -q --site bangalore mkreplica import usb
+rm -rf usb
+
+say "each site works on its own"
+for i in $(seq 1 20); do
+  echo "{\"collection\": \"parts\", \"key\": \"b-$i\", \"value\": {\"qty\": $i, \"site\": \"boston\"}}"
+done > boston.jsonl
+$SP --site boston_hub load boston.jsonl
+$SP --site sanfran_hub put parts s-1 '{"qty": 7, "site": "sanfran"}'
+$SP --site sanfran_hub put parts b-3 '{"qty": 300, "site": "sanfran"}'
+$SP --site bangalore put parts g-1 '{"qty": 1, "site": "bangalore"}'
+$SP --site bangalore delete parts b-5
+
+say "the batch configs (samples/batch/*.toml), the shared media directory, a log directory"
+mkdir -p batch media logs
+cp "$HERE"/batch/boston_hub.toml "$HERE"/batch/sanfran_hub.toml "$HERE"/batch/bangalore.toml batch/
+ls batch
+
+for round in 1 2; do
+  say "round $round: one 'syncpack batch' per site (what cron or the systemd timer runs)"
+  for s in boston_hub sanfran_hub bangalore; do
+    $SP batch "batch/$s.toml"
+  done
+done
+
+say "what is left on the media (bangalore keeps its packets: remove_after_import is off there)"
+(cd media && find . -name '*.spk' | sort)
+say "boston_hub's batch log"
+cat boston_hub/batch.log
+say "one more round at bangalore, as a scheduler sees it (--json, exit code)"
+$SP --json batch batch/bangalore.toml | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print("outcome", d["outcome"], "exit", d["exit_code"], "counts", d["counts"])'
+
+say "digests: equal on every site means converged"
+for s in boston_hub sanfran_hub bangalore; do
+  printf '%-12s %s\n' "$s" "$($SP --site $s digest)"
+  $SP -q --site $s fsck
+done
+a=$($SP --site boston_hub digest); b=$($SP --site sanfran_hub digest); c=$($SP --site bangalore digest)
+if [ "$a" = "$b" ] && [ "$b" = "$c" ]; then echo "converged"; else echo "NOT converged" >&2; exit 1; fi

@@ -1,0 +1,513 @@
+"""``syncpack batch``: scheduled rounds through shared media, the batch lock, config errors and
+``remove_after_import``.  After the family is created, sites synchronise by batch rounds only."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from syncpack import admin, batch, sync
+from syncpack.errors import BatchConfigError, BatchLockedError
+
+from conftest import run
+
+SITES = ("boston", "sanfran", "bangalore")
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def site_config(family, name: str, media: Path, remove: bool = True, scrub: bool = True) -> Path:
+    """A round at NAME: import MEDIA/NAME, export to every peer into MEDIA (absolute paths)."""
+    text = (f'site = "{family.path(name)}"\n\n'
+            f'[[import]]\npath = "{media / name}"\n'
+            f'remove_after_import = {"true" if remove else "false"}\n\n'
+            f'[[export]]\nout = "{media}"\nto = "all"\n')
+    if scrub:
+        text += "\n[scrub]\n"
+    return write_config(family.root / "etc" / f"{name}.toml", text)
+
+
+def three_sites(family) -> None:
+    family.init("boston")
+    family.add("sanfran", via="boston")
+    family.add("bangalore", via="boston")
+
+
+def packets_under(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*.spk"))
+
+
+def all_files(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+# --- rounds -----------------------------------------------------------------------------------
+
+def test_batch_rounds_converge_three_sites(family):
+    three_sites(family)
+    for i in range(12):
+        family.put("boston", "parts", f"b-{i}", {"qty": i})
+    family.put("sanfran", "parts", "s-1", {"qty": 7})
+    family.put("sanfran", "parts", "b-3", {"qty": 300})     # concurrent with boston's b-3
+    family.put("bangalore", "parts", "g-1", {"qty": 1})
+    with family.open("bangalore") as s, s.transaction() as tx:
+        tx.delete("parts", "b-5")                          # concurrent with boston's b-5
+    media = family.root / "shared_media"
+    media.mkdir()
+    configs = {n: site_config(family, n, media) for n in SITES}
+
+    summaries = []
+    for _round in range(2):
+        for n in SITES:
+            r = run("--json", "batch", configs[n])
+            assert r.code == 0, r
+            doc = r.json
+            assert doc["outcome"] == "ok" and doc["exit_code"] == 0 and doc["errors"] == []
+            assert doc["site"] == n
+            summaries.append(doc)
+
+    digests = {n: family.digest(n) for n in SITES}
+    assert len(set(digests.values())) == 1, digests
+    for n in SITES:
+        with family.open(n) as s:
+            assert admin.fsck(s)["ok"]
+        assert run("fsck", site=family.path(n)).code == 0
+    with family.open("bangalore") as s:
+        assert s.get("parts", "s-1") == {"qty": 7}
+        assert s.get("parts", "b-0") == {"qty": 0}
+
+    # Round 1 at boston found no inbox yet; sanfran applied boston's packet and removed it.
+    first = summaries[0]
+    assert first["inboxes"][0]["present"] is False
+    assert first["counts"]["exported_packets"] == 2
+    assert {p["to"] for p in first["exported"]["packets"]} == {"sanfran", "bangalore"}
+    second = summaries[1]
+    assert second["counts"]["applied"] == 1 and second["counts"]["removed"] == 1
+    assert second["imported"]["removed"] == second["imported"]["applied"]
+    # Every applied packet file was removed from the media: what is left is not yet imported.
+    applied = [p for d in summaries for p in d["imported"]["applied"]]
+    assert applied and not any(Path(p).exists() for p in applied)
+
+    # A third round: the acknowledgements arrive, media drain, and scrub can trim.
+    third = [run("--json", "batch", configs[n]).json for n in SITES]
+    assert all(d["outcome"] == "ok" for d in third)
+    assert {family.digest(n) for n in SITES} == set(digests.values())
+    trimmed = sum(d["scrub"]["ops_removed"] for d in summaries + third)
+    assert trimmed > 0
+    for n in SITES:
+        with family.open(n) as s:
+            assert admin.fsck(s)["ok"]
+
+    # One line per action in the default log, SITE/batch.log.
+    log = (family.path("boston") / "batch.log").read_text().splitlines()
+    assert sum("round: start" in line for line in log) == 3
+    assert sum(" import: " in line for line in log) == 3
+    assert sum(" export: " in line for line in log) == 3
+    assert sum(" scrub: " in line for line in log) == 3
+    assert all(line.split(" ", 2)[1] == "boston" for line in log)
+
+
+def test_batch_human_summary_and_quiet(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    media.mkdir()
+    cfg = site_config(family, "boston", media, scrub=False)
+    r = run("batch", cfg)
+    assert r.code == 0, r
+    assert r.out.startswith("batch round at boston: ok\n")
+    assert "export" in r.out and "2 packet(s)" in r.out
+    family.put("boston", "parts", "p2", {"qty": 2})
+    r = run("-q", "batch", cfg)
+    assert r.code == 0 and r.out == "" and r.err == "", r
+    assert len(packets_under(media)) == 4
+
+
+def test_per_peer_outboxes_and_max_size(family):
+    three_sites(family)
+    for i in range(40):
+        family.put("boston", "parts", f"p{i}", {"blob": os.urandom(200).hex()})
+    media = family.root / "m"
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+[[export]]
+out = "{media / 'to_sanfran'}"
+to = ["sanfran"]
+create = true
+[[export]]
+out = "{media / 'to_bangalore'}"
+to = ["bangalore"]
+max_size = "4K"
+create = true
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 0, r
+    doc = r.json
+    assert [o["to"] for o in doc["outboxes"]] == [["sanfran"], ["bangalore"]]
+    assert len(packets_under(media / "to_sanfran")) == 1
+    small = packets_under(media / "to_bangalore")
+    assert len(small) > 1 and all(p.stat().st_size <= 4096 for p in small)
+    assert all(p.parent.parent.name == "bangalore" for p in small)
+    # The small packets apply at bangalore by a batch round there, each on its own.
+    cfg_b = write_config(family.root / "etc" / "bangalore.toml", f"""
+site = "{family.path('bangalore')}"
+[[import]]
+path = "{media / 'to_bangalore'}"
+""")
+    r = run("--json", "batch", cfg_b)
+    assert r.code == 0, r
+    assert r.json["counts"]["applied"] == len(small) and r.json["counts"]["removed"] == 0
+    with family.open("bangalore") as s:
+        assert len(list(s.records("parts"))) == 40
+
+
+def test_encrypted_outbox(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    media.mkdir()
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+[[export]]
+out = "{media}"
+to = ["sanfran"]
+encrypt = true
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 0, r
+    [pk] = packets_under(media)
+    opened = sync.open_packet(pk)
+    try:
+        assert opened.header.sealed
+    finally:
+        opened.close()
+    doc = run("--json", "batch", site_config(family, "sanfran", media, scrub=False)).json
+    assert doc["counts"]["applied"] == 1 and doc["exit_code"] == 0
+    with family.open("sanfran") as s:
+        assert s.get("parts", "p1") == {"qty": 1}
+
+
+# --- the lock ---------------------------------------------------------------------------------
+
+def test_concurrent_round_is_refused_by_the_lock(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    media.mkdir()
+    cfg = site_config(family, "boston", media)
+    lock_path = family.path("boston") / batch.BATCH_LOCK_FILE
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # a round "in progress"
+        r = run("batch", cfg)
+        assert r.code == 1, r
+        assert "error: another batch round is running at site 'boston'" in r.err, r
+        assert "hint:" in r.err
+        assert packets_under(media) == []                  # the refused round did nothing
+        rj = run("--json", "batch", cfg)
+        assert rj.code == 1 and "another batch round" in rj.json["error"]
+    finally:
+        os.close(fd)
+    log = (family.path("boston") / "batch.log").read_text()
+    assert "round: refused: another batch round is running" in log
+    r = run("batch", cfg)                                  # lock released: the round runs
+    assert r.code == 0, r
+    assert len(packets_under(media)) == 2
+
+
+def test_batch_lock_is_not_the_site_lock(family):
+    """The batch lock is its own file: a held site lock (an interactive command running) does
+    not refuse the round, but its actions fail (exit 1) and no inbox file is deleted."""
+    three_sites(family)
+    family.put("sanfran", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    with family.open("sanfran") as s:
+        sync.export(s, media, to=["boston"])
+    before = all_files(media)
+    cfg = site_config(family, "boston", media)
+    with family.open("boston") as s, s.lock():              # e.g. an interactive 'import'
+        r = run("--json", "batch", cfg)
+    assert r.code == 1, r
+    doc = r.json
+    assert doc["outcome"] == "failed"
+    assert {e["action"] for e in doc["errors"]} == {"import", "export", "scrub"}
+    assert all("another syncpack command" in e["error"] for e in doc["errors"])
+    assert all_files(media) == before                      # nothing removed: nothing committed
+    r = run("batch", cfg)
+    assert r.code == 0, r
+    assert packets_under(media / "boston") == []           # applied now, then removed
+
+
+# --- remove_after_import ----------------------------------------------------------------------
+
+def test_remove_after_import_removes_applied_packets_only(family):
+    three_sites(family)
+    stage = family.root / "stage"
+    inbox = family.root / "inbox"
+    inbox.mkdir()
+    n = [0]
+
+    def export(src: str, dst: str) -> Path:
+        n[0] += 1
+        with family.open(src) as s:
+            return sync.export(s, stage / str(n[0]), to=[dst])[0].path
+
+    # boston -> sanfran: #1 imported before (so sanfran knows bangalore; here a duplicate),
+    # #2 applies, #3 arrives damaged.
+    family.put("boston", "parts", "p1", {"qty": 1})
+    b1 = export("boston", "sanfran")
+    assert family.import_("sanfran", [b1]).applied
+    family.put("boston", "parts", "p2", {"qty": 2})
+    b2 = export("boston", "sanfran")
+    family.put("boston", "parts", "p3", {"qty": 3})
+    b3 = export("boston", "sanfran")
+    # bangalore -> sanfran: two packets; only the second arrives at first (it parks).
+    family.put("bangalore", "parts", "g1", {"qty": 1})
+    g1 = export("bangalore", "sanfran")
+    family.put("bangalore", "parts", "g2", {"qty": 2})
+    g2 = export("bangalore", "sanfran")
+    # boston -> bangalore: a packet for another site on the same medium.
+    foreign = export("boston", "bangalore")
+
+    def place(src: Path, rel: str) -> Path:
+        dst = inbox / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        return dst
+
+    duplicate = place(b1, "sanfran/boston/0000000001-0000.spk")
+    applied = place(b2, "sanfran/boston/0000000002-0000.spk")
+    rejected = place(b3, "sanfran/boston/0000000003-0000.spk")
+    data = bytearray(rejected.read_bytes())
+    data[12] ^= 0xFF                                       # damaged in transit (the body)
+    rejected.write_bytes(bytes(data))
+    parked = place(g2, "sanfran/bangalore/0000000002-0000.spk")
+    other = place(foreign, "bangalore/boston/0000000001-0000.spk")
+    notes = inbox / "sanfran" / "README.txt"
+    notes.write_text("not a packet\n")
+
+    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
+site = "{family.path('sanfran')}"
+[[import]]
+path = "{inbox}"
+remove_after_import = true
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 1, r                                  # a packet was rejected
+    doc = r.json
+    assert doc["outcome"] == "failed" and doc["errors"] == []
+    assert doc["imported"]["applied"] == [str(applied)]
+    assert doc["imported"]["duplicates"] == [str(duplicate)]
+    assert [p["path"] for p in doc["imported"]["parked"]] == [str(parked)]
+    assert [p["path"] for p in doc["imported"]["rejected"]] == [str(rejected)]
+    assert doc["imported"]["skipped"] == [str(other)]
+    assert sorted(doc["imported"]["removed"]) == sorted([str(applied), str(duplicate)])
+    assert not applied.exists() and not duplicate.exists()
+    assert parked.exists() and rejected.exists() and other.exists() and notes.exists()
+    again = run("batch", cfg)
+    assert again.code == 1 and f"error: {rejected}: " in again.err, again
+
+    # The missing packet arrives: it applies, the parked one applies (from the site's own copy)
+    # and both inbox files go; the foreign packet, the damaged one and the text file stay.
+    missing = place(g1, "sanfran/bangalore/0000000001-0000.spk")
+    r = run("--json", "batch", cfg)
+    assert r.code == 1, r                                  # the damaged one, still there
+    doc = r.json
+    assert set(doc["imported"]["applied"]) == {str(missing), str(parked)}
+    assert set(doc["imported"]["removed"]) == {str(missing), str(parked)}
+    assert not missing.exists() and not parked.exists()
+    assert other.exists() and notes.exists() and rejected.exists()
+    with family.open("sanfran") as s:
+        assert s.get("parts", "g2") == {"qty": 2}
+    rejected.unlink()
+    assert run("batch", cfg).code == 0
+    assert all_files(inbox) == ["bangalore/boston/0000000001-0000.spk", "sanfran/README.txt"]
+
+
+def test_damaged_packet_in_an_inbox_is_rejected_not_ignored(family):
+    """A file that starts like a packet but is truncated is reported (the scheduler alerts),
+    while files that are not packets at all are left alone."""
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    with family.open("boston") as s:
+        pk = sync.export(s, media, to=["sanfran"])[0].path
+    pk.write_bytes(pk.read_bytes()[:-10])
+    (media / "sanfran" / "notes.txt").write_text("hello")
+    cfg = site_config(family, "sanfran", media, scrub=False)
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    assert f"error: {pk}: packet is truncated or damaged" in r.err
+    assert pk.exists()
+
+
+def test_without_remove_after_import_nothing_is_deleted(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    with family.open("boston") as s:
+        sync.export(s, media, all_peers=True)
+    before = all_files(media)
+    cfg = site_config(family, "sanfran", media, remove=False, scrub=False)
+    doc = run("--json", "batch", cfg).json
+    assert doc["counts"]["applied"] == 1 and doc["counts"]["removed"] == 0
+    assert set(before) <= set(all_files(media))
+    doc = run("--json", "batch", cfg).json                 # the same packet again
+    assert doc["counts"]["duplicates"] == 1 and doc["exit_code"] == 0
+
+
+def test_missing_inboxes_and_outboxes(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    root = family.root
+    cfg = write_config(root / "etc" / "b.toml", f"""
+site = "{family.path('boston')}"
+[[import]]
+path = "{root / 'not_yet'}"
+[[export]]
+out = "{root / 'unmounted'}"
+""")
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    assert f"error: export {root / 'unmounted'}: outbox {root / 'unmounted'} does not exist" \
+        in r.err
+    assert "hint: mount the medium, or set export[1].create = true" in r.err
+    assert not (root / "unmounted").exists()               # never created on the wrong disk
+    cfg.write_text(cfg.read_text().replace('[[import]]', '[[import]]\nrequired = true'))
+    r = run("--json", "batch", cfg)
+    assert r.code == 1
+    assert [e["action"] for e in r.json["errors"]] == ["import", "export"]
+    assert "does not exist" in r.json["errors"][0]["error"]
+    cfg.write_text(f"""
+site = "{family.path('boston')}"
+[[import]]
+path = "{root / 'not_yet'}"
+[[export]]
+out = "{root / 'unmounted'}"
+create = true
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 0, r
+    assert len(packets_under(root / "unmounted")) == 2
+
+
+def test_relative_paths_are_relative_to_the_config_file(family, monkeypatch):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    cfg = write_config(family.root / "etc" / "boston.toml", """
+site = "../boston"
+log = "boston.log"
+[[export]]
+out = "../media_rel"
+create = true
+""")
+    monkeypatch.chdir(family.path("sanfran"))
+    r = run("batch", cfg)
+    assert r.code == 0, r
+    assert len(packets_under(family.root / "media_rel")) == 2
+    assert "export:" in (family.root / "etc" / "boston.log").read_text()
+
+
+# --- config errors ----------------------------------------------------------------------------
+
+CONFIG_ERRORS = [
+    ("bad toml", 'site = "x\n', "not valid TOML"),
+    ("missing site", '[[export]]\nout = "/tmp"\n', "site: missing (required)"),
+    ("unknown top key", 'site = "{site}"\n[[imports]]\npath = "/tmp"\n',
+     "imports: unknown key"),
+    ("unknown import key", 'site = "{site}"\n[[import]]\npath = "/tmp"\nremove = true\n',
+     "import[1].remove: unknown key"),
+    ("unknown export key", 'site = "{site}"\n[[export]]\nout = "/tmp"\nmaxsize = "1M"\n',
+     "export[1].maxsize: unknown key"),
+    ("unknown scrub key", 'site = "{site}"\n[scrub]\nage = "7d"\n', "scrub.age: unknown key"),
+    ("missing import path", 'site = "{site}"\n[[import]]\nremove_after_import = true\n',
+     "import[1].path: missing (required)"),
+    ("bad bool", 'site = "{site}"\n[[import]]\npath = "/tmp"\nremove_after_import = "yes"\n',
+     "import[1].remove_after_import: must be true or false"),
+    ("bad to", 'site = "{site}"\n[[export]]\nout = "/tmp"\nto = 3\n', "export[1].to: must be"),
+    ("bad max_size", 'site = "{site}"\n[[export]]\nout = "/tmp"\nmax_size = "big"\n',
+     "export[1].max_size: not a size"),
+    ("bad min_age", 'site = "{site}"\n[scrub]\nmin_age = "soon"\n',
+     "scrub.min_age: not a duration"),
+    ("site type", 'site = 7\n[scrub]\n', "site: must be a non-empty string"),
+    ("nothing to do", 'site = "{site}"\n', "nothing to do"),
+    ("not a site", 'site = "/"\n[scrub]\n', "site: / is not a syncpack site"),
+    ("no such site", 'site = "/no/such/dir"\n[scrub]\n', "site: /no/such/dir is not a directory"),
+]
+
+
+@pytest.mark.parametrize("text,expect", [c[1:] for c in CONFIG_ERRORS],
+                         ids=[c[0] for c in CONFIG_ERRORS])
+def test_config_errors_are_one_line_errors(family, text, expect):
+    family.init("boston")
+    cfg = write_config(family.root / "etc" / "bad.toml",
+                       text.replace("{site}", str(family.path("boston"))))
+    r = run("batch", cfg)                                  # run() fails on any traceback
+    assert r.code == 1, r
+    assert r.err.startswith(f"error: batch config {cfg}: "), r
+    assert expect in r.err, r
+    assert r.out == ""
+    assert not (family.path("boston") / "batch.log").exists()   # nothing was done
+    rj = run("--json", "batch", cfg)
+    assert rj.code == 1 and expect in rj.json["error"]
+
+
+def test_config_error_hints(family):
+    family.init("boston")
+    cfg = write_config(family.root / "etc" / "typo.toml",
+                       f'site = "{family.path("boston")}"\n[[exports]]\nout = "/tmp"\n')
+    r = run("batch", cfg)
+    assert r.code == 1 and "hint: did you mean 'export'?" in r.err, r
+
+
+def test_missing_config_file(tmp_path):
+    r = run("batch", tmp_path / "nope.toml")
+    assert r.code == 1, r
+    assert r.err.startswith(f"error: batch config {tmp_path / 'nope.toml'}: no such file"), r
+    r = run("batch", tmp_path)
+    assert r.code == 1 and "is a directory" in r.err, r
+
+
+def test_unwritable_log_is_a_config_error(family):
+    family.init("boston")
+    cfg = write_config(family.root / "etc" / "b.toml",
+                       f'site = "{family.path("boston")}"\nlog = "/no/such/dir/x.log"\n[scrub]\n')
+    r = run("batch", cfg)
+    assert r.code == 1 and "log: cannot append to /no/such/dir/x.log" in r.err, r
+
+
+def test_parse_duration():
+    assert batch.parse_duration_ms(90) == 90_000
+    assert batch.parse_duration_ms("15m") == 900_000
+    assert batch.parse_duration_ms("7d") == 7 * 86_400_000
+    assert batch.parse_duration_ms("1.5h") == 5_400_000
+    for bad in ("", "x", "-1", True, [1]):
+        with pytest.raises(ValueError):
+            batch.parse_duration_ms(bad)
+
+
+def test_run_batch_api_returns_the_summary(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    media.mkdir()
+    ticks = []
+    doc = batch.run_batch(site_config(family, "boston", media), progress=ticks.append)
+    assert doc["exit_code"] == 0 and sum(ticks) == doc["counts"]["exported_ops"] > 0
+    json.dumps(doc)                                        # JSON-able as it is
+    with pytest.raises(BatchConfigError, match="no such file"):
+        batch.run_batch(family.root / "etc" / "missing.toml")
+    lock = family.path("boston") / batch.BATCH_LOCK_FILE
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(BatchLockedError):
+            batch.run_batch(site_config(family, "boston", media))
