@@ -102,7 +102,9 @@ def status(site: Site) -> dict:
 
 def digest(site: Site) -> dict:
     d, n = site.digest()
-    return {"digest": d, "records": n, "vector": site.named(site.vector())}
+    # Zero entries are left out: a site that never wrote lists itself at 0, others omit it.
+    return {"digest": d, "records": n,
+            "vector": site.named({o: e for o, e in site.vector().items() if e})}
 
 
 def load(site: Site, path: str | os.PathLike) -> dict:

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from . import admin, batch as batch_mod, conflicts as conflicts_mod, recovery, replica, sync
+from . import admin, batch as batch_mod, keys, conflicts as conflicts_mod, recovery, replica, sync
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size
 from .site import Site
@@ -246,8 +246,17 @@ def mkreplica_import(obj: Ctx, paths):
     s = obj.open(require_joined=False)
     with obj.progress("seeding") as tick:
         replica.mkreplica_import(s, list(paths), progress=tick)
-    obj.emit({"site": s.name, "family": s.family_name, "family_id": s.family_id.hex()},
-             f"site {s.name!r} joined family {s.family_name!r}")
+    sender = s.conn.execute("SELECT sender FROM packets_in WHERE kind='snapshot' "
+                            "ORDER BY at_ms DESC LIMIT 1").fetchone()
+    m = s.members_by_id().get(sender[0]) if sender else None
+    fp = keys.fingerprint(m.ed25519) if m else ""
+    obj.emit({"site": s.name, "family": s.family_name, "family_id": s.family_id.hex(),
+              "from": m.name if m else None, "sender_key_fingerprint": fp},
+             f"site {s.name!r} joined family {s.family_name!r} ({s.family_id.hex()})")
+    # The snapshot is checked against the keys it carries; the person importing it is the one
+    # who can confirm it came from the family they meant to join.
+    obj.say(f"snapshot signed by {m.name if m else '?'} with key {fp}; "
+            f"compare with 'syncpack keyinfo' at that site")
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -866,6 +875,24 @@ def log_export(obj: Ctx, directory):
     if not obj.json:
         obj.say(f"log {doc['log']}: wrote {doc['ops_written']} op(s) in "
                 f"{doc['segments_written']} segment(s)")
+
+
+@cli.command()
+@click.pass_obj
+def keyinfo(obj: Ctx):
+    """Show this site's identity and key fingerprints (to confirm a snapshot's sender).
+
+    \b
+    Example:
+      syncpack --site boston keyinfo
+    """
+    s = obj.open(require_joined=False)
+    ident = keys.read_public_file(keys.public_path(s.path))
+    doc = {"site": s.name, "site_id": s.site_id.hex(), "family": s.family_name or None,
+           "family_id": s.family_id.hex() if s.family_id else None,
+           "signing_key_fingerprint": keys.fingerprint(ident.ed25519),
+           "public_key": str(keys.public_path(s.path))}
+    obj.emit(doc, "\n".join(f"{k}: {v}" for k, v in doc.items()))
 
 
 def main() -> None:

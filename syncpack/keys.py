@@ -136,3 +136,10 @@ def verify(public_raw: bytes, signature: bytes, data: bytes) -> bool:
         return True
     except (InvalidSignature, ValueError):
         return False
+
+
+def fingerprint(public_raw: bytes) -> str:
+    """A short, readable digest of a public key, to compare over the phone."""
+    import hashlib
+    h = hashlib.sha256(b"syncpack key\0" + public_raw).hexdigest()[:32]
+    return ":".join(h[i:i + 4] for i in range(0, 32, 4))

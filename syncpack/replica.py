@@ -183,6 +183,12 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
         first = pks[0].header
         for pk in pks:
             _verify_snapshot(pk, first, site, me_pub)
+        from .sync import DEFAULT_SKEW_MS
+        from .csn import hlc_from_ms
+        if first.hlc_max > hlc_from_ms(wall_ms() + DEFAULT_SKEW_MS):
+            from .errors import ClockSkewError
+            raise ClockSkewError("snapshot carries changes stamped more than a day ahead of "
+                                 "this site's clock")
         _seed(site, pks, progress)
     finally:
         for ps in groups.values():
