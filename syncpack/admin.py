@@ -206,7 +206,8 @@ def _replay_check(site: Site) -> list[str]:
     state: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
     logged = set()
     for coll, key, hlc, origin, seq in c.execute(
-            "SELECT collection, key, hlc, origin, seq FROM changelog"):
+            "SELECT collection, key, hlc, origin, seq FROM changelog UNION ALL "
+            "SELECT collection, key, hlc, origin, seq FROM stash"):
         logged.add(pack_csn(hlc, origin, seq))
     floors = site.floors()
     problems = []
@@ -220,7 +221,8 @@ def _replay_check(site: Site) -> list[str]:
     superseded: set[bytes] = set()
     for coll, key, hlc, origin, seq, value, replaced in c.execute(
             "SELECT collection, key, hlc, origin, seq, value, replaced FROM changelog "
-            "ORDER BY hlc, origin, seq"):
+            "UNION ALL SELECT collection, key, hlc, origin, seq, value, replaced FROM stash "
+            "ORDER BY 3, 4, 5"):
         csn = pack_csn(hlc, origin, seq)
         vs = state.setdefault((coll, key), {})
         for i in range(0, len(replaced), CSN_LEN):

@@ -170,6 +170,8 @@ class Header:
     advisory: list[str] = field(default_factory=list)
     roster: list[dict] = field(default_factory=list)   # snapshot packets only
     seal_epk: bytes = b""      # sealed packets: the sender's ephemeral X25519 public key
+    tip: tuple[int, bytes] | None = None   # (epoch, CSN) of the newest op of the recipient's
+                                           # own origin the sender holds
 
     @property
     def sealed(self) -> bool:
@@ -201,6 +203,8 @@ class Header:
         }
         if self.sealed:
             h["seal"] = {"epk": self.seal_epk}
+        if self.tip is not None:
+            h["tip"] = [self.tip[0], self.tip[1]]
         if self.kind == KIND_SNAPSHOT:
             h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
                            for m in self.roster]
@@ -212,7 +216,8 @@ def _need(cond: bool, what: str) -> None:
         raise PacketFormatError(f"bad packet header: {what}")
 
 
-def _int(h: dict, k: str, lo: int = 0, hi: int = (1 << 64) - 1) -> int:
+def _int(h: dict, k: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+    # 2**63 - 1: header integers are stored in SQLite, whose INTEGER is signed 64-bit.
     v = h.get(k)
     _need(type(v) is int and lo <= v <= hi, f"field '{k}' must be an integer in [{lo}, {hi}]")
     return v
@@ -279,6 +284,12 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
         ack_floor=_pairs(h, "ack_floor", origins), count=_int(h, "count", 0, 1 << 48),
         hlc_max=_int(h, "hlc_max"), body_len=_int(h, "body_len", 0, 1 << 62),
         body_hash=_bytes(h, "body_hash", 32), mandatory=req, advisory=opt)
+    tip = h.get("tip")
+    if tip is not None:
+        _need(isinstance(tip, list) and len(tip) == 2 and type(tip[0]) is int
+              and 0 < tip[0] < (1 << 63) and isinstance(tip[1], bytes)
+              and len(tip[1]) == CSN_LEN, "field 'tip' must be [epoch, csn]")
+        hdr.tip = (tip[0], tip[1])
     if hdr.sealed:
         seal = h.get("seal")
         _need(isinstance(seal, dict) and isinstance(seal.get("epk"), bytes)

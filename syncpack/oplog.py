@@ -383,10 +383,9 @@ def append_log(site: Site, loc: LogLocation,
                     stats["rebuilt"].append(name)
                     ent = None
             if ent is None:
-                if top <= floor:
-                    man.origins.pop(o, None)
+                if not top:
                     continue
-                ent = OriginLog(name, floor, floor)
+                ent = OriginLog(name, floor, floor)   # records the floor even when empty
             ent.name = name
             man.origins[o] = ent
             if top > ent.top:

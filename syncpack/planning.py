@@ -37,8 +37,9 @@ def plan_ranges(vector: Vector, peer: bytes, believed: Vector, peer_reported: Ve
     The peer is the authority on its own origin, so that origin is planned from what the peer
     itself reported (sent only when it reported being behind, i.e. after a restore), never from
     our estimates.  Raises :class:`BelowFloor` when a needed op has been trimmed.  An origin
-    other than ours whose needed ops we only ever held inside a snapshot (``seeded``) is left
-    out: the sites we were seeded from hold them and relay them.
+    whose needed ops we only ever held inside a snapshot (``seeded``) is left out: the sites we
+    were seeded from hold them and relay them.  That includes our own origin after a hard
+    resync, when what we believe a peer holds of it is stale (a restore resets it).
     """
     ranges: Ranges = {}
     for origin, top in vector.items():
@@ -46,7 +47,7 @@ def plan_ranges(vector: Vector, peer: bytes, believed: Vector, peer_reported: Ve
         if top <= have:
             continue
         if have < floor.get(origin, 0):
-            if seeded and origin != me and have < seeded.get(origin, 0):
+            if seeded and have < seeded.get(origin, 0):
                 continue
             raise BelowFloor(origin, have + 1, floor.get(origin, 0) + 1)
         ranges[origin] = (have, top)

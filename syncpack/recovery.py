@@ -8,12 +8,13 @@ what was sent.
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import codec, keys
 from .csn import hlc_ms, pack_csn
-from .errors import PacketError, PacketFormatError, SyncpackError, UsageError
+from .errors import PacketBodyError, PacketError, PacketFormatError, SyncpackError, UsageError
 from .packets import DEFAULT_MAX_SIZE
 from .site import ROSTER, Site, wall_ms
 
@@ -42,8 +43,16 @@ def note_report(site: Site, h) -> None:
     mine = h.vector.get(site.site_id, 0)
     held = site.vector().get(site.site_id, 0)
     if mine > held and site.state != RECOVERING:
-        enter_recovering(site, f"{site.name_of(h.sender)} holds epoch {mine} of this site's "
-                               f"own changes, this site only {held}")
+        stash_own(site, f"{site.name_of(h.sender)} holds epoch {mine} of this site's own "
+                        f"changes, this site only {held}", in_txn=True)
+    elif h.tip is not None and site.state != RECOVERING and h.tip[0] <= held:
+        e, csn = h.tip
+        row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                                (site.site_id, e)).fetchone()
+        if row is not None and pack_csn(row[0], site.site_id, row[1]) != csn:
+            stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch {e} of "
+                            f"this site (restored from a backup, then written to?)",
+                      in_txn=True)
     if site.state == RECOVERING and h.created_ms >= int(site.meta("restore_ms", 0)):
         reps = _reports(site)
         reps[h.sender] = max(reps.get(h.sender, 0), mine)
@@ -59,8 +68,10 @@ def recovery_status(site: Site) -> dict:
     peers = [m for m in site.members_by_id().values() if m.site_id != site.site_id]
     waiting = sorted(m.name for m in peers if m.site_id not in reps)
     need = max(reps.values(), default=0)
+    stashed = site.conn.execute("SELECT count(*) FROM stash").fetchone()[0]
     return {"state": RECOVERING, "reason": site.meta("recover_reason", ""),
-            "own_epoch": held, "needed_epoch": need, "waiting_for_reports_from": waiting}
+            "own_epoch": held, "needed_epoch": need, "waiting_for_reports_from": waiting,
+            "ops_to_reissue": stashed}
 
 
 def maybe_finish(site: Site) -> bool:
@@ -71,8 +82,75 @@ def maybe_finish(site: Site) -> bool:
         return False
     if st["waiting_for_reports_from"] or st["own_epoch"] < st["needed_epoch"]:
         return False
+    reissue_stash(site)
     site.set_meta("state", NORMAL)
     return True
+
+
+def stash_own(site: Site, reason: str, in_txn: bool = False) -> int:
+    """Set aside every own op above our floor and wind our vector back to it.
+
+    After a restore our copy of our own history may hold ops the family never saw (written
+    after the restore, under epochs peers already hold with other ops).  We cannot tell which,
+    so all of them step aside: peers send our genuine ops back (they return to the changelog
+    when their CSN matches), and what is left once every peer has reported is re-issued under
+    fresh epochs.  Record state is untouched throughout."""
+    c = site.conn
+    if not in_txn:
+        c.execute("BEGIN IMMEDIATE")
+    try:
+        me = site.site_id
+        floor = site.floors().get(me, 0)
+        c.execute("INSERT OR REPLACE INTO stash SELECT origin, epoch, hlc, seq, collection, "
+                  "key, value, replaced FROM changelog WHERE origin=?", (me,))
+        n = c.execute("DELETE FROM changelog WHERE origin=?", (me,)).rowcount
+        c.execute("UPDATE vector SET epoch=? WHERE origin=?", (floor, me))
+        c.execute("UPDATE links SET told=NULL")
+        site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
+        enter_recovering(site, reason)
+        if not in_txn:
+            c.execute("COMMIT")
+    except BaseException:
+        if not in_txn:
+            c.execute("ROLLBACK")
+        raise
+    return n
+
+
+def reissue_stash(site: Site) -> int:
+    """Give set-aside local ops fresh epochs and CSNs, keeping their transactions together and
+    their effect on the records; CSNs they superseded are renamed along with them."""
+    from .csn import next_hlc
+    c = site.conn
+    rows = c.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced "
+                     "FROM stash ORDER BY epoch").fetchall()
+    if not rows:
+        return 0
+    me = site.site_id
+    epoch = site.vector().get(me, 0)
+    hlc = int(site.meta("hlc", 0))
+    rename: dict[bytes, bytes] = {}
+    new_ops = []
+    txn_key = None
+    for origin, _e, old_hlc, seq, coll, key, value, replaced in rows:
+        if old_hlc != txn_key:
+            txn_key = old_hlc
+            hlc = next_hlc(hlc, site.clock())
+        epoch += 1
+        old = pack_csn(old_hlc, me, seq)
+        new = pack_csn(hlc, me, seq)
+        rename[old] = new
+        repl = b"".join(rename.get(replaced[i:i + 20], replaced[i:i + 20])
+                        for i in range(0, len(replaced), 20))
+        new_ops.append(codec.Op(me, epoch, hlc, seq, coll, key, value, repl))
+        c.execute("UPDATE versions SET csn=? WHERE collection=? AND key=? AND csn=?",
+                  (new, coll, key, old))
+        c.execute("UPDATE superseded SET csn=? WHERE csn=?", (new, old))
+    site.record_ops(new_ops)
+    c.execute("UPDATE vector SET epoch=? WHERE origin=?", (epoch, me))
+    site.set_meta("hlc", hlc)
+    c.execute("DELETE FROM stash")
+    return len(new_ops)
 
 
 def restore(site: Site, finish: bool = False) -> dict:
@@ -84,7 +162,8 @@ def restore(site: Site, finish: bool = False) -> dict:
             if finish:
                 site.set_meta("state", NORMAL)
             else:
-                enter_recovering(site, "declared restored from a backup with 'syncpack restore'")
+                stash_own(site, "declared restored from a backup with 'syncpack restore'",
+                          in_txn=True)
                 # Everything we believed peers held is suspect: our own records are old.
                 c.execute("UPDATE matrix SET sent=acked")
                 c.execute("UPDATE links SET told=NULL")
@@ -262,6 +341,11 @@ def apply_resync(site: Site, pks: list) -> int:
         site.set_meta("hlc", hlc)
         _note_header(site, first)
         c.execute("COMMIT")
+    except sqlite3.IntegrityError:
+        c.execute("ROLLBACK")
+        site.invalidate()
+        raise PacketBodyError("snapshot holds the same version twice; nothing was changed") \
+            from None
     except BaseException:
         c.execute("ROLLBACK")
         site.invalidate()

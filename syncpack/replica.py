@@ -9,6 +9,7 @@ there instead of at zero.
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -250,6 +251,10 @@ def _seed(site: Site, pks: list, progress) -> None:
         conn.execute("UPDATE links SET in_seq=? WHERE peer=?", (first.seq, first.sender))
         _raise_matrix(site, first.sender, "acked", first.vector)
         conn.execute("COMMIT")
+    except sqlite3.IntegrityError:
+        conn.execute("ROLLBACK")
+        raise PacketBodyError("snapshot holds the same version twice; nothing was changed") \
+            from None
     except BaseException:
         conn.execute("ROLLBACK")
         raise

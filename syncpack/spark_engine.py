@@ -68,7 +68,7 @@ from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener, \
     build_update_packets
 from .site import Site, wall_ms
 from .sync import ExportedPacket, PeerPlan, _record_exports, packet_dir, packet_name, \
-    plan_exports
+    plan_exports, seal_key
 
 STRATEGIES = ("merge", "shuffle")
 DEFAULT_MASTER = "local[*]"
@@ -224,6 +224,7 @@ class _Job:
     template: Header
     segments: dict[bytes, oplog.OriginLog]      # the manifest entries of its origins
     ops: int
+    seal_to: bytes | None = None                # the peer's X25519 key for sealed packets
 
 
 @dataclass
@@ -245,7 +246,8 @@ def _build_peer(job: _Job, ops: Iterable[Op], ctx: _TaskCtx) -> bytes:
     seq = job.template.seq
     opener = atomic_opener(d, lambda part: packet_name(ctx.sender, seq, part))
     try:
-        parts = build_update_packets(ops, job.template, sign, ctx.max_size, opener, ctx.seed)
+        parts = build_update_packets(ops, job.template, sign, ctx.max_size, opener, ctx.seed,
+                                     seal_to=job.seal_to)
     except SyncpackError as e:
         return pickle.dumps(("error", job.index, type(e).__name__, e.message, e.hint))
     stats = {"peer": job.name, "ops": job.ops, "parts": len(parts),
@@ -362,7 +364,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                  all_peers: bool = False, max_size: int = DEFAULT_MAX_SIZE,
                  master: str = DEFAULT_MASTER, log_dir: str | os.PathLike | None = None,
                  seed: bytes | None = None, progress: Callable[[int], None] | None = None, *,
-                 now_ms: int | None = None, strategy: str | None = None,
+                 now_ms: int | None = None, encrypt: bool = False, strategy: str | None = None,
                  stats: dict | None = None) -> list[ExportedPacket]:
     """Like :func:`syncpack.sync.export`, with the packets built by a Spark job.
 
@@ -399,6 +401,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         finally:
             conn.execute("ROLLBACK")
         stats["plan_s"] = round(time.perf_counter() - t0, 3)
+        seal = [seal_key(site, p.peer, encrypt) for p in plans]
         written: dict[int, list[PartInfo]] = {}
         try:
             for i, plan in enumerate(plans):
@@ -407,10 +410,10 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                     opener = atomic_opener(d, lambda part, s=plan.template.seq:
                                            packet_name(site.name, s, part))
                     written[i] = build_update_packets(iter(()), plan.template, signing_key.sign,
-                                                      max_size, opener, seed)
+                                                      max_size, opener, seed, seal_to=seal[i])
             jobs = [_Job(i, p.name, p.ranges, p.template,
                          {o: man.origins[o] for o in p.ranges},
-                         sum(hi - lo for lo, hi in p.ranges.values()))
+                         sum(hi - lo for lo, hi in p.ranges.values()), seal[i])
                     for i, p in enumerate(plans) if p.ranges]
             if jobs:
                 ctx = _TaskCtx(loc.text, str(out.resolve()), site.name, raw_key, max_size, seed)

@@ -32,6 +32,11 @@ MIGRATIONS: list[str] = [
         value BLOB,                      -- msgpack value; NULL for a delete
         replaced BLOB NOT NULL,          -- concatenated CSNs this op superseded at its origin
         PRIMARY KEY(origin, epoch)) WITHOUT ROWID;
+    -- own ops set aside after a restore showed our history forked; re-issued later
+    CREATE TABLE stash(
+        origin BLOB NOT NULL, epoch INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        seq INTEGER NOT NULL, collection TEXT NOT NULL, key TEXT NOT NULL, value BLOB,
+        replaced BLOB NOT NULL, PRIMARY KEY(origin, epoch)) WITHOUT ROWID;
     -- CSN order is (hlc, origin, seq)
     CREATE UNIQUE INDEX changelog_csn ON changelog(hlc, origin, seq);
     -- surviving versions per key; value NULL is a tombstone

@@ -17,7 +17,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from . import codec, keys, planning
 from .codec import Envelope, Header, Op
-from .csn import hlc_from_ms
+from .csn import hlc_from_ms, pack_csn
 from .errors import (ClockSkewError, EpochCollisionError, PacketError, PacketFamilyError,
                      PacketFormatError, PacketRecipientError, PacketSenderError,
                      PacketSignatureError, PacketBodyError, PacketPolicyError, ScrubbedError,
@@ -140,6 +140,17 @@ class PeerPlan:
     template: Header
 
 
+def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes] | None:
+    """The newest op of the peer's own origin we hold, so the peer can tell whether its own
+    history still matches the family's (a restored site that wrote before it knew)."""
+    e = vec.get(peer, 0)
+    if not e:
+        return None
+    row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                            (peer, e)).fetchone()
+    return (e, pack_csn(row[0], peer, row[1])) if row else None
+
+
 def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]:
     """Ops of all ranges in CSN order (each origin's epoch order is its CSN order)."""
     its = [site.iter_changelog(o, lo, hi) for o, (lo, hi) in ranges.items()]
@@ -175,7 +186,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int) -> list[PeerPlan]:
                       recipient=peer, packet_id=b"", seq=lk["out_seq"] + 1, part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),
-                      ack_floor=floor_acks)
+                      ack_floor=floor_acks, tip=tip_for(site, peer, vec))
         plans.append(PeerPlan(peer, name, ranges, tmpl))
     return plans
 
@@ -537,6 +548,13 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, skew_ms: 
             try:
                 n = apply_packet(site, c.pk, skew_ms=skew_ms, now_ms=now_ms, progress=progress,
                                  parked_file=c.parked_file)
+            except ForkDetected as e:
+                from .recovery import stash_own
+                stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch "
+                                f"{e.epoch} of this site")
+                still.append(c)      # retried (or parked) against the wound-back vector
+                changed = True
+                continue
             except PacketError as e:
                 res.rejected.append({"path": c.display, "error": str(e)})
                 if c.parked_file:
@@ -674,13 +692,18 @@ def apply_packet(site: Site, pk: OpenPacket, *, skew_ms: int = DEFAULT_SKEW_MS,
                 progress(len(batch))
             batch, rows = [], []
 
+        stashed_any = conn.execute("SELECT 1 FROM stash LIMIT 1").fetchone() is not None
         for op in codec.iter_ops(pk.f, pk.env, keys.unsealer(site.path)):
             if op.epoch <= vec.get(op.origin, 0):
+                if op.origin == site.site_id and _differs(site, op):
+                    raise ForkDetected(op.epoch)
                 _check_collision(site, op)
                 continue
-            if op.origin == site.site_id:
-                _check_own(site, op)
-            if op.replaced or superseded_any:
+            if stashed_any and op.origin == site.site_id:
+                flush()
+                if _unstash(site, op):
+                    continue
+            if op.replaced or superseded_any or stashed_any:
                 flush()     # the slow path reads versions and the changelog
                 site.apply_version(op, op.csn)
             else:
@@ -702,6 +725,11 @@ def apply_packet(site: Site, pk: OpenPacket, *, skew_ms: int = DEFAULT_SKEW_MS,
         if parked_file is not None:
             conn.execute("DELETE FROM parked WHERE packet_id=?", (h.packet_id,))
         conn.execute("COMMIT")
+    except sqlite3.IntegrityError:
+        conn.execute("ROLLBACK")
+        site.invalidate()
+        raise PacketBodyError("packet carries an op this site already holds under another "
+                              "epoch; nothing was applied") from None
     except BaseException:
         conn.execute("ROLLBACK")
         site.invalidate()
@@ -714,14 +742,36 @@ def apply_packet(site: Site, pk: OpenPacket, *, skew_ms: int = DEFAULT_SKEW_MS,
 
 
 def _check_collision(site: Site, op: Op) -> None:
-    row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                            (op.origin, op.epoch)).fetchone()
-    if row is not None and (row[0], row[1]) != (op.hlc, op.seq):
-        raise EpochCollisionError(
+    if _differs(site, op):
+        e = EpochCollisionError(
             f"epoch collision: this site holds a different op as epoch {op.epoch} of "
             f"{site.name_of(op.origin)}; packet refused")
+        e.origin, e.epoch = op.origin, op.epoch
+        raise e
 
 
-def _check_own(site: Site, op: Op) -> None:
-    """Our own ops coming back (after a restore) must not collide with epochs we reissued."""
-    _check_collision(site, op)
+class ForkDetected(Exception):
+    """Internal: a peer holds a different op under one of our own epochs."""
+
+    def __init__(self, epoch: int):
+        super().__init__(epoch)
+        self.epoch = epoch
+
+
+def _unstash(site: Site, op: Op) -> bool:
+    """One of our own set-aside ops came back from a peer: it is genuine, and its effect on
+    the records is already here, so it only returns to the changelog."""
+    c = site.conn
+    row = c.execute("SELECT epoch FROM stash WHERE origin=? AND hlc=? AND seq=?",
+                    (op.origin, op.hlc, op.seq)).fetchone()
+    if row is None:
+        return False
+    c.execute("DELETE FROM stash WHERE origin=? AND epoch=?", (op.origin, row[0]))
+    site.record_ops([op])
+    return True
+
+
+def _differs(site: Site, op: Op) -> bool:
+    row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                            (op.origin, op.epoch)).fetchone()
+    return row is not None and (row[0], row[1]) != (op.hlc, op.seq)
