@@ -23,7 +23,7 @@ from .errors import (ClockSkewError, EpochCollisionError, PacketError, PacketFam
                      PacketSignatureError, PacketBodyError, PacketPolicyError, ScrubbedError,
                      UsageError)
 from .packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener,
-                      build_update_packets)
+                      build_update_packets, fsync_dir)
 from .site import SYS_PREFIX, Site, wall_ms
 
 DEFAULT_SKEW_MS = 24 * 3600 * 1000
@@ -590,6 +590,7 @@ def park(site: Site, pk: OpenPacket, gaps: dict[bytes, tuple[int, int]], shown: 
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, dest)
+    fsync_dir(dest.parent)      # the rename is durable before the store points at the file
     conn = site.conn
     conn.execute("BEGIN IMMEDIATE")
     try:
