@@ -172,6 +172,9 @@ class Header:
     seal_epk: bytes = b""      # sealed packets: the sender's ephemeral X25519 public key
     tip: tuple[int, bytes] | None = None   # (epoch, CSN) of the newest op of the recipient's
                                            # own origin the sender holds
+    anchors: dict[bytes, bytes] = field(default_factory=dict)  # origin -> CSN at range's lo
+    reply: bool = False        # the sender has unconfirmed changes: answer even if idle
+    ack_set: bytes = b""       # hash of the member set ack_floor was computed over
 
     @property
     def sealed(self) -> bool:
@@ -205,6 +208,12 @@ class Header:
             h["seal"] = {"epk": self.seal_epk}
         if self.tip is not None:
             h["tip"] = [self.tip[0], self.tip[1]]
+        if self.anchors:
+            h["anchors"] = [[ix[o], c] for o, c in sorted(self.anchors.items())]
+        if self.reply:
+            h["reply"] = True
+        if self.ack_set:
+            h["ack_set"] = self.ack_set
         if self.kind == KIND_SNAPSHOT:
             h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
                            for m in self.roster]
@@ -290,6 +299,22 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
               and 0 < tip[0] < (1 << 63) and isinstance(tip[1], bytes)
               and len(tip[1]) == CSN_LEN, "field 'tip' must be [epoch, csn]")
         hdr.tip = (tip[0], tip[1])
+    anchors = h.get("anchors", [])
+    _need(isinstance(anchors, list), "field 'anchors' must be a list")
+    for a in anchors:
+        _need(isinstance(a, list) and len(a) == 2 and type(a[0]) is int
+              and 0 <= a[0] < len(origins) and isinstance(a[1], bytes)
+              and len(a[1]) == CSN_LEN, "entries of 'anchors' must be [origin, csn]")
+        o = origins[a[0]]
+        _need(o in hdr.ranges and hdr.ranges[o][0] > 0 and o not in hdr.anchors,
+              "an anchor needs a range of its origin starting above 0")
+        hdr.anchors[o] = a[1]
+    reply = h.get("reply", False)
+    _need(isinstance(reply, bool), "field 'reply' must be a boolean")
+    hdr.reply = reply
+    ack_set = h.get("ack_set", b"")
+    _need(isinstance(ack_set, bytes) and len(ack_set) in (0, 8), "field 'ack_set'")
+    hdr.ack_set = ack_set
     if hdr.sealed:
         seal = h.get("seal")
         _need(isinstance(seal, dict) and isinstance(seal.get("epk"), bytes)

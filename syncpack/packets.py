@@ -105,20 +105,26 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
                           f"{len(origins)} origins in the header")
     parts: list[PartInfo] = []
     state: dict = {}
+    # CSN of the op just below each part's range, per origin: the receiver checks it against
+    # its own op of that epoch, so a range never lands on a history it does not continue.
+    carry: dict[bytes, bytes] = dict(template.anchors)
 
     def start(part: int) -> None:
         f, commit = opener(part)
         codec.start_packet(f)
         pid = packet_id(seed, template.sender, template.recipient, template.seq, part)
-        state.update(f=f, commit=commit, part=part, pid=pid,
+        state.update(f=f, commit=commit, part=part, pid=pid, anchors=dict(carry),
                      body=codec.BodyWriter(f, budget, sealer=sealer_for(seal_to, pid, seed)),
                      enc=codec.OpEncoder(ix), ranges={}, hlc_max=0, n=0)
 
     def finish(final: bool) -> None:
         f, body = state["f"], state["body"]
         length, digest = body.finish()
+        ranges = dict(state["ranges"])
+        anchors = {o: state["anchors"][o] for o, (lo, _hi) in ranges.items()
+                   if lo > 0 and o in state["anchors"]}
         hdr = replace(template, part=state["part"], final=final, packet_id=state["pid"],
-                      ranges=dict(state["ranges"]), count=state["n"],
+                      ranges=ranges, anchors=anchors, count=state["n"],
                       hlc_max=state["hlc_max"], body_len=length, body_hash=digest,
                       **sealed_fields(template, body))
         size = codec.finish_packet(f, hdr, origins, sign)
@@ -131,6 +137,7 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
         for op in op_list:
             lo_hi = ranges.get(op.origin)
             ranges[op.origin] = (lo_hi[0] if lo_hi else op.epoch - 1, op.epoch)
+        carry[op_list[-1].origin] = op_list[-1].csn   # a transaction has one origin
         # ops ascend by CSN, so the last op carries the highest clock
         if op_list[-1].hlc > state["hlc_max"]:
             state["hlc_max"] = op_list[-1].hlc

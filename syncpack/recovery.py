@@ -330,6 +330,10 @@ def apply_resync(site: Site, pks: list) -> int:
             c.execute("INSERT INTO vector(origin, epoch, floor, seeded) VALUES (?, ?, ?, ?) "
                       "ON CONFLICT(origin) DO UPDATE SET epoch=max(epoch, excluded.epoch), "
                       "floor=excluded.floor, seeded=excluded.seeded", (o, e, e, e))
+        # Our own set-aside ops the snapshot already covers are the family's (their effect
+        # is in the snapshot); only those above it may still need re-issuing.
+        c.execute("DELETE FROM stash WHERE origin=? AND epoch<=?",
+                  (site.site_id, snap.get(site.site_id, 0)))
         site.invalidate()
         site.record_ops(kept)
         for op in kept:

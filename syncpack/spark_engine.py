@@ -306,7 +306,7 @@ def _arrow_task(bc, ctx: _TaskCtx, acc):
         def rows():
             for b in batches:
                 cols = [b.column(i).to_pylist() for i in range(9)]
-                yield from zip(cols[0], map(Op, *cols[1:]))
+                yield from zip(cols[0], map(oplog.new_op, zip(*cols[1:])))
 
         for pid, group in groupby(rows(), key=itemgetter(0)):
             job = jobs[pid]
@@ -390,18 +390,27 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                                             serialization.NoEncryption())
         conn = site.conn
         t0 = time.perf_counter()
-        conn.execute("BEGIN")  # one read snapshot: log catch-up, plan and coverage check
+        starter: _SessionStarter | None = None
+        conn.execute("BEGIN")  # one read snapshot: plan, log catch-up and coverage check
         try:
-            if own:
-                man, stats["log"] = oplog.append_log(site, loc)
             plans = plan_exports(site, peers, now)
-            if not own:
+            seal = [seal_key(site, p.peer, encrypt) for p in plans]
+            if any(p.ranges for p in plans):
+                starter = _SessionStarter(master)  # the JVM starts while the log catches up
+            if own:
+                t1 = time.perf_counter()
+                man, stats["log"] = oplog.append_log(site, loc)
+                stats["log_s"] = round(time.perf_counter() - t1, 3)
+            else:
                 man = oplog.load_manifest(loc)
             _check_log_covers(site, plans, man, loc)
+        except BaseException:
+            if starter is not None:
+                starter.discard()
+            raise
         finally:
             conn.execute("ROLLBACK")
-        stats["plan_s"] = round(time.perf_counter() - t0, 3)
-        seal = [seal_key(site, p.peer, encrypt) for p in plans]
+        stats["snapshot_s"] = round(time.perf_counter() - t0, 3)
         written: dict[int, list[PartInfo]] = {}
         try:
             for i, plan in enumerate(plans):
@@ -417,8 +426,10 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                     for i, p in enumerate(plans) if p.ranges]
             if jobs:
                 ctx = _TaskCtx(loc.text, str(out.resolve()), site.name, raw_key, max_size, seed)
-                written.update(_run_jobs(jobs, ctx, loc, master, strategy, progress, stats))
+                written.update(_run_jobs(jobs, ctx, loc, starter, strategy, progress, stats))
         except BaseException:
+            if starter is not None:
+                starter.discard()
             _remove_outputs(out, site.name, plans)
             raise
         for i, plan in enumerate(plans):
@@ -445,11 +456,46 @@ def _remove_outputs(out: Path, sender: str, plans: list[PeerPlan]) -> None:
                 f.unlink(missing_ok=True)
 
 
-def _run_jobs(jobs: list[_Job], ctx: _TaskCtx, loc: oplog.LogLocation, master: str,
-              strategy: str, progress, stats: dict) -> dict[int, list[PartInfo]]:
+class _SessionStarter:
+    """Starts (or finds) the Spark session in a thread, so the JVM starts while the driver
+    brings the log up to date; :meth:`result` waits for it."""
+
+    def __init__(self, master: str):
+        self._box: dict = {}
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, args=(master,),
+                                        name="syncpack-spark-start", daemon=True)
+        self._thread.start()
+
+    def _run(self, master: str) -> None:
+        try:
+            self._box["handle"] = start_session(master)
+        except BaseException as e:  # re-raised by result()
+            self._box["error"] = e
+        self._box["seconds"] = time.perf_counter() - self._t0
+
+    def result(self) -> SparkSessionHandle:
+        """The session; the caller now owns it (and stops it)."""
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box.pop("handle")
+
+    def discard(self) -> None:
+        """After a failure elsewhere: wait for the start, then stop what it started."""
+        self._thread.join()
+        h = self._box.pop("handle", None)
+        if h is not None:
+            h.stop()
+
+
+def _run_jobs(jobs: list[_Job], ctx: _TaskCtx, loc: oplog.LogLocation,
+              starter: _SessionStarter, strategy: str, progress,
+              stats: dict) -> dict[int, list[PartInfo]]:
     t0 = time.perf_counter()
-    handle = start_session(master)
-    stats["session_s"] = round(time.perf_counter() - t0, 3)
+    handle = starter.result()
+    stats["session_wait_s"] = round(time.perf_counter() - t0, 3)
+    stats["session_s"] = round(starter._box["seconds"], 3)
     ok = False
     try:
         sc = handle.sc

@@ -99,19 +99,27 @@ def waiting_gaps(site: Site, sender: bytes | None = None) -> dict[bytes, tuple[i
     return {o: (v.get(o, 0), hi) for o, (lo, hi) in out.items() if hi > v.get(o, 0)}
 
 
+def member_set_hash(site: Site) -> bytes:
+    import hashlib
+    return hashlib.blake2b(b"".join(sorted(site.members_by_id())), digest_size=8).digest()
+
+
 def ack_floor(site: Site) -> dict[bytes, int]:
-    """Per origin, the epoch every current member is known to have acknowledged."""
-    members = [m for m in site.members_by_id().values()]
+    """Per origin, the epoch every current member is known to hold: from each member's own
+    reports (and the snapshot it was created from), raised by what other members gossip only
+    when their floor was computed over exactly our member set (a member they do not know yet
+    must not be trimmed past)."""
     vec = site.vector()
-    out: dict[bytes, int] = {}
-    gossip = _vec_from_blob(site.meta("ack_floor_gossip"))
     vectors = [vec]
-    for m in members:
+    for m in site.members_by_id().values():
         if m.site_id == site.site_id:
             continue
-        vectors.append(matrix(site, m.site_id)[1])
-    for o in vec:
-        out[o] = max(min(v.get(o, 0) for v in vectors), gossip.get(o, 0))
+        vectors.append(planning.vmax(matrix(site, m.site_id)[1], m.base))
+    gossip = _vec_from_blob(site.meta("ack_floor_gossip"))
+    if site.meta("ack_floor_set") != member_set_hash(site):
+        gossip = {}
+    out = {o: max(min(v.get(o, 0) for v in vectors), min(gossip.get(o, 0), vec.get(o, 0)))
+           for o in vec}
     return {o: e for o, e in out.items() if e}
 
 
@@ -138,6 +146,18 @@ class PeerPlan:
     name: str
     ranges: dict[bytes, tuple[int, int]]
     template: Header
+
+
+def _anchors(site: Site, ranges: dict[bytes, tuple[int, int]]) -> dict[bytes, bytes]:
+    """CSN of the op each range continues (epoch ``lo``), where we still hold it."""
+    out = {}
+    for o, (lo, _hi) in ranges.items():
+        if lo:
+            row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                                    (o, lo)).fetchone()
+            if row:
+                out[o] = pack_csn(row[0], o, row[1])
+    return out
 
 
 def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes] | None:
@@ -186,7 +206,9 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int) -> list[PeerPlan]:
                       recipient=peer, packet_id=b"", seq=lk["out_seq"] + 1, part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),
-                      ack_floor=floor_acks, tip=tip_for(site, peer, vec))
+                      ack_floor=floor_acks, tip=tip_for(site, peer, vec),
+                      anchors=_anchors(site, ranges), reply=bool(ranges) or unconfirmed or site.state == "recovering",
+                      ack_set=member_set_hash(site))
         plans.append(PeerPlan(peer, name, ranges, tmpl))
     return plans
 
@@ -623,6 +645,7 @@ def _note_header(site: Site, h: Header) -> None:
             [(peer, o, e) for o, e in h.vector.items()])
         if regressed:
             site.conn.execute("UPDATE matrix SET sent=acked WHERE peer=?", (peer,))
+            site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
         site.conn.execute("UPDATE links SET acked_created=? WHERE peer=?", (h.created_ms, peer))
     site.conn.execute(
         "UPDATE links SET in_seq=max(in_seq, ?), peer_recv_seq=max(peer_recv_seq, ?), "
@@ -633,14 +656,19 @@ def _note_header(site: Site, h: Header) -> None:
         # The sender holds ops we lack that its packets did not bring (lost, or parked here):
         # tell it our vector again even if it has not changed, or its probes go unanswered.
         site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
-    elif h.recv_seq < link(site, peer)["out_seq"]:
-        # The sender has not received our latest packet (lost, or still on its way): our
-        # vector may never have reached it, and it probes until it does; answer once more.
+    elif h.reply and h.recv_seq < link(site, peer)["out_seq"]:
+        # The sender waits for an acknowledgement and has not received our latest packet
+        # (lost, or still on its way): our vector may never have reached it; answer once more.
+        # Idle senders do not ask, so sites that export before they import fall quiet.
         site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
-    gossip = _vec_from_blob(site.meta("ack_floor_gossip"))
-    merged = planning.vmax(gossip, h.ack_floor)
-    if merged != gossip:
-        site.set_meta("ack_floor_gossip", _vec_blob(merged))
+    if h.ack_set and h.ack_set == member_set_hash(site):
+        gossip = _vec_from_blob(site.meta("ack_floor_gossip"))
+        if site.meta("ack_floor_set") != h.ack_set:
+            gossip = {}
+        merged = planning.vmax(gossip, h.ack_floor)
+        if merged != gossip or site.meta("ack_floor_set") != h.ack_set:
+            site.set_meta("ack_floor_gossip", _vec_blob(merged))
+            site.set_meta("ack_floor_set", h.ack_set)
     from .recovery import note_report
     note_report(site, h)
 
@@ -693,6 +721,18 @@ def apply_packet(site: Site, pk: OpenPacket, *, skew_ms: int = DEFAULT_SKEW_MS,
                 progress(len(batch))
             batch, rows = [], []
 
+        for o, csn in h.anchors.items():
+            lo = h.ranges[o][0]
+            row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                               (o, lo)).fetchone()
+            if row is not None and pack_csn(row[0], o, row[1]) != csn:
+                if o == site.site_id:
+                    raise ForkDetected(lo)
+                e = EpochCollisionError(
+                    f"epoch collision: this site holds a different op as epoch {lo} of "
+                    f"{site.name_of(o)} than the one the packet's range continues; refused")
+                e.origin, e.epoch = o, lo
+                raise e
         stashed_any = conn.execute("SELECT 1 FROM stash LIMIT 1").fetchone() is not None
         for op in codec.iter_ops(pk.f, pk.env, keys.unsealer(site.path)):
             if op.epoch <= vec.get(op.origin, 0):
