@@ -471,7 +471,9 @@ def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
             raise _bad("collection and key must be strings")
         if not (val is None or isinstance(val, bytes)):
             raise _bad("value must be bytes or nil")
-        if not (isinstance(repl, bytes) and len(repl) % CSN_LEN == 0):
+        # a CSN's clock is stored as a signed 64-bit SQLite INTEGER: its top bit is clear
+        if not (isinstance(repl, bytes) and len(repl) % CSN_LEN == 0
+                and all(b < 0x80 for b in repl[::CSN_LEN])):
             raise _bad("replaced versions must be whole CSNs")
         hlc += dh
         if hlc > hdr.hlc_max:
@@ -501,7 +503,7 @@ def iter_records(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Record]:
             raise _bad("a record is not a 4-element array")
         coll, key, c, val = obj
         if not (isinstance(coll, str) and isinstance(key, str) and isinstance(c, bytes)
-                and len(c) == CSN_LEN and (val is None or isinstance(val, bytes))):
+                and len(c) == CSN_LEN and c[0] < 0x80 and (val is None or isinstance(val, bytes))):
             raise _bad("bad record fields")
         n += 1
         yield Record(coll, key, c, val)

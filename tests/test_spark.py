@@ -1,0 +1,333 @@
+"""The Spark engine gives the local engine's packets byte for byte (DESIGN.md §9).
+
+Every test here is marked ``spark`` (deselect with ``-m "not spark"``).  One local Spark session
+serves the whole module; each test works on copies of one family built once, because an export
+records what it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from conftest import Family, run
+
+from syncpack import admin, oplog, recovery, sync
+from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError
+from syncpack.site import Site
+
+pytestmark = pytest.mark.spark
+pytest.importorskip("pyspark")
+
+from syncpack import spark_engine  # noqa: E402
+
+SEED = b"engine comparison"
+NOW = 1_900_000_000_000
+PEERS = ["p1", "p2", "p3", "p4"]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    handle = spark_engine.start_session("local[2]")
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """hub + four peers; ops from several origins, deletes, overwrites, one transaction larger
+    than a packet; peers at different points (p1 synced once, p4 created late)."""
+    root = tmp_path_factory.mktemp("family")
+    f = Family(root / "sites")
+    (root / "sites").mkdir()
+    f.init("hub")
+    for p in PEERS[:3]:
+        f.add(p, "hub")
+    with f.open("hub") as s:
+        for i in range(400):
+            with s.transaction() as tx:
+                for j in range(i % 4 + 1):
+                    k = f"k{(i * 7 + j) % 250}"
+                    if (i + j) % 11 == 0:
+                        tx.delete("parts", k)
+                    else:
+                        tx.put("parts", k, {"i": i, "j": j, "pad": "x" * (i % 60)})
+        with s.transaction() as tx:        # alone larger than a packet: split op by op
+            for j in range(300):
+                tx.put("bulk", f"b{j}", "y" * 100 + str(j))
+    f.put("p2", "parts", "from-p2", [1, 2])
+    f.put("p3", "other", "from-p3", {"x": None})
+    f.sync("p2", "hub")
+    f.sync("p3", "hub")
+    f.sync("hub", "p1")
+    f.add("p4", "hub")
+    with f.open("hub") as s, s.transaction() as tx:
+        for j in range(50):
+            tx.put("parts", f"late{j}", j)
+    return root / "sites"
+
+
+def _copy(base: Path, dest: Path) -> Family:
+    shutil.copytree(base, dest)
+    f = Family(dest)
+    for p in sorted(dest.iterdir()):
+        if (p / "syncpack.db").exists():
+            f.sites[p.name] = p
+    return f
+
+
+def _both(tmp_path: Path, base: Path, **kw):
+    """Export with the local engine from one copy and the Spark engine from another."""
+    fl, fs = _copy(base, tmp_path / "L"), _copy(base, tmp_path / "S")
+    strategy = kw.pop("strategy", "merge")
+    with fl.open("hub") as s:
+        local = sync.export(s, tmp_path / "out_local", seed=SEED, now_ms=NOW, **kw)
+    with fs.open("hub") as s:
+        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", seed=SEED, now_ms=NOW,
+                                            strategy=strategy, **kw)
+    return fl, fs, local, sparked
+
+
+def _assert_same_packets(local, sparked, tmp_path: Path) -> None:
+    assert len(local) == len(sparked) > 0
+    for a, b in zip(local, sparked):
+        assert (a.to, a.ops, a.bytes, a.ranges, a.seq, a.part) == \
+               (b.to, b.ops, b.bytes, b.ranges, b.seq, b.part)
+        assert a.path.relative_to(tmp_path / "out_local") == \
+               b.path.relative_to(tmp_path / "out_spark")
+        assert a.path.read_bytes() == b.path.read_bytes(), a.path
+    files = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+    assert files(tmp_path / "out_local") == files(tmp_path / "out_spark")
+
+
+def _under(path: str, out: Path) -> str:
+    p = Path(path)
+    return str(p.relative_to(out)) if p.is_relative_to(out) else "elsewhere"
+
+
+def _store_records(site_dir: Path, out: Path) -> list:
+    c = sqlite3.connect(site_dir / "syncpack.db")
+    try:
+        rows = [("out",) + r[:8] + (_under(r[8], out),) for r in c.execute(
+            "SELECT packet_id, recipient, seq, part, kind, ranges, ops, bytes, path, at_ms "
+            "FROM packets_out ORDER BY recipient, seq, part")]
+        rows += [("matrix",) + r for r in c.execute("SELECT * FROM matrix ORDER BY peer, origin")]
+        rows += [("links",) + r for r in c.execute("SELECT * FROM links ORDER BY peer")]
+        return rows
+    finally:
+        c.close()
+
+
+# --- the log ----------------------------------------------------------------------------------
+
+def test_log_export_holds_the_changelog_and_appends_incrementally(tmp_path, base):
+    f = _copy(base, tmp_path / "f")
+    with f.open("hub") as s:
+        first = oplog.log_export(s)
+        changelog = sorted(s.conn.execute(
+            "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog"))
+        vec = {s.name_of(o): e for o, e in s.vector().items() if e}
+    assert first["ops_written"] == len(changelog)
+    assert {o: hi for o, (lo, hi) in first["origins"].items()} == vec
+    assert sorted(tuple(op) for op in oplog.iter_log(f.path("hub") / "log")) == changelog
+
+    with f.open("hub") as s:
+        assert oplog.log_export(s)["ops_written"] == 0          # nothing new
+        with s.transaction() as tx:
+            tx.put("parts", "new", 1)
+            tx.delete("parts", "k1")
+        again = oplog.log_export(s)
+        top = s.vector()[s.site_id]
+    assert again["ops_written"] == 2
+    assert again["origins"] == {"hub": [top - 2, top]}
+    man = oplog.load_manifest(oplog.LogLocation(f.path("hub") / "log"))
+    segs = man.origins[bytes.fromhex(_hex(f, "hub"))].segments
+    assert segs[-1].first == top - 1 and segs[-1].last == top
+    assert (f.path("hub") / "log" / segs[-1].path).is_file()
+
+
+def _hex(f: Family, name: str) -> str:
+    with f.open(name) as s:
+        return s.site_id.hex()
+
+
+def test_log_of_a_restored_site_is_rebuilt(tmp_path, base):
+    f = _copy(base, tmp_path / "f")
+    backup = tmp_path / "backup"
+    shutil.copytree(f.path("hub"), backup)
+    with f.open("hub") as s:
+        with s.transaction() as tx:
+            tx.put("parts", "after-backup", 1)
+        oplog.log_export(s, tmp_path / "log")
+    shutil.rmtree(f.path("hub"))
+    shutil.copytree(backup, f.path("hub"))       # the site goes back in time
+    with f.open("hub") as s:
+        res = oplog.log_export(s, tmp_path / "log")
+        changelog = sorted(s.conn.execute(
+            "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog"))
+    assert res["rebuilt"] == ["hub"]
+    assert sorted(tuple(op) for op in oplog.iter_log(tmp_path / "log")) == changelog
+
+
+def test_log_refuses_another_sites_appends(tmp_path, base):
+    f = _copy(base, tmp_path / "f")
+    with f.open("hub") as s:
+        oplog.log_export(s, tmp_path / "log")
+    with f.open("p1") as s, pytest.raises(ExportError, match="kept by site hub"):
+        oplog.log_export(s, tmp_path / "log")
+
+
+# --- same packets from both engines ---------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["merge", "shuffle"])
+def test_engines_write_identical_packets_and_records(tmp_path, base, spark, strategy):
+    fl, fs, local, sparked = _both(tmp_path, base, all_peers=True, max_size=6000,
+                                   strategy=strategy)
+    _assert_same_packets(local, sparked, tmp_path)
+    assert {p.to for p in sparked} == set(PEERS)
+    assert any(p.part > 0 for p in sparked)           # cut into several packets
+    assert _store_records(fl.path("hub"), tmp_path / "out_local") == \
+        _store_records(fs.path("hub"), tmp_path / "out_spark")
+
+    # The peers import the Spark packets and converge with the hub, as with local packets.
+    for p in PEERS:
+        r = fs.import_(p, [tmp_path / "out_spark" / p])
+        assert not r.rejected and not r.parked, r
+        r = fl.import_(p, [tmp_path / "out_local" / p])
+        assert not r.rejected and not r.parked, r
+        assert fs.digest(p) == fl.digest(p) == fs.digest("hub")
+
+
+def test_second_export_sends_only_the_new_ops(tmp_path, base, spark):
+    fl, fs, local, sparked = _both(tmp_path, base, to=["p2", "p4"], max_size=64 * 1024)
+    _assert_same_packets(local, sparked, tmp_path)
+    for f in (fl, fs):      # the same new ops at both copies: a fixed clock
+        with Site.open(f.path("hub"), clock=lambda: NOW) as s, s.transaction() as tx:
+            for j in range(20):
+                tx.put("parts", f"second{j}", j)
+    shutil.rmtree(tmp_path / "out_local")
+    shutil.rmtree(tmp_path / "out_spark")
+    with fl.open("hub") as s:
+        local = sync.export(s, tmp_path / "out_local", to=["p2", "p4"], seed=SEED, now_ms=NOW)
+    st: dict = {}
+    with fs.open("hub") as s:
+        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", to=["p2", "p4"],
+                                            seed=SEED, now_ms=NOW, stats=st)
+    assert st["log"]["ops_written"] == 20               # the log caught up incrementally
+    _assert_same_packets(local, sparked, tmp_path)
+    assert [p.ops for p in sparked] == [20, 20]
+
+
+def test_sealed_packets_are_identical_too(tmp_path, base, spark):
+    fl, fs, local, sparked = _both(tmp_path, base, to=["p3"], max_size=8192, encrypt=True)
+    _assert_same_packets(local, sparked, tmp_path)
+    r = fs.import_("p3", [tmp_path / "out_spark"])
+    assert not r.rejected and fs.digest("p3") == fs.digest("hub")
+
+
+def test_a_log_from_elsewhere_gives_the_same_packets(tmp_path, base, spark):
+    fl, fs = _copy(base, tmp_path / "L"), _copy(base, tmp_path / "S")
+    with fs.open("hub") as s:
+        oplog.log_export(s, tmp_path / "lake")
+    with fl.open("hub") as s:
+        local = sync.export(s, tmp_path / "out_local", to=["p1", "p3"], seed=SEED, now_ms=NOW)
+    with fs.open("hub") as s:
+        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", to=["p1", "p3"],
+                                            log_dir=tmp_path / "lake", seed=SEED, now_ms=NOW)
+    _assert_same_packets(local, sparked, tmp_path)
+    assert not (fs.path("hub") / "log").exists()        # the given log was used, read only
+
+
+def test_a_stale_log_is_refused_and_nothing_is_recorded(tmp_path, base, spark):
+    f = _copy(base, tmp_path / "f")
+    with f.open("hub") as s:
+        oplog.log_export(s, tmp_path / "lake")
+        with s.transaction() as tx:
+            tx.put("parts", "newer", 1)
+        before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()
+        with pytest.raises(ExportError, match="but p2 needs up to epoch") as e:
+            spark_engine.export_spark(s, tmp_path / "out", to=["p2"], log_dir=tmp_path / "lake")
+        assert "syncpack log export" in e.value.hint
+        assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone() == before
+    assert not (tmp_path / "out").exists()
+
+
+# --- below the floor ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def scrubbed(tmp_path_factory) -> Path:
+    """hub and two peers, everything acknowledged and scrubbed at hub; then hub is told that
+    p2 holds almost nothing of hub's ops."""
+    root = tmp_path_factory.mktemp("scrubbed") / "sites"
+    root.mkdir()
+    f = Family(root)
+    f.init("hub")
+    f.add("p1", "hub")
+    f.add("p2", "hub")
+    for i in range(30):
+        f.put("hub", "c", f"k{i}", i)
+    f.full_exchange()
+    with f.open("hub") as s:
+        recovery.scrub(s)
+        assert s.floors()[s.site_id] > 1
+        admin.chepoch(s, "p2", ["hub=1"])
+        oplog.log_export(s, root / "lake-after-scrub")
+    return root
+
+
+def test_peer_below_the_floor_gets_the_local_engines_error(tmp_path, scrubbed, spark):
+    f = _copy(scrubbed, tmp_path / "f")
+    with f.open("hub") as s, pytest.raises(ScrubbedError) as local_err:
+        sync.export(s, tmp_path / "out_local", to=["p2"])
+    with f.open("hub") as s, pytest.raises(ScrubbedError) as spark_err:
+        spark_engine.export_spark(s, tmp_path / "out_spark", to=["p2"])
+    assert str(spark_err.value) == str(local_err.value)
+    assert spark_err.value.hint == local_err.value.hint
+    assert "of hub, but this site's changelog starts at epoch" in str(spark_err.value)
+    assert not (tmp_path / "out_spark").exists()
+
+
+def test_peer_below_a_given_logs_floor_gets_a_scrubbed_error(tmp_path, scrubbed, spark):
+    f = _copy(scrubbed, tmp_path / "f")
+    with f.open("hub") as s:
+        # The site itself still holds the ops (lower floor) but the log does not.
+        s.conn.execute("UPDATE vector SET floor=0")
+        with pytest.raises(ScrubbedError, match="of hub, but the log at .* starts at") as e:
+            spark_engine.export_spark(s, tmp_path / "out", to=["p2"],
+                                      log_dir=f.root / "lake-after-scrub")
+        assert "resync --to p2" in e.value.hint
+
+
+# --- the command line, and missing prerequisites ------------------------------------------------
+
+def test_cli_export_with_the_spark_engine(tmp_path, base, spark):
+    f = _copy(base, tmp_path / "f")
+    r = run("log", "export", site=f.path("hub"), json_mode=True)
+    assert r.code == 0, r
+    assert r.json["ops_written"] > 0 and "hub" in r.json["origins"]
+    r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--engine", "spark",
+            "--spark-master", "local[2]", site=f.path("hub"), json_mode=True)
+    assert r.code == 0, r
+    doc = json.loads(r.out)
+    assert [p["to"] for p in doc["packets"]] == ["p2"] and doc["packets"][0]["ops"] > 0
+    assert run("import", tmp_path / "usb", site=f.path("p2")).code == 0
+    assert f.digest("p2") == f.digest("hub")
+    r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--log", tmp_path,
+            site=f.path("hub"))
+    assert r.code == 2 and "--engine spark" in r.err
+
+
+def test_missing_java_or_pyspark_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SparkUnavailableError, match="needs Java") as e:
+        spark_engine._check_java()
+    assert "--engine local" in e.value.hint
+    monkeypatch.setitem(__import__("sys").modules, "pyspark", None)
+    with pytest.raises(SparkUnavailableError, match="needs pyspark") as e:
+        spark_engine._import_pyspark()
+    assert "pip install" in e.value.hint
