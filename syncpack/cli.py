@@ -419,6 +419,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     """
     if to and all_peers:
         raise click.UsageError("use either --to PEER... or --all")
+    if not to and not all_peers:
+        raise click.UsageError("name the peers with --to PEER (repeatable) or use --all")
     if log_dir is not None and engine != "spark":
         raise click.UsageError("--log is read by --engine spark only")
     s = obj.open()
