@@ -79,6 +79,9 @@ def connect(db_path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=OFF")
+    # Imports insert into three B-trees in CSN order, which is not key order; a larger page
+    # cache keeps their hot pages in memory (16 MiB, allocated only as used).
+    conn.execute("PRAGMA cache_size=-16384")
     return conn
 
 
