@@ -69,32 +69,26 @@ def public_path(site_dir: Path) -> Path:
     return site_dir / KEY_DIR / PUBLIC_FILE
 
 
-def load_signing_key(site_dir: Path) -> Ed25519PrivateKey:
-    p = site_dir / KEY_DIR / SIGN_KEY
+def _load_private(site_dir: Path, name: str, kind: type, what: str):
+    p = site_dir / KEY_DIR / name
     try:
         k = serialization.load_pem_private_key(p.read_bytes(), password=None)
     except FileNotFoundError:
-        raise SiteError(f"signing key {p} is missing",
+        raise SiteError(f"{what} key {p} is missing",
                         hint="restore the site's keys directory from its backup") from None
     except (ValueError, TypeError) as e:
-        raise SiteError(f"signing key {p} cannot be read: {e}") from None
-    if not isinstance(k, Ed25519PrivateKey):
-        raise SiteError(f"{p} is not an Ed25519 key")
+        raise SiteError(f"{what} key {p} cannot be read: {e}") from None
+    if not isinstance(k, kind):
+        raise SiteError(f"{p} is not an {kind.__name__.removesuffix('PrivateKey')} key")
     return k
+
+
+def load_signing_key(site_dir: Path) -> Ed25519PrivateKey:
+    return _load_private(site_dir, SIGN_KEY, Ed25519PrivateKey, "signing")
 
 
 def load_box_key(site_dir: Path) -> X25519PrivateKey:
-    p = site_dir / KEY_DIR / BOX_KEY
-    try:
-        k = serialization.load_pem_private_key(p.read_bytes(), password=None)
-    except FileNotFoundError:
-        raise SiteError(f"sealing key {p} is missing",
-                        hint="restore the site's keys directory from its backup") from None
-    except (ValueError, TypeError) as e:
-        raise SiteError(f"sealing key {p} cannot be read: {e}") from None
-    if not isinstance(k, X25519PrivateKey):
-        raise SiteError(f"{p} is not an X25519 key")
-    return k
+    return _load_private(site_dir, BOX_KEY, X25519PrivateKey, "sealing")
 
 
 def unsealer(site_dir: Path):
@@ -124,10 +118,6 @@ def read_public_file(path: Path) -> PublicIdentity:
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not a syncpack public key file ({e})",
                          hint="use the file 'syncpack keygen' printed") from None
-
-
-def signer(key: Ed25519PrivateKey):
-    return key.sign
 
 
 def verify(public_raw: bytes, signature: bytes, data: bytes) -> bool:

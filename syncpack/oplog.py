@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from .codec import Op
 from .errors import ExportError
+from .packets import fsync_dir
 from .site import Site, wall_ms
 
 FORMAT = "syncpack-log"
@@ -125,7 +126,7 @@ class LogLocation:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-            _fsync_dir(os.path.dirname(final))
+            fsync_dir(os.path.dirname(final))
         else:
             with self.fs.open_output_stream(tmp) as f:
                 f.write(data)
@@ -146,7 +147,7 @@ class LogLocation:
 
     def sync_dir(self, rel: str) -> None:
         if self.local:
-            _fsync_dir(self.path(rel))
+            fsync_dir(self.path(rel))
 
     def delete(self, rel: str) -> None:
         try:
@@ -194,14 +195,6 @@ def _tmp_name(rel: str) -> str:
     head, _, name = rel.rpartition("/")
     tmp = f".{name}.{secrets.token_hex(4)}.tmp"
     return f"{head}/{tmp}" if head else tmp
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def default_log_dir(site: Site) -> Path:

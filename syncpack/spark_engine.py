@@ -67,7 +67,7 @@ from .errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackE
 from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener, \
     build_update_packets
 from .site import Site, wall_ms
-from .sync import ExportedPacket, PeerPlan, _record_exports, packet_dir, packet_name, \
+from .sync import ExportedPacket, PeerPlan, _record_exports, packet_dir, packet_name, select_peers, \
     plan_exports, seal_key
 
 STRATEGIES = ("merge", "shuffle")
@@ -321,21 +321,6 @@ def _arrow_task(bc, ctx: _TaskCtx, acc):
 
 # --- the export -------------------------------------------------------------------------------
 
-def _select_peers(site: Site, to: list[str] | None, all_peers: bool) -> list[bytes]:
-    """The same choice of peers as :func:`syncpack.sync.export`."""
-    members = site.members_by_id()
-    if all_peers:
-        return sorted((i for i in members if i != site.site_id), key=site.name_of)
-    peers: list[bytes] = []
-    for name in to or []:
-        m = site.member_named(name)
-        if m.site_id == site.site_id:
-            raise UsageError(f"{name} is this site; export to another member")
-        if m.site_id not in peers:
-            peers.append(m.site_id)
-    return peers
-
-
 def _check_log_covers(site: Site, plans: list[PeerPlan], man: oplog.Manifest,
                       loc: oplog.LogLocation) -> None:
     if man.family_id != site.family_id:
@@ -382,7 +367,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     own = log_dir is None
     loc = oplog.LogLocation(oplog.default_log_dir(site) if own else log_dir)
     with site.lock():
-        peers = _select_peers(site, to, all_peers)
+        peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
         signing_key = keys.load_signing_key(site.path)
         raw_key = signing_key.private_bytes(serialization.Encoding.Raw,

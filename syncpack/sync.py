@@ -232,6 +232,20 @@ def packet_dir(out: Path, sender: str, recipient: str) -> Path:
     return out / recipient / sender
 
 
+def select_peers(site: Site, to: list[str] | None, all_peers: bool) -> list[bytes]:
+    """Peer ids for ``--to NAME...`` (in the order named) or ``--all`` (by name)."""
+    if all_peers:
+        return sorted((i for i in site.members_by_id() if i != site.site_id), key=site.name_of)
+    peers: list[bytes] = []
+    for name in to or []:
+        m = site.member_named(name)
+        if m.site_id == site.site_id:
+            raise UsageError(f"{name} is this site; export to another member")
+        if m.site_id not in peers:
+            peers.append(m.site_id)
+    return peers
+
+
 def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
            all_peers: bool = False, max_size: int = DEFAULT_MAX_SIZE,
            seed: bytes | None = None, now_ms: int | None = None,
@@ -241,17 +255,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
     if not to and not all_peers:
         raise UsageError("name the peers with --to PEER (repeatable) or use --all")
     with site.lock():
-        members = site.members_by_id()
-        if all_peers:
-            peers = sorted((i for i in members if i != site.site_id), key=site.name_of)
-        else:
-            peers = []
-            for name in to or []:
-                m = site.member_named(name)
-                if m.site_id == site.site_id:
-                    raise UsageError(f"{name} is this site; export to another member")
-                if m.site_id not in peers:
-                    peers.append(m.site_id)
+        peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
         sign = keys.load_signing_key(site.path).sign
         written: list[tuple[PeerPlan, list[PartInfo]]] = []
