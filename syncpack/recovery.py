@@ -319,8 +319,11 @@ def apply_resync(site: Site, pks: list) -> int:
         c.execute("DELETE FROM changelog")
         n = 0
         for pk in pks:
-            rows = [(r.collection, r.key, r.csn, r.value)
-                    for r in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path))]
+            from .replica import _check_record_origin
+            rows = []
+            for r in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
+                _check_record_origin(r, snap, site.site_id)
+                rows.append((r.collection, r.key, r.csn, r.value))
             c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
             n += len(rows)
             c.execute("INSERT OR IGNORE INTO packets_in VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -31,12 +31,24 @@ class SnapshotPart:
     size: int
 
 
+def _check_record_origin(rec, vector: dict[bytes, int], me: bytes | None) -> None:
+    """Every version in a snapshot comes from an origin the snapshot's vector covers."""
+    origin = rec.csn[8:16]
+    if vector.get(origin, 0) <= 0 and origin != me:
+        raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
+                              f"origin its vector does not cover")
+
+
 def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: Path,
                    max_size: int, seed: bytes | None = None, now_ms: int | None = None,
                    progress: Callable[[int], None] | None = None,
                    seal_to: bytes | None = None) -> list[SnapshotPart]:
     """Write the whole state at one consistent point as snapshot packet(s) for ``recipient``.
     The caller holds the site lock; this opens its own read snapshot."""
+    if site.state == "recovering":
+        raise SiteError(f"site {site.name!r} is recovering from a restore; its state is not "
+                        f"complete enough to seed another site",
+                        hint="finish the recovery first, or make the snapshot at another member")
     now = wall_ms() if now_ms is None else now_ms
     sign = keys.load_signing_key(site.path).sign
     conn = site.conn
@@ -122,6 +134,10 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
                      priority: int = 0, max_size: int = DEFAULT_MAX_SIZE,
                      seed: bytes | None = None, progress=None,
                      encrypt: bool = False) -> list[SnapshotPart]:
+    if site.state == "recovering":
+        raise SiteError(f"site {site.name!r} is recovering from a restore and cannot add "
+                        f"members now", hint="finish the recovery first, or add the site at "
+                                             "another member")
     ident = keys.read_public_file(Path(pubkey))
     if ident.site != name:
         raise UsageError(f"public key file {pubkey} belongs to site {ident.site!r}, not {name!r}",
@@ -224,6 +240,7 @@ def _seed(site: Site, pks: list, progress) -> None:
         for pk in pks:
             rows = []
             for rec in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
+                _check_record_origin(rec, first.vector, None)
                 rows.append((rec.collection, rec.key, rec.csn, rec.value))
                 if len(rows) >= 20_000:
                     conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
