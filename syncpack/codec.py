@@ -58,10 +58,11 @@ def _untrusted_unpacker(body: bool = False) -> msgpack.Unpacker:
     # let a 16 MiB header (parsed before the signature is checked) become gigabytes of nested
     # lists.  Bound the number of containers in a header; body items (ops, records) are flat.
     if body:
+        containers = frozenset((list, dict))
+
         def hook(obj):
-            for x in obj:
-                if type(x) is list or type(x) is dict:
-                    raise ValueError("nested array or map inside an op")
+            if not containers.isdisjoint(map(type, obj)):
+                raise ValueError("nested array or map inside an op")
             return obj
     else:
         left = [5 * MAX_ORIGINS + 1000]
@@ -98,6 +99,9 @@ def unpack_untrusted(data: bytes) -> Any:
 
 # --- ops --------------------------------------------------------------------------------------
 
+_CSN_PACK = struct.Struct(">Q8sI").pack
+
+
 class Op(NamedTuple):
     """One change, as the changelog holds it and a packet carries it."""
     origin: bytes          # site id, 8 bytes
@@ -111,7 +115,7 @@ class Op(NamedTuple):
 
     @property
     def csn(self) -> bytes:
-        return struct.pack(">Q8sI", self.hlc, self.origin, self.seq)
+        return _CSN_PACK(self.hlc, self.origin, self.seq)
 
 
 class Record(NamedTuple):
@@ -456,8 +460,9 @@ def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
     one transaction, so nothing it did survives)."""
     hdr, origins = env.header, env.origins
     nxt = {o: lo + 1 for o, (lo, hi) in hdr.ranges.items()}
+    top = {o: hi for o, (lo, hi) in hdr.ranges.items()}
     hlc = 0
-    last_csn = b""
+    last = (-1, b"", 0)   # CSN order is (hlc, origin, seq) order: compare without packing
     n = 0
     for obj in _decoded_stream(f, env, unsealer):
         if not (isinstance(obj, list) and len(obj) == 7):
@@ -480,16 +485,15 @@ def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
             raise PacketBodyError("ops carry a clock beyond the header's hlc_max")
         origin = origins[oi]
         epoch = nxt.get(origin)
-        if epoch is None or epoch > hdr.ranges[origin][1]:
+        if epoch is None or epoch > top[origin]:
             raise PacketBodyError("packet holds an op outside its declared ranges")
         nxt[origin] = epoch + 1
-        op = Op(origin, epoch, hlc, seq, coll, key, val, repl)
-        c = op.csn
-        if c <= last_csn:
+        key_ = (hlc, origin, seq)
+        if key_ <= last:
             raise PacketBodyError("ops are not in ascending CSN order")
-        last_csn = c
+        last = key_
         n += 1
-        yield op
+        yield Op(origin, epoch, hlc, seq, coll, key, val, repl)
     if n != hdr.count or any(nxt[o] != hi + 1 for o, (lo, hi) in hdr.ranges.items()):
         raise PacketBodyError(f"packet declares {hdr.count} ops in its ranges but holds {n}")
     if hlc > hdr.hlc_max:
@@ -584,11 +588,21 @@ class OpEncoder:
     def __init__(self, origin_index: dict[bytes, int]):
         self.ix = origin_index
         self.hlc = 0
+        # One packer reused for every op: the bytes equal packb() of each op, concatenated.
+        self._p = msgpack.Packer(use_bin_type=True, autoreset=False)
 
     def encode(self, op: Op) -> bytes:
-        raw = packb([self.ix[op.origin], op.hlc - self.hlc, op.seq, op.collection, op.key,
-                     op.value, op.replaced])
-        self.hlc = op.hlc
+        return self.encode_many([op])
+
+    def encode_many(self, ops: list[Op]) -> bytes:
+        p, ix, hlc = self._p, self.ix, self.hlc
+        for op in ops:
+            p.pack([ix[op.origin], op.hlc - hlc, op.seq, op.collection, op.key, op.value,
+                    op.replaced])
+            hlc = op.hlc
+        self.hlc = hlc
+        raw = p.bytes()
+        p.reset()
         return raw
 
 

@@ -131,50 +131,51 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
         path = state["commit"](True)
         parts.append(PartInfo(path, hdr, size))
 
-    def add(op_list: list[Op], raws: list[bytes]) -> None:
+    def add(op_list: list[Op], raw: bytes) -> None:
         body, ranges = state["body"], state["ranges"]
-        body.write(b"".join(raws), len(raws))
-        for op in op_list:
-            lo_hi = ranges.get(op.origin)
-            ranges[op.origin] = (lo_hi[0] if lo_hi else op.epoch - 1, op.epoch)
-        carry[op_list[-1].origin] = op_list[-1].csn   # a transaction has one origin
+        body.write(raw, len(op_list))
+        # A transaction has one origin and consecutive epochs.
+        first, last = op_list[0], op_list[-1]
+        lo_hi = ranges.get(first.origin)
+        ranges[first.origin] = (lo_hi[0] if lo_hi else first.epoch - 1, last.epoch)
+        carry[last.origin] = last.csn
         # ops ascend by CSN, so the last op carries the highest clock
-        if op_list[-1].hlc > state["hlc_max"]:
-            state["hlc_max"] = op_list[-1].hlc
+        if last.hlc > state["hlc_max"]:
+            state["hlc_max"] = last.hlc
         state["n"] += len(op_list)
         if progress:
             progress(len(op_list))
 
-    def encode(op_list: list[Op]) -> list[bytes]:
-        return [state["enc"].encode(op) for op in op_list]
+    def encode(op_list: list[Op]) -> bytes:
+        return state["enc"].encode_many(op_list)
 
     start(0)
     try:
         for txn in _txns(ops):
             before = state["enc"].hlc
-            raws = encode(txn)
-            if state["body"].would_fit(sum(map(len, raws))):
-                add(txn, raws)
+            raw = encode(txn)
+            if state["body"].would_fit(len(raw)):
+                add(txn, raw)
                 continue
             state["enc"].hlc = before
             if state["n"]:
                 finish(False)
                 start(state["part"] + 1)
-                raws = encode(txn)
-                if state["body"].would_fit(sum(map(len, raws))):
-                    add(txn, raws)
+                raw = encode(txn)
+                if state["body"].would_fit(len(raw)):
+                    add(txn, raw)
                     continue
                 state["enc"].hlc = 0
             # One transaction alone is larger than a packet: split it op by op.
             for op in txn:
                 raw = encode([op])
-                if not state["body"].would_fit(len(raw[0])):
+                if not state["body"].would_fit(len(raw)):
                     if state["n"]:
                         finish(False)
                         start(state["part"] + 1)
                         raw = encode([op])
-                    if not state["body"].would_fit(len(raw[0])):
-                        raise ExportError(f"one op ({len(raw[0])} bytes) is larger than "
+                    if not state["body"].would_fit(len(raw)):
+                        raise ExportError(f"one op ({len(raw)} bytes) is larger than "
                                           f"--max-size {max_size} allows")
                 add([op], raw)
         finish(True)

@@ -1,0 +1,55 @@
+"""tools/bench runs end to end at a tiny size and reports every figure (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "tools" / "bench"
+
+
+def test_bench_smoke(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH), "--ops", "2000", "--peers", "2",
+                        "--big-gb", "0", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["workload"]["ops"] == 2000
+    assert res["workload"]["value_bytes"] == 102
+    for k in ("seconds", "ops_per_s"):
+        assert res["load"][k] > 0
+    e = res["export"]
+    assert e["ops"] == 2000 and e["packets"] == 1
+    for k in ("seconds", "ops_per_s", "mb_per_s", "packet_bytes", "bytes_per_op"):
+        assert e[k] > 0, k
+    assert res["import"]["ops"] == 2000
+    for k in ("seconds", "ops_per_s"):
+        assert res["import"][k] > 0, k
+    b = res["sqlite_session"]
+    assert b["rows"] == 2000
+    for k in ("changeset_bytes", "patchset_bytes", "changeset_zstd3_bytes",
+              "patchset_zstd3_bytes", "apply_s", "apply_rows_per_s", "insert_with_session_s"):
+        assert b[k] > 0, k
+    for k in ("import_vs_changeset_apply", "packet_vs_patchset_zstd3",
+              "packet_vs_changeset_zstd3", "packet_vs_patchset_raw"):
+        assert res["ratios"][k] > 0, k
+    assert res["big"]["skipped"] is True
+    rl = res["relay"]
+    assert rl["peers"] == 2 and rl["packets"] == 2
+    assert rl["ops_total"] == 2 * (2000 + 500)
+    assert rl["relayed_ops_per_peer"] == 500
+    for k in ("seconds", "ops_per_s", "bytes_total", "mb_per_s"):
+        assert rl[k] > 0, k
+    t = res["targets"]
+    assert set(t) == {"export_ops_per_s", "import_ops_per_s", "import_vs_changeset_apply",
+                      "packet_vs_patchset_zstd3", "big_export_peak_rss_mb",
+                      "big_import_peak_rss_mb"}
+    for k, v in t.items():
+        assert {"target", "limit", "value", "met"} <= set(v), k
+        if k.startswith("big_"):
+            assert v["met"] is None
+        else:
+            assert isinstance(v["met"], bool), k
+    assert list(tmp_path.iterdir()) == []       # the temporary sites are removed
