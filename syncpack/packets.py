@@ -182,6 +182,10 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
     except BaseException:
         if "commit" in state and (not parts or parts[-1].header.part != state["part"]):
             state["commit"](False)
+        # An export that did not finish is not recorded, so its finished parts go too: the
+        # next export writes the same ranges again.
+        for p in parts:
+            p.path.unlink(missing_ok=True)
         raise
     return parts
 

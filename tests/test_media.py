@@ -1,0 +1,92 @@
+"""Removable media: a medium that fills up mid-export leaves no partial packet and changes
+nothing in the store; the media layout lets one stick serve several sites."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+
+from conftest import run
+from syncpack import packets
+
+
+class _FillingFile:
+    """A file on a medium with ``room`` bytes left: writes past it fail with ENOSPC."""
+
+    def __init__(self, f, budget):
+        self._f, self._budget = f, budget
+
+    def write(self, b):
+        if self._budget[0] < len(b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self._budget[0] -= len(b)
+        return self._f.write(b)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def _fill_medium_after(monkeypatch, room: int):
+    budget = [room]
+    real_open = builtins.open
+
+    def fake_open(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        return _FillingFile(f, budget) if "w" in mode else f
+
+    monkeypatch.setattr(packets, "open", fake_open, raising=False)
+
+
+def _spk_files(d):
+    return sorted(os.path.relpath(os.path.join(r, f), d)
+                  for r, _, fs in os.walk(d) for f in fs)
+
+
+def test_full_medium_mid_export_leaves_no_partial_packet(family, monkeypatch, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    with family.open("a") as s:
+        for t in range(20):
+            with s.transaction() as tx:
+                for i in range(50):
+                    tx.put("c", f"k{t}-{i}", {"pad": os.urandom(40).hex()})
+    usb = tmp_path / "usb"
+    with family.open("a") as s:
+        before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()[0]
+        matrix_before = s.conn.execute("SELECT * FROM matrix ORDER BY 1, 2").fetchall()
+    # Room for one 32 KiB packet and part of the next.
+    _fill_medium_after(monkeypatch, 40 * 1024)
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "32K", site=family.path("a"))
+    assert r.code == 1, r
+    assert "full" in r.err and "no partial packet" in r.err
+    assert [f for f in _spk_files(usb) if not f.endswith(".tmp")] == []
+    assert [f for f in _spk_files(usb) if f.endswith(".tmp")] == []
+    with family.open("a") as s:
+        assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone()[0] == before
+        assert s.conn.execute("SELECT * FROM matrix ORDER BY 1, 2").fetchall() == matrix_before
+    monkeypatch.undo()
+    # With room again the same export works and the peer converges.
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "32K", site=family.path("a"),
+            json_mode=True)
+    assert r.code == 0 and len(r.json["packets"]) >= 2
+    assert all(p["bytes"] <= 32 * 1024 for p in r.json["packets"])
+    assert run("import", usb, site=family.path("b")).code == 0
+    assert family.digest("a") == family.digest("b")
+
+
+def test_one_stick_serves_several_sites(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=1)
+    family.put("a", "c", "k", 1)
+    stick = tmp_path / "stick"
+    assert run("export", "--all", "--out", stick, site=family.path("a")).code == 0
+    files = _spk_files(stick)
+    assert any(f.startswith("b/a/") for f in files) and any(f.startswith("c/a/") for f in files)
+    for site in ("b", "c"):
+        r = run("import", stick, site=family.path(site), json_mode=True)
+        assert r.code == 0 and len(r.json["applied"]) == 1, r
+        assert all(p.startswith(str(stick / site)) for p in r.json["applied"])
+    assert family.digest("a") == family.digest("b") == family.digest("c")
