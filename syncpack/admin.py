@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from . import codec, planning
 from .conflict import Version
 from .csn import CSN_LEN, pack_csn
 from .errors import LoadError, PacketError, UsageError
-from .site import SYS_PREFIX, Site, check_collection
+from .site import Site, check_collection
 from .sync import (believed, check_signature, find_packet_files, link, matrix, open_packet,
-                   waiting_gaps, _ranges_from_blob)
-
+                   _ranges_from_blob)
 
 def lsepoch(site: Site) -> dict:
     peers = {}
@@ -25,7 +23,6 @@ def lsepoch(site: Site) -> dict:
         peers[m.name] = {"sent": site.named(sent), "acked": site.named(acked)}
     return {"site": site.name, "family": site.family_name,
             "vector": site.named(site.vector()), "peers": peers}
-
 
 def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
     m = site.member_named(peer)
@@ -58,13 +55,11 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
             raise
     return lsepoch(site)
 
-
 def _origin_by_name(site: Site, name: str) -> bytes:
     for o, n in site.names().items():
         if n == name:
             return o
     raise UsageError(f"no origin named {name!r}")
-
 
 def status(site: Site) -> dict:
     vec = site.vector()
@@ -99,13 +94,11 @@ def status(site: Site) -> dict:
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec)}
 
-
 def digest(site: Site) -> dict:
     d, n = site.digest()
     # Zero entries are left out: a site that never wrote lists itself at 0, others omit it.
     return {"digest": d, "records": n,
             "vector": site.named({o: e for o, e in site.vector().items() if e})}
-
 
 def load(site: Site, path: str | os.PathLike) -> dict:
     """JSON lines, all in one transaction; a bad line rejects the whole file."""
@@ -156,7 +149,6 @@ def load(site: Site, path: str | os.PathLike) -> dict:
     return {"loaded": len(items), "puts": sum(1 for i in items if not i[3]),
             "deletes": sum(1 for i in items if i[3])}
 
-
 def fsck(site: Site) -> dict:
     """Check the store's invariants; returns {"ok", "problems", ...}."""
     c = site.conn
@@ -198,7 +190,6 @@ def fsck(site: Site) -> dict:
         raise
     return {"ok": not problems, "problems": problems,
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
-
 
 def _replay_check(site: Site) -> list[str]:
     """Record state must equal a replay of the changelog on top of the snapshot base."""
@@ -242,7 +233,6 @@ def _replay_check(site: Site) -> list[str]:
             problems.append(f"... and {len(diff) - 10} more records differ")
     return problems
 
-
 def lspacket(paths: list[str], site: Site | None = None) -> dict:
     out = []
     errors = []
@@ -278,7 +268,6 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
         finally:
             pk.close()
     return {"packets": out, "errors": errors}
-
 
 def conflict_versions(site: Site, vs: list[Version]) -> list[dict]:
     names = site.names()

@@ -154,7 +154,7 @@ class LogLocation:
             self.fs.delete_file(self.path(rel))
         except FileNotFoundError:
             pass
-        except OSError as e:
+        except OSError:
             if not (self.local and not os.path.exists(self.path(rel))):
                 raise
 

@@ -87,6 +87,71 @@ def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
         yield txn
 
 
+class PartSeries:
+    """The consecutive parts of one export (or snapshot) to one peer.
+
+    Each part is opened under a temporary name, its body streamed within the size budget and
+    finished with its own header, then committed under its final name.  On failure
+    :meth:`abort` removes every file of the series: an export that did not finish is not
+    recorded, so its finished parts go too and the next export writes the same ranges again."""
+
+    def __init__(self, template: Header, sign: Callable[[bytes], bytes], max_size: int,
+                 opener: Opener, seed: bytes | None = None, seal_to: bytes | None = None):
+        self.template, self.sign, self.opener = template, sign, opener
+        self.seed, self.seal_to, self.max_size = seed, seal_to, max_size
+        self.origins = template.origin_table()
+        self.budget = (max_size - codec.framing_overhead()
+                       - codec.header_reserve(template, self.origins))
+        if self.budget < 1024:
+            raise ExportError(f"--max-size {max_size} leaves no room for a body next to a "
+                              f"header for {len(self.origins)} origins")
+        self.parts: list[PartInfo] = []
+        self.part = -1
+        self._open()
+
+    def _open(self) -> None:
+        self.part += 1
+        t = self.template
+        self.f, self._commit = self.opener(self.part)
+        codec.start_packet(self.f)
+        self.pid = packet_id(self.seed, t.sender, t.recipient, t.seq, self.part)
+        self.body = codec.BodyWriter(self.f, self.budget,
+                                     sealer=sealer_for(self.seal_to, self.pid, self.seed))
+        self.count = 0
+
+    def fits(self, n: int) -> bool:
+        return self.body.would_fit(n)
+
+    def write(self, raw: bytes, items: int) -> None:
+        self.body.write(raw, items)
+        self.count += items
+
+    def too_big(self, n: int, what: str) -> ExportError:
+        return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
+                           f"{self.max_size} allows")
+
+    def finish(self, final: bool, **fields) -> PartInfo:
+        length, digest = self.body.finish()
+        hdr = replace(self.template, part=self.part, final=final, packet_id=self.pid,
+                      count=self.count, body_len=length, body_hash=digest,
+                      **sealed_fields(self.template, self.body), **fields)
+        size = codec.finish_packet(self.f, hdr, self.origins, self.sign)
+        info = PartInfo(self._commit(True), hdr, size)
+        self.parts.append(info)
+        return info
+
+    def cut(self, **fields) -> None:
+        """Finish this part (not the last) and open the next."""
+        self.finish(False, **fields)
+        self._open()
+
+    def abort(self) -> None:
+        if not self.parts or self.parts[-1].header.part != self.part:
+            self._commit(False)
+        for p in self.parts:
+            p.path.unlink(missing_ok=True)
+
+
 def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[bytes], bytes],
                          max_size: int, opener: Opener, seed: bytes | None = None,
                          progress: Callable[[int], None] | None = None,
@@ -97,43 +162,29 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
     durable under its final name and returns that name (or discards it when ``ok`` is false).
     The template gives every header field except the per-part ones.  With ``seal_to`` (the
     recipient's X25519 public key) every body is sealed so only the recipient can read it."""
-    origins = template.origin_table()
-    ix = {o: i for i, o in enumerate(origins)}
-    budget = max_size - codec.framing_overhead() - codec.header_reserve(template, origins)
-    if budget < 1024:
-        raise ExportError(f"--max-size {max_size} leaves no room for ops with "
-                          f"{len(origins)} origins in the header")
-    parts: list[PartInfo] = []
-    state: dict = {}
+    series = PartSeries(template, sign, max_size, opener, seed, seal_to)
+    ix = {o: i for i, o in enumerate(series.origins)}
     # CSN of the op just below each part's range, per origin: the receiver checks it against
     # its own op of that epoch, so a range never lands on a history it does not continue.
     carry: dict[bytes, bytes] = dict(template.anchors)
+    state: dict = {}
 
-    def start(part: int) -> None:
-        f, commit = opener(part)
-        codec.start_packet(f)
-        pid = packet_id(seed, template.sender, template.recipient, template.seq, part)
-        state.update(f=f, commit=commit, part=part, pid=pid, anchors=dict(carry),
-                     body=codec.BodyWriter(f, budget, sealer=sealer_for(seal_to, pid, seed)),
-                     enc=codec.OpEncoder(ix), ranges={}, hlc_max=0, n=0)
+    def begin_part() -> None:
+        state.update(enc=codec.OpEncoder(ix), ranges={}, hlc_max=0, anchors=dict(carry))
 
-    def finish(final: bool) -> None:
-        f, body = state["f"], state["body"]
-        length, digest = body.finish()
+    def fields() -> dict:
         ranges = dict(state["ranges"])
-        anchors = {o: state["anchors"][o] for o, (lo, _hi) in ranges.items()
-                   if lo > 0 and o in state["anchors"]}
-        hdr = replace(template, part=state["part"], final=final, packet_id=state["pid"],
-                      ranges=ranges, anchors=anchors, count=state["n"],
-                      hlc_max=state["hlc_max"], body_len=length, body_hash=digest,
-                      **sealed_fields(template, body))
-        size = codec.finish_packet(f, hdr, origins, sign)
-        path = state["commit"](True)
-        parts.append(PartInfo(path, hdr, size))
+        return {"ranges": ranges, "hlc_max": state["hlc_max"],
+                "anchors": {o: state["anchors"][o] for o, (lo, _hi) in ranges.items()
+                            if lo > 0 and o in state["anchors"]}}
+
+    def cut() -> None:
+        series.cut(**fields())
+        begin_part()
 
     def add(op_list: list[Op], raw: bytes) -> None:
-        body, ranges = state["body"], state["ranges"]
-        body.write(raw, len(op_list))
+        series.write(raw, len(op_list))
+        ranges = state["ranges"]
         # A transaction has one origin and consecutive epochs.
         first, last = op_list[0], op_list[-1]
         lo_hi = ranges.get(first.origin)
@@ -142,52 +193,43 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
         # ops ascend by CSN, so the last op carries the highest clock
         if last.hlc > state["hlc_max"]:
             state["hlc_max"] = last.hlc
-        state["n"] += len(op_list)
         if progress:
             progress(len(op_list))
 
     def encode(op_list: list[Op]) -> bytes:
         return state["enc"].encode_many(op_list)
 
-    start(0)
+    begin_part()
     try:
         for txn in _txns(ops):
             before = state["enc"].hlc
             raw = encode(txn)
-            if state["body"].would_fit(len(raw)):
+            if series.fits(len(raw)):
                 add(txn, raw)
                 continue
             state["enc"].hlc = before
-            if state["n"]:
-                finish(False)
-                start(state["part"] + 1)
+            if series.count:
+                cut()
                 raw = encode(txn)
-                if state["body"].would_fit(len(raw)):
+                if series.fits(len(raw)):
                     add(txn, raw)
                     continue
                 state["enc"].hlc = 0
             # One transaction alone is larger than a packet: split it op by op.
             for op in txn:
                 raw = encode([op])
-                if not state["body"].would_fit(len(raw)):
-                    if state["n"]:
-                        finish(False)
-                        start(state["part"] + 1)
+                if not series.fits(len(raw)):
+                    if series.count:
+                        cut()
                         raw = encode([op])
-                    if not state["body"].would_fit(len(raw)):
-                        raise ExportError(f"one op ({len(raw)} bytes) is larger than "
-                                          f"--max-size {max_size} allows")
+                    if not series.fits(len(raw)):
+                        raise series.too_big(len(raw), "op")
                 add([op], raw)
-        finish(True)
+        series.finish(True, **fields())
     except BaseException:
-        if "commit" in state and (not parts or parts[-1].header.part != state["part"]):
-            state["commit"](False)
-        # An export that did not finish is not recorded, so its finished parts go too: the
-        # next export writes the same ranges again.
-        for p in parts:
-            p.path.unlink(missing_ok=True)
+        series.abort()
         raise
-    return parts
+    return series.parts
 
 
 def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:

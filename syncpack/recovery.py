@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import codec, keys
-from .csn import hlc_ms, pack_csn
-from .errors import PacketBodyError, PacketError, PacketFormatError, SyncpackError, UsageError
+from .csn import pack_csn
+from .errors import PacketBodyError, UsageError
 from .packets import DEFAULT_MAX_SIZE
 from .site import ROSTER, Site, wall_ms
 

@@ -10,26 +10,19 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from dataclasses import dataclass
+
 from pathlib import Path
 from typing import Callable
 
 from . import codec, keys
 from .codec import Header
 from .errors import PacketBodyError, PacketError, PacketFormatError, PacketSignatureError, SiteError, UsageError
-from .packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, atomic_opener, packet_id, sealed_fields,
-                      sealer_for)
+from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, PartSeries, atomic_opener
 from .site import FAMILY, FAMILY_KEY, ROSTER, Member, Site, wall_ms
 from .sync import (_ensure_link, _raise_matrix, _vec_blob, check_signature, find_packet_files,
                    link, open_packet, packet_dir)
 
-
-@dataclass
-class SnapshotPart:
-    path: Path
-    header: Header
-    size: int
-
+SnapshotPart = PartInfo
 
 def _check_record_origin(rec, vector: dict[bytes, int], me: bytes | None) -> None:
     """Every version in a snapshot comes from an origin the snapshot's vector covers."""
@@ -37,7 +30,6 @@ def _check_record_origin(rec, vector: dict[bytes, int], me: bytes | None) -> Non
     if vector.get(origin, 0) <= 0 and origin != me:
         raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
                               f"origin its vector does not cover")
-
 
 def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: Path,
                    max_size: int, seed: bytes | None = None, now_ms: int | None = None,
@@ -53,7 +45,6 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     sign = keys.load_signing_key(site.path).sign
     conn = site.conn
     conn.execute("BEGIN")
-    parts: list[SnapshotPart] = []
     try:
         vec = {o: e for o, e in site.vector().items() if e}
         roster = [{"name": m.name, "id": m.site_id, "ed25519": m.ed25519, "x25519": m.x25519,
@@ -63,54 +54,28 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
         tmpl = Header(kind=codec.KIND_SNAPSHOT, family=site.family_id, sender=site.site_id,
                       recipient=recipient, packet_id=b"", seq=seq, part=0, final=False,
                       created_ms=now, vector=vec, roster=roster, hlc_max=hlc)
-        origins = tmpl.origin_table()
-        budget = max_size - codec.framing_overhead() - codec.header_reserve(tmpl, origins)
-        if budget < 1024:
-            raise UsageError(f"--max-size {max_size} is too small for a snapshot header")
         d = packet_dir(out_dir, site.name, recipient_name)
         opener = atomic_opener(d, lambda part: f"{seq:010d}-{part:04d}.snapshot{PACKET_SUFFIX}")
-        state: dict = {}
-
-        def start(part: int):
-            f, commit = opener(part)
-            codec.start_packet(f)
-            pid = packet_id(seed, site.site_id, recipient, seq, part)
-            state.update(f=f, commit=commit, part=part, pid=pid, n=0,
-                         body=codec.BodyWriter(f, budget, sealer=sealer_for(seal_to, pid, seed)))
-
-        def finish(final: bool):
-            length, digest = state["body"].finish()
-            h = Header(**{**tmpl.__dict__, "part": state["part"], "final": final,
-                          "packet_id": state["pid"], "count": state["n"], "body_len": length,
-                          "body_hash": digest, **sealed_fields(tmpl, state["body"])})
-            size = codec.finish_packet(state["f"], h, origins, sign)
-            parts.append(SnapshotPart(state["commit"](True), h, size))
-
-        start(0)
+        series = PartSeries(tmpl, sign, max_size, opener, seed, seal_to)
         try:
             for rec in site.iter_versions():
                 raw = codec.encode_record(rec)
-                if not state["body"].would_fit(len(raw)):
-                    if state["n"]:
-                        finish(False)
-                        start(state["part"] + 1)
-                    if not state["body"].would_fit(len(raw)):
-                        raise UsageError(f"one record ({len(raw)} bytes) is larger than "
-                                         f"--max-size {max_size} allows")
-                state["body"].write(raw)
-                state["n"] += 1
+                if not series.fits(len(raw)):
+                    if series.count:
+                        series.cut()
+                    if not series.fits(len(raw)):
+                        raise series.too_big(len(raw), "record")
+                series.write(raw, 1)
                 if progress:
                     progress(1)
-            finish(True)
+            series.finish(True)
         except BaseException:
-            if not parts or parts[-1].header.part != state["part"]:
-                state["commit"](False)
+            series.abort()
             raise
+        parts = series.parts
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
-        for p in parts:
-            p.path.unlink(missing_ok=True)
         raise
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -128,7 +93,6 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
         conn.execute("ROLLBACK")
         raise
     return parts
-
 
 def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: str | os.PathLike,
                      priority: int = 0, max_size: int = DEFAULT_MAX_SIZE,
@@ -158,7 +122,6 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
         seal = ident.x25519 if (encrypt or site.requires_sealing()) else None
         return write_snapshot(site, ident.site_id, name, Path(out_dir), max_size, seed,
                               progress=progress, seal_to=seal)
-
 
 def mkreplica_import(site: Site, paths: list[str | os.PathLike],
                      progress: Callable[[int], None] | None = None) -> Site:
@@ -214,7 +177,6 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
     site.invalidate()
     return site
 
-
 def _verify_snapshot(pk, first: Header, site: Site, me: keys.PublicIdentity) -> None:
     h = pk.header
     if (h.family, h.sender, h.seq, h.vector) != (first.family, first.sender, first.seq,
@@ -230,7 +192,6 @@ def _verify_snapshot(pk, first: Header, site: Site, me: keys.PublicIdentity) -> 
         raise PacketSignatureError("snapshot signature does not verify with its sender's key")
     if not codec.body_hash_matches(pk.f, pk.env):
         raise PacketBodyError("snapshot body does not match the hash in its signed header")
-
 
 def _seed(site: Site, pks: list, progress) -> None:
     first = pks[0].header
