@@ -12,27 +12,7 @@ mkdir -p "$DEMO"
 cd "$DEMO"
 say() { printf '\n== %s\n' "$*"; }
 
-say "the family: boston_hub founds it, adds sanfran_hub and bangalore"
-$SP -q init boston_hub --family parts --site boston_hub
-$SP -q keygen sanfran_hub --site sanfran_hub
-$SP -q keygen bangalore --site bangalore
-$SP -q --site boston_hub mkreplica export --site sanfran_hub \
-    --pubkey sanfran_hub/keys/site.pub --out usb --priority 2 >/dev/null
-$SP -q --site sanfran_hub mkreplica import usb
-$SP -q --site boston_hub mkreplica export --site bangalore \
-    --pubkey bangalore/keys/site.pub --out usb --priority 1 >/dev/null
-$SP -q --site bangalore mkreplica import usb
-rm -rf usb
-
-say "each site works on its own"
-for i in $(seq 1 20); do
-  echo "{\"collection\": \"parts\", \"key\": \"b-$i\", \"value\": {\"qty\": $i, \"site\": \"boston\"}}"
-done > boston.jsonl
-$SP --site boston_hub load boston.jsonl
-$SP --site sanfran_hub put parts s-1 '{"qty": 7, "site": "sanfran"}'
-$SP --site sanfran_hub put parts b-3 '{"qty": 300, "site": "sanfran"}'
-$SP --site bangalore put parts g-1 '{"qty": 1, "site": "bangalore"}'
-$SP --site bangalore delete parts b-5
+SP="$SP -q" source "$HERE/family.sh"
 
 say "the batch configs (samples/batch/*.toml), the shared media directory, a log directory"
 mkdir -p batch media logs

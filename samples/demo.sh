@@ -2,6 +2,7 @@
 # A demo family: boston_hub, sanfran_hub and bangalore, synchronised through a directory that
 # stands in for a USB stick.  Run from anywhere; everything goes under $DEMO (default ./demo).
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DEMO="${DEMO:-demo}"
 SP="${SYNCPACK:-syncpack}"
 rm -rf "$DEMO"
@@ -9,28 +10,7 @@ mkdir -p "$DEMO"
 cd "$DEMO"
 say() { printf '\n== %s\n' "$*"; }
 
-say "boston_hub founds the family 'parts'"
-$SP init boston_hub --family parts --site boston_hub
-say "sanfran_hub and bangalore make their key pairs; boston_hub adds them"
-$SP keygen sanfran_hub --site sanfran_hub
-$SP keygen bangalore --site bangalore
-$SP --site boston_hub mkreplica export --site sanfran_hub \
-    --pubkey sanfran_hub/keys/site.pub --out usb --priority 2
-$SP --site sanfran_hub mkreplica import usb
-$SP --site boston_hub mkreplica export --site bangalore \
-    --pubkey bangalore/keys/site.pub --out usb --priority 1
-$SP --site bangalore mkreplica import usb
-rm -rf usb
-
-say "each site works on its own"
-for i in $(seq 1 20); do
-  echo "{\"collection\": \"parts\", \"key\": \"b-$i\", \"value\": {\"qty\": $i, \"site\": \"boston\"}}"
-done > boston.jsonl
-$SP --site boston_hub load boston.jsonl
-$SP --site sanfran_hub put parts s-1 '{"qty": 7, "site": "sanfran"}'
-$SP --site sanfran_hub put parts b-3 '{"qty": 300, "site": "sanfran"}'
-$SP --site bangalore put parts g-1 '{"qty": 1, "site": "bangalore"}'
-$SP --site bangalore delete parts b-5
+source "$HERE/family.sh"
 
 say "round 1: every site exports to every other onto the stick; the stick travels; imports"
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s export --all --out usb; done
