@@ -431,12 +431,22 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
                                              master=spark_master, log_dir=log_dir,
                                              progress=tick, encrypt=encrypt)
         else:
+            # With --all, a peer that needs a resync does not hold back the others' packets.
+            failed = [] if all_peers else None
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
-                               encrypt=encrypt)
-    obj.emit({"packets": [p.to_json() for p in pkts]},
-             "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
-    if not pkts:
+                               encrypt=encrypt, failed=failed)
+    failed = failed if engine != "spark" and failed else []
+    doc = {"packets": [p.to_json() for p in pkts]}
+    if failed:
+        doc["failed"] = [{"to": e.peer, "error": e.message, "hint": e.hint} for e in failed]
+    obj.emit(doc, "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
+    if not pkts and not failed:
         obj.say("nothing to send: every peer already holds our changes and our vector")
+    for e in failed:
+        click.echo(f"error: {e.message}", err=True)
+        click.echo(f"hint: {e.hint}", err=True)
+    if failed:
+        sys.exit(1)
 
 
 @cli.command("import")

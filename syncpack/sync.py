@@ -179,8 +179,11 @@ def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]
     return heapq.merge(*its, key=lambda op: (op.hlc, op.origin, op.seq))
 
 
-def plan_exports(site: Site, peers: list[bytes], now_ms: int) -> list[PeerPlan]:
-    """Inside a read snapshot: what each peer lacks, and the header it will get."""
+def plan_exports(site: Site, peers: list[bytes], now_ms: int,
+                 failed: list[ScrubbedError] | None = None) -> list[PeerPlan]:
+    """Inside a read snapshot: what each peer lacks, and the header it will get.  A peer below
+    our changelog floor raises :class:`ScrubbedError`, or with ``failed`` is left out and its
+    error collected, so one stale peer does not stop the packets for the others."""
     vec = site.vector()
     floor = site.floors()
     seeded = {o: e for o, e in site.conn.execute("SELECT origin, seeded FROM vector")}
@@ -192,11 +195,15 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int) -> list[PeerPlan]:
         try:
             ranges = planning.plan_ranges(vec, peer, bel, reported, floor, seeded, site.site_id)
         except planning.BelowFloor as e:
-            raise ScrubbedError(
+            err = ScrubbedError(
                 f"peer {name} needs epoch {e.needed} of {site.name_of(e.origin)}, but this "
                 f"site's changelog starts at epoch {e.floor}",
-                hint=f"send {name} a snapshot instead: 'syncpack resync --to {name} --out DIR'"
-            ) from None
+                hint=f"send {name} a snapshot instead: 'syncpack resync --to {name} --out DIR'")
+            err.peer = name
+            if failed is None:
+                raise err from None
+            failed.append(err)
+            continue
         lk = link(site, peer)
         sent, acked = matrix(site, peer)
         unconfirmed = any(e > acked.get(o, 0) for o, e in sent.items())
@@ -250,7 +257,10 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
            all_peers: bool = False, max_size: int = DEFAULT_MAX_SIZE,
            seed: bytes | None = None, now_ms: int | None = None,
            progress: Callable[[int], None] | None = None,
-           encrypt: bool = False) -> list[ExportedPacket]:
+           encrypt: bool = False,
+           failed: list[ScrubbedError] | None = None) -> list[ExportedPacket]:
+    """Write packets for the named peers (or all).  With ``failed``, peers that need a resync
+    are reported there and the others still get their packets."""
     out = Path(out_dir)
     if not to and not all_peers:
         raise UsageError("name the peers with --to PEER (repeatable) or use --all")
@@ -262,7 +272,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         conn = site.conn
         conn.execute("BEGIN")  # one read snapshot for plan and ops alike
         try:
-            plans = plan_exports(site, peers, now)
+            plans = plan_exports(site, peers, now, failed)
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
                 opener = atomic_opener(d, lambda part, s=plan.template.seq:

@@ -90,3 +90,31 @@ def test_one_stick_serves_several_sites(family, tmp_path):
         assert r.code == 0 and len(r.json["applied"]) == 1, r
         assert all(p.startswith(str(stick / site)) for p in r.json["applied"])
     assert family.digest("a") == family.digest("b") == family.digest("c")
+
+
+def test_export_all_still_serves_the_others_when_one_peer_needs_a_resync(family, tmp_path):
+    import shutil
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=2)
+    backup = tmp_path / "c-backup"
+    shutil.copytree(family.path("c"), backup)
+    family.put("a", "col", "k1", 1)
+    family.full_exchange(rounds=3)
+    assert run("scrub", site=family.path("a")).code == 0
+    shutil.rmtree(family.path("c"))
+    shutil.copytree(backup, family.path("c"))
+    family.put("c", "col", "from-c", 1)   # c reports being behind on a's ops
+    family.sync("c", "a")
+    family.put("a", "col", "k2", 2)
+    out = tmp_path / "all"
+    r = run("export", "--all", "--out", out, site=family.path("a"), json_mode=True)
+    assert r.code == 1, r
+    doc = r.json
+    assert [p["to"] for p in doc["packets"]] == ["b"]
+    assert [f["to"] for f in doc["failed"]] == ["c"] and "resync" in doc["failed"][0]["hint"]
+    assert "error: peer c needs epoch" in r.err
+    assert run("import", out, site=family.path("b")).code == 0
+    with family.open("b") as s:
+        assert s.get("col", "k2") == 2
