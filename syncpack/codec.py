@@ -452,6 +452,10 @@ def _bad(msg: str) -> PacketBodyError:
     return PacketBodyError(f"malformed op stream: {msg}")
 
 
+_OP_SHAPES = frozenset({(int, int, int, str, str, bytes, bytes),
+                        (int, int, int, str, str, type(None), bytes)})
+
+
 def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
     """Ops of an update packet in the order sent, checked against the header's ranges.
 
@@ -464,21 +468,18 @@ def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
     hlc = 0
     last = (-1, b"", 0)   # CSN order is (hlc, origin, seq) order: compare without packing
     n = 0
+    n_origins = len(origins)
     for obj in _decoded_stream(f, env, unsealer):
-        if not (isinstance(obj, list) and len(obj) == 7):
-            raise _bad("an op is not a 7-element array")
+        # One C-level look at all seven field types; ranges are checked below.
+        if type(obj) is not list or tuple(map(type, obj)) not in _OP_SHAPES:
+            raise _bad("an op is not [int, int, int, str, str, bin|nil, bin]")
         oi, dh, seq, coll, key, val, repl = obj
-        if not (type(oi) is int and 0 <= oi < len(origins)):
+        if not 0 <= oi < n_origins:
             raise _bad("origin index out of range")
-        if not (type(dh) is int and dh >= 0 and type(seq) is int and 0 <= seq < (1 << 32)):
+        if dh < 0 or not 0 <= seq < (1 << 32):
             raise _bad("bad clock fields")
-        if not (isinstance(coll, str) and isinstance(key, str)):
-            raise _bad("collection and key must be strings")
-        if not (val is None or isinstance(val, bytes)):
-            raise _bad("value must be bytes or nil")
         # a CSN's clock is stored as a signed 64-bit SQLite INTEGER: its top bit is clear
-        if not (isinstance(repl, bytes) and len(repl) % CSN_LEN == 0
-                and all(b < 0x80 for b in repl[::CSN_LEN])):
+        if repl and (len(repl) % CSN_LEN or any(b >= 0x80 for b in repl[::CSN_LEN])):
             raise _bad("replaced versions must be whole CSNs")
         hlc += dh
         if hlc > hdr.hlc_max:
