@@ -14,6 +14,7 @@ from .site import Site, check_collection
 from .sync import (believed, check_signature, find_packet_files, link, matrix, open_packet,
                    _ranges_from_blob)
 
+
 def lsepoch(site: Site) -> dict:
     peers = {}
     for m in sorted(site.members_by_id().values(), key=lambda m: m.name):
@@ -23,6 +24,7 @@ def lsepoch(site: Site) -> dict:
         peers[m.name] = {"sent": site.named(sent), "acked": site.named(acked)}
     return {"site": site.name, "family": site.family_name,
             "vector": site.named(site.vector()), "peers": peers}
+
 
 def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
     m = site.member_named(peer)
@@ -55,11 +57,13 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
             raise
     return lsepoch(site)
 
+
 def _origin_by_name(site: Site, name: str) -> bytes:
     for o, n in site.names().items():
         if n == name:
             return o
     raise UsageError(f"no origin named {name!r}")
+
 
 def status(site: Site) -> dict:
     vec = site.vector()
@@ -94,11 +98,13 @@ def status(site: Site) -> dict:
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec)}
 
+
 def digest(site: Site) -> dict:
     d, n = site.digest()
     # Zero entries are left out: a site that never wrote lists itself at 0, others omit it.
     return {"digest": d, "records": n,
             "vector": site.named({o: e for o, e in site.vector().items() if e})}
+
 
 def load(site: Site, path: str | os.PathLike) -> dict:
     """JSON lines, all in one transaction; a bad line rejects the whole file."""
@@ -149,6 +155,7 @@ def load(site: Site, path: str | os.PathLike) -> dict:
     return {"loaded": len(items), "puts": sum(1 for i in items if not i[3]),
             "deletes": sum(1 for i in items if i[3])}
 
+
 def fsck(site: Site) -> dict:
     """Check the store's invariants; returns {"ok", "problems", ...}."""
     c = site.conn
@@ -190,6 +197,7 @@ def fsck(site: Site) -> dict:
         raise
     return {"ok": not problems, "problems": problems,
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
+
 
 def _replay_check(site: Site) -> list[str]:
     """Record state must equal a replay of the changelog on top of the snapshot base."""
@@ -233,6 +241,7 @@ def _replay_check(site: Site) -> list[str]:
             problems.append(f"... and {len(diff) - 10} more records differ")
     return problems
 
+
 def lspacket(paths: list[str], site: Site | None = None) -> dict:
     out = []
     errors = []
@@ -268,6 +277,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
         finally:
             pk.close()
     return {"packets": out, "errors": errors}
+
 
 def conflict_versions(site: Site, vs: list[Version]) -> list[dict]:
     names = site.names()

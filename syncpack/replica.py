@@ -24,12 +24,14 @@ from .sync import (_ensure_link, _raise_matrix, _vec_blob, check_signature, find
 
 SnapshotPart = PartInfo
 
+
 def _check_record_origin(rec, vector: dict[bytes, int], me: bytes | None) -> None:
     """Every version in a snapshot comes from an origin the snapshot's vector covers."""
     origin = rec.csn[8:16]
     if vector.get(origin, 0) <= 0 and origin != me:
         raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
                               f"origin its vector does not cover")
+
 
 def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: Path,
                    max_size: int, seed: bytes | None = None, now_ms: int | None = None,
@@ -94,6 +96,7 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
         raise
     return parts
 
+
 def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: str | os.PathLike,
                      priority: int = 0, max_size: int = DEFAULT_MAX_SIZE,
                      seed: bytes | None = None, progress=None,
@@ -122,6 +125,7 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
         seal = ident.x25519 if (encrypt or site.requires_sealing()) else None
         return write_snapshot(site, ident.site_id, name, Path(out_dir), max_size, seed,
                               progress=progress, seal_to=seal)
+
 
 def mkreplica_import(site: Site, paths: list[str | os.PathLike],
                      progress: Callable[[int], None] | None = None) -> Site:
@@ -177,6 +181,7 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
     site.invalidate()
     return site
 
+
 def _verify_snapshot(pk, first: Header, site: Site, me: keys.PublicIdentity) -> None:
     h = pk.header
     if (h.family, h.sender, h.seq, h.vector) != (first.family, first.sender, first.seq,
@@ -192,6 +197,7 @@ def _verify_snapshot(pk, first: Header, site: Site, me: keys.PublicIdentity) -> 
         raise PacketSignatureError("snapshot signature does not verify with its sender's key")
     if not codec.body_hash_matches(pk.f, pk.env):
         raise PacketBodyError("snapshot body does not match the hash in its signed header")
+
 
 def _seed(site: Site, pks: list, progress) -> None:
     first = pks[0].header

@@ -636,7 +636,6 @@ def test_scrub_never_trims_what_a_member_does_not_hold(steps):
     more scrubs) converge."""
     with tempfile.TemporaryDirectory() as tmp:
         fam = _fresh_three_sites(Path(tmp) / "fam")
-        ids = {n: site_id(fam, n) for n in NAMES}
         held: list[tuple[str, Path]] = []
         n = 0
 

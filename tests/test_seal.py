@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from conftest import run
 from syncpack import codec, keys, sync
-from syncpack.errors import PacketSealError, PacketPolicyError
+from syncpack.errors import PacketSealError
 from syncpack.site import Site
 
 
@@ -74,7 +72,7 @@ def test_resigned_tampered_ciphertext_fails_authentication(trio, tmp_path):
     """A member re-signs a header over altered ciphertext: the hash and signature pass, the
     AEAD does not."""
     (p,) = _export_sealed(trio, "a", "b")
-    import hashlib, os, struct
+    import hashlib
     raw = bytearray(open(p, "rb").read())
     with open(p, "rb") as f:
         env = codec.read_envelope(f, len(raw))

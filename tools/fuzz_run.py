@@ -44,7 +44,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 import test_fuzz as tf  # noqa: E402  (the harness helpers and the world)
 
 from syncpack import admin, codec, sync  # noqa: E402
-from syncpack.errors import PacketError  # noqa: E402
 from syncpack.site import Site  # noqa: E402
 
 INTERESTING = [0, 1, 2, 0x7F, 0x80, 0xFF, 0xC0, 0xC1, 0xC2, 0xC3, 0xC4, 0xC6, 0xCF, 0xD3,
