@@ -186,7 +186,9 @@ def keygen(obj: Ctx, directory, site_name):
       syncpack keygen /srv/sanfran --site sanfran_hub
     """
     s, pub = Site.keygen(directory, site_name)
-    obj.emit({"site": s.name, "public_key": str(pub)}, str(pub))
+    # Absolute, so the path still works from whatever directory the next command runs in.
+    pub_path = os.path.abspath(pub)
+    obj.emit({"site": s.name, "public_key": pub_path}, pub_path)
 
 
 @cli.group(cls=Group)
