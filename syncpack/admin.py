@@ -11,8 +11,8 @@ from .conflict import Version
 from .csn import CSN_LEN, pack_csn
 from .errors import LoadError, PacketError, UsageError
 from .site import Site, check_collection
-from .sync import (believed, check_signature, find_packet_files, link, matrix, open_packet,
-                   _ranges_from_blob)
+from .matrix import believed, link, matrix, ranges_from_blob
+from .verify import find_packet_files, open_packet, printable, signature_state
 
 
 def lsepoch(site: Site) -> dict:
@@ -87,7 +87,7 @@ def status(site: Site) -> dict:
                        "part": part, "path": origin_path,
                        # stored at parking time; narrowed to what is still missing now
                        "waiting_for": {site.name_of(o): [max(lo, vec.get(o, 0)), hi]
-                                       for o, (lo, hi) in sorted(_ranges_from_blob(w).items())
+                                       for o, (lo, hi) in sorted(ranges_from_blob(w).items())
                                        if hi > vec.get(o, 0)}})
     conflicts = site.conn.execute(
         "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
@@ -243,6 +243,8 @@ def _replay_check(site: Site) -> list[str]:
 
 
 def lspacket(paths: list[str], site: Site | None = None) -> dict:
+    """Describe packets without applying them; with a joined site, the signature is checked
+    by the same code the verifier uses."""
     out = []
     errors = []
     for path, named in find_packet_files(paths):
@@ -250,23 +252,17 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
             pk = open_packet(path)
         except PacketError as e:
             if named:
-                errors.append({"path": str(path), "error": str(e)})
+                errors.append({"path": printable(path), "error": str(e)})
             continue
         try:
             h = pk.header
             names = site.names() if site else {}
-            sig = "unchecked"
-            if site is not None and site.joined and h.family == site.family_id:
-                m = site.members_by_id(include_retired=True).get(h.sender)
-                if m is not None:
-                    sig = "valid" if check_signature(pk, m.ed25519) else "invalid"
-            elif h.kind == codec.KIND_SNAPSHOT:
-                r = {m["id"]: m for m in h.roster}.get(h.sender)
-                if r is not None:
-                    sig = "valid" if check_signature(pk, r["ed25519"]) else "invalid"
-                    names = {m["id"]: m["name"] for m in h.roster}
-            nm = lambda o: names.get(o, o.hex())
-            out.append({"path": str(path), "kind": h.kind, "from": nm(h.sender),
+            if h.kind == codec.KIND_SNAPSHOT and not (site and site.joined
+                                                      and h.family == site.family_id):
+                names = {m["id"]: m["name"] for m in h.roster}
+            sig = signature_state(site, pk)
+            nm = lambda o: printable(names.get(o, o.hex()))
+            out.append({"path": printable(path), "kind": h.kind, "from": nm(h.sender),
                         "to": nm(h.recipient), "family_id": h.family.hex(),
                         "packet_id": h.packet_id.hex(), "seq": h.seq, "part": h.part,
                         "final": h.final, "created_ms": h.created_ms, "ops": h.count,

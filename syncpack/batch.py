@@ -116,6 +116,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import recovery, sync
+from .apply import is_known
+from .verify import open_packet
 from .errors import (BatchConfigError, BatchLockedError, PacketError, SiteError,
                      SyncpackError)
 from .packets import DEFAULT_MAX_SIZE, parse_size
@@ -371,14 +373,13 @@ def remove_applied(site: Site, inbox: Path, shown: list[str]) -> list[str]:
         if not p.is_file():
             continue
         try:
-            pk = sync.open_packet(p)
+            pk = open_packet(p)
         except PacketError:
             continue
         try:
             h = pk.header
             ok = (h.family == site.family_id and h.recipient == site.site_id
-                  and site.conn.execute("SELECT 1 FROM packets_in WHERE packet_id=?",
-                                        (h.packet_id,)).fetchone() is not None)
+                  and is_known(site, h))
         finally:
             pk.close()
         if ok:

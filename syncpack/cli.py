@@ -777,7 +777,7 @@ def resync(obj: Ctx, peer, out, max_size, encrypt):
     """
     s = obj.open()
     with obj.progress("snapshot") as tick:
-        parts = recovery.resync_export(s, peer, out, max_size, progress=tick, encrypt=encrypt)
+        parts = replica.resync_export(s, peer, out, max_size, progress=tick, encrypt=encrypt)
     obj.emit({"packets": [{"path": str(p.path), "to": peer, "records": p.header.count,
                            "bytes": p.size, "part": p.header.part} for p in parts]},
              "\n".join(str(p.path) for p in parts))

@@ -145,6 +145,16 @@ FEATURE_SEAL = "seal-x25519-chacha20poly1305"
 KNOWN_ADVISORY: frozenset[str] = frozenset()
 
 
+ACK_CONTEXT = b"syncpack acknowledgement v1\x00"
+
+
+def ack_signed_bytes(family: bytes, member: bytes, created_ms: int,
+                     vector: dict[bytes, int]) -> bytes:
+    """What a member signs to acknowledge its vector; relays pass the signature on as is."""
+    return (ACK_CONTEXT + family + member + created_ms.to_bytes(8, "big")
+            + packb(sorted([o, e] for o, e in vector.items() if e)))
+
+
 def signed_bytes(version: int, header_bytes: bytes) -> bytes:
     """What the signature covers: the version byte and the header, which holds the body hash."""
     return SIGNING_CONTEXT + _PREFIX.pack(MAGIC, version) + header_bytes
@@ -178,7 +188,12 @@ class Header:
                                            # own origin the sender holds
     anchors: dict[bytes, bytes] = field(default_factory=dict)  # origin -> CSN at range's lo
     reply: bool = False        # the sender has unconfirmed changes: answer even if idle
-    ack_set: bytes = b""       # hash of the member set ack_floor was computed over
+    recovering: bool = False   # the sender waits for its own ops after a restore: answer it
+    ack_set: bytes = b""       # obsolete (format 1.0 gossip): parsed, never believed
+    # Signed acknowledgements: (member, created_ms, vector or None, signature).  The sender's
+    # own has vector None (it is the header's vector, made at the header's 'created'); the
+    # others are relayed word for word from the members that signed them.
+    acks: list[tuple[bytes, int, dict[bytes, int] | None, bytes]] = field(default_factory=list)
 
     @property
     def sealed(self) -> bool:
@@ -191,6 +206,10 @@ class Header:
         for o in list(self.vector) + list(self.ranges) + list(self.waiting) + \
                 list(self.ack_floor) + list(extra):
             seen.setdefault(o, len(seen))
+        for member, _created, vec, _sig in self.acks:
+            seen.setdefault(member, len(seen))
+            for o in vec or ():
+                seen.setdefault(o, len(seen))
         return list(seen)
 
     def to_wire(self, origins: list[bytes]) -> dict:
@@ -216,8 +235,14 @@ class Header:
             h["anchors"] = [[ix[o], c] for o, c in sorted(self.anchors.items())]
         if self.reply:
             h["reply"] = True
+        if self.recovering:
+            h["recovering"] = True
         if self.ack_set:
             h["ack_set"] = self.ack_set
+        if self.acks:
+            h["acks"] = [[ix[m], created, None if vec is None else
+                          [[ix[o], e] for o, e in sorted(vec.items())], sig]
+                         for m, created, vec, sig in self.acks]
         if self.kind == KIND_SNAPSHOT:
             h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
                            for m in self.roster]
@@ -316,9 +341,27 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
     reply = h.get("reply", False)
     _need(isinstance(reply, bool), "field 'reply' must be a boolean")
     hdr.reply = reply
+    recovering = h.get("recovering", False)
+    _need(isinstance(recovering, bool), "field 'recovering' must be a boolean")
+    hdr.recovering = recovering
     ack_set = h.get("ack_set", b"")
     _need(isinstance(ack_set, bytes) and len(ack_set) in (0, 8), "field 'ack_set'")
     hdr.ack_set = ack_set
+    acks = h.get("acks", [])
+    _need(isinstance(acks, list), "field 'acks' must be a list")
+    members: set[bytes] = set()
+    for a in acks:
+        _need(isinstance(a, list) and len(a) == 4 and type(a[0]) is int
+              and 0 <= a[0] < len(origins) and type(a[1]) is int and 0 <= a[1] < (1 << 63)
+              and (a[2] is None or isinstance(a[2], list)) and isinstance(a[3], bytes)
+              and len(a[3]) == SIG_LEN, "entries of 'acks' must be [member, created, vector, sig]")
+        m = origins[a[0]]
+        _need(m not in members, "a member acknowledged twice in 'acks'")
+        _need((a[2] is None) == (m == hdr.sender), "only the sender's own acknowledgement "
+              "takes the header's vector")
+        members.add(m)
+        vec = None if a[2] is None else _pairs({"v": a[2]}, "v", origins)
+        hdr.acks.append((m, a[1], vec, a[3]))
     if hdr.sealed:
         seal = h.get("seal")
         _need(isinstance(seal, dict) and isinstance(seal.get("epk"), bytes)
@@ -409,11 +452,13 @@ def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
     """msgpack objects of the body, unsealed, decompressed and decoded with limits."""
     from . import seal
     chunks: Iterator[bytes] = _read_body_chunks(f, env)
-    if env.header.sealed:
-        if unsealer is None:
-            raise PacketSealError("packet is sealed to its recipient; this site cannot open it")
-        chunks = seal.unseal(chunks, unsealer(env.header))
     try:
+        if env.header.sealed:
+            if unsealer is None:
+                raise PacketSealError("packet is sealed to its recipient; this site cannot "
+                                      "open it")
+            # A malformed ephemeral key (all zeros, low order) fails here: one bad packet.
+            chunks = seal.unseal(chunks, unsealer(env.header))
         d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
         u = _untrusted_unpacker(body=True)
         for chunk in chunks:

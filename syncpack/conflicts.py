@@ -15,7 +15,7 @@ from . import codec
 from .conflict import POLICIES, Version, pick
 from .csn import format_csn
 from .errors import UsageError
-from .site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, _group_versions
+from .site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, group_versions
 
 
 def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
@@ -43,7 +43,7 @@ def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
             "SELECT v.collection, v.key, v.csn, v.value FROM versions v JOIN "
             "(SELECT collection, key FROM versions GROUP BY collection, key "
             "HAVING count(*) > 1) c USING (collection, key) ORDER BY v.collection, v.key, v.csn")
-    return [_describe(site, c, k, vs) for c, k, vs in _group_versions(cur)
+    return [_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
             if collection is not None or not c.startswith(SYS_PREFIX)]
 
 
@@ -68,7 +68,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
         except ValueError as e:
             raise UsageError(str(e)) from None
     with site.transaction() as tx:
-        tx._write(collection, key, raw)   # supersedes every surviving version
+        tx.write_raw(collection, key, raw)   # supersedes every surviving version
     return {"collection": collection, "key": key,
             "value": None if raw is None else codec.decode_value(raw),
             "deleted": raw is None, "superseded": len(vs)}
@@ -101,7 +101,7 @@ def set_priority(site: Site, member: str, priority: int) -> dict:
     m = site.member_named(member)
     m.priority = priority
     with site.transaction(_system=True) as tx:
-        tx._write(ROSTER, m.name, codec.encode_value(m.to_value()))
+        tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
     return {"site": m.name, "priority": priority}
 
 
@@ -117,5 +117,5 @@ def set_family_setting(site: Site, name: str, value: Any) -> dict:
     settings = dict(site.family_settings())
     settings[name] = value
     with site.transaction(_system=True) as tx:
-        tx._write(FAMILY, FAMILY_KEY, codec.encode_value(settings))
+        tx.write_raw(FAMILY, FAMILY_KEY, codec.encode_value(settings))
     return {"family": site.family_name, "settings": settings}

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from .errors import SiteError, UsageError
+from .names import check_site_name
 
 KEY_DIR = "keys"
 SIGN_KEY = "sign.key"
@@ -112,12 +113,13 @@ def read_public_file(path: Path) -> PublicIdentity:
                                bytes.fromhex(d["ed25519"]), bytes.fromhex(d["x25519"]))
         if len(ident.site_id) != 8 or len(ident.ed25519) != 32 or len(ident.x25519) != 32:
             raise ValueError("wrong key or id length")
-        return ident
     except FileNotFoundError:
         raise UsageError(f"public key file {path} does not exist") from None
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not a syncpack public key file ({e})",
                          hint="use the file 'syncpack keygen' printed") from None
+    check_site_name(ident.site, UsageError)
+    return ident
 
 
 def verify(public_raw: bytes, signature: bytes, data: bytes) -> bool:

@@ -19,6 +19,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 from . import codec
 from .codec import Header, Op
 from .errors import ExportError, MediumFullError
+from .names import check_site_name
 
 DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
 MIN_MAX_SIZE = 4096
@@ -39,6 +40,22 @@ def parse_size(text: str) -> int:
     if n < MIN_MAX_SIZE:
         raise ValueError(f"--max-size must be at least {MIN_MAX_SIZE} bytes")
     return n
+
+
+def packet_name(seq: int, part: int, kind: str = "") -> str:
+    """``<seq>-<part>[.snapshot].spk``: sortable by link sequence."""
+    return f"{seq:010d}-{part:04d}{'.' + kind if kind else ''}{PACKET_SUFFIX}"
+
+
+def packet_dir(out: Path, sender: str, recipient: str) -> Path:
+    """Media layout: OUT/<recipient>/<sender>/.  Both names are checked again here, whatever
+    the roster holds, and the result must stay inside OUT."""
+    check_site_name(recipient, ExportError)
+    check_site_name(sender, ExportError)
+    d = Path(out) / recipient / sender
+    if os.path.commonpath([os.path.abspath(d), os.path.abspath(out)]) != os.path.abspath(out):
+        raise ExportError(f"packets for {recipient!r} would be written outside {out}")
+    return d
 
 
 def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, part: int) -> bytes:

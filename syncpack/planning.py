@@ -84,3 +84,76 @@ def vmax(a: Vector, b: Vector) -> dict[bytes, int]:
 def vmin_all(vectors: list[Vector], origins) -> dict[bytes, int]:
     """Per origin, the least epoch over all vectors (0 where any lacks it)."""
     return {o: min((v.get(o, 0) for v in vectors), default=0) for o in origins}
+
+
+# --- decisions about what to believe and when to act (pure; the store only feeds them) --------
+
+def ack_floor(own: Vector, acknowledgements: list[Vector]) -> dict[bytes, int]:
+    """Per origin we hold, the epoch every member has acknowledged holding: the least over our
+    own vector and each other member's own signed acknowledgement (a member without one holds
+    nothing as far as trimming goes).  Nobody's summary of somebody else counts."""
+    out = {}
+    for o, e in own.items():
+        f = min([e, *(a.get(o, 0) for a in acknowledgements)])
+        if f:
+            out[o] = f
+    return out
+
+
+def should_send(ranges: Ranges, told: Vector | None, vector: Vector, unconfirmed: bool,
+                recovering: bool) -> bool:
+    """Whether a packet goes to a peer: ops to send; or the peer has not seen our current
+    vector (``told`` is None when we never told it, or must tell it again, which an empty
+    vector must not be mistaken for); or our last packets are unconfirmed.  A recovering site
+    always speaks to a peer it has not told its wound-back vector, so the peer learns it is
+    behind and answers."""
+    if ranges or unconfirmed:
+        return True
+    current = {o: e for o, e in vector.items() if e}
+    if told is None:
+        return bool(current) or recovering
+    return {o: e for o, e in told.items() if e} != current
+
+
+def wind_back(sent: Vector, peer_vector: Vector, seen_hi: Vector) -> dict[bytes, int]:
+    """Lost packets: the peer has seen our packets carrying up to ``seen_hi`` (or reports a
+    gap up to it), yet its vector lacks them.  Returns origin -> lowered 'sent' estimate."""
+    out = {}
+    for o, hi in seen_hi.items():
+        have = peer_vector.get(o, 0)
+        if have < hi and sent.get(o, 0) > have:
+            out[o] = have
+    return out
+
+
+def scrub_floors(acked: Vector, floors: Vector, vector: Vector,
+                 first_too_young: Mapping[bytes, int]) -> dict[bytes, tuple[int, int]]:
+    """origin -> (old floor, new floor): trim what every member acknowledged and we hold, but
+    never an op younger than the minimum age (``first_too_young``: the first such epoch)."""
+    plan = {}
+    for o, e in acked.items():
+        new = min(e, vector.get(o, 0))
+        young = first_too_young.get(o)
+        if young is not None:
+            new = min(new, young - 1)
+        if new > floors.get(o, 0):
+            plan[o] = (floors.get(o, 0), new)
+    return plan
+
+
+def snapshot_rollback(snapshot: Vector, vector: Vector, floors: Vector) -> bytes | None:
+    """A resync snapshot may not roll state back: for every origin where it is behind us, we
+    must still hold every later op in our changelog to replay on top of it.  Returns the first
+    origin it would roll back, or None."""
+    for o, e in sorted(vector.items()):
+        if snapshot.get(o, 0) < e and floors.get(o, 0) > snapshot.get(o, 0):
+            return o
+    return None
+
+
+def own_claim_dismissed(claim: int, held: int, saw_our_report: bool, delivered: bool) -> bool:
+    """A member's claim to hold more of our own history than we do delays us (we refuse
+    writes until the ops come back) only while it is consistent with what we can check: once
+    the member has seen our report of being behind and its next applied packet still does not
+    bring us up to its claim, the claim is dismissed."""
+    return claim > held and saw_our_report and not delivered

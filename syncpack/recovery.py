@@ -1,77 +1,118 @@
-"""Restore from backup, changelog trimming (scrub), hard resync, retiring members.
+"""Restore from backup, changelog trimming (scrub), retiring members.
 
-DESIGN.md §6.  Trimming only ever uses acknowledgements (what members reported in their own
-packets, directly or through the all-members floor other members gossip), never estimates of
-what was sent.
+DESIGN.md §6.  Trimming only ever uses acknowledgements each member signed itself (received
+from it directly or relayed word for word), never estimates of what was sent and never one
+member's summary of others.
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
 
-from . import codec, keys
-from .csn import pack_csn
-from .errors import PacketBodyError, UsageError
-from .packets import DEFAULT_MAX_SIZE
+from . import codec, planning
+from .csn import CSN_LEN, next_hlc, pack_csn
+from .errors import UsageError
+from .matrix import ack_floor
 from .site import ROSTER, Site, wall_ms
 
 NORMAL, RECOVERING = "normal", "recovering"
 
 
-# --- restore ----------------------------------------------------------------------------------
+# --- restore ---------------------------------------------------------------------------------
 
-def _reports(site: Site) -> dict[bytes, int]:
-    raw = site.meta("recover_reports")
+def _id_map(site: Site, key: str) -> dict[bytes, int]:
+    raw = site.meta(key)
     return {o: e for o, e in codec.unpackb(raw)} if raw else {}
 
 
+def _set_id_map(site: Site, key: str, m: dict[bytes, int]) -> None:
+    site.set_meta(key, codec.packb(sorted([o, e] for o, e in m.items())))
+
+
 def enter_recovering(site: Site, reason: str) -> None:
-    """Called inside a write transaction."""
-    if site.state != RECOVERING:
-        site.set_meta("state", RECOVERING)
-        site.set_meta("restore_ms", wall_ms())
-        site.set_meta("recover_reason", reason)
-        site.set_meta("recover_reports", codec.packb([]))
+    """Called inside a write transaction.  Every peer will be told our (lower) vector again;
+    ``recover_asked`` keeps the sequence number of the first packet that tells each one, so we
+    can tell later whether a peer's claim was answered (see :func:`note_report`)."""
+    if site.state == RECOVERING:
+        return
+    site.set_meta("state", RECOVERING)
+    site.set_meta("restore_ms", wall_ms())
+    site.set_meta("recover_reason", reason)
+    _set_id_map(site, "recover_reports", {})
+    asked = {peer: out + 1 for peer, out in site.conn.execute("SELECT peer, out_seq FROM links")}
+    for m in site.members_by_id():
+        asked.setdefault(m, 1)
+    _set_id_map(site, "recover_asked", asked)
+    site.conn.execute("UPDATE links SET told=NULL")
 
 
-def note_report(site: Site, h) -> None:
+def note_report(site: Site, h, applied: bool) -> None:
     """Every verified packet from a member reports how much of our own origin it holds.
-    A peer holding more of our origin than we do means we were restored from an old copy."""
-    mine = h.vector.get(site.site_id, 0)
-    held = site.vector().get(site.site_id, 0)
-    if mine > held and site.state != RECOVERING:
-        stash_own(site, f"{site.name_of(h.sender)} holds epoch {mine} of this site's own "
-                        f"changes, this site only {held}", in_txn=True)
-    elif h.tip is not None and site.state != RECOVERING and h.tip[0] <= held:
-        e, csn = h.tip
-        row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                                (site.site_id, e)).fetchone()
-        if row is not None and pack_csn(row[0], site.site_id, row[1]) != csn:
-            stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch {e} of "
-                            f"this site (restored from a backup, then written to?)",
-                      in_txn=True)
+
+    A member holding more of our origin than we do means we were restored from an old copy:
+    we refuse local writes until those ops come back.  A tip that differs from our op at that
+    epoch means our history forked after a restore: our own ops step aside (:func:`stash_own`).
+    Such a claim about our own history delays us only while it is consistent with what we can
+    check: a member that saw our report of being behind and still does not send the ops it
+    claims is not believed any more (``planning.own_claim_dismissed``), until it stops
+    claiming more than we hold."""
+    me = site.site_id
+    claim = h.vector.get(me, 0)
+    held = site.vector().get(me, 0)
+    dismissed = _id_map(site, "recover_dismissed")
+    if h.sender in dismissed and claim <= held:
+        del dismissed[h.sender]
+        _set_id_map(site, "recover_dismissed", dismissed)
+    believed = h.sender not in dismissed
+    if site.state != RECOVERING and believed:
+        if claim > held:
+            enter_recovering(site, f"{site.name_of(h.sender)} holds epoch {claim} of this "
+                                   f"site's own changes, this site only {held}")
+        elif h.tip is not None and h.tip[0] <= held:
+            e, csn = h.tip
+            row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                                    (me, e)).fetchone()
+            if row is not None and pack_csn(row[0], me, row[1]) != csn:
+                stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch {e} "
+                                f"of this site (restored from a backup, then written to?)")
     if site.state == RECOVERING and h.created_ms >= int(site.meta("restore_ms", 0)):
-        reps = _reports(site)
-        reps[h.sender] = max(reps.get(h.sender, 0), mine)
-        site.set_meta("recover_reports", codec.packb(sorted([o, e] for o, e in reps.items())))
+        reps = _id_map(site, "recover_reports")
+        saw = h.recv_seq >= _id_map(site, "recover_asked").get(h.sender, 1)
+        if believed and applied and planning.own_claim_dismissed(claim, held, saw,
+                                                                 delivered=claim <= held):
+            dismissed[h.sender] = claim
+            _set_id_map(site, "recover_dismissed", dismissed)
+            believed = False
+        reps[h.sender] = claim if believed else min(claim, held)
+        _set_id_map(site, "recover_reports", reps)
     maybe_finish(site)
 
 
 def recovery_status(site: Site) -> dict:
     if site.state != RECOVERING:
         return {"state": NORMAL}
-    reps = _reports(site)
+    reps = _id_map(site, "recover_reports")
     held = site.vector().get(site.site_id, 0)
     peers = [m for m in site.members_by_id().values() if m.site_id != site.site_id]
     waiting = sorted(m.name for m in peers if m.site_id not in reps)
     need = max(reps.values(), default=0)
     stashed = site.conn.execute("SELECT count(*) FROM stash").fetchone()[0]
-    return {"state": RECOVERING, "reason": site.meta("recover_reason", ""),
-            "own_epoch": held, "needed_epoch": need, "waiting_for_reports_from": waiting,
-            "ops_to_reissue": stashed}
+    st = {"state": RECOVERING, "reason": site.meta("recover_reason", ""),
+          "own_epoch": held, "needed_epoch": need, "waiting_for_reports_from": waiting,
+          "ops_to_reissue": stashed,
+          "claims_dismissed": sorted(site.name_of(m) for m in
+                                     _id_map(site, "recover_dismissed"))}
+    if waiting:
+        st["next_step"] = (f"export to {', '.join(waiting)} and import their answers "
+                           f"(ordinary rounds finish the recovery)")
+    elif held < need:
+        best = max(reps, key=lambda m: reps[m])
+        st["next_step"] = (
+            f"{site.name_of(best)} holds epochs {held + 1}..{need} of this site; if its next "
+            f"packets do not bring them (it holds them only in a snapshot, or trimmed them), "
+            f"run 'syncpack --site <{site.name_of(best)}'s directory> resync --to {site.name} "
+            f"--out DIR' at {site.name_of(best)} and import the snapshot here")
+    return st
 
 
 def maybe_finish(site: Site) -> bool:
@@ -87,40 +128,30 @@ def maybe_finish(site: Site) -> bool:
     return True
 
 
-def stash_own(site: Site, reason: str, in_txn: bool = False) -> int:
-    """Set aside every own op above our floor and wind our vector back to it.
+def stash_own(site: Site, reason: str) -> int:
+    """Set aside every own op above our floor and wind our vector back to it.  Called inside a
+    write transaction.
 
-    After a restore our copy of our own history may hold ops the family never saw (written
+    Our history forked after a restore: our copy may hold ops the family never saw (written
     after the restore, under epochs peers already hold with other ops).  We cannot tell which,
     so all of them step aside: peers send our genuine ops back (they return to the changelog
     when their CSN matches), and what is left once every peer has reported is re-issued under
     fresh epochs.  Record state is untouched throughout."""
     c = site.conn
-    if not in_txn:
-        c.execute("BEGIN IMMEDIATE")
-    try:
-        me = site.site_id
-        floor = site.floors().get(me, 0)
-        c.execute("INSERT OR REPLACE INTO stash SELECT origin, epoch, hlc, seq, collection, "
-                  "key, value, replaced FROM changelog WHERE origin=?", (me,))
-        n = c.execute("DELETE FROM changelog WHERE origin=?", (me,)).rowcount
-        c.execute("UPDATE vector SET epoch=? WHERE origin=?", (floor, me))
-        c.execute("UPDATE links SET told=NULL")
-        site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
-        enter_recovering(site, reason)
-        if not in_txn:
-            c.execute("COMMIT")
-    except BaseException:
-        if not in_txn:
-            c.execute("ROLLBACK")
-        raise
+    me = site.site_id
+    floor = site.floors().get(me, 0)
+    c.execute("INSERT OR REPLACE INTO stash SELECT origin, epoch, hlc, seq, collection, "
+              "key, value, replaced FROM changelog WHERE origin=?", (me,))
+    n = c.execute("DELETE FROM changelog WHERE origin=?", (me,)).rowcount
+    c.execute("UPDATE vector SET epoch=? WHERE origin=?", (floor, me))
+    site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
+    enter_recovering(site, reason)
     return n
 
 
 def reissue_stash(site: Site) -> int:
     """Give set-aside local ops fresh epochs and CSNs, keeping their transactions together and
     their effect on the records; CSNs they superseded are renamed along with them."""
-    from .csn import next_hlc
     c = site.conn
     rows = c.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced "
                      "FROM stash ORDER BY epoch").fetchall()
@@ -140,8 +171,8 @@ def reissue_stash(site: Site) -> int:
         old = pack_csn(old_hlc, me, seq)
         new = pack_csn(hlc, me, seq)
         rename[old] = new
-        repl = b"".join(rename.get(replaced[i:i + 20], replaced[i:i + 20])
-                        for i in range(0, len(replaced), 20))
+        repl = b"".join(rename.get(replaced[i:i + CSN_LEN], replaced[i:i + CSN_LEN])
+                        for i in range(0, len(replaced), CSN_LEN))
         new_ops.append(codec.Op(me, epoch, hlc, seq, coll, key, value, repl))
         c.execute("UPDATE versions SET csn=? WHERE collection=? AND key=? AND csn=?",
                   (new, coll, key, old))
@@ -154,24 +185,20 @@ def reissue_stash(site: Site) -> int:
 
 
 def restore(site: Site, finish: bool = False) -> dict:
-    """Declare that this site was restored from a backup (or, with ``finish``, override)."""
-    with site.lock():
-        c = site.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            if finish:
-                site.set_meta("state", NORMAL)
-            else:
-                stash_own(site, "declared restored from a backup with 'syncpack restore'",
-                          in_txn=True)
-                # Everything we believed peers held is suspect: our own records are old.
-                c.execute("UPDATE matrix SET sent=acked")
-                c.execute("UPDATE links SET told=NULL")
-                maybe_finish(site)
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+    """Declare that this site was restored from a backup (or, with ``finish``, override).
+
+    A declared restore, made before any local write, holds a true prefix of our own history:
+    nothing steps aside.  Local writes wait until every member has reported and we hold every
+    epoch of our own that any of them holds, so no epoch is ever issued twice."""
+    with site.lock(), site.write_txn() as c:
+        if finish:
+            site.set_meta("state", NORMAL)
+        else:
+            site.set_meta("state", NORMAL)      # a second declaration restarts the wait
+            enter_recovering(site, "declared restored from a backup with 'syncpack restore'")
+            # Everything we believed peers held is suspect: our own records are old.
+            c.execute("UPDATE matrix SET sent=acked")
+            maybe_finish(site)
     return {"site": site.name, **recovery_status(site)}
 
 
@@ -186,7 +213,6 @@ class ScrubPlan:
 
 def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
           now_ms: int | None = None) -> dict:
-    from .sync import ack_floor
     now = wall_ms() if now_ms is None else now_ms
     with site.lock():
         c = site.conn
@@ -195,19 +221,17 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
             acked = ack_floor(site)
             floors = site.floors()
             vec = site.vector()
-            plan: dict[bytes, tuple[int, int]] = {}
-            for o, e in acked.items():
-                new = min(e, vec.get(o, 0))
-                if min_age_ms:
-                    # Keep ops younger than the minimum age, whatever was acknowledged.
+            young: dict[bytes, int] = {}
+            if min_age_ms:
+                # Keep ops younger than the minimum age, whatever was acknowledged.
+                for o, e in acked.items():
                     row = c.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND "
                                     "epoch>? AND epoch<=? AND hlc>=?",
-                                    (o, floors.get(o, 0), new,
+                                    (o, floors.get(o, 0), e,
                                      (now - min_age_ms) << 16)).fetchone()
                     if row[0] is not None:
-                        new = row[0] - 1
-                if new > floors.get(o, 0):
-                    plan[o] = (floors.get(o, 0), new)
+                        young[o] = row[0]
+            plan = planning.scrub_floors(acked, floors, vec, young)
             n_ops = 0
             for o, (lo, hi) in plan.items():
                 n_ops += c.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? "
@@ -281,81 +305,5 @@ def rmreplica(site: Site, name: str) -> dict:
         raise UsageError("a site cannot retire itself; run rmreplica at another member")
     m.retired = True
     with site.transaction(_system=True) as tx:
-        tx._write(ROSTER, m.name, codec.encode_value(m.to_value()))
+        tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
     return {"site": name, "retired": True}
-
-
-# --- hard resync ------------------------------------------------------------------------------
-
-def resync_export(site: Site, peer: str, out_dir: str | os.PathLike,
-                  max_size: int = DEFAULT_MAX_SIZE, progress=None, encrypt: bool = False) -> list:
-    from .replica import write_snapshot
-    from .sync import seal_key
-    m = site.member_named(peer)
-    if m.site_id == site.site_id:
-        raise UsageError("resync sends a snapshot to another member")
-    with site.lock():
-        return write_snapshot(site, m.site_id, m.name, Path(out_dir), max_size,
-                              progress=progress, seal_to=seal_key(site, m.site_id, encrypt))
-
-
-def apply_resync(site: Site, pks: list) -> int:
-    """Re-seed from a snapshot while keeping every op we hold above the snapshot's vector (our
-    own not-yet-acknowledged local ops above all), replayed on top in CSN order."""
-    from .sync import _note_header
-    first = pks[0].header
-    snap = first.vector
-    c = site.conn
-    c.execute("BEGIN IMMEDIATE")
-    try:
-        kept = []
-        for row in c.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced "
-                             "FROM changelog ORDER BY hlc, origin, seq"):
-            if row[1] > snap.get(row[0], 0):
-                kept.append(codec.Op(*row))
-        c.execute("DELETE FROM versions")
-        c.execute("DELETE FROM superseded")
-        c.execute("DELETE FROM tomb_pending")
-        c.execute("DELETE FROM changelog")
-        n = 0
-        for pk in pks:
-            from .replica import _check_record_origin
-            rows = []
-            for r in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
-                _check_record_origin(r, snap, site.site_id)
-                rows.append((r.collection, r.key, r.csn, r.value))
-            c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
-            n += len(rows)
-            c.execute("INSERT OR IGNORE INTO packets_in VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                      (pk.header.packet_id, pk.header.sender, pk.header.seq, pk.header.part,
-                       pk.header.kind, pk.header.count, str(pk.path), wall_ms()))
-        for o, e in snap.items():
-            c.execute("INSERT INTO vector(origin, epoch, floor, seeded) VALUES (?, ?, ?, ?) "
-                      "ON CONFLICT(origin) DO UPDATE SET epoch=max(epoch, excluded.epoch), "
-                      "floor=excluded.floor, seeded=excluded.seeded", (o, e, e, e))
-        # Our own set-aside ops the snapshot already covers are the family's (their effect
-        # is in the snapshot); only those above it may still need re-issuing.
-        c.execute("DELETE FROM stash WHERE origin=? AND epoch<=?",
-                  (site.site_id, snap.get(site.site_id, 0)))
-        site.invalidate()
-        site.record_ops(kept)
-        for op in kept:
-            site.apply_version(op, pack_csn(op.hlc, op.origin, op.seq))
-        for o, e in snap.items():
-            top = max([op.epoch for op in kept if op.origin == o], default=e)
-            c.execute("UPDATE vector SET epoch=? WHERE origin=?", (max(top, e), o))
-        hlc = max(int(site.meta("hlc", 0)), first.hlc_max)
-        site.set_meta("hlc", hlc)
-        _note_header(site, first)
-        c.execute("COMMIT")
-    except sqlite3.IntegrityError:
-        c.execute("ROLLBACK")
-        site.invalidate()
-        raise PacketBodyError("snapshot holds the same version twice; nothing was changed") \
-            from None
-    except BaseException:
-        c.execute("ROLLBACK")
-        site.invalidate()
-        raise
-    site.invalidate()
-    return n

@@ -31,8 +31,9 @@ from . import codec, keys, store
 from .codec import Op, Record
 from .conflict import POLICIES, Version, pick
 from .csn import CSN_LEN, next_hlc, pack_csn
-from .errors import (NotJoinedError, RecordNotFound, RecoveringError, SiteError,
-                     UsageError, LockedError)
+from .names import check_site_name
+from .errors import (LockedError, NotJoinedError, RecordNotFound, RecoveringError, SiteError,
+                     UsageError)
 
 SYS_PREFIX = "$"
 ROSTER = "$roster"
@@ -69,7 +70,6 @@ class Member:
 
 
 MAX_NAME_CHARS = 16 * 1024       # collections and keys; readers accept far more
-MAX_SITE_NAME = 128
 
 
 def check_collection(name: str) -> None:
@@ -134,11 +134,7 @@ class Site:
 
     @classmethod
     def _create_dir(cls, path: Path, site: str) -> tuple[Path, sqlite3.Connection, keys.PublicIdentity]:
-        if not site or not isinstance(site, str) or any(c in site for c in "/\\=\0") \
-                or site.startswith(SYS_PREFIX) or site.strip() != site \
-                or len(site) > MAX_SITE_NAME:
-            raise UsageError(f"invalid site name {site!r}",
-                             hint="use letters, digits, '_', '-' or '.'")
+        check_site_name(site)
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
             raise SiteError(f"{p} already exists and is not an empty directory",
@@ -178,8 +174,8 @@ class Site:
         s = cls(p, conn)
         me = Member(site, ident.site_id, ident.ed25519, ident.x25519, priority, {}, False)
         with s.transaction(_system=True) as tx:
-            tx._write(FAMILY, FAMILY_KEY, codec.encode_value({"name": family, "policy": policy}))
-            tx._write(ROSTER, site, codec.encode_value(me.to_value()))
+            tx.write_raw(FAMILY, FAMILY_KEY, codec.encode_value({"name": family, "policy": policy}))
+            tx.write_raw(ROSTER, site, codec.encode_value(me.to_value()))
         return s
 
     def close(self) -> None:
@@ -271,6 +267,17 @@ class Site:
             return "lww"
         return self.policies().get(collection) or self.family_policy()
 
+    def seal_key(self, peer: bytes, encrypt: bool) -> bytes | None:
+        """The peer's X25519 key when a packet to it must be sealed (asked for, or family
+        policy); None when it goes unsealed."""
+        if not (encrypt or self.requires_sealing()):
+            return None
+        m = self.members_by_id(include_retired=True).get(peer)
+        if m is None or len(m.x25519) != 32:
+            raise UsageError(f"no X25519 key for {self.name_of(peer)} in the roster; "
+                             f"cannot seal")
+        return m.x25519
+
     def priorities(self) -> dict[bytes, int]:
         return {m.site_id: m.priority for m in self.roster().values()}
 
@@ -288,7 +295,7 @@ class Site:
         else:
             cur = self.conn.execute("SELECT collection, key, csn, value FROM versions "
                                     "WHERE collection=? ORDER BY key", (collection,))
-        for coll, key, vs in _group_versions(cur):
+        for coll, key, vs in group_versions(cur):
             policy = "lww" if coll.startswith(SYS_PREFIX) else None
             v = vs[0] if len(vs) == 1 else pick(
                 vs, policy or self.policy_of(coll), self.priorities())
@@ -333,7 +340,7 @@ class Site:
         cur = self.conn.execute(
             "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn")
         prio = self.priorities()
-        for coll, key, vs in _group_versions(cur):
+        for coll, key, vs in group_versions(cur):
             if len(vs) == 1 and vs[0].value is None:
                 continue
             v = pick(vs, self.policy_of(coll), prio)
@@ -354,18 +361,22 @@ class Site:
                 f"site {self.name!r} is recovering from a restore and refuses local writes "
                 f"until its own ops have come back from its peers",
                 hint="import packets from the peers ('syncpack status' shows what is missing)")
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self.write_txn():
             tx = Transaction(self, _system)
             yield tx
-            tx._finish()
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            self.invalidate()
-            raise
+            tx.flush()
         if tx.touched_system:
             self.invalidate()
+
+    @contextmanager
+    def write_txn(self) -> Iterator[sqlite3.Connection]:
+        """:func:`store.write_txn`, dropping cached roster and policies on rollback."""
+        try:
+            with store.write_txn(self.conn) as c:
+                yield c
+        except BaseException:
+            self.invalidate()
+            raise
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -432,7 +443,7 @@ class Site:
         return d
 
 
-def _group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
+def group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
     cur_key = None
     vs: list[Version] = []
     for coll, key, csn, value in cur:
@@ -457,6 +468,7 @@ class Transaction:
         self.epoch = c.execute("SELECT epoch FROM vector WHERE origin=?",
                                (site.site_id,)).fetchone()[0]
         self.ops: list[Op] = []
+        self.seq = 0
         self.touched_system = False
 
     def put(self, collection: str, key: str, value: Any) -> None:
@@ -469,24 +481,25 @@ class Transaction:
         if len(raw) > codec.MAX_VALUE_BYTES:
             raise UsageError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
                              f"(this one is {len(raw)}); peers would refuse it")
-        self._write(collection, key, raw)
+        self.write_raw(collection, key, raw)
 
     def delete(self, collection: str, key: str) -> None:
         check_collection(collection)
         check_key(key)
-        self._write(collection, key, None)
+        self.write_raw(collection, key, None)
 
     def set_policy(self, collection: str, policy: str) -> None:
         check_collection(collection)
         if policy not in POLICIES:
             raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        self._write(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
+        self.write_raw(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
 
-    def _write(self, collection: str, key: str, raw: bytes | None) -> None:
+    def write_raw(self, collection: str, key: str, raw: bytes | None) -> None:
         site = self.site
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
-        seq = len(self.ops)
+        seq = self.seq
+        self.seq += 1
         self.epoch += 1
         replaced = b"".join(r[0] for r in site.conn.execute(
             "SELECT csn FROM versions WHERE collection=? AND key=? ORDER BY csn",
@@ -499,13 +512,16 @@ class Transaction:
         site.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, raw))
         self.ops.append(op)
 
-    def _finish(self) -> None:
+    def flush(self) -> None:
+        """Record the ops written so far (changelog, vector, clock) inside the still-open
+        transaction, so a snapshot cut in the same transaction sees them."""
         if not self.ops:
             return
         site = self.site
         site.record_ops(self.ops)
         site.conn.execute("UPDATE vector SET epoch=? WHERE origin=?", (self.epoch, site.site_id))
         site.set_meta("hlc", self.hlc)
+        self.ops = []
 
 
 def open_site(path: str | os.PathLike) -> Site:

@@ -12,7 +12,7 @@ the same site state and parameters, and records them in the store the same way:
    CSN ``(hlc, origin, seq)``, and encodes, signs and writes them with
    :func:`syncpack.packets.build_update_packets` through :func:`syncpack.packets.atomic_opener`
    into the local engine's media layout.  Only packet metadata comes back to the driver.
-3. The driver records the exports with :func:`syncpack.sync._record_exports`.
+3. The driver records the exports with :func:`syncpack.sync.record_exports`.
 
 Cutting a peer's stream into packets is sequential by nature (where part *k* ends depends on the
 compressed size of everything before it), so a peer's stream is one task; the parallelism is
@@ -65,10 +65,9 @@ from . import errors, keys, oplog
 from .codec import Header, Op
 from .errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
 from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener, \
-    build_update_packets
+    build_update_packets, packet_dir, packet_name
 from .site import Site, wall_ms
-from .sync import ExportedPacket, PeerPlan, _record_exports, packet_dir, packet_name, select_peers, \
-    plan_exports, seal_key
+from .sync import ExportedPacket, PeerPlan, plan_exports, record_exports, select_peers
 
 STRATEGIES = ("merge", "shuffle")
 DEFAULT_MASTER = "local[*]"
@@ -244,7 +243,7 @@ def _build_peer(job: _Job, ops: Iterable[Op], ctx: _TaskCtx) -> bytes:
     sign = Ed25519PrivateKey.from_private_bytes(ctx.key).sign
     d = packet_dir(Path(ctx.out), ctx.sender, job.name)
     seq = job.template.seq
-    opener = atomic_opener(d, lambda part: packet_name(ctx.sender, seq, part))
+    opener = atomic_opener(d, lambda part: packet_name(seq, part))
     try:
         parts = build_update_packets(ops, job.template, sign, ctx.max_size, opener, ctx.seed,
                                      seal_to=job.seal_to)
@@ -378,8 +377,8 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         starter: _SessionStarter | None = None
         conn.execute("BEGIN")  # one read snapshot: plan, log catch-up and coverage check
         try:
-            plans = plan_exports(site, peers, now)
-            seal = [seal_key(site, p.peer, encrypt) for p in plans]
+            plans = plan_exports(site, peers, now, sign=signing_key.sign)
+            seal = [site.seal_key(p.peer, encrypt) for p in plans]
             if any(p.ranges for p in plans):
                 starter = _SessionStarter(master)  # the JVM starts while the log catches up
             if own:
@@ -402,7 +401,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                 if not plan.ranges:  # only the header (acknowledgements): no job needed
                     d = packet_dir(out, site.name, plan.name)
                     opener = atomic_opener(d, lambda part, s=plan.template.seq:
-                                           packet_name(site.name, s, part))
+                                           packet_name(s, part))
                     written[i] = build_update_packets(iter(()), plan.template, signing_key.sign,
                                                       max_size, opener, seed, seal_to=seal[i])
             jobs = [_Job(i, p.name, p.ranges, p.template,
@@ -420,8 +419,8 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         for i, plan in enumerate(plans):
             for p in written[i]:  # the paths as the local engine reports them
                 p.path = packet_dir(out, site.name, plan.name) / packet_name(
-                    site.name, p.header.seq, p.header.part)
-        _record_exports(site, [(plan, written[i]) for i, plan in enumerate(plans)], now)
+                    p.header.seq, p.header.part)
+        record_exports(site, [(plan, written[i]) for i, plan in enumerate(plans)], now)
     result = []
     for i, plan in enumerate(plans):
         for p in written[i]:

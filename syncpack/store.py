@@ -7,12 +7,14 @@ at any instant leaves either the whole transaction or none of it.
 from __future__ import annotations
 
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .errors import SiteError
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -70,7 +72,58 @@ MIGRATIONS: list[str] = [
                         part INTEGER NOT NULL, file TEXT NOT NULL, origin_path TEXT,
                         waiting BLOB NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
     """,
+    # 2: packets are known by (sender, id): one member reusing another's packet id must not
+    # make the genuine packet a "duplicate"; signed acknowledgements replace gossiped floors.
+    """
+    CREATE TABLE packets_in_v2(sender BLOB NOT NULL, packet_id BLOB NOT NULL,
+                               seq INTEGER NOT NULL, part INTEGER NOT NULL, kind TEXT NOT NULL,
+                               ops INTEGER NOT NULL, path TEXT, at_ms INTEGER NOT NULL,
+                               PRIMARY KEY(sender, packet_id)) WITHOUT ROWID;
+    INSERT INTO packets_in_v2 SELECT sender, packet_id, seq, part, kind, ops, path, at_ms
+        FROM packets_in;
+    DROP TABLE packets_in;
+    ALTER TABLE packets_in_v2 RENAME TO packets_in;
+    CREATE TABLE parked_v2(sender BLOB NOT NULL, packet_id BLOB NOT NULL, seq INTEGER NOT NULL,
+                           part INTEGER NOT NULL, file TEXT NOT NULL, origin_path TEXT,
+                           waiting BLOB NOT NULL, at_ms INTEGER NOT NULL,
+                           PRIMARY KEY(sender, packet_id)) WITHOUT ROWID;
+    INSERT INTO parked_v2 SELECT sender, packet_id, seq, part, file, origin_path, waiting, at_ms
+        FROM parked;
+    DROP TABLE parked;
+    ALTER TABLE parked_v2 RENAME TO parked;
+    -- each member's newest acknowledgement of its own vector, with its signature, as received
+    -- directly or relayed word for word; scrub trims on these alone
+    CREATE TABLE acks(member BLOB PRIMARY KEY, created_ms INTEGER NOT NULL,
+                      vector BLOB NOT NULL, signature BLOB NOT NULL) WITHOUT ROWID;
+    -- which acknowledgement of each member we last passed on to each peer
+    CREATE TABLE acks_told(peer BLOB NOT NULL, member BLOB NOT NULL,
+                           created_ms INTEGER NOT NULL, PRIMARY KEY(peer, member)) WITHOUT ROWID;
+    DELETE FROM meta WHERE key IN ('ack_floor_gossip', 'ack_floor_set');
+    """,
 ]
+
+
+@contextmanager
+def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """The one way to write: BEGIN IMMEDIATE (the write lock up front, so no reader-turned-
+    writer deadlock), COMMIT on success, ROLLBACK on any exception, Ctrl-C included."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+@contextmanager
+def read_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One consistent read snapshot for several queries."""
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("ROLLBACK")
 
 
 def connect(db_path: Path, new: bool = False) -> sqlite3.Connection:
@@ -102,15 +155,10 @@ def migrate(conn: sqlite3.Connection, db_path: Path) -> None:
                         f"understands ({SCHEMA_VERSION})",
                         hint="upgrade syncpack to open this site")
     while version < SCHEMA_VERSION:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_txn(conn):
             for stmt in _statements(MIGRATIONS[version]):
                 conn.execute(stmt)
             conn.execute(f"PRAGMA user_version={version + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         version += 1
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from syncpack import admin, batch, sync
+from syncpack import admin, batch, sync, verify
 from syncpack.errors import BatchConfigError, BatchLockedError
 
 from conftest import run
@@ -185,7 +185,7 @@ encrypt = true
     r = run("--json", "batch", cfg)
     assert r.code == 0, r
     [pk] = packets_under(media)
-    opened = sync.open_packet(pk)
+    opened = verify.open_packet(pk)
     try:
         assert opened.header.sealed
     finally:

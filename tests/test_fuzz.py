@@ -42,7 +42,7 @@ from hypothesis.errors import InvalidArgument
 
 from conftest import Family
 
-from syncpack import admin, codec, keys, recovery, replica, sync
+from syncpack import admin, codec, keys, replica, sync, verify
 from syncpack.errors import PacketBodyError, PacketError, PacketLimitError
 from syncpack.site import Site
 
@@ -150,12 +150,12 @@ def read_all(path: Path, site: Site | None = None) -> str:
     """The reader alone: framing, verification (with a site), the whole body.  Returns the
     PacketError class name, or 'ok'; any other exception propagates."""
     try:
-        pk = sync.open_packet(path)
+        pk = verify.open_packet(path)
     except PacketError as e:
         return type(e).__name__
     try:
         if site is not None:
-            sync.verify(site, pk)
+            verify.verify(site, pk)
         elif not codec.body_hash_matches(pk.f, pk.env):
             return "hash"
         if pk.header.kind == codec.KIND_SNAPSHOT:
@@ -214,7 +214,7 @@ def build_world(root: Path) -> World:
     p2 = fam.export("a", "b")
     d = fam.medium()
     with fam.open("a") as s:
-        snap = recovery.resync_export(s, "b", d)
+        snap = replica.resync_export(s, "b", d)
     # a replica-creation packet for a new site c (mkreplica import is fuzzed on its own)
     c_site, c_pub = Site.keygen(root / "c_pristine", "c")
     c_site.close()
@@ -688,9 +688,9 @@ def bomb_import(w: World, data: bytes):
     assert not res.applied and len(res.rejected) == 1, res.to_json()
     assert fingerprint(w.scratch) == before
     with Site.open(w.scratch) as s:   # and the reader names the failed check by its class
-        pk = sync.open_packet(f)
+        pk = verify.open_packet(f)
         try:
-            sync.verify(s, pk)
+            verify.verify(s, pk)
             with pytest.raises(PacketError) as ei:
                 assert_bounded(lambda: [None for _ in codec.iter_ops(pk.f, pk.env)])
         finally:
@@ -770,7 +770,7 @@ def test_header_bombs_rejected_before_the_signature(world, header):
     f.parent.mkdir(exist_ok=True)
     f.write_bytes(data)
     with pytest.raises(PacketError):
-        assert_bounded(lambda: sync.open_packet(f), limit_mb=120, seconds=10)
+        assert_bounded(lambda: verify.open_packet(f), limit_mb=120, seconds=10)
     before = fingerprint(world.scratch)
 
     def go():

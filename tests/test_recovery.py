@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import Family, run
-from syncpack import codec, keys, sync
+from syncpack import apply, codec, keys, sync, verify
 from syncpack.codec import Header, Op
 from syncpack.errors import (ClockSkewError, EpochCollisionError, PacketSenderError,
                              ScrubbedError)
@@ -233,7 +233,7 @@ def test_lost_first_packet_is_resent_after_the_peer_reports_it_parked_the_second
     # ... so A sends again from what B acknowledged, without anyone running chepoch.
     resend = family.export("A", "B")
     assert len(resend) == 1
-    pk = sync.open_packet(resend[0])
+    pk = verify.open_packet(resend[0])
     try:
         assert pk.header.ranges == {site_id(family, "A"): (epoch_a - 2, epoch_a)}
     finally:
@@ -382,11 +382,11 @@ def test_forged_epoch_collision_is_refused_and_data_kept(family):
     assert r.code == 1, r
     assert "epoch collision" in r.err and f"epoch {held} of B" in r.err, r
     with fam.open("A") as s:
-        pk = sync.open_packet(part.path)
+        pk = verify.open_packet(part.path)
         try:
-            sync.verify(s, pk)                     # signed by a current member: passes
+            verify.verify(s, pk)                     # signed by a current member: passes
             with pytest.raises(EpochCollisionError):
-                sync.apply_packet(s, pk)
+                apply.apply_packet(s, pk)
         finally:
             pk.close()
         assert s.get("t", "k") == "genuine" and s.get("t", "other", None) is None
@@ -415,10 +415,10 @@ def test_packet_from_a_clock_two_days_ahead_is_refused_whole(family):
     assert r.code == 1, r
     assert "ahead of this site's clock" in r.err, r
     with family.open("B") as s:
-        pk = sync.open_packet(paths[0])
+        pk = verify.open_packet(paths[0])
         try:
-            with pytest.raises(ClockSkewError):
-                sync.apply_packet(s, pk)
+            with pytest.raises(ClockSkewError):      # the one verifier checks the clock
+                verify.verify(s, pk)
         finally:
             pk.close()
         assert s.get("t", "fine", None) is None      # refused whole, the good op too
@@ -478,10 +478,10 @@ def test_rmreplica_replicates_refuses_the_retired_and_scrub_stops_waiting(family
         assert r.code == 1, r
         assert "retired" in r.err, r
         with fam.open(dst) as s:
-            op = sync.open_packet(pk[0])
+            op = verify.open_packet(pk[0])
             try:
                 with pytest.raises(PacketSenderError, match="retired"):
-                    sync.verify(s, op)
+                    verify.verify(s, op)
             finally:
                 op.close()
             assert s.get("t", "c-before", None) is None

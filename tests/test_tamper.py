@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import run
 
-from syncpack import codec, keys, sync
+from syncpack import apply, codec, keys, verify
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketFamilyError,
                              PacketFormatError, PacketSenderError, PacketSignatureError)
 from syncpack.site import Site
@@ -100,10 +100,10 @@ def rejected_by_cli(site: Path, path: Path) -> str:
 
 def verify_raises(site: Path, path: Path, cls):
     with Site.open(site) as s:
-        pk = sync.open_packet(path)
+        pk = verify.open_packet(path)
         try:
             with pytest.raises(cls) as ei:
-                sync.verify(s, pk)
+                verify.verify(s, pk)
         finally:
             pk.close()
     return ei.value
@@ -112,11 +112,11 @@ def verify_raises(site: Path, path: Path, cls):
 def apply_raises(site: Path, path: Path, cls):
     """Verification passes; applying fails with ``cls`` and leaves nothing behind."""
     with Site.open(site) as s:
-        pk = sync.open_packet(path)
+        pk = verify.open_packet(path)
         try:
-            sync.verify(s, pk)
+            verify.verify(s, pk)
             with pytest.raises(cls) as ei:
-                sync.apply_packet(s, pk)
+                apply.apply_packet(s, pk)
         finally:
             pk.close()
     return ei.value
@@ -386,7 +386,7 @@ def test_body_from_another_packet(ab, tmp_path):
     mixed = write(tmp_path, "mixed.spk", pre1 + body2 + tail1)
     before = state(fam.path("b"))
     with pytest.raises(PacketFormatError) as ei:
-        sync.open_packet(mixed)
+        verify.open_packet(mixed)
     assert "header says the body is" in str(ei.value)
     assert "header says the body is" in rejected_by_cli(fam.path("b"), mixed)
     # the same length, other bytes: the signed hash catches it

@@ -1,0 +1,396 @@
+"""The one apply path: verified update packets, and snapshots (replica creation and hard resync).
+
+Everything here runs on packets :func:`syncpack.verify.verify` has passed, each inside one write
+transaction: a packet is applied whole or not at all.  What a packet claims about other sites is
+believed only as far as it proves: ops must come from members and may not rewrite a member's
+roster entry; acknowledgements count only with their own member's signature (checked by the
+verifier); claims about our own history go through :func:`syncpack.recovery.note_report`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+from . import codec, keys, planning, recovery
+from .codec import Header, Op
+from .csn import pack_csn
+from .errors import EpochCollisionError, PacketBodyError, PacketSenderError
+from .matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
+                     store_acknowledgements)
+from .packets import PACKET_SUFFIX, fsync_dir
+from .names import check_site_name
+from .site import ROSTER, SYS_PREFIX, Member, Site, wall_ms
+from .verify import OpenPacket, resolved_acks
+
+APPLY_BATCH = 20_000
+
+class ForkDetected(Exception):
+    """Internal: a peer holds a different op under one of our own epochs."""
+
+    def __init__(self, epoch: int):
+        super().__init__(epoch)
+        self.epoch = epoch
+
+
+# --- what a verified header teaches us ---------------------------------------------------------
+
+def note_header(site: Site, h: Header, applied: bool) -> None:
+    """What every verified packet teaches us about its sender, applied or parked.
+
+    The sender's vector is exact when it was made, so the newest report replaces what we had
+    (not a running maximum): a peer restored from a backup reports less than before, and then
+    everything we believed it held is wound back to what it reports.  'Newest' is by the
+    packet's creation time, which the verifier bounds by the clock-skew limit."""
+    peer = h.sender
+    ensure_link(site, peer)
+    row = site.conn.execute("SELECT acked_created FROM links WHERE peer=?", (peer,)).fetchone()
+    if h.created_ms >= row[0]:
+        _sent, old = matrix(site, peer)
+        regressed = any(h.vector.get(o, 0) < e for o, e in old.items())
+        site.conn.execute("UPDATE matrix SET acked=0 WHERE peer=?", (peer,))
+        site.conn.executemany(
+            "INSERT INTO matrix(peer, origin, acked) VALUES (?, ?, ?) "
+            "ON CONFLICT(peer, origin) DO UPDATE SET acked=excluded.acked",
+            [(peer, o, e) for o, e in h.vector.items()])
+        if regressed:
+            site.conn.execute("UPDATE matrix SET sent=acked WHERE peer=?", (peer,))
+            site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+        site.conn.execute("UPDATE links SET acked_created=? WHERE peer=?", (h.created_ms, peer))
+    site.conn.execute(
+        "UPDATE links SET in_seq=max(in_seq, ?), peer_recv_seq=max(peer_recv_seq, ?), "
+        "peer_waiting=? WHERE peer=?", (h.seq, h.recv_seq, ranges_blob(h.waiting), peer))
+    _wind_back(site, peer, h)
+    vec = site.vector()
+    if any(e > vec.get(o, 0) for o, e in h.vector.items()) or h.recovering:
+        # The sender holds ops we lack that its packets did not bring (lost, or parked here),
+        # or it waits for the family's reports after a restore: tell it our vector again even
+        # if it has not changed, or its probes go unanswered.
+        site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+    elif h.reply and h.recv_seq < link(site, peer)["out_seq"]:
+        # The sender waits for an acknowledgement and has not received our latest packet
+        # (lost, or still on its way): our vector may never have reached it; answer once more.
+        # Idle senders do not ask, so sites that export before they import fall quiet.
+        site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+    store_acknowledgements(site, resolved_acks(h))
+    recovery.note_report(site, h, applied)
+
+
+def _wind_back(site: Site, peer: bytes, h: Header) -> None:
+    """Lost or parked packets: the peer has seen our packets up to ``recv_seq`` (or reports a
+    gap), yet its vector lacks what they carried; resend from what it acknowledged."""
+    seen_hi: dict[bytes, int] = {}
+    for (r,) in site.conn.execute("SELECT ranges FROM packets_out WHERE recipient=? AND seq<=?",
+                                  (peer, h.recv_seq)):
+        for o, lo, hi in codec.unpackb(r):
+            seen_hi[o] = max(seen_hi.get(o, 0), hi)
+    for o in h.waiting:
+        seen_hi[o] = max(seen_hi.get(o, 0), h.waiting[o][1])
+    sent, _acked = matrix(site, peer)
+    for o, have in planning.wind_back(sent, h.vector, seen_hi).items():
+        site.conn.execute("UPDATE matrix SET sent=? WHERE peer=? AND origin=?", (have, peer, o))
+
+
+# --- roster and membership: what one member may not do to another -----------------------------
+
+def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBodyError,
+                       roster: dict[str, Member] | None = None) -> None:
+    """A roster entry arriving from anywhere (a packet, a snapshot) must name a safe site,
+    carry well-formed keys, and never replace an existing member's id or keys, nor take
+    another member's id: otherwise one member could sign as another."""
+    check_site_name(name, error)
+    if raw is None:
+        raise error(f"roster entry of {name} is deleted; members are retired, never removed")
+    try:
+        new = Member.from_value(name, codec.decode_value(raw))
+        ok = (isinstance(new.site_id, bytes) and len(new.site_id) == 8
+              and isinstance(new.ed25519, bytes) and len(new.ed25519) == 32
+              and isinstance(new.x25519, bytes) and len(new.x25519) in (0, 32))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise error(f"roster entry of {name} is malformed")
+    roster = site.roster() if roster is None else roster
+    old = roster.get(name)
+    if old is not None and (old.site_id, old.ed25519, old.x25519) != \
+            (new.site_id, new.ed25519, new.x25519):
+        raise error(f"roster entry of {name} would replace that member's identity or keys; "
+                    f"refused", hint="a member's keys never change; to replace a site, retire "
+                                     "it and add a new one")
+    for other in roster.values():
+        if other.name != name and other.site_id == new.site_id:
+            raise error(f"roster entry of {name} takes the site id of member {other.name}; "
+                        f"refused")
+
+
+def _check_members(site: Site, origins, what: str) -> None:
+    site.invalidate()
+    members = site.members_by_id(include_retired=True)
+    for o in origins:
+        if o not in members:
+            raise PacketSenderError(f"{what} carries changes of origin {o.hex()}, which was "
+                                    f"never a member of family {site.family_name!r}; refused")
+
+
+# --- update packets ---------------------------------------------------------------------------
+
+def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
+                 parked_file: Path | None = None) -> int:
+    """Apply one verified, gap-free packet in one transaction; returns ops applied."""
+    h = pk.header
+    now = wall_ms()
+    conn = site.conn
+    system = False
+    try:
+        with site.write_txn():
+            vec = site.vector()
+            for o in h.ranges:
+                conn.execute("INSERT OR IGNORE INTO vector(origin, epoch) VALUES (?, 0)", (o,))
+            applied = 0
+            batch: list[Op] = []
+            rows: list[tuple] = []     # versions of ops that supersede nothing: bulk inserts
+            superseded_any = conn.execute("SELECT 1 FROM superseded LIMIT 1").fetchone() \
+                is not None
+
+            def flush() -> None:
+                nonlocal batch, rows, applied
+                conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+                site.record_ops(batch)
+                applied += len(batch)
+                if progress and batch:
+                    progress(len(batch))
+                batch, rows = [], []
+
+            for o, csn in h.anchors.items():
+                lo = h.ranges[o][0]
+                row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                                   (o, lo)).fetchone()
+                if row is not None and pack_csn(row[0], o, row[1]) != csn:
+                    if o == site.site_id:
+                        raise ForkDetected(lo)
+                    e = EpochCollisionError(
+                        f"epoch collision: this site holds a different op as epoch {lo} of "
+                        f"{site.name_of(o)} than the one the packet's range continues; refused")
+                    e.origin, e.epoch = o, lo
+                    raise e
+            stashed_any = conn.execute("SELECT 1 FROM stash LIMIT 1").fetchone() is not None
+            for op in codec.iter_ops(pk.f, pk.env, keys.unsealer(site.path)):
+                if op.epoch <= vec.get(op.origin, 0):
+                    if op.origin == site.site_id and _differs(site, op):
+                        raise ForkDetected(op.epoch)
+                    _check_collision(site, op)
+                    continue
+                if stashed_any and op.origin == site.site_id:
+                    flush()
+                    if _unstash(site, op):
+                        continue
+                if op.collection.startswith(SYS_PREFIX):
+                    flush()
+                    if op.collection == ROSTER:
+                        check_roster_entry(site, op.key, op.value)
+                    system = True
+                    site.apply_version(op, op.csn)
+                    site.invalidate()
+                elif op.replaced or superseded_any or stashed_any:
+                    flush()     # the slow path reads versions and the changelog
+                    site.apply_version(op, op.csn)
+                else:
+                    rows.append((op.collection, op.key, op.csn, op.value))
+                batch.append(op)
+                if len(batch) >= APPLY_BATCH:
+                    flush()
+            flush()
+            _check_members(site, h.ranges, f"packet from {site.name_of(h.sender)}")
+            for o, (lo, hi) in h.ranges.items():
+                conn.execute("UPDATE vector SET epoch=max(epoch, ?) WHERE origin=?", (hi, o))
+            if h.hlc_max > int(site.meta("hlc", 0)):
+                site.set_meta("hlc", h.hlc_max)     # bounded by the verifier's skew check
+            note_header(site, h, applied=True)
+            conn.execute("INSERT INTO packets_in(sender, packet_id, seq, part, kind, ops, path, "
+                         "at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (h.sender, h.packet_id, h.seq, h.part, h.kind, applied, str(pk.path),
+                          now))
+            if parked_file is not None:
+                conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?",
+                             (h.sender, h.packet_id))
+    except sqlite3.IntegrityError:
+        raise PacketBodyError("packet carries an op this site already holds under another "
+                              "epoch; nothing was applied") from None
+    if system:
+        site.invalidate()
+    if parked_file is not None:
+        parked_file.unlink(missing_ok=True)
+    return applied
+
+
+def _check_collision(site: Site, op: Op) -> None:
+    if _differs(site, op):
+        e = EpochCollisionError(
+            f"epoch collision: this site holds a different op as epoch {op.epoch} of "
+            f"{site.name_of(op.origin)}; packet refused")
+        e.origin, e.epoch = op.origin, op.epoch
+        raise e
+
+
+def _unstash(site: Site, op: Op) -> bool:
+    """One of our own set-aside ops came back from a peer: it is genuine, and its effect on
+    the records is already here, so it only returns to the changelog."""
+    c = site.conn
+    row = c.execute("SELECT epoch FROM stash WHERE origin=? AND hlc=? AND seq=?",
+                    (op.origin, op.hlc, op.seq)).fetchone()
+    if row is None:
+        return False
+    c.execute("DELETE FROM stash WHERE origin=? AND epoch=?", (op.origin, row[0]))
+    site.record_ops([op])
+    return True
+
+
+def _differs(site: Site, op: Op) -> bool:
+    row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                            (op.origin, op.epoch)).fetchone()
+    return row is not None and (row[0], row[1]) != (op.hlc, op.seq)
+
+
+def is_known(site: Site, h: Header) -> bool:
+    """Applied before.  Packets are known by (sender, id): the sender is proven by the
+    signature, so no member can make another's packet look like a duplicate."""
+    return site.conn.execute("SELECT 1 FROM packets_in WHERE sender=? AND packet_id=?",
+                             (h.sender, h.packet_id)).fetchone() is not None
+
+
+def parked_name(h: Header) -> str:
+    return f"{h.sender.hex()}-{h.packet_id.hex()}{PACKET_SUFFIX}"
+
+
+def park(site: Site, pk: OpenPacket, gaps: dict[bytes, tuple[int, int]], shown: str) -> None:
+    """Keep a copy inside the site directory, so the medium can be removed."""
+    h = pk.header
+    fname = parked_name(h)
+    dest = site.parked_dir() / fname
+    tmp = dest.with_suffix(".tmp")
+    pk.f.seek(0)
+    with open(tmp, "wb") as out:
+        shutil.copyfileobj(pk.f, out, 1 << 20)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, dest)
+    fsync_dir(dest.parent)      # the rename is durable before the store points at the file
+    with site.write_txn() as conn:
+        conn.execute("INSERT OR REPLACE INTO parked(sender, packet_id, seq, part, file, "
+                     "origin_path, waiting, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     (h.sender, h.packet_id, h.seq, h.part, fname, shown, ranges_blob(gaps),
+                      wall_ms()))
+        note_header(site, h, applied=False)
+
+
+def drop_parked(site: Site, h: Header, f: Path) -> None:
+    site.conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?",
+                      (h.sender, h.packet_id))
+    f.unlink(missing_ok=True)
+
+
+# --- snapshots: one path for replica creation and hard resync ----------------------------------
+
+def _check_record(site: Site, rec, vector: dict[bytes, int],
+                  roster: dict[str, Member]) -> None:
+    """Every version in a snapshot comes from an origin the snapshot's vector covers (or from
+    us), and roster records obey the same rules as roster ops."""
+    origin = rec.csn[8:16]
+    if vector.get(origin, 0) <= 0 and origin != site.site_id:
+        raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
+                              f"origin its vector does not cover")
+    if rec.collection == ROSTER:
+        check_roster_entry(site, rec.key, rec.value, roster=roster)
+
+
+def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
+    """Seed a new site (``mkreplica import``) or re-seed a member (hard resync) from the
+    verified parts of one snapshot, in one transaction.
+
+    A re-seed keeps every op we hold above the snapshot's vector (our own not-yet-acknowledged
+    ops above all) and replays them on top in CSN order.  It is refused if it would roll state
+    back: for an origin where the snapshot is behind us, every later op must still be in our
+    changelog (``planning.snapshot_rollback``); so no vector is ever lowered and no epoch of
+    ours can be issued twice."""
+    first = pks[0].header
+    snap = first.vector
+    seeding = not site.joined
+    c = site.conn
+    try:
+        with site.write_txn():
+            behind = planning.snapshot_rollback(snap, site.vector(), site.floors())
+            if behind is not None:
+                raise PacketBodyError(
+                    f"snapshot from {site.name_of(first.sender)} is older than this site's "
+                    f"state of {site.name_of(behind)} (it holds epoch {snap.get(behind, 0)}, "
+                    f"this site {site.vector().get(behind, 0)} and no longer the ops between); "
+                    f"applying it would roll changes back", hint="ask for a fresh snapshot "
+                    "('syncpack resync') made after this site's last packets reached the sender")
+            before = dict(site.roster()) if not seeding else {}
+            kept = [codec.Op(*row) for row in c.execute(
+                "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog "
+                "ORDER BY hlc, origin, seq") if row[1] > snap.get(row[0], 0)]
+            for table in ("versions", "superseded", "tomb_pending", "changelog"):
+                c.execute(f"DELETE FROM {table}")
+            n = 0
+            for pk in pks:
+                rows = []
+                for rec in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
+                    _check_record(site, rec, snap, before)
+                    rows.append((rec.collection, rec.key, rec.csn, rec.value))
+                    if len(rows) >= APPLY_BATCH:
+                        c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+                        n += len(rows)
+                        if progress:
+                            progress(len(rows))
+                        rows = []
+                c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+                n += len(rows)
+                if progress and rows:
+                    progress(len(rows))
+                h = pk.header
+                c.execute("INSERT OR IGNORE INTO packets_in(sender, packet_id, seq, part, kind, "
+                          "ops, path, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (h.sender, h.packet_id, h.seq, h.part, h.kind, h.count, str(pk.path),
+                           wall_ms()))
+            c.executemany("INSERT INTO vector(origin, epoch, floor, seeded) VALUES (?, ?, ?, ?) "
+                          "ON CONFLICT(origin) DO UPDATE SET epoch=max(epoch, excluded.epoch), "
+                          "floor=excluded.floor, seeded=excluded.seeded",
+                          [(o, e, e, e) for o, e in snap.items()])
+            # Our own set-aside ops the snapshot already covers are the family's (their effect
+            # is in the snapshot); only those above it may still need re-issuing.
+            c.execute("DELETE FROM stash WHERE origin=? AND epoch<=?",
+                      (site.site_id, snap.get(site.site_id, 0)))
+            if seeding:
+                site.set_meta("family_id", first.family)
+                site.set_meta("joined", 1)
+                site.joined, site.family_id = True, first.family
+            site.invalidate()
+            _check_members(site, [o for o, e in snap.items() if e], "snapshot")
+            site.record_ops(kept)
+            for op in kept:
+                site.apply_version(op, op.csn)
+            for o, e in snap.items():
+                top = max([op.epoch for op in kept if op.origin == o], default=e)
+                c.execute("UPDATE vector SET epoch=? WHERE origin=?", (max(top, e), o))
+            site.set_meta("hlc", max(int(site.meta("hlc", 0)), first.hlc_max))
+            if seeding:
+                fam = site.family_settings()
+                site.set_meta("family_name", fam.get("name", ""))
+                ensure_link(site, first.sender)
+                c.execute("UPDATE links SET in_seq=? WHERE peer=?", (first.seq, first.sender))
+                raise_matrix(site, first.sender, "acked", snap)
+            else:
+                note_header(site, first, applied=True)
+    except BaseException as e:
+        if seeding:
+            site.joined, site.family_id = False, None
+        site.invalidate()
+        if isinstance(e, sqlite3.IntegrityError):
+            raise PacketBodyError("snapshot holds the same version twice; nothing was "
+                                  "changed") from None
+        raise
+    site.invalidate()
+    return n

@@ -1,0 +1,25 @@
+"""Site names: the one rule, applied wherever a name enters (command line, public key files,
+roster entries arriving in packets and snapshots) and again where one becomes a path."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import SyncpackError, UsageError
+
+MAX_SITE_NAME = 64
+# A site name becomes a directory on every medium (OUT/<to>/<from>/), so it must be one safe
+# path component on every filesystem a stick may carry: no separators, no '.' or '..', no
+# leading dot or dash, nothing a shell or FAT32 treats specially.
+_SITE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def check_site_name(name: object, error: type[SyncpackError] = UsageError) -> str:
+    """Refuse any site name that is not a safe single path component (raises ``error``)."""
+    if not isinstance(name, str) or not _SITE_NAME.fullmatch(name) \
+            or len(name) > MAX_SITE_NAME or name.endswith("."):
+        shown = repr(name)[:80]
+        raise error(f"invalid site name {shown}: use 1 to {MAX_SITE_NAME} letters, digits, "
+                    f"'_', '-' or '.', starting with a letter, digit or '_'",
+                    hint="site names become directory names on every medium")
+    return name

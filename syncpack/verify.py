@@ -1,0 +1,233 @@
+"""Reading packet files and the one verifier every packet kind goes through.
+
+Update packets, replica-creation snapshots, resync snapshots and ``lspacket`` all use
+:func:`verify`, in the fixed order written in ``formats/PACKET.md`` §6: (framing, in
+:func:`open_packet`) size, magic, version, header; then family, recipient, sender membership,
+signature, body hash, sealing policy, clock skew.  Each failure raises a :class:`PacketError`
+subclass naming the check; nothing here writes to the store.
+
+Only regular files are opened (a FIFO or a device named on the command line or lying in an
+import directory would block a reader forever while it holds the site lock).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+from . import codec, keys
+from .codec import Envelope, Header
+from .csn import hlc_from_ms
+from .errors import (ClockSkewError, PacketBodyError, PacketFamilyError, PacketFormatError,
+                     PacketPolicyError, PacketRecipientError, PacketSenderError,
+                     PacketSignatureError)
+from .names import check_site_name
+from .site import Site, wall_ms
+
+DEFAULT_SKEW_MS = 24 * 3600 * 1000
+
+
+def printable(text: object) -> str:
+    """``text`` with control characters escaped, so a file name cannot forge output lines."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+@dataclass
+class OpenPacket:
+    path: Path
+    f: BinaryIO
+    env: Envelope
+
+    @property
+    def header(self) -> Header:
+        return self.env.header
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def open_packet(path: str | os.PathLike) -> OpenPacket:
+    """Size, magic, version and header checks; raises PacketError subclasses."""
+    path = Path(path)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; the fstat below refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise PacketFormatError(f"cannot read {printable(path)}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PacketFormatError(f"{printable(path)} is not a regular file")
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        env = codec.read_envelope(f, st.st_size)
+    except BaseException:
+        f.close()
+        raise
+    return OpenPacket(path, f, env)
+
+
+def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bool]]:
+    """(file, named explicitly) pairs; directories are searched recursively.  In a directory,
+    hidden and temporary files and anything that is not a regular file are left alone; a path
+    named on the command line is returned whatever it is, for the caller to refuse."""
+    out: list[tuple[Path, bool]] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for fn in sorted(files):
+                    if fn.startswith(".") or fn.endswith(".tmp"):
+                        continue
+                    f = Path(root) / fn
+                    if is_regular(f):
+                        out.append((f, False))
+        else:
+            out.append((p, True))
+    return out
+
+
+def has_magic(path: Path) -> bool:
+    if not is_regular(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(codec.MAGIC)) == codec.MAGIC
+    except OSError:
+        return False
+
+
+def check_signature(pk: OpenPacket, public: bytes) -> bool:
+    return keys.verify(public, pk.env.signature,
+                       codec.signed_bytes(pk.env.version, pk.env.header_bytes))
+
+
+def check_skew(h: Header, sender_name: str, now_ms: int | None = None,
+               skew_ms: int = DEFAULT_SKEW_MS) -> None:
+    """Neither the packet's changes nor its creation time may lie further in the future than
+    the skew limit: a far-future stamp would drag our clock, or freeze what we record as the
+    sender's newest report."""
+    now = wall_ms() if now_ms is None else now_ms
+    if h.hlc_max > hlc_from_ms(now + skew_ms):
+        raise ClockSkewError(
+            f"packet from {sender_name} carries changes stamped "
+            f"{(h.hlc_max >> 16) - now} ms ahead of this site's clock (limit {skew_ms} ms)")
+    if h.created_ms > now + skew_ms:
+        raise ClockSkewError(
+            f"packet from {sender_name} says it was made {h.created_ms - now} ms in the "
+            f"future (limit {skew_ms} ms)")
+
+
+def snapshot_roster(h: Header) -> dict[bytes, dict]:
+    return {m["id"]: m for m in h.roster}
+
+
+def verify(site: Site, pk: OpenPacket, *, now_ms: int | None = None,
+           skew_ms: int = DEFAULT_SKEW_MS) -> None:
+    """Every check after the framing, in the fixed order.
+
+    A joined site checks the sender against its own roster.  A site that has not joined yet
+    (``mkreplica import``) has only the snapshot's roster, and accepts it only if it holds
+    this site under its own name and public key (the operator confirms the sender's key
+    fingerprint, which ``mkreplica import`` prints)."""
+    h = pk.header
+    if site.joined and h.family != site.family_id:
+        raise PacketFamilyError(f"packet belongs to family {h.family.hex()}, "
+                                f"this site to {site.family_id.hex()}")
+    if h.recipient != site.site_id:
+        raise PacketRecipientError(f"packet is addressed to {site.name_of(h.recipient)}, "
+                                   f"not to this site ({site.name})")
+    if site.joined:
+        member = site.members_by_id(include_retired=True).get(h.sender)
+        if member is None:
+            raise PacketSenderError(f"sender {h.sender.hex()} is not a member of family "
+                                    f"{site.family_name!r}")
+        if member.retired:
+            raise PacketSenderError(f"sender {member.name} has been retired from the family")
+        name, public = member.name, member.ed25519
+    else:
+        if h.kind != codec.KIND_SNAPSHOT:
+            raise PacketSenderError("this site has not joined a family; only its "
+                                    "replica-creation packet can be imported here")
+        roster = snapshot_roster(h)
+        for m in h.roster:
+            check_site_name(m["name"], PacketBodyError)
+        mine = roster.get(site.site_id)
+        me = keys.read_public_file(keys.public_path(site.path))
+        if mine is None or mine["ed25519"] != me.ed25519 or mine["name"] != site.name:
+            raise PacketSignatureError("snapshot's roster does not hold this site's public key",
+                                       hint="the snapshot was made for another key pair")
+        sender = roster.get(h.sender)
+        if sender is None:
+            raise PacketSenderError("snapshot's sender is not in its own roster")
+        name, public = sender["name"], sender["ed25519"]
+    if not check_signature(pk, public):
+        raise PacketSignatureError(f"signature does not verify with {name}'s key")
+    if not codec.body_hash_matches(pk.f, pk.env):
+        raise PacketBodyError("packet body does not match the hash in its signed header")
+    if site.joined and site.requires_sealing() and not h.sealed:
+        raise PacketPolicyError(f"family {site.family_name!r} requires sealed packets and this "
+                                f"one from {name} is not sealed")
+    check_skew(h, name, now_ms, skew_ms)
+    if site.joined:
+        _verify_acks(site, h, name, now_ms, skew_ms)
+
+
+def resolved_acks(h: Header) -> list[tuple[bytes, int, dict[bytes, int], bytes]]:
+    """The header's acknowledgements with the sender's own vector filled in."""
+    return [(m, c, h.vector if v is None else v, sig) for m, c, v, sig in h.acks]
+
+
+def _verify_acks(site: Site, h: Header, sender: str, now_ms: int | None, skew_ms: int) -> None:
+    """Each acknowledgement must verify with the key of the member it names: a relaying
+    member cannot speak for another.  Members we do not know (yet) are passed over."""
+    now = wall_ms() if now_ms is None else now_ms
+    members = site.members_by_id(include_retired=True)
+    for m, created, vec, sig in resolved_acks(h):
+        member = members.get(m)
+        if member is None:
+            continue
+        if m == h.sender and created != h.created_ms:
+            raise PacketBodyError(f"{sender}'s own acknowledgement is not dated like its packet")
+        if not keys.verify(member.ed25519, sig,
+                           codec.ack_signed_bytes(h.family, m, created, vec)):
+            raise PacketSignatureError(f"acknowledgement of {member.name} in a packet from "
+                                       f"{sender} does not verify with {member.name}'s key",
+                                       hint="a member cannot speak for another; the packet "
+                                            "was not applied")
+        if created > now + skew_ms:
+            raise ClockSkewError(f"acknowledgement of {member.name} in a packet from {sender} "
+                                 f"is dated {created - now} ms in the future")
+
+
+def signature_state(site: Site | None, pk: OpenPacket) -> str:
+    """For ``lspacket``: 'valid', 'invalid' or 'unchecked' (no key to check against)."""
+    h = pk.header
+    public = None
+    if site is not None and site.joined and h.family == site.family_id:
+        m = site.members_by_id(include_retired=True).get(h.sender)
+        public = m.ed25519 if m is not None else None
+    elif h.kind == codec.KIND_SNAPSHOT:
+        r = snapshot_roster(h).get(h.sender)
+        public = r["ed25519"] if r is not None else None
+    if public is None:
+        return "unchecked"
+    return "valid" if check_signature(pk, public) else "invalid"
