@@ -58,6 +58,9 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
         if regressed:
             site.conn.execute("UPDATE matrix SET sent=acked WHERE peer=?", (peer,))
             site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+            # It lost what we told it, its own acknowledgements included: they are the proof
+            # of how much of its own history it once held.
+            site.conn.execute("DELETE FROM acks_told WHERE peer=?", (peer,))
         site.conn.execute("UPDATE links SET acked_created=? WHERE peer=?", (h.created_ms, peer))
     site.conn.execute(
         "UPDATE links SET in_seq=max(in_seq, ?), peer_recv_seq=max(peer_recv_seq, ?), "

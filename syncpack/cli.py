@@ -433,8 +433,9 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
                                              master=spark_master, log_dir=log_dir,
                                              progress=tick, encrypt=encrypt)
         else:
-            # With --all, a peer that needs a resync does not hold back the others' packets.
-            failed = [] if all_peers else None
+            # A peer that needs a resync does not hold back the others' packets (it gets our
+            # vector without ops, and the command exits 1 naming it).
+            failed = []
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
                                encrypt=encrypt, failed=failed)
     failed = failed if engine != "spark" and failed else []

@@ -14,6 +14,7 @@ from .csn import CSN_LEN, next_hlc, pack_csn
 from .errors import UsageError
 from .matrix import ack_floor
 from .site import ROSTER, Site, wall_ms
+from .verify import resolved_acks
 
 NORMAL, RECOVERING = "normal", "recovering"
 
@@ -59,6 +60,8 @@ def note_report(site: Site, h, applied: bool) -> None:
     me = site.site_id
     claim = h.vector.get(me, 0)
     held = site.vector().get(me, 0)
+    # Our own signed acknowledgement, relayed back: proof of how much of our history we held.
+    proven = max((v.get(me, 0) for m, _c, v, _s in resolved_acks(h) if m == me), default=0)
     dismissed = _id_map(site, "recover_dismissed")
     if h.sender in dismissed and claim <= held:
         del dismissed[h.sender]
@@ -78,12 +81,12 @@ def note_report(site: Site, h, applied: bool) -> None:
     if site.state == RECOVERING and h.created_ms >= int(site.meta("restore_ms", 0)):
         reps = _id_map(site, "recover_reports")
         saw = h.recv_seq >= _id_map(site, "recover_asked").get(h.sender, 1)
-        if believed and applied and planning.own_claim_dismissed(claim, held, saw,
+        if believed and applied and planning.own_claim_dismissed(claim, held, proven, saw,
                                                                  delivered=claim <= held):
             dismissed[h.sender] = claim
             _set_id_map(site, "recover_dismissed", dismissed)
             believed = False
-        reps[h.sender] = claim if believed else min(claim, held)
+        reps[h.sender] = claim if believed else max(held, min(claim, proven))
         _set_id_map(site, "recover_reports", reps)
     maybe_finish(site)
 

@@ -20,8 +20,8 @@ from .codec import Header, Op
 from .csn import pack_csn
 from .errors import (PacketError, PacketSenderError, ScrubbedError, SyncpackError,
                      UsageError)
-from .matrix import (acknowledgements, believed, ensure_link, link, matrix, raise_matrix,
-                     ranges_blob, vec_blob, waiting_gaps)
+from .matrix import (acknowledgements, believed, ensure_link, link, matrix,
+                     own_acknowledgement, raise_matrix, ranges_blob, vec_blob, waiting_gaps)
 from .packets import (DEFAULT_MAX_SIZE, PartInfo, atomic_opener, build_update_packets,
                       packet_dir, packet_name)
 from .recovery import RECOVERING, stash_own
@@ -94,7 +94,8 @@ def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]
 def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
               sign: Callable[[bytes], bytes] | None) -> list:
     """Our own signed acknowledgement, and the members' own ones this peer has not been
-    given in their newest version (never one of its own), within the relay budget."""
+    given in their newest version, within the relay budget.  The peer's own comes back to it
+    too: after a restore it is the proof of how much of its own history it once held."""
     out = []
     if sign is not None:
         own = {o: e for o, e in vec.items() if e}
@@ -103,6 +104,9 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
     told = dict(site.conn.execute("SELECT member, created_ms FROM acks_told WHERE peer=?",
                                   (peer,)))
     members = site.members_by_id()
+    own = own_acknowledgement(site, peer)
+    if own is not None and own[0] > told.get(peer, 0):
+        out.append((peer, *own))
     fresh = sorted((told.get(m, 0), m, c, v, sig)
                    for m, (c, v, sig) in acknowledgements(site).items()
                    if m != peer and m in members and c > told.get(m, 0))
@@ -143,7 +147,9 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
             if failed is None:
                 raise err from None
             failed.append(err)
-            continue
+            # The peer still gets our vector and acknowledgements (no ops): it learns what we
+            # hold, and a restored peer learns what only a snapshot can now bring it.
+            ranges = {}
         except SyncpackError as err:
             err.peer = printable(name)
             if failed is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,9 @@ pytest.importorskip("pyspark")
 from syncpack import spark_engine  # noqa: E402
 
 SEED = b"engine comparison"
-NOW = 1_900_000_000_000
+# One fixed creation time for both engines (same bytes), close to now: importers refuse
+# packets made further in the future than the clock-skew limit.
+NOW = int(time.time() * 1000)
 PEERS = ["p1", "p2", "p3", "p4"]
 
 
