@@ -1,6 +1,6 @@
 """Restore from backup, changelog trimming (scrub), hard resync, retiring members.
 
-DESIGN.md §6.  Trimming only ever uses acknowledgements (what members reported in their own
+docs/design.md §6.  Trimming only ever uses acknowledgements (what members reported in their own
 packets, directly or through the all-members floor other members gossip), never estimates of
 what was sent.
 """

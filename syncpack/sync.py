@@ -1,7 +1,7 @@
 """Export and import of update packets: planning against the epoch matrix, verification, gap
 checks, parking, and applying in CSN order.
 
-The rules are DESIGN.md §4-§6.  Verification order is fixed (see :func:`verify`); every failure
+The rules are docs/design.md §4-§6.  Verification order is fixed (see :func:`verify`); every failure
 raises a :class:`PacketError` subclass and leaves the store untouched.
 """
 
@@ -528,7 +528,7 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list) -> list[_Can
 
 
 def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> None:
-    """A snapshot packet addressed to a member: a hard resync (DESIGN.md §6)."""
+    """A snapshot packet addressed to a member: a hard resync (docs/design.md §6)."""
     from .recovery import apply_resync
     group.sort(key=lambda c: c.pk.header.part)
     shown = [c.display for c in group]
