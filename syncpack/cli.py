@@ -1,6 +1,7 @@
 """The ``syncpack`` command: parse, call one library function, print.
 
-The contract (names, exit codes, JSON fields) is ../shared/design/CLI.md, restated in the README.
+The contract (names, exit codes, JSON fields) is documented in docs/commands.md; keep the two
+in step (tests/test_docs.py checks that every command, option and JSON field is there).
 """
 
 from __future__ import annotations
@@ -833,7 +834,8 @@ def batch(obj: Ctx, config):
     Imports first (optionally deleting the packet files that were applied), then exports, then
     scrub; the site comes from the file, not from --site.  Two rounds at a site never overlap.
     Exit 0 when all went well, 1 when an action failed or a packet was rejected; with -q a
-    good round prints nothing (for cron).  The file format is in the README ("Batch rounds").
+    good round prints nothing (for cron).  The file format is in docs/operations.md ("Batch
+    rounds"); metrics = PATH in it writes Prometheus metrics after every round.
 
     \b
     Example:
