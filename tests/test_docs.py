@@ -294,9 +294,17 @@ def test_links_resolve_inside_the_repository():
 
 
 def repository_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                         cwd=ROOT, capture_output=True, check=True).stdout
-    return [ROOT / p for p in out.decode().split("\0") if p and (ROOT / p).is_file()]
+    """Files git would track (committed or not, ignored ones left out); without git (an
+    unpacked source archive), every file outside hidden and build directories."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                              "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        return [ROOT / p for p in out.decode().split("\0") if p and (ROOT / p).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {"__pycache__", "build", "spark-warehouse", "metastore_db"}
+        return [p for p in ROOT.rglob("*") if p.is_file() and not any(
+            part.startswith(".") or part in skip or part.endswith(".egg-info")
+            for part in p.relative_to(ROOT).parts[:-1])]
 
 
 # Built from pieces so this file does not match itself.
