@@ -5,6 +5,7 @@ the command line on a real family."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import time
 
 import pytest
@@ -215,3 +216,31 @@ def test_odd_site_names_stay_parseable(family, tmp_path):
     r = run("status", "--format", "prometheus", site=family.path('bo"ston'))
     assert r.code == 0, r
     assert parse(r.out)["syncpack_recovering"] == [({"site": 'bo"ston'}, 0.0)]
+
+
+# --- the sample alert rules -------------------------------------------------------------------
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
+def test_sample_alert_rules_use_real_metrics_and_match_the_guide():
+    import yaml
+    path = SAMPLES / "prometheus" / "syncpack-alerts.yml"
+    text = path.read_text()
+    doc = yaml.safe_load(text)
+    [group] = doc["groups"]
+    assert group["name"] and group["rules"]
+    real = {n for n, _, _ in metrics.FAMILIES}
+    for rule in group["rules"]:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert re.fullmatch(r"[A-Z][A-Za-z]+", rule["alert"])
+        used = set(re.findall(r"\bsyncpack_\w+", rule["expr"]))
+        assert used <= real, (rule["alert"], used - real)
+        assert used or "node_textfile_mtime_seconds" in rule["expr"]   # the file's own age
+        if "for" in rule:
+            assert re.fullmatch(r"\d+[smhd]", rule["for"])
+        assert rule["annotations"]["summary"]
+    # docs/operations.md shows the same rules (the file less its comment header).
+    rules = "".join(ln + "\n" for ln in text.splitlines() if not ln.startswith("#"))
+    assert f"```yaml\n{rules}```" in OPERATIONS.read_text()
