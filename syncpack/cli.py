@@ -577,13 +577,13 @@ def status(obj: Ctx, fmt):
     """
     if obj.json and fmt not in (None, "json"):
         raise click.UsageError(f"--json asks for JSON; drop it to get --format {fmt}")
+    if fmt == "json":
+        obj.json = True     # errors too come as the JSON document, as with --json
     s = obj.open()
     doc = admin.status(s)
     if fmt == "prometheus":
         click.echo(metrics.render(doc), nl=False)
         return
-    if fmt == "json":
-        obj.json = True
     lines = [f"site {doc['site']} ({doc['state']}), family {doc['family']}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
     if doc["peers"]:

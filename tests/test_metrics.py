@@ -187,6 +187,13 @@ def test_status_formats_and_the_json_flag(synced):
     assert r.code == 2 and "--json asks for JSON" in r.err, r
     r = run("status", "--format", "yaml", site=site)
     assert r.code == 2, r
+    missing = synced.root / "nowhere"
+    for args in (["--json", "status"], ["status", "--format", "json"]):
+        r = run(*args, site=missing)
+        assert r.code == 1 and r.err.startswith("error: "), r
+        assert r.json["error"] and "hint" in r.json
+    r = run("status", "--format", "prometheus", site=missing)
+    assert r.code == 1 and r.out == "" and r.err.startswith("error: "), r
 
 
 def test_parked_conflicts_and_recovering_show_in_metrics(synced):
