@@ -67,6 +67,7 @@ def _origin_by_name(site: Site, name: str) -> bytes:
 
 def status(site: Site) -> dict:
     vec = site.vector()
+    received, sent_at = _last_packet_times(site)
     peers = {}
     for m in sorted(site.members_by_id().values(), key=lambda m: m.name):
         if m.site_id == site.site_id:
@@ -78,6 +79,7 @@ def status(site: Site) -> dict:
             "lag_ops": planning.lag(vec, bel, m.site_id, reported),
             "unacknowledged_ops": sum(max(0, e - acked.get(o, 0)) for o, e in sent.items()),
             "packets_sent": lk["out_seq"], "packets_received": lk["in_seq"],
+            "last_received_ms": received.get(m.site_id), "last_sent_ms": sent_at.get(m.site_id),
         }
     parked = []
     for pid, sender, seq, part, origin_path, w in site.conn.execute(
@@ -97,6 +99,19 @@ def status(site: Site) -> dict:
     return {"site": site.name, "family": site.family_name, "state": site.state,
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec)}
+
+
+def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """Per peer, when we last took in a packet from it (applied, or parked: it arrived) and
+    when we last wrote one for it, in wall-clock ms."""
+    received: dict[bytes, int] = {}
+    for sender, at in site.conn.execute(
+            "SELECT sender, max(at_ms) FROM (SELECT sender, at_ms FROM packets_in "
+            "UNION ALL SELECT sender, at_ms FROM parked) GROUP BY sender"):
+        received[sender] = at
+    sent = dict(site.conn.execute(
+        "SELECT recipient, max(at_ms) FROM packets_out GROUP BY recipient").fetchall())
+    return received, sent
 
 
 def digest(site: Site) -> dict:

@@ -1,6 +1,7 @@
 """The ``syncpack`` command: parse, call one library function, print.
 
-The contract (names, exit codes, JSON fields) is ../shared/design/CLI.md, restated in the README.
+The contract (names, exit codes, JSON fields) is documented in docs/commands.md; keep the two
+in step (tests/test_docs.py checks that every command, option and JSON field is there).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import sqlite3
 import sys
 import traceback
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import click
 
-from . import admin, batch as batch_mod, keys, conflicts as conflicts_mod, recovery, replica, sync
+from . import (admin, batch as batch_mod, keys, conflicts as conflicts_mod, metrics, recovery,
+               replica, sync)
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size
 from .site import Site
@@ -558,27 +561,49 @@ def chepoch(obj: Ctx, peer, settings):
 
 
 @cli.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "prometheus"]),
+              help="text (default), json (same as the global --json), or prometheus: the "
+              "text exposition format for node_exporter's textfile collector.")
 @click.pass_obj
-def status(obj: Ctx):
+def status(obj: Ctx, fmt):
     """Per-peer lag, parked packets and what they wait for, state, conflicts.
+
+    With --format prometheus, prints the same as syncpack_* metrics (a 'site' label on every
+    sample, a 'peer' label on per-peer ones; times as Unix timestamps in seconds).
 
     \b
     Example:
       syncpack --site boston status
+      syncpack --site boston status --format prometheus
     """
+    if obj.json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json asks for JSON; drop it to get --format {fmt}")
+    if fmt == "json":
+        obj.json = True     # errors too come as the JSON document, as with --json
     s = obj.open()
     doc = admin.status(s)
+    if fmt == "prometheus":
+        click.echo(metrics.render(doc), nl=False)
+        return
     lines = [f"site {doc['site']} ({doc['state']}), family {doc['family']}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
     if doc["peers"]:
-        lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}")
+        lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}  "
+                     f"{'last sent (UTC)':17}  last received (UTC)")
         for p, d in doc["peers"].items():
             lines.append(f"{p:20} {d['lag_ops']:>10} {d['unacknowledged_ops']:>10} "
-                         f"{d['packets_sent']:>6} {d['packets_received']:>6}")
+                         f"{d['packets_sent']:>6} {d['packets_received']:>6}  "
+                         f"{_utc(d['last_sent_ms']):17}  {_utc(d['last_received_ms'])}")
     for p in doc["parked"]:
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
         lines.append(f"parked: packet {p['seq']}.{p['part']} from {p['from']} waits for {w}")
     obj.emit(doc, "\n".join(lines))
+
+
+def _utc(ms: int | None) -> str:
+    if not ms:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%MZ")
 
 
 # --- conflicts and policies -------------------------------------------------------------------
@@ -810,7 +835,8 @@ def batch(obj: Ctx, config):
     Imports first (optionally deleting the packet files that were applied), then exports, then
     scrub; the site comes from the file, not from --site.  Two rounds at a site never overlap.
     Exit 0 when all went well, 1 when an action failed or a packet was rejected; with -q a
-    good round prints nothing (for cron).  The file format is in the README ("Batch rounds").
+    good round prints nothing (for cron).  The file format is in docs/operations.md ("Batch
+    rounds"); metrics = PATH in it writes Prometheus metrics after every round.
 
     \b
     Example:

@@ -143,3 +143,10 @@ class BatchLockedError(SyncpackError):
 
     default_hint = ("this round was skipped and changed nothing; the next scheduled round "
                     "catches up (if rounds keep overlapping, schedule them further apart)")
+
+
+class MetricsWriteError(SyncpackError):
+    """A batch round could not write its metrics file."""
+
+    default_hint = ("check that the directory exists and this user may write to it (for "
+                    "node_exporter: the --collector.textfile.directory)")

@@ -1,4 +1,4 @@
-"""The changelog kept as Parquet segments, for the Spark engine (DESIGN.md §9).
+"""The changelog kept as Parquet segments, for the Spark engine (docs/design.md §9).
 
 The layout, schema, manifest and append rules are ``formats/LOG.md``; change the two together.
 In short: ``LOG/origin_hex=<hex>/ep-<first>-<last>.parquet`` segments, one origin per file in

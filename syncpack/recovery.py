@@ -1,6 +1,6 @@
 """Restore from backup, changelog trimming (scrub), retiring members.
 
-DESIGN.md §6.  Trimming only ever uses acknowledgements each member signed itself (received
+docs/design.md §6.  Trimming only ever uses acknowledgements each member signed itself (received
 from it directly or relayed word for word), never estimates of what was sent and never one
 member's summary of others.
 """

@@ -1,4 +1,4 @@
-"""Building update packets with PySpark, from the Parquet log (DESIGN.md §9, formats/LOG.md).
+"""Building update packets with PySpark, from the Parquet log (docs/design.md §9, formats/LOG.md).
 
 :func:`export_spark` gives the same packets, byte for byte, as :func:`syncpack.sync.export` for
 the same site state and parameters, and records them in the store the same way:

@@ -1,7 +1,7 @@
 """Export and import of update packets: planning against the epoch matrix, gap checks,
 parking, and applying in CSN order.
 
-The rules are DESIGN.md §4-§6.  Every packet goes through :func:`syncpack.verify.verify` and is
+The rules are docs/design.md §4-§6.  Every packet goes through :func:`syncpack.verify.verify` and is
 applied by :mod:`syncpack.apply`; a failure raises a :class:`PacketError` subclass and leaves
 the store untouched.
 """
@@ -383,7 +383,7 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
 
 
 def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> None:
-    """A snapshot packet addressed to a member: a hard resync (DESIGN.md §6)."""
+    """A snapshot packet addressed to a member: a hard resync (docs/design.md §6)."""
     group.sort(key=lambda c: c.pk.header.part)
     shown = [c.display for c in group]
     if is_known(site, group[0].pk.header):

@@ -1,4 +1,4 @@
-"""Packets that must be refused (DESIGN.md §3.6, §5; CLI.md exit codes).
+"""Packets that must be refused (docs/design.md §3.6, §5; docs/commands.md exit codes).
 
 Each bad packet, named on the command line, is rejected with an error that says which check
 failed, exit 1, no traceback, and the receiving site is left exactly as it was: same digest,

@@ -1,4 +1,4 @@
-"""Fuzzing the packet reader and the import path (DESIGN.md §3.6 authenticity, §5 import).
+"""Fuzzing the packet reader and the import path (docs/design.md §3.6 authenticity, §5 import).
 
 Every input must end in a typed rejection (a :class:`PacketError` subclass) that changes nothing
 in the store, or in a correct apply (or park) -- never another exception, a hang, or unbounded

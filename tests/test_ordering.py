@@ -1,4 +1,4 @@
-"""Packets arriving out of order, twice, or in parts (DESIGN.md §3.1, §3.4, §3.7, §4, §5).
+"""Packets arriving out of order, twice, or in parts (docs/design.md §3.1, §3.4, §3.7, §4, §5).
 
 boston writes three transactions and after each one exports to sanfran and tokyo, so each link
 carries packets p1, p2, p3 whose ranges follow each other.  sanfran gets them in some disorder,

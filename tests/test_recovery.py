@@ -1,4 +1,4 @@
-"""Issue 5, recovery (DESIGN.md §3 guarantees 1, 2, 5, 6, 8 and §6): lost packets found without a
+"""Issue 5, recovery (docs/design.md §3 guarantees 1, 2, 5, 6, 8 and §6): lost packets found without a
 person, restore from a backup (declared and detected), epoch collisions refused, trimming only
 on acknowledgements, hard resync of a peer below the floor, retired members, clock skew.
 

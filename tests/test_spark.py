@@ -1,4 +1,4 @@
-"""The Spark engine gives the local engine's packets byte for byte (DESIGN.md §9).
+"""The Spark engine gives the local engine's packets byte for byte (docs/design.md §9).
 
 Every test here is marked ``spark`` (deselect with ``-m "not spark"``).  One local Spark session
 serves the whole module; each test works on copies of one family built once, because an export

@@ -1,4 +1,4 @@
-"""Tampered, forged, replayed and misdirected packets (DESIGN.md §3.4 idempotence, §3.6
+"""Tampered, forged, replayed and misdirected packets (docs/design.md §3.4 idempotence, §3.6
 authenticity, §5 import).
 
 Each case is its own test and asserts its own error class (through the library: ``open_packet``

@@ -1,4 +1,4 @@
-"""Bounded trust (DESIGN.md §3.9): a member can affect others only through what it can prove.
+"""Bounded trust (docs/design.md §3.9): a member can affect others only through what it can prove.
 
 Each test plays a lying member (it holds its own signing key and re-signs what it likes) or a
 careless operator, through the CLI or the packet codec, and checks that the claim is refused
@@ -406,3 +406,20 @@ def test_a_restored_site_whose_lost_ops_every_peer_trimmed_is_told_what_to_run(f
     rounds(family, 2)
     assert_converged(family)
     assert_no_epoch_reuse(family)
+
+
+def test_every_claim_of_the_trust_model_names_a_test_that_exists():
+    """docs/trust.md backs each claim with a test: each one it names must exist."""
+    import re
+    from pathlib import Path
+    tests = Path(__file__).parent
+    doc = (tests.parent / "docs" / "trust.md").read_text()
+    files = set(re.findall(r"`(test_\w+\.py)(?:::\w+)?`", doc))
+    names = set(re.findall(r"`(?:test_\w+\.py::)?(test_\w+)`", doc)) - {f[:-3] for f in files}
+    assert files and names
+    sources = {f.name: f.read_text() for f in tests.glob("test_*.py")}
+    for f in files:
+        assert f in sources, f"docs/trust.md names {f}, which does not exist"
+    for n in names:
+        assert any(f"def {n}(" in src for src in sources.values()), \
+            f"docs/trust.md names the test {n}, which does not exist"

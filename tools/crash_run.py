@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Crash harness: SIGKILL syncpack commands at random instants and check DESIGN.md §3.3.
+"""Crash harness: SIGKILL syncpack commands at random instants and check docs/design.md §3.3.
 
 Each trial copies a prepared site (and medium) into a scratch directory, starts one command as
 a child process (the venv's ``syncpack`` script, or a small Python write loop using the API),
