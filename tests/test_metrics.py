@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from syncpack import metrics
 
+from syncpack.site import Site
 from conftest import run
 
 
@@ -218,11 +219,14 @@ def test_parked_conflicts_and_recovering_show_in_metrics(synced):
     assert prom(fam, "bangalore")["syncpack_recovering"][0][1] == 1
 
 
-def test_odd_site_names_stay_parseable(family, tmp_path):
-    family.init('bo"ston')
-    r = run("status", "--format", "prometheus", site=family.path('bo"ston'))
+def test_odd_family_names_stay_parseable(tmp_path):
+    # Site names are safe path components; a family name is free text and becomes a label.
+    odd = 'pa"rts\\ \nfleet'
+    Site.init_family(tmp_path / "boston", odd, "boston").close()
+    r = run("status", "--format", "prometheus", site=tmp_path / "boston")
     assert r.code == 0, r
-    assert parse(r.out)["syncpack_recovering"] == [({"site": 'bo"ston'}, 0.0)]
+    [(labels, value)] = parse(r.out)["syncpack_site_info"]
+    assert labels == {"site": "boston", "family": odd} and value == 1.0
 
 
 # --- the sample alert rules -------------------------------------------------------------------
