@@ -274,7 +274,7 @@ def _one_txn_size(a: Path, work: Path) -> int:
     the largest transaction's raw size and check by exporting from copies of ``a``."""
     import msgpack
     from syncpack import codec
-    from syncpack.sync import open_packet
+    from syncpack.verify import open_packet
     probe = work / "probe"
     copy(a, work / "probe_site")
     sp("export", "--to", "b", "--out", probe, site=work / "probe_site")
@@ -378,7 +378,7 @@ def landed(w: World, cmd: str, tr: Trial) -> str:
 def check_medium(w: World, tr: Trial) -> list[str]:
     """No half-written packet under a packet's name; temporaries are hidden .*.tmp files."""
     from syncpack import codec
-    from syncpack.sync import open_packet
+    from syncpack.verify import open_packet
     problems = []
     if not tr.out.exists():
         return problems
