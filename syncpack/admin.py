@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from . import codec, planning
+from . import codec, planning, store
 from .conflict import Version
 from .csn import CSN_LEN, pack_csn
 from .errors import LoadError, PacketError, UsageError
@@ -43,18 +43,11 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
             raise UsageError(f"epoch must be a whole number >= 0 in {s!r}") from None
         changes[site.member_named(origin).site_id if origin in site.roster()
                 else _origin_by_name(site, origin)] = e
-    with site.lock():
-        c = site.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            for o, e in changes.items():
-                c.execute("INSERT INTO matrix(peer, origin, sent, acked) VALUES (?, ?, ?, 0) "
-                          "ON CONFLICT(peer, origin) DO UPDATE SET sent=excluded.sent, "
-                          "acked=min(acked, excluded.sent)", (m.site_id, o, e))
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+    with site.lock(), site.write_txn() as c:
+        for o, e in changes.items():
+            c.execute("INSERT INTO matrix(peer, origin, sent, acked) VALUES (?, ?, ?, 0) "
+                      "ON CONFLICT(peer, origin) DO UPDATE SET sent=excluded.sent, "
+                      "acked=min(acked, excluded.sent)", (m.site_id, o, e))
     return lsepoch(site)
 
 
@@ -178,8 +171,7 @@ def fsck(site: Site) -> dict:
     names = site.names()
     vec = site.vector()
     floors = site.floors()
-    c.execute("BEGIN")
-    try:
+    with store.read_txn(c):
         try:
             ic = c.execute("PRAGMA integrity_check").fetchall()
             if ic != [("ok",)]:
@@ -206,10 +198,6 @@ def fsck(site: Site) -> dict:
         if max_hlc > int(site.meta("hlc", 0)):
             problems.append("clock is behind a CSN in the changelog")
         problems += _replay_check(site)
-        c.execute("COMMIT")
-    except BaseException:
-        c.execute("ROLLBACK")
-        raise
     return {"ok": not problems, "problems": problems,
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
 

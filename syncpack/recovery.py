@@ -7,8 +7,6 @@ member's summary of others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from . import codec, planning
 from .csn import CSN_LEN, next_hlc, pack_csn
 from .errors import UsageError
@@ -207,47 +205,34 @@ def restore(site: Site, finish: bool = False) -> dict:
 
 # --- scrub ------------------------------------------------------------------------------------
 
-@dataclass
-class ScrubPlan:
-    ops: dict[bytes, tuple[int, int]]   # origin -> (old floor, new floor)
-    tombstones: int
-    tombstones_pending: int
-
-
 def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
           now_ms: int | None = None) -> dict:
     now = wall_ms() if now_ms is None else now_ms
-    with site.lock():
-        c = site.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            acked = ack_floor(site)
-            floors = site.floors()
-            vec = site.vector()
-            young: dict[bytes, int] = {}
-            if min_age_ms:
-                # Keep ops younger than the minimum age, whatever was acknowledged.
-                for o, e in acked.items():
-                    row = c.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND "
-                                    "epoch>? AND epoch<=? AND hlc>=?",
-                                    (o, floors.get(o, 0), e,
-                                     (now - min_age_ms) << 16)).fetchone()
-                    if row[0] is not None:
-                        young[o] = row[0]
-            plan = planning.scrub_floors(acked, floors, vec, young)
-            n_ops = 0
+    # A dry run writes nothing: every write below is guarded by 'not dry_run'.
+    with site.lock(), site.write_txn() as c:
+        acked = ack_floor(site)
+        floors = site.floors()
+        vec = site.vector()
+        young: dict[bytes, int] = {}
+        if min_age_ms:
+            # Keep ops younger than the minimum age, whatever was acknowledged.
+            for o, e in acked.items():
+                row = c.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND "
+                                "epoch>? AND epoch<=? AND hlc>=?",
+                                (o, floors.get(o, 0), e,
+                                 (now - min_age_ms) << 16)).fetchone()
+                if row[0] is not None:
+                    young[o] = row[0]
+        plan = planning.scrub_floors(acked, floors, vec, young)
+        n_ops = 0
+        for o, (lo, hi) in plan.items():
+            n_ops += c.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? "
+                               "AND epoch<=?", (o, lo, hi)).fetchone()[0]
+        tombs, pending = _tombstones(site, acked, vec, dry_run)
+        if not dry_run:
             for o, (lo, hi) in plan.items():
-                n_ops += c.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? "
-                                   "AND epoch<=?", (o, lo, hi)).fetchone()[0]
-            tombs, pending = _tombstones(site, acked, vec, dry_run)
-            if not dry_run:
-                for o, (lo, hi) in plan.items():
-                    c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (o, hi))
-                    c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
-            c.execute("COMMIT" if not dry_run else "ROLLBACK")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+                c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (o, hi))
+                c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
     return {"dry_run": dry_run, "ops_removed": n_ops, "tombstones_removed": tombs,
             "tombstones_waiting": pending,
             "floors": {site.name_of(o): hi for o, (lo, hi) in plan.items()}}

@@ -144,12 +144,11 @@ class Site:
         site_id = secrets.token_bytes(8)
         ident = keys.generate(p, site, site_id)
         conn = store.create(p / store.DB_NAME)
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("INSERT INTO meta VALUES (?, ?)", [
-            ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
-            ("state", "normal"), ("created_ms", wall_ms())])
-        conn.execute("INSERT INTO vector(origin, epoch) VALUES (?, 0)", (site_id,))
-        conn.execute("COMMIT")
+        with store.write_txn(conn):
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+                ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
+                ("state", "normal"), ("created_ms", wall_ms())])
+            conn.execute("INSERT INTO vector(origin, epoch) VALUES (?, 0)", (site_id,))
         return p, conn, ident
 
     @classmethod
@@ -167,10 +166,9 @@ class Site:
             raise UsageError("the family needs a name")
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = secrets.token_bytes(16)
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                         [("family_id", fam_id), ("family_name", family), ("joined", 1)])
-        conn.execute("COMMIT")
+        with store.write_txn(conn):
+            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                             [("family_id", fam_id), ("family_name", family), ("joined", 1)])
         s = cls(p, conn)
         me = Member(site, ident.site_id, ident.ed25519, ident.x25519, priority, {}, False)
         with s.transaction(_system=True) as tx:
