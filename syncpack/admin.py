@@ -13,6 +13,7 @@ from .errors import LoadError, PacketError, UsageError
 from .site import Site, check_collection
 from .sync import (believed, check_signature, find_packet_files, link, matrix, open_packet,
                    _ranges_from_blob)
+from .values import check_json_value
 
 
 def lsepoch(site: Site) -> dict:
@@ -139,6 +140,7 @@ def load(site: Site, path: str | os.PathLike) -> dict:
                 extra = set(d) - {"collection", "key", "value"}
                 if extra:
                     raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
+                check_json_value(d["value"])   # NaN or Infinity: json.loads takes them
                 codec.encode_value(d["value"])  # an unencodable value is rejected with its line
                 items.append((coll, key, d["value"], False))
             else:

@@ -38,7 +38,7 @@ class Ctx:
     def emit(self, doc: dict, human: str | None = None) -> None:
         """The JSON document on stdout in --json mode, else the human text on stdout."""
         if self.json:
-            click.echo(json.dumps(doc, indent=2, sort_keys=False))
+            click.echo(json.dumps(doc, indent=2, sort_keys=False, default=_not_json))
         elif human is not None and human != "":
             click.echo(human)
 
@@ -106,6 +106,16 @@ def _json_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not valid JSON ({e.msg}); quote strings, e.g. '\"text\"'")
+
+
+def _shown(value: Any) -> str:
+    """A value as a person reads it: JSON with non-ASCII text as itself, not \\u escapes."""
+    return json.dumps(value, ensure_ascii=False, default=_not_json)
+
+
+def _not_json(value: Any) -> str:
+    # Values the API now refuses may still arrive from a site running an older syncpack.
+    return f"<{type(value).__name__}: not JSON>"
 
 
 def _size(ctx, param, value):
@@ -269,12 +279,16 @@ def mkreplica_import(obj: Ctx, paths):
 @click.argument("value", metavar="JSON")
 @click.pass_obj
 def put(obj: Ctx, collection, key, value):
-    """Write a record.
+    """Write a record; JSON '-' reads the value from standard input.
 
     \b
     Example:
       syncpack put parts p-100 '{"name": "bolt", "qty": 40}'
+      syncpack put parts p-101 - < p-101.json
     """
+    if value == "-":
+        # Large values do not fit the shell's argument limit.
+        value = sys.stdin.read()
     v = _json_value(value)
     s = obj.open()
     with s.transaction() as tx:
@@ -315,7 +329,7 @@ def get(obj: Ctx, collection, key):
         v = s.get(collection, key)
     except RecordNotFound as e:
         raise RecordNotFound(str(e), hint=f"'syncpack ls {collection}' lists the keys") from None
-    obj.emit({"collection": collection, "key": key, "value": v}, json.dumps(v))
+    obj.emit({"collection": collection, "key": key, "value": v}, _shown(v))
 
 
 @cli.command("ls")
@@ -331,7 +345,7 @@ def ls_(obj: Ctx, collection):
     s = obj.open()
     recs = [{"collection": c, "key": k, "value": v} for c, k, v in s.records(collection)]
     obj.emit({"records": recs},
-             "\n".join(f"{r['collection']}\t{r['key']}\t{json.dumps(r['value'])}" for r in recs))
+             "\n".join(f"{r['collection']}\t{r['key']}\t{_shown(r['value'])}" for r in recs))
 
 
 @cli.command()
@@ -617,7 +631,7 @@ def conflicts(ctx):
     for c in found:
         lines.append(f"{c['collection']}/{c['key']} ({c['policy']}):")
         for v in c["versions"]:
-            shown = "<deleted>" if v["deleted"] else json.dumps(v["value"])
+            shown = "<deleted>" if v["deleted"] else _shown(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
     obj.emit({"conflicts": found}, "\n".join(lines))
     if not obj.json:

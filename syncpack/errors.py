@@ -143,3 +143,17 @@ class BatchLockedError(SyncpackError):
 
     default_hint = ("this round was skipped and changed nothing; the next scheduled round "
                     "catches up (if rounds keep overlapping, schedule them further apart)")
+
+
+class InvalidValueError(UsageError):
+    """A record value that is not plain JSON (bytes, NaN, infinities, non-string keys, other
+    objects): refused before anything is written, so every site can show and ship it."""
+
+    default_hint = ("store JSON values only: dicts with string keys, lists, strings, finite "
+                    "numbers, true/false/null")
+
+
+class SiteClosedError(SiteError):
+    """A :class:`~syncpack.Site` was used after :meth:`~syncpack.Site.close`."""
+
+    default_hint = "open the site again with syncpack.open_site(PATH)"

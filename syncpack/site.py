@@ -31,8 +31,9 @@ from . import codec, keys, store
 from .codec import Op, Record
 from .conflict import POLICIES, Version, pick
 from .csn import CSN_LEN, next_hlc, pack_csn
-from .errors import (NotJoinedError, RecordNotFound, RecoveringError, SiteError,
-                     UsageError, LockedError)
+from .errors import (InvalidValueError, NotJoinedError, RecordNotFound, RecoveringError,
+                     SiteClosedError, SiteError, UsageError, LockedError)
+from .values import check_json_value
 
 SYS_PREFIX = "$"
 ROSTER = "$roster"
@@ -183,7 +184,10 @@ class Site:
         return s
 
     def close(self) -> None:
-        self.conn.close()
+        """Close the store; using the site afterwards raises :class:`SiteClosedError`."""
+        if not isinstance(self.conn, _ClosedStore):
+            self.conn.close()
+            self.conn = _ClosedStore(self.name)
 
     def __enter__(self) -> "Site":
         return self
@@ -432,6 +436,17 @@ class Site:
         return d
 
 
+class _ClosedStore:
+    """Stands in for the connection of a closed site, so any use says so clearly (instead of
+    sqlite3's ProgrammingError)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        raise SiteClosedError(f"site {self._name!r} has been closed")
+
+
 def _group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
     cur_key = None
     vs: list[Version] = []
@@ -462,12 +477,13 @@ class Transaction:
     def put(self, collection: str, key: str, value: Any) -> None:
         check_collection(collection)
         check_key(key)
+        check_json_value(value)
         try:
             raw = codec.encode_value(value)
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise InvalidValueError(str(e)) from None
         if len(raw) > codec.MAX_VALUE_BYTES:
-            raise UsageError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
+            raise InvalidValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
                              f"(this one is {len(raw)}); peers would refuse it")
         self._write(collection, key, raw)
 
