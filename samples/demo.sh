@@ -13,10 +13,12 @@ say() { printf '\n== %s\n' "$*"; }
 source "$HERE/family.sh"
 
 say "round 1: every site exports to every other onto the stick; the stick travels; imports"
+mkdir usb
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s export --all --out usb; done
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s import usb; done
 rm -rf usb
 say "round 2: acknowledgements and relayed changes"
+mkdir usb
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s export --all --out usb; done
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s import usb; done
 rm -rf usb

@@ -6,6 +6,7 @@ say "boston_hub founds the family 'parts'; sanfran_hub and bangalore make key pa
 $SP init boston_hub --family parts --site boston_hub
 $SP keygen sanfran_hub --site sanfran_hub
 $SP keygen bangalore --site bangalore
+mkdir usb
 $SP --site boston_hub mkreplica export --site sanfran_hub \
     --pubkey sanfran_hub/keys/site.pub --out usb --priority 2
 $SP --site sanfran_hub mkreplica import usb

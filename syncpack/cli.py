@@ -18,7 +18,7 @@ import click
 
 from . import admin, batch as batch_mod, keys, conflicts as conflicts_mod, recovery, replica, sync
 from .errors import RecordNotFound, SyncpackError
-from .packets import DEFAULT_MAX_SIZE, parse_size
+from .packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from .site import Site
 
 
@@ -116,6 +116,17 @@ def _shown(value: Any) -> str:
 def _not_json(value: Any) -> str:
     # Values the API now refuses may still arrive from a site running an older syncpack.
     return f"<{type(value).__name__}: not JSON>"
+
+
+def _create_out_option(f):
+    return click.option("--create-out", is_flag=True,
+                        help="Create --out if it does not exist (default: a missing --out is "
+                             "an error, so a mistyped or unmounted path never swallows "
+                             "packets).")(f)
+
+
+def _outbox(out: str, create: bool) -> None:
+    prepare_outbox(out, create, "pass --create-out to create it")
 
 
 def _size(ctx, param, value):
@@ -225,8 +236,9 @@ def mkreplica():
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G).")
 @click.option("--encrypt", is_flag=True, help="Seal the snapshot to the new site's X25519 key.")
+@_create_out_option
 @click.pass_obj
-def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt):
+def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt, create_out):
     """At a member site: add NAME to the family and write its replica-creation packets.
 
     \b
@@ -235,6 +247,7 @@ def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt):
           --pubkey sanfran.pub --out /media/usb
     """
     s = obj.open()
+    _outbox(out, create_out)
     with obj.progress("snapshot") as tick:
         parts = replica.mkreplica_export(s, name, pubkey, out, priority, max_size,
                                          progress=tick, encrypt=encrypt)
@@ -423,8 +436,10 @@ def fsck(obj: Ctx):
               "(default: the site's own log, brought up to date first).")
 @click.option("--encrypt", is_flag=True, help="Seal each packet to its recipient's X25519 key "
               "(always on when the family requires it).")
+@_create_out_option
 @click.pass_obj
-def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_dir, encrypt):
+def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_dir, encrypt,
+            create_out):
     """Write update packets holding exactly what each peer lacks.
 
     \b
@@ -440,6 +455,7 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     if log_dir is not None and engine != "spark":
         raise click.UsageError("--log is read by --engine spark only")
     s = obj.open()
+    _outbox(out, create_out)
     with obj.progress("export") as tick:
         if engine == "spark":
             from . import spark_engine
@@ -779,8 +795,9 @@ def scrub(obj: Ctx, dry_run, min_age):
 @click.option("--out", required=True, type=click.Path(file_okay=False))
 @click.option("--max-size", callback=_size, help="Largest packet (bytes, or K/M/G).")
 @click.option("--encrypt", is_flag=True, help="Seal the snapshot to the peer's X25519 key.")
+@_create_out_option
 @click.pass_obj
-def resync(obj: Ctx, peer, out, max_size, encrypt):
+def resync(obj: Ctx, peer, out, max_size, encrypt, create_out):
     """Write a snapshot packet that re-seeds PEER (when it needs ops we have trimmed).
 
     Importing it at PEER keeps and replays PEER's own not-yet-acknowledged local ops.
@@ -790,6 +807,7 @@ def resync(obj: Ctx, peer, out, max_size, encrypt):
       syncpack --site boston resync --to bangalore --out /media/usb
     """
     s = obj.open()
+    _outbox(out, create_out)
     with obj.progress("snapshot") as tick:
         parts = recovery.resync_export(s, peer, out, max_size, progress=tick, encrypt=encrypt)
     obj.emit({"packets": [{"path": str(p.path), "to": peer, "records": p.header.count,

@@ -120,6 +120,11 @@ class ExportError(SyncpackError):
     pass
 
 
+class OutboxError(ExportError):
+    """The directory packets should go into is missing (and was not to be created) or is not a
+    directory: a mistyped or unmounted path never swallows packets."""
+
+
 class MediumFullError(ExportError):
     default_hint = "free space on the medium or use a smaller --max-size"
 

@@ -18,7 +18,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from . import codec
 from .codec import Header, Op
-from .errors import ExportError, MediumFullError
+from .errors import ExportError, MediumFullError, OutboxError
 
 DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
 MIN_MAX_SIZE = 4096
@@ -230,6 +230,23 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
         series.abort()
         raise
     return series.parts
+
+
+def prepare_outbox(out: str | os.PathLike, create: bool, how_to_create: str) -> Path:
+    """The directory an export writes into.  Missing, it is an error unless ``create``: a
+    mistyped path would otherwise swallow packets that are then recorded as sent, and an
+    unmounted medium would fill the disk under its mount point.  ``how_to_create`` tells the
+    user how to ask for it (a flag, a config key)."""
+    p = Path(out)
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise OutboxError(f"outbox {p} is not a directory", hint="name a directory")
+    if not create:
+        raise OutboxError(f"outbox {p} does not exist",
+                          hint=f"mount the medium or correct the path, or {how_to_create}")
+    p.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:

@@ -116,7 +116,8 @@ def test_progress_shows_on_a_terminal_but_never_in_json(two_sites, tmp_path):
 
     # Human mode on a terminal: a progress line on stderr, nothing of it on stdout.
     code, out, err = _run_with_tty_stderr(
-        ["--site", boston, "export", "--to", "sanfran", "--out", str(usb / "a")], tmp_path)
+        ["--site", boston, "export", "--to", "sanfran", "--create-out", "--out",
+         str(usb / "a")], tmp_path)
     assert code == 0, err
     assert "\rexport: " in err, err                         # the progress line
     assert "export:" not in out and "\r" not in out
@@ -133,7 +134,8 @@ def test_progress_shows_on_a_terminal_but_never_in_json(two_sites, tmp_path):
     with fam.open("boston") as s, s.transaction() as tx:
         tx.put("parts", "p-new", {"qty": 1})
     code, out, err = _run_with_tty_stderr(
-        ["--json", "--site", boston, "export", "--to", "sanfran", "--out", str(usb / "b")],
+        ["--json", "--site", boston, "export", "--to", "sanfran", "--create-out", "--out",
+         str(usb / "b")],
         tmp_path)
     assert code == 0, err
     doc = json.loads(out)
@@ -155,8 +157,8 @@ def test_progress_shows_on_a_terminal_but_never_in_json(two_sites, tmp_path):
 def test_json_output_is_only_the_document_in_process(two_sites, tmp_path):
     """The same through the in-process runner (stderr not a terminal): stdout parses whole."""
     fam = two_sites
-    r = run("export", "--to", "sanfran", "--out", tmp_path / "usb", site=fam.path("boston"),
-            json_mode=True)
+    r = run("export", "--to", "sanfran", "--create-out", "--out", tmp_path / "usb",
+            site=fam.path("boston"), json_mode=True)
     assert r.code == 0, r
     assert json.loads(r.out)["packets"]
     r = run("import", tmp_path / "usb", site=fam.path("sanfran"), json_mode=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import syncpack
-from conftest import run
+from conftest import Family, run
 from syncpack.errors import InvalidValueError, SiteClosedError, SyncpackError
 from syncpack.site import Site
 
@@ -135,3 +135,68 @@ def test_a_closed_site_says_so(a):
         assert "closed" in e.value.message and e.value.hint and e.value.exit_code == 1
     with Site.open(a) as again:     # the directory itself is fine
         assert again.name == "a"
+
+
+# --- the outbox must exist --------------------------------------------------------------------
+
+@pytest.fixture
+def ab(family):
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "parts", "p1", {"qty": 1})
+    return family
+
+
+def sent_to(site: Path, peer: str) -> dict:
+    return run("lsepoch", site=site, json_mode=True).json["peers"][peer]["sent"]
+
+
+def test_export_to_a_missing_outbox_fails_and_records_nothing(ab, tmp_path):
+    a = ab.path("a")
+    before = sent_to(a, "b")
+    packets_sent = run("status", site=a, json_mode=True).json["peers"]["b"]["packets_sent"]
+    typo = tmp_path / "mdia" / "usb"
+    r = run("export", "--to", "b", "--out", typo, site=a)
+    assert r.code == 1, r
+    assert r.err.splitlines() == [f"error: outbox {typo} does not exist",
+                                  "hint: mount the medium or correct the path, or pass "
+                                  "--create-out to create it"]
+    assert not typo.exists() and not typo.parent.exists()
+    assert sent_to(a, "b") == before
+    assert run("status", site=a,
+               json_mode=True).json["peers"]["b"]["packets_sent"] == packets_sent
+    # Asked for, the directory is made and the export goes through.
+    r = run("export", "--to", "b", "--out", typo, "--create-out", site=a, json_mode=True)
+    assert r.code == 0 and r.json["packets"], r
+    assert ab.import_("b", [typo]).ops_applied > 0
+
+
+def test_an_outbox_that_is_a_file_is_refused(ab, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for create in ([], ["--create-out"]):
+        r = run("export", "--all", "--out", f, *create, site=ab.path("a"))
+        assert r.code == 2 and "is a file" in r.err, r         # click's own check
+    assert f.read_text() == "x"
+    # The library check (batch and API callers) says the same in its own words.
+    from syncpack.errors import OutboxError
+    from syncpack.packets import prepare_outbox
+    with pytest.raises(OutboxError, match="is not a directory"):
+        prepare_outbox(f, True, "create it")
+
+
+def test_mkreplica_export_and_resync_check_the_outbox_before_changing_anything(ab, tmp_path):
+    a = ab.path("a")
+    pub = run("keygen", tmp_path / "n", "--site", "n", json_mode=True).json["public_key"]
+    missing = tmp_path / "nope"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", missing, site=a)
+    assert r.code == 1 and "error: outbox" in r.err and "--create-out" in r.err, r
+    assert "n" not in run("lsepoch", site=a, json_mode=True).json["peers"]   # not added
+    r = run("resync", "--to", "b", "--out", missing, site=a)
+    assert r.code == 1 and "error: outbox" in r.err and "hint: " in r.err, r
+    assert not missing.exists()
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", missing,
+            "--create-out", site=a)
+    assert r.code == 0, r
+    assert run("mkreplica", "import", missing, site=tmp_path / "n").code == 0
+
