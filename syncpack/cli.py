@@ -497,20 +497,41 @@ def import_(obj: Ctx, paths):
     s = obj.open()
     with obj.progress("import") as tick:
         res = sync.import_packets(s, paths, progress=tick)
-    lines = [f"applied {len(res.applied)} packet(s), {res.ops_applied} op(s)"]
-    if res.duplicates:
-        lines.append(f"skipped {len(res.duplicates)} duplicate packet(s)")
-    for p in res.parked:
-        w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
-        lines.append(f"parked {p['path']}: waiting for {w}")
     if obj.json:
         obj.emit(res.to_json())
-    else:
-        obj.say("\n".join(lines))
     for r in res.rejected:
         click.echo(f"error: {r['path']}: {r['error']}", err=True)
+    if not obj.json:
+        lines = []
+        for p in res.parked:
+            w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
+            lines.append(f"parked {p['path']}: waiting for {w}")
+        # Last, after any error: the counts of everything that was found, so a directory of
+        # other sites' packets does not read as an import that worked.
+        lines.append(_import_summary(res))
+        obj.say("\n".join(lines))
     if res.rejected:
         sys.exit(1)
+
+
+def _import_summary(res: sync.ImportResult) -> str:
+    parts = []
+    if res.applied or res.ops_applied:
+        parts.append(f"{len(res.applied)} packet(s) applied ({res.ops_applied:,} op(s))")
+    for n, what in ((len(res.duplicates), "duplicate(s) (applied before)"),
+                    (len(res.parked), "parked (waiting for earlier packets)"),
+                    (len(res.rejected), "rejected")):
+        if n:
+            parts.append(f"{n} {what}")
+    why = list(res.skipped_why.get(p, "other site") for p in res.skipped)
+    skipped = [(why.count("other site"), "for other sites"),
+               (why.count("other family"), "of another family"),
+               (len(res.ignored), "not packets")]
+    total = sum(n for n, _ in skipped)
+    if total:
+        parts.append(f"{total} file(s) skipped (" + ", ".join(
+            f"{n} {what}" for n, what in skipped if n) + ")")
+    return "import: " + ("; ".join(parts) if parts else "no packets found")
 
 
 @cli.command()

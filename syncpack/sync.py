@@ -391,11 +391,15 @@ class ImportResult:
     rejected: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     ops_applied: int = 0
+    # Why each skipped packet was left alone: "other site" or "other family".
+    skipped_why: dict[str, str] = field(default_factory=dict)
+    # Files in a searched directory that are not packets at all.
+    ignored: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "ignored": self.ignored}
 
 
 def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bool]]:
@@ -433,8 +437,12 @@ class _Candidate:
 
 def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                    skew_ms: int = DEFAULT_SKEW_MS, now_ms: int | None = None,
-                   progress: Callable[[int], None] | None = None) -> ImportResult:
-    res = ImportResult()
+                   progress: Callable[[int], None] | None = None,
+                   result: ImportResult | None = None) -> ImportResult:
+    """Verify and apply packets; each packet in its own transaction.  With ``result``, the
+    outcome is collected there as it happens, so a caller interrupted midway (Ctrl-C) still
+    knows which packets were applied and committed."""
+    res = result if result is not None else ImportResult()
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -451,10 +459,14 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             except PacketError as e:
                 if named or _has_magic(path):  # a damaged or too new packet is not silent
                     res.rejected.append({"path": str(path), "error": str(e)})
-                continue  # in a directory: not a packet, leave it alone
+                else:
+                    res.ignored.append(str(path))   # in a directory: not a packet, left alone
+                continue
             h = pk.header
             if not named and (h.family != site.family_id or h.recipient != site.site_id):
                 res.skipped.append(str(path))
+                res.skipped_why[str(path)] = ("other family" if h.family != site.family_id
+                                              else "other site")
                 pk.close()
                 continue
             c = _Candidate(pk, str(path))

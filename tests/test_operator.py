@@ -200,3 +200,60 @@ def test_mkreplica_export_and_resync_check_the_outbox_before_changing_anything(a
     assert r.code == 0, r
     assert run("mkreplica", "import", missing, site=tmp_path / "n").code == 0
 
+
+# --- the import summary counts everything -----------------------------------------------------
+
+def test_import_summary_counts_skipped_files_of_every_kind(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.put("a", "parts", "p1", {"qty": 1})
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for p in family.export("a", "c"):             # for another site of the family
+        (inbox / "c.spk").write_bytes(p.read_bytes())
+    other = Family(tmp_path / "other")
+    other.init("z")
+    other.add("y", via="z")
+    other.put("z", "parts", "p1", {"qty": 1})
+    for p in other.export("z", "y"):              # from another family
+        (inbox / "z.spk").write_bytes(p.read_bytes())
+    (inbox / "notes.txt").write_text("not a packet")
+    before = state(family.path("b"))
+
+    r = run("import", inbox, site=family.path("b"))
+    assert r.code == 0, r
+    assert r.err.splitlines() == ["import: 3 file(s) skipped (1 for other sites, 1 of another "
+                                  "family, 1 not packets)"]
+    assert "applied" not in r.err
+    assert state(family.path("b")) == before
+    doc = run("import", inbox, site=family.path("b"), json_mode=True).json
+    assert sorted(doc["skipped"]) == [str(inbox / "c.spk"), str(inbox / "z.spk")]
+    assert doc["ignored"] == [str(inbox / "notes.txt")]
+    assert doc["applied"] == [] and doc["ops_applied"] == 0
+
+    for p in family.export("a", "b"):
+        (inbox / "b.spk").write_bytes(p.read_bytes())
+    r = run("import", inbox, site=family.path("b"))
+    assert r.code == 0, r
+    # Two ops: p1 and c's roster entry, which b had not heard of.
+    assert r.err.splitlines() == ["import: 1 packet(s) applied (2 op(s)); 3 file(s) skipped "
+                                  "(1 for other sites, 1 of another family, 1 not packets)"]
+    r = run("import", inbox / "b.spk", site=family.path("b"))
+    assert r.err.splitlines() == ["import: 1 duplicate(s) (applied before)"], r
+    assert run("import", tmp_path / "empty_ok", site=family.path("b")).code == 1
+
+
+def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
+    p = ab.export("a", "b")[0]
+    bad = tmp_path / "bad.spk"
+    data = bytearray(p.read_bytes())
+    data[-10] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    before = state(ab.path("b"))
+    r = run("import", bad, site=ab.path("b"))
+    assert r.code == 1, r
+    lines = r.err.splitlines()
+    assert lines[0].startswith(f"error: {bad}: ") and lines[-1] == "import: 1 rejected", r
+    assert "applied" not in r.err
+    assert state(ab.path("b")) == before
