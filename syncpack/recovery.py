@@ -16,9 +16,11 @@ from . import codec, keys
 from .csn import pack_csn
 from .errors import PacketBodyError, UsageError
 from .packets import DEFAULT_MAX_SIZE
+from .progress import expect
 from .site import ROSTER, Site, wall_ms
 
 NORMAL, RECOVERING = "normal", "recovering"
+SCRUB_STEP = 50_000
 
 
 # --- restore ----------------------------------------------------------------------------------
@@ -185,7 +187,7 @@ class ScrubPlan:
 
 
 def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
-          now_ms: int | None = None) -> dict:
+          now_ms: int | None = None, progress=None) -> dict:
     from .sync import ack_floor
     now = wall_ms() if now_ms is None else now_ms
     with site.lock():
@@ -214,8 +216,14 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
                                    "AND epoch<=?", (o, lo, hi)).fetchone()[0]
             tombs, pending = _tombstones(site, acked, vec, dry_run)
             if not dry_run:
+                expect(progress, n_ops)
                 for o, (lo, hi) in plan.items():
-                    c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (o, hi))
+                    # In steps, so a long trim shows progress; still one transaction.
+                    for top in range(lo + SCRUB_STEP, hi + SCRUB_STEP, SCRUB_STEP):
+                        n = c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?",
+                                      (o, min(top, hi))).rowcount
+                        if progress:
+                            progress(n)
                     c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
             c.execute("COMMIT" if not dry_run else "ROLLBACK")
         except BaseException:
@@ -299,7 +307,7 @@ def resync_export(site: Site, peer: str, out_dir: str | os.PathLike,
                               progress=progress, seal_to=seal_key(site, m.site_id, encrypt))
 
 
-def apply_resync(site: Site, pks: list) -> int:
+def apply_resync(site: Site, pks: list, progress=None) -> int:
     """Re-seed from a snapshot while keeping every op we hold above the snapshot's vector (our
     own not-yet-acknowledged local ops above all), replayed on top in CSN order."""
     from .sync import _note_header
@@ -326,6 +334,8 @@ def apply_resync(site: Site, pks: list) -> int:
                 rows.append((r.collection, r.key, r.csn, r.value))
             c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
             n += len(rows)
+            if progress:
+                progress(len(rows))
             c.execute("INSERT OR IGNORE INTO packets_in VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                       (pk.header.packet_id, pk.header.sender, pk.header.seq, pk.header.part,
                        pk.header.kind, pk.header.count, str(pk.path), wall_ms()))

@@ -18,6 +18,7 @@ from . import codec, keys
 from .codec import Header
 from .errors import PacketBodyError, PacketError, PacketFormatError, PacketSignatureError, SiteError, UsageError
 from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, PartSeries, atomic_opener
+from .progress import expect
 from .site import FAMILY, FAMILY_KEY, ROSTER, Member, Site, wall_ms
 from .sync import (_ensure_link, _raise_matrix, _vec_blob, check_signature, find_packet_files,
                    link, open_packet, packet_dir)
@@ -59,6 +60,8 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
         d = packet_dir(out_dir, site.name, recipient_name)
         opener = atomic_opener(d, lambda part: f"{seq:010d}-{part:04d}.snapshot{PACKET_SUFFIX}")
         series = PartSeries(tmpl, sign, max_size, opener, seed, seal_to)
+        if progress:
+            expect(progress, conn.execute("SELECT count(*) FROM versions").fetchone()[0])
         try:
             for rec in site.iter_versions():
                 raw = codec.encode_record(rec)
@@ -201,6 +204,7 @@ def _verify_snapshot(pk, first: Header, site: Site, me: keys.PublicIdentity) -> 
 
 def _seed(site: Site, pks: list, progress) -> None:
     first = pks[0].header
+    expect(progress, sum(pk.header.count for pk in pks))
     conn = site.conn
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -24,6 +24,7 @@ from .errors import (ClockSkewError, EpochCollisionError, PacketError, PacketFam
                      UsageError)
 from .packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener,
                       build_update_packets, fsync_dir)
+from .progress import expect
 from .site import SYS_PREFIX, Site, wall_ms
 
 DEFAULT_SKEW_MS = 24 * 3600 * 1000
@@ -273,6 +274,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         conn.execute("BEGIN")  # one read snapshot for plan and ops alike
         try:
             plans = plan_exports(site, peers, now, failed)
+            expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
                 opener = atomic_opener(d, lambda part, s=plan.template.seq:
@@ -488,7 +490,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 cands.append(c)
         try:
             for group in snaps.values():
-                _apply_snapshot(site, group, res)
+                _apply_snapshot(site, group, res, progress)
             while True:
                 cands += _parked_candidates(site, res, opened)
                 _apply_all(site, cands, res, skew_ms, now_ms, progress)
@@ -539,7 +541,8 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list) -> list[_Can
     return out
 
 
-def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> None:
+def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult,
+                    progress=None) -> None:
     """A snapshot packet addressed to a member: a hard resync (DESIGN.md §6)."""
     from .recovery import apply_resync
     group.sort(key=lambda c: c.pk.header.part)
@@ -555,7 +558,8 @@ def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> N
                                  f"import every part together"})
         return
     try:
-        n = apply_resync(site, [c.pk for c in group])
+        expect(progress, sum(c.pk.header.count for c in group))
+        n = apply_resync(site, [c.pk for c in group], progress)
     except PacketError as e:
         for s in shown:
             res.rejected.append({"path": s, "error": str(e)})
@@ -576,6 +580,7 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, skew_ms: 
         return (site.name_of(h.sender), h.seq, h.part)
 
     pending = sorted(cands, key=order)
+    expect(progress, sum(c.pk.header.count for c in cands))
     seen_ids: set[bytes] = set()
     changed = True
     while changed:

@@ -114,12 +114,12 @@ def test_progress_shows_on_a_terminal_but_never_in_json(two_sites, tmp_path):
     boston, sanfran = str(fam.path("boston")), str(fam.path("sanfran"))
     usb = tmp_path / "usb"
 
-    # Human mode on a terminal: a progress line on stderr, nothing of it on stdout.
+    # Human mode on a terminal: a progress bar on stderr, nothing of it on stdout.
     code, out, err = _run_with_tty_stderr(
         ["--site", boston, "export", "--to", "sanfran", "--create-out", "--out",
          str(usb / "a")], tmp_path)
     assert code == 0, err
-    assert "\rexport: " in err, err                         # the progress line
+    assert "\rexport: " in err and "/200 [" in err, err      # the bar, with its total
     assert "export:" not in out and "\r" not in out
 
     # --json on the same terminal: stdout is exactly one JSON document, no progress anywhere.
