@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # A demo family: boston_hub, sanfran_hub and bangalore, synchronised through a directory that
-# stands in for a USB stick.  Run from anywhere; everything goes under $DEMO (default ./demo).
+# stands in for a USB stick.  Run from anywhere: everything goes into a new temporary directory
+# (or $DEMO, which must not exist yet or be empty); the directory it is started from is left
+# alone.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DEMO="${DEMO:-demo}"
 SP="${SYNCPACK:-syncpack}"
-rm -rf "$DEMO"
-mkdir -p "$DEMO"
-cd "$DEMO"
-say() { printf '\n== %s\n' "$*"; }
+source "$HERE/demo_dir.sh"
 
 source "$HERE/family.sh"
 

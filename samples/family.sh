@@ -1,6 +1,7 @@
 # Sourced by the demo scripts: creates the demo family (boston_hub founds 'parts', adds
-# sanfran_hub and bangalore) in the current directory and makes some local changes at each
-# site.  Expects $SP (the syncpack command) and say() from the caller.
+# sanfran_hub and bangalore) in the current directory (the demo's own, see demo_dir.sh) and
+# makes some local changes at each site.  Expects $SP (the syncpack command) and say() from the
+# caller.
 
 say "boston_hub founds the family 'parts'; sanfran_hub and bangalore make key pairs and join"
 $SP init boston_hub --family parts --site boston_hub
