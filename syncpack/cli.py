@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import sys
@@ -310,8 +311,18 @@ def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt, c
     doc = {"packets": [{"path": str(p.path), "to": name, "records": p.header.count,
                         "bytes": p.size, "part": p.header.part} for p in parts]}
     obj.emit(doc, "\n".join(str(p.path) for p in parts))
-    obj.say(f"added {name} to family {s.family_name!r}; carry the packet(s) to the new site and "
-            f"run: syncpack --site DIR mkreplica import PATH")
+    where = parts[0].path.parent if parts else Path(out)
+    obj.say(f"added {name} to family {s.family_name!r}; carry {where} to the new site and run "
+            f"there:\n  syncpack --site {shlex.quote(_keygen_dir(pubkey, name))} mkreplica "
+            f"import {shlex.quote(str(where))}")
+
+
+def _keygen_dir(pubkey: str, name: str) -> str:
+    """The new site's directory when the public key still lies where keygen wrote it."""
+    p = Path(pubkey).absolute()
+    if p.parent.name == "keys" and (p.parent.parent / "syncpack.db").is_file():
+        return str(p.parent.parent)
+    return f"DIR_OF_{name}"
 
 
 def _mkreplica_interrupted(s: Site, name: str) -> tuple[str, str | None]:

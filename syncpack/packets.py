@@ -41,6 +41,13 @@ def parse_size(text: str) -> int:
     return n
 
 
+def size_text(n: int) -> str:
+    """``n`` bytes as a --max-size value, rounded up to whole KiB (or bytes if small)."""
+    if n <= 4096:
+        return str(max(n, MIN_MAX_SIZE))
+    return f"{-(-n // 1024)}K"
+
+
 def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, part: int) -> bytes:
     """Random by default; derived from a seed when reproducible packets are wanted (golden
     vectors, engine comparisons)."""
@@ -104,7 +111,8 @@ class PartSeries:
                        - codec.header_reserve(template, self.origins))
         if self.budget < 1024:
             raise ExportError(f"--max-size {max_size} leaves no room for a body next to a "
-                              f"header for {len(self.origins)} origins")
+                              f"header for {len(self.origins)} origins; --max-size "
+                              f"{size_text(max_size - self.budget + 1024)} or more would do")
         self.parts: list[PartInfo] = []
         self.part = -1
         self._open()
@@ -127,8 +135,11 @@ class PartSeries:
         self.count += items
 
     def too_big(self, n: int, what: str) -> ExportError:
+        need = self.max_size - self.budget + self.body.room_needed(n)
         return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
-                           f"{self.max_size} allows")
+                           f"{self.max_size} allows; --max-size {size_text(need)} or more "
+                           f"would do", hint="a transaction is split between packets, a "
+                                             "single op or record never is")
 
     def finish(self, final: bool, **fields) -> PartInfo:
         length, digest = self.body.finish()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,53 @@ def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
     assert lines[0].startswith(f"error: {bad}: ") and lines[-1] == "import: 1 rejected", r
     assert "applied" not in r.err
     assert state(ab.path("b")) == before
+
+
+# --- papercuts --------------------------------------------------------------------------------
+
+def test_max_size_too_small_says_which_size_would_do(ab, tmp_path):
+    import random
+    text = "".join(random.Random(1).choice("0123456789abcdef") for _ in range(20_000))
+    ab.put("a", "parts", "big", {"blob": text})
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "8K", site=ab.path("a"))
+    assert r.code == 1, r
+    m = re.search(r"one op \((\d+) bytes\) is larger than --max-size 8192 allows; "
+                  r"--max-size (\d+)K or more would do", r.err)
+    assert m and "hint: " in r.err, r
+    assert not list(usb.rglob("*.spk"))
+    r = run("export", "--to", "b", "--out", usb, "--max-size", f"{m[2]}K", site=ab.path("a"),
+            json_mode=True)
+    assert r.code == 0 and r.json["packets"], r
+
+
+def test_mkreplica_export_prints_the_real_next_command(ab, tmp_path):
+    newdir = tmp_path / "new site"
+    pub = run("keygen", newdir, "--site", "n", json_mode=True).json["public_key"]
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", usb,
+            site=ab.path("a"))
+    assert r.code == 0, r
+    packet_dir = usb / "n" / "a"
+    cmd = f"syncpack --site '{newdir}' mkreplica import {packet_dir}"
+    assert cmd in r.err, r
+    # The command works as printed.
+    args = shlex.split(cmd)[1:]
+    assert run(*args).code == 0
+    assert run("digest", site=newdir).out == run("digest", site=ab.path("a")).out
+
+
+def test_the_python_api_is_documented_and_typed():
+    root = Path(syncpack.__file__).parent
+    assert (root / "py.typed").is_file()
+    assert 'syncpack = ["py.typed"]' in (root.parent / "pyproject.toml").read_text()
+    assert syncpack.__doc__
+    missing = [n for n in syncpack.__all__ if not getattr(syncpack, n).__doc__]
+    for cls in (syncpack.Site, syncpack.Transaction):
+        for name, v in vars(cls).items():
+            f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+            if not name.startswith("_") and callable(f) and not f.__doc__:
+                missing.append(f"{cls.__name__}.{name}")
+    assert missing == []
