@@ -83,7 +83,7 @@ def check_collection(name: str) -> None:
                          f"for syncpack itself: {name!r}")
 
 
-def check_key(key: str) -> None:
+def _check_key(key: str) -> None:
     if not isinstance(key, str):
         raise UsageError("a key must be a string")
     if len(key) > MAX_NAME_CHARS:
@@ -513,7 +513,7 @@ class Transaction:
         ``collection``/``key``.  Raises :class:`InvalidValueError` (a :class:`SyncpackError`)
         for anything else, and :class:`UsageError` for a bad collection or key."""
         check_collection(collection)
-        check_key(key)
+        _check_key(key)
         check_json_value(value)
         try:
             raw = codec.encode_value(value)
@@ -528,7 +528,7 @@ class Transaction:
         """Delete ``collection``/``key`` (a tombstone is recorded even if it is absent,
         so the delete still wins over older concurrent writes)."""
         check_collection(collection)
-        check_key(key)
+        _check_key(key)
         self._write(collection, key, None)
 
     def set_policy(self, collection: str, policy: str) -> None:
