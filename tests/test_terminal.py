@@ -245,3 +245,21 @@ def test_scrub_resync_and_log_export_show_bars(world, tmp_path):
     assert any(t >= BIG for _p, _n, t in bars(err, "scrub")), err[-2000:]
     assert re.search(r"removed \d{6,} changelog op\(s\)", out), out
     assert run("fsck", site=boston).code == 0
+
+
+def test_ctrl_c_during_a_load_rolls_back_its_one_transaction(world, tmp_path):
+    boston = copy_site(world, "boston", tmp_path)
+    before = state(boston)
+    lines = tmp_path / "load.jsonl"
+    lines.write_text("".join(f'{{"collection": "c", "key": "k{i}", "value": {{"n": {i}}}}}\n'
+                             for i in range(BIG)))
+    term = Terminal(["--site", boston, "load", lines], tmp_path)
+    term.wait_for(lambda err: any(0 < n < BIG for _p, n, _t in bars(err, "load")))
+    term.p.send_signal(signal.SIGINT)
+    code, out, err = term.finish()
+    assert code == 130, err
+    assert "error: interrupted; nothing was loaded: the file's one transaction was rolled " \
+           "back" in err, err[-1000:]
+    assert "Traceback" not in err and "Aborted!" not in err
+    assert state(boston) == before
+    assert run("fsck", site=boston).code == 0
