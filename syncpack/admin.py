@@ -13,6 +13,8 @@ from .errors import LoadError, PacketError, UsageError
 from .site import Site, check_collection
 from .matrix import believed, link, matrix, ranges_from_blob
 from .verify import find_packet_files, open_packet, printable, signature_state
+from .progress import expect
+from .values import check_json_value
 
 
 def lsepoch(site: Site) -> dict:
@@ -114,7 +116,7 @@ def digest(site: Site) -> dict:
             "vector": site.named({o: e for o, e in site.vector().items() if e})}
 
 
-def load(site: Site, path: str | os.PathLike) -> dict:
+def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     """JSON lines, all in one transaction; a bad line rejects the whole file."""
     p = Path(path)
     try:
@@ -147,6 +149,7 @@ def load(site: Site, path: str | os.PathLike) -> dict:
                 extra = set(d) - {"collection", "key", "value"}
                 if extra:
                     raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
+                check_json_value(d["value"])   # NaN or Infinity: json.loads takes them
                 codec.encode_value(d["value"])  # an unencodable value is rejected with its line
                 items.append((coll, key, d["value"], False))
             else:
@@ -154,12 +157,17 @@ def load(site: Site, path: str | os.PathLike) -> dict:
         except (ValueError, UsageError) as e:
             raise LoadError(f"{p} line {n}: {e}",
                             hint="nothing was loaded; fix the line and load the file again") from None
+    expect(progress, len(items))
     with site.transaction() as tx:
-        for coll, key, value, is_delete in items:
+        for n, (coll, key, value, is_delete) in enumerate(items, 1):
             if is_delete:
                 tx.delete(coll, key)
             else:
                 tx.put(coll, key, value)
+            if progress and n % 1000 == 0:
+                progress(1000)
+        if progress:
+            progress(len(items) % 1000)
     return {"loaded": len(items), "puts": sum(1 for i in items if not i[3]),
             "deletes": sum(1 for i in items if i[3])}
 

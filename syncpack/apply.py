@@ -21,6 +21,7 @@ from .errors import EpochCollisionError, PacketBodyError, PacketSenderError
 from .matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from .packets import PACKET_SUFFIX, fsync_dir
+from .progress import expect
 from .names import check_site_name
 from .site import ROSTER, SYS_PREFIX, Member, Site, wall_ms
 from .verify import OpenPacket, resolved_acks
@@ -320,6 +321,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     first = pks[0].header
     snap = first.vector
     seeding = not site.joined
+    expect(progress, sum(pk.header.count for pk in pks))
     c = site.conn
     try:
         with site.write_txn():

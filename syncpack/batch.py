@@ -138,9 +138,9 @@ from typing import Any, Callable
 
 from . import admin, metrics, recovery, sync
 from .apply import is_known
-from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, PacketError,
-                     SiteError, SyncpackError)
-from .packets import DEFAULT_MAX_SIZE, fsync_dir, parse_size
+from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
+                     PacketError, SiteError, SyncpackError)
+from .packets import DEFAULT_MAX_SIZE, fsync_dir, parse_size, prepare_outbox
 from .verify import open_packet
 from .site import Site
 
@@ -484,13 +484,11 @@ class _Round:
         to_shown = "all" if spec.to is None else spec.to
         entry: dict[str, Any] = {"out": str(spec.out), "to": to_shown, "packets": []}
         self.outboxes.append(entry)
-        if not spec.out.is_dir():
-            if spec.create:
-                spec.out.mkdir(parents=True, exist_ok=True)
-            else:
-                self.fail("export", str(spec.out), f"outbox {spec.out} does not exist",
-                          f"mount the medium, or set {spec.name}.create = true")
-                return
+        try:
+            prepare_outbox(spec.out, spec.create, f"set {spec.name}.create = true")
+        except OutboxError as e:
+            self.fail("export", str(spec.out), e.message, e.hint)
+            return
         pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
                            max_size=spec.max_size, progress=self.progress,
                            encrypt=spec.encrypt)

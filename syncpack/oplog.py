@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from .codec import Op
 from .errors import ExportError
 from .packets import fsync_dir
+from .progress import expect
 from .site import Site, wall_ms
 
 FORMAT = "syncpack-log"
@@ -387,6 +388,7 @@ def append_log(site: Site, loc: LogLocation,
             man.origins[o] = ent
             if top > ent.top:
                 stats["origins"][name] = [ent.top, top]
+                expect(progress, top - ent.top)
                 n, k = _write_origin(site, loc, o, ent, top, progress)
                 stats["ops_written"] += n
                 stats["segments_written"] += k

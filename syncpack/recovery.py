@@ -11,10 +11,12 @@ from . import codec, planning
 from .csn import CSN_LEN, next_hlc, pack_csn
 from .errors import UsageError
 from .matrix import ack_floor
+from .progress import expect
 from .site import ROSTER, Site, wall_ms
 from .verify import resolved_acks
 
 NORMAL, RECOVERING = "normal", "recovering"
+SCRUB_STEP = 50_000
 
 
 # --- restore ---------------------------------------------------------------------------------
@@ -206,7 +208,7 @@ def restore(site: Site, finish: bool = False) -> dict:
 # --- scrub ------------------------------------------------------------------------------------
 
 def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
-          now_ms: int | None = None) -> dict:
+          now_ms: int | None = None, progress=None) -> dict:
     now = wall_ms() if now_ms is None else now_ms
     # A dry run writes nothing: every write below is guarded by 'not dry_run'.
     with site.lock(), site.write_txn() as c:
@@ -230,8 +232,14 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
                                "AND epoch<=?", (o, lo, hi)).fetchone()[0]
         tombs, pending = _tombstones(site, acked, vec, dry_run)
         if not dry_run:
+            expect(progress, n_ops)
             for o, (lo, hi) in plan.items():
-                c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (o, hi))
+                # In steps, so a long trim shows progress; still one transaction.
+                for top in range(lo + SCRUB_STEP, hi + SCRUB_STEP, SCRUB_STEP):
+                    n = c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?",
+                                  (o, min(top, hi))).rowcount
+                    if progress:
+                        progress(n)
                 c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
     return {"dry_run": dry_run, "ops_removed": n_ops, "tombstones_removed": tombs,
             "tombstones_waiting": pending,

@@ -24,6 +24,7 @@ from .matrix import (believed, ensure_link, link, matrix, own_acknowledgement, r
                      ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
 from .packets import (DEFAULT_MAX_SIZE, PartInfo, atomic_opener, build_update_packets,
                       packet_dir, packet_name)
+from .progress import expect
 from .recovery import RECOVERING, stash_own
 from .site import Site, wall_ms
 from .verify import (DEFAULT_SKEW_MS, OpenPacket, find_packet_files, has_magic, open_packet,
@@ -211,6 +212,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         conn.execute("BEGIN")  # one read snapshot for plan and ops alike
         try:
             plans = plan_exports(site, peers, now, failed, sign)
+            expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
                 opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part))
@@ -269,11 +271,15 @@ class ImportResult:
     rejected: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     ops_applied: int = 0
+    # Why each skipped packet was left alone: "other site" or "other family".
+    skipped_why: dict[str, str] = field(default_factory=dict)
+    # Files in a searched directory that are not packets at all.
+    ignored: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "ignored": self.ignored}
 
 
 @dataclass
@@ -285,11 +291,14 @@ class _Candidate:
 
 def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                    skew_ms: int = DEFAULT_SKEW_MS, now_ms: int | None = None,
-                   progress: Callable[[int], None] | None = None) -> ImportResult:
+                   progress: Callable[[int], None] | None = None,
+                   result: ImportResult | None = None) -> ImportResult:
     """Verify every packet found, apply what can apply (in dependency order, whatever order
     the files come in), park what waits for a gap, reject the rest one by one: a bad packet
-    never stops the good ones beside it."""
-    res = ImportResult()
+    never stops the good ones beside it.  Each packet applies in its own transaction; with
+    ``result``, the outcome is collected there as it happens, so a caller interrupted midway
+    (Ctrl-C) still knows which packets were applied and committed."""
+    res = result if result is not None else ImportResult()
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -311,10 +320,14 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             except PacketError as e:
                 if named or has_magic(path):  # a damaged or too new packet is not silent
                     res.rejected.append({"path": shown, "error": str(e)})
-                continue  # in a directory: not a packet, leave it alone
+                else:
+                    res.ignored.append(shown)   # in a directory: not a packet, left alone
+                continue
             h = pk.header
             if not named and (h.family != site.family_id or h.recipient != site.site_id):
                 res.skipped.append(shown)
+                res.skipped_why[shown] = ("other family" if h.family != site.family_id
+                                          else "other site")
                 pk.close()
                 continue
             c = _Candidate(pk, shown)
@@ -336,7 +349,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 cands.append(c)
         try:
             for group in snaps.values():
-                _apply_snapshot(site, group, res)
+                _apply_snapshot(site, group, res, progress)
             while True:
                 cands += _parked_candidates(site, res, opened, check)
                 _apply_all(site, cands, res, progress)
@@ -387,7 +400,8 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
     return out
 
 
-def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> None:
+def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult,
+                    progress=None) -> None:
     """A snapshot packet addressed to a member: a hard resync (docs/design.md §6)."""
     group.sort(key=lambda c: c.pk.header.part)
     shown = [c.display for c in group]
@@ -405,7 +419,7 @@ def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> N
                                  f"of one snapshot together"})
         return
     try:
-        n = apply_snapshot(site, [c.pk for c in group])
+        n = apply_snapshot(site, [c.pk for c in group], progress)
     except PacketError as e:
         for s in shown:
             res.rejected.append({"path": s, "error": str(e)})
@@ -420,6 +434,7 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
         return (site.name_of(h.sender), h.seq, h.part)
 
     pending = sorted(cands, key=order)
+    expect(progress, sum(c.pk.header.count for c in cands))
     seen: set[tuple[bytes, bytes]] = set()
     changed = True
     while changed:

@@ -381,7 +381,7 @@ out = "{root / 'unmounted'}"
     assert r.code == 1, r
     assert f"error: export {root / 'unmounted'}: outbox {root / 'unmounted'} does not exist" \
         in r.err
-    assert "hint: mount the medium, or set export[1].create = true" in r.err
+    assert "hint: mount the medium or correct the path, or set export[1].create = true" in r.err
     assert not (root / "unmounted").exists()               # never created on the wrong disk
     cfg.write_text(cfg.read_text().replace('[[import]]', '[[import]]\nrequired = true'))
     r = run("--json", "batch", cfg)

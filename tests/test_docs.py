@@ -115,11 +115,12 @@ def test_progress_shows_on_a_terminal_but_never_in_json(two_sites, tmp_path):
     boston, sanfran = str(fam.path("boston")), str(fam.path("sanfran"))
     usb = tmp_path / "usb"
 
-    # Human mode on a terminal: a progress line on stderr, nothing of it on stdout.
+    # Human mode on a terminal: a progress bar on stderr, nothing of it on stdout.
     code, out, err = _run_with_tty_stderr(
-        ["--site", boston, "export", "--to", "sanfran", "--out", str(usb / "a")], tmp_path)
+        ["--site", boston, "export", "--to", "sanfran", "--create-out", "--out",
+         str(usb / "a")], tmp_path)
     assert code == 0, err
-    assert "\rexport: " in err, err                         # the progress line
+    assert "\rexport: " in err and "/200 [" in err, err      # the bar, with its total
     assert "export:" not in out and "\r" not in out
 
     # --json on the same terminal: stdout is exactly one JSON document, no progress anywhere.
@@ -134,7 +135,8 @@ def test_progress_shows_on_a_terminal_but_never_in_json(two_sites, tmp_path):
     with fam.open("boston") as s, s.transaction() as tx:
         tx.put("parts", "p-new", {"qty": 1})
     code, out, err = _run_with_tty_stderr(
-        ["--json", "--site", boston, "export", "--to", "sanfran", "--out", str(usb / "b")],
+        ["--json", "--site", boston, "export", "--to", "sanfran", "--create-out", "--out",
+         str(usb / "b")],
         tmp_path)
     assert code == 0, err
     doc = json.loads(out)
@@ -156,8 +158,8 @@ def test_progress_shows_on_a_terminal_but_never_in_json(two_sites, tmp_path):
 def test_json_output_is_only_the_document_in_process(two_sites, tmp_path):
     """The same through the in-process runner (stderr not a terminal): stdout parses whole."""
     fam = two_sites
-    r = run("export", "--to", "sanfran", "--out", tmp_path / "usb", site=fam.path("boston"),
-            json_mode=True)
+    r = run("export", "--to", "sanfran", "--create-out", "--out", tmp_path / "usb",
+            site=fam.path("boston"), json_mode=True)
     assert r.code == 0, r
     assert json.loads(r.out)["packets"]
     r = run("import", tmp_path / "usb", site=fam.path("sanfran"), json_mode=True)
@@ -364,7 +366,7 @@ def json_documents(tmp_path_factory) -> dict[str, list]:
     j("init", b, "--family", "parts", "--site", "boston")
     for d, n in ((s, "sanfran"), (g, "bangalore")):
         pub = j("keygen", d, "--site", n)["public_key"]
-        j("mkreplica export", "--site", n, "--pubkey", pub, "--out", usb / n, site=b)
+        j("mkreplica export", "--site", n, "--pubkey", pub, "--out", usb / n, "--create-out", site=b)
         j("mkreplica import", usb / n, site=d)
     j("keyinfo", site=b)
     j("put", "parts", "p1", '{"qty": 1}', site=b)
@@ -380,16 +382,17 @@ def json_documents(tmp_path_factory) -> dict[str, list]:
     j("collection ls", site=b)
     j("priority", "boston", "5", site=b)
     j("require-sealing", "off", site=b)
-    j("export", "--all", "--out", usb / "1", site=b)
-    j("export", "--to", "boston", "--out", usb / "2", site=s)
+    j("export", "--all", "--out", usb / "1", "--create-out", site=b)
+    j("export", "--to", "boston", "--out", usb / "2", "--create-out", site=s)
     j("lspacket", usb / "1", site=s)
     j("import", usb / "1", site=s)
     j("import", usb / "2", site=b)
     # A lost packet makes the next one park; a damaged one is rejected.
     j("put", "parts", "p4", "4", site=b)
-    j("export", "--to", "sanfran", "--out", usb / "lost", site=b)
+    j("export", "--to", "sanfran", "--out", usb / "lost", "--create-out", site=b)
     j("put", "parts", "p5", "5", site=b)
-    second = j("export", "--to", "sanfran", "--out", usb / "4", site=b)["packets"][0]["path"]
+    second = j("export", "--to", "sanfran", "--out", usb / "4", "--create-out",
+               site=b)["packets"][0]["path"]
     damaged = root / "damaged.spk"
     damaged.write_bytes(Path(second).read_bytes()[:-8])
     j("lspacket", damaged, code=1)
@@ -405,7 +408,7 @@ def json_documents(tmp_path_factory) -> dict[str, list]:
     j("digest", site=b)
     j("fsck", site=b)
     j("scrub", "--dry-run", site=b)
-    j("resync", "--to", "bangalore", "--out", usb / "3", site=b)
+    j("resync", "--to", "bangalore", "--out", usb / "3", "--create-out", site=b)
     j("log export", root / "log", site=b)
     cfg = root / "batch.toml"
     cfg.write_text(f'site = "{s}"\n[[import]]\npath = "{usb}"\nremove_after_import = true\n'

@@ -206,7 +206,7 @@ def build_world(root: Path) -> World:
             tx.delete("parts", "p002")
             tx.put("tools", "t1", [1, 2.5, "x", None, True])
         with s.transaction() as tx:
-            tx.put("parts", "p003", {"qty": -3, "blob": b"\x00\x01"})
+            tx.put("parts", "p003", {"qty": -3, "blob": "\x00\x01"})
     p1 = fam.export("a", "b")
     with fam.open("a") as s, s.transaction() as tx:
         for i in range(5):

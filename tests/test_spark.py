@@ -312,7 +312,7 @@ def test_cli_export_with_the_spark_engine(tmp_path, base, spark):
     r = run("log", "export", site=f.path("hub"), json_mode=True)
     assert r.code == 0, r
     assert r.json["ops_written"] > 0 and "hub" in r.json["origins"]
-    r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--engine", "spark",
+    r = run("export", "--to", "p2", "--create-out", "--out", tmp_path / "usb", "--engine", "spark",
             "--spark-master", "local[2]", site=f.path("hub"), json_mode=True)
     assert r.code == 0, r
     doc = json.loads(r.out)

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey 
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 
 from syncpack import codec, keys, sync  # noqa: E402
-from syncpack.matrix import store_acknowledgements, vec_blob  # noqa: E402
+from syncpack.matrix import store_acknowledgements  # noqa: E402
 from syncpack.site import ROSTER, Member, Site  # noqa: E402
 
 
