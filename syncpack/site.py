@@ -549,6 +549,9 @@ class Transaction:
         self.write_raw(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
 
     def write_raw(self, collection: str, key: str, raw: bytes | None) -> None:
+        """Write an already encoded value (None: a delete) without the checks of :meth:`put`.
+        For syncpack's own replicated collections (roster, family settings, policies), whose
+        rules their writers enforce; applications use :meth:`put` and :meth:`delete`."""
         site = self.site
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
