@@ -435,6 +435,13 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
 
     pending = sorted(cands, key=order)
     expect(progress, sum(c.pk.header.count for c in cands))
+    unproven: dict[tuple[bytes, bytes], PacketError] = {}
+
+    def reject(c: _Candidate, e: PacketError) -> None:
+        res.rejected.append({"path": c.display, "error": str(e)})
+        if c.parked_file:
+            drop_parked(site, c.pk.header, c.parked_file)
+
     seen: set[tuple[bytes, bytes]] = set()
     changed = True
     while changed:
@@ -460,16 +467,25 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
                 still.append(c)      # retried (or parked) against the wound-back vector
                 changed = True
                 continue
-            except PacketError as e:
-                res.rejected.append({"path": c.display, "error": str(e)})
-                if c.parked_file:
-                    drop_parked(site, h, c.parked_file)
+            except PacketSenderError as e:
+                # Ops of an origin we do not know as a member: its roster entry may come in
+                # another packet of this import.  Tried again after each pass; refused if
+                # nothing brings it.
+                unproven[(h.sender, h.packet_id)] = e
+                still.append(c)
                 continue
+            except PacketError as e:
+                reject(c, e)
+                continue
+            unproven.pop((h.sender, h.packet_id), None)
             seen.add((h.sender, h.packet_id))
             res.applied.append(c.display)
             res.ops_applied += n
             changed = True
         pending = still
+    for c in [c for c in pending if (c.pk.header.sender, c.pk.header.packet_id) in unproven]:
+        reject(c, unproven[(c.pk.header.sender, c.pk.header.packet_id)])
+        pending.remove(c)
     vec = site.vector()
     parked_ids = {(c.pk.header.sender, c.pk.header.packet_id) for c in pending if c.parked_file}
     for c in pending:
