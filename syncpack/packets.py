@@ -254,10 +254,12 @@ def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
     crash or a full medium never leaves a partial packet under a packet's name."""
 
     def opener(part: int):
-        directory.mkdir(parents=True, exist_ok=True)
         final = directory / name_for(part)
         tmp = directory / f".{final.name}.{secrets.token_hex(4)}.tmp"
         try:
+            # A file where a directory should be (OUT itself, or OUT/<to>/<from>) is a typed
+            # export error naming the directory, like any other failure to write there.
+            directory.mkdir(parents=True, exist_ok=True)
             f = open(tmp, "wb")
         except OSError as e:
             raise _os_error(e, directory) from None
