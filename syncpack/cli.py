@@ -20,6 +20,15 @@ from . import admin, batch as batch_mod, keys, conflicts as conflicts_mod, recov
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size
 from .site import Site
+from .verify import printable
+
+
+def escaped(text: str) -> str:
+    """Human output with every control character escaped but the line breaks and tabs it was
+    built with (no carriage return or terminal escape from a name gets through).  Names that
+    may hold a line break are escaped where the lines are built (``verify.printable``)."""
+    return "\n".join("\t".join(printable(cell) for cell in line.split("\t"))
+                     for line in text.split("\n"))
 
 
 class Ctx:
@@ -40,12 +49,12 @@ class Ctx:
         if self.json:
             click.echo(json.dumps(doc, indent=2, sort_keys=False))
         elif human is not None and human != "":
-            click.echo(human)
+            click.echo(escaped(human))
 
     def say(self, text: str) -> None:
         """Human remarks: stderr, and only when not quiet."""
         if not self.quiet:
-            click.echo(text, err=True)
+            click.echo(escaped(text), err=True)
 
     @contextmanager
     def progress(self, label: str, total: int | None = None):
@@ -70,12 +79,19 @@ class Ctx:
                 click.echo("", err=True)
 
 
+def echo_error(message: str, hint: str | None = None) -> None:
+    """One ``error:`` line, and a ``hint:`` line if any, on stderr.  Control characters are
+    escaped, so nothing a message quotes (a file name, a name from a packet) can break the
+    line or forge another."""
+    click.echo(f"error: {printable(message)}", err=True)
+    if hint:
+        click.echo(f"hint: {printable(hint)}", err=True)
+
+
 def fail(ctx_obj: Ctx | None, message: str, hint: str | None, code: int = 1):
     if ctx_obj is not None and ctx_obj.json:
         click.echo(json.dumps({"error": message, "hint": hint}))
-    click.echo(f"error: {message}", err=True)
-    if hint:
-        click.echo(f"hint: {hint}", err=True)
+    echo_error(message, hint)
     sys.exit(code)
 
 
@@ -383,7 +399,7 @@ def fsck(obj: Ctx):
         obj.emit(doc)
     if not doc["ok"]:
         for p in doc["problems"]:
-            click.echo(f"error: {p}", err=True)
+            echo_error(p)
         click.echo("hint: restore the site from a backup, or re-seed it with a snapshot",
                    err=True)
         sys.exit(1)
@@ -445,8 +461,7 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     if not pkts and not failed:
         obj.say("nothing to send: every peer already holds our changes and our vector")
     for e in failed:
-        click.echo(f"error: {e.message}", err=True)
-        click.echo(f"hint: {e.hint}", err=True)
+        echo_error(e.message, e.hint)
     if failed:
         sys.exit(1)
 
@@ -478,7 +493,7 @@ def import_(obj: Ctx, paths):
     else:
         obj.say("\n".join(lines))
     for r in res.rejected:
-        click.echo(f"error: {r['path']}: {r['error']}", err=True)
+        echo_error(f"{r['path']}: {r['error']}")
     if res.rejected:
         sys.exit(1)
 
@@ -507,7 +522,7 @@ def lspacket(obj: Ctx, paths):
                      f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}")
     obj.emit(doc, "\n".join(human))
     for e in doc["errors"]:
-        click.echo(f"error: {e['path']}: {e['error']}", err=True)
+        echo_error(f"{e['path']}: {e['error']}")
     if doc["errors"]:
         sys.exit(1)
 
@@ -832,11 +847,9 @@ def batch(obj: Ctx, config):
     elif not obj.quiet:
         obj.emit(doc, batch_mod.format_summary(doc))
     for r in doc["imported"]["rejected"]:
-        click.echo(f"error: {r['path']}: {r['error']}", err=True)
+        echo_error(f"{r['path']}: {r['error']}")
     for e in doc["errors"]:
-        click.echo(f"error: {e['action']} {e['target']}: {e['error']}", err=True)
-        if e["hint"]:
-            click.echo(f"hint: {e['hint']}", err=True)
+        echo_error(f"{e['action']} {e['target']}: {e['error']}", e["hint"])
     sys.exit(doc["exit_code"])
 
 
