@@ -347,7 +347,8 @@ def ls_(obj: Ctx, collection):
     s = obj.open()
     recs = [{"collection": c, "key": k, "value": v} for c, k, v in s.records(collection)]
     obj.emit({"records": recs},
-             "\n".join(f"{r['collection']}\t{r['key']}\t{json.dumps(r['value'])}" for r in recs))
+             "\n".join(f"{printable(r['collection'])}\t{printable(r['key'])}\t"
+                       f"{json.dumps(r['value'])}" for r in recs))
 
 
 @cli.command()
@@ -542,6 +543,11 @@ def lsepoch(obj: Ctx):
 
 
 def _matrix_table(doc: dict) -> str:
+    # Site names come from the roster (an old store may hold any); escaped before laying out.
+    doc = {"site": printable(doc["site"]),
+           "vector": {printable(o): e for o, e in doc["vector"].items()},
+           "peers": {printable(p): {k: {printable(o): e for o, e in v.items()}
+                                    for k, v in d.items()} for p, d in doc["peers"].items()}}
     origins = list(doc["vector"])
     w = max([len(o) for o in origins] + [len("sent to ") + max(
         [len(p) for p in doc["peers"]] + [0]), 10]) + 2
@@ -582,16 +588,17 @@ def status(obj: Ctx):
     """
     s = obj.open()
     doc = admin.status(s)
-    lines = [f"site {doc['site']} ({doc['state']}), family {doc['family']}, "
+    lines = [f"site {doc['site']} ({doc['state']}), family {printable(doc['family'])}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
     if doc["peers"]:
         lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}")
         for p, d in doc["peers"].items():
-            lines.append(f"{p:20} {d['lag_ops']:>10} {d['unacknowledged_ops']:>10} "
+            lines.append(f"{printable(p):20} {d['lag_ops']:>10} {d['unacknowledged_ops']:>10} "
                          f"{d['packets_sent']:>6} {d['packets_received']:>6}")
     for p in doc["parked"]:
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
-        lines.append(f"parked: packet {p['seq']}.{p['part']} from {p['from']} waits for {w}")
+        lines.append(f"parked: packet {p['seq']}.{p['part']} from {printable(p['from'])} "
+                     f"waits for {printable(w)}")
     obj.emit(doc, "\n".join(lines))
 
 
@@ -630,7 +637,7 @@ def conflicts(ctx):
     found = conflicts_mod.list_conflicts(s, collection)
     lines = []
     for c in found:
-        lines.append(f"{c['collection']}/{c['key']} ({c['policy']}):")
+        lines.append(f"{printable(c['collection'])}/{printable(c['key'])} ({c['policy']}):")
         for v in c["versions"]:
             shown = "<deleted>" if v["deleted"] else json.dumps(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
