@@ -534,3 +534,100 @@ def test_update_export_to_an_unwritable_out_records_nothing(abc, tmp_path):
     assert r.code == 0, r
     assert run("import", good, site=fam.path("b")).code == 0
     assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
+
+
+def _poison_inbox(fam: Family, tmp_path: Path, epk: bytes) -> Path:
+    """b's inbox: c's sealed packet with a bad ephemeral key, a FIFO, and a's good packet."""
+    fam.put("c", "parts", "from-c", {"x": 1})
+    r = run("export", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+            json_mode=True)
+    [sealed] = [Path(p["path"]) for p in r.json["packets"]]
+    [good_a] = fam.export("a", "b")
+    inbox = tmp_path / "inbox" / "b"
+    inbox.mkdir(parents=True)
+    (inbox / "0-poison.spk").write_bytes(
+        resealed_epk(sealed.read_bytes(), epk, keys.load_signing_key(fam.path("c")).sign))
+    os.mkfifo(inbox / "0-fifo.spk")
+    shutil.copy(good_a, inbox / "1-good-a.spk")
+    return inbox
+
+
+def test_poison_packet_does_not_stop_a_cron_inbox(abc, tmp_path):
+    """The issue's scenario: ``syncpack -q batch`` from cron over an inbox holding a poison
+    packet (and a FIFO): the round finishes, the good packet applies, exit 1 names the bad."""
+    fam = abc
+    inbox = _poison_inbox(fam, tmp_path, bytes(32))
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(f'site = "{fam.path("b")}"\n\n[[import]]\npath = "{inbox}"\n'
+                   f'remove_after_import = true\n')
+    r = syncpack_proc("-q", "batch", cfg)
+    assert r.returncode == 1, r
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errs) == 1 and "0-poison.spk" in errs[0], r
+    clean_lines(r.stderr)
+    assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
+    # the applied packet was removed, the rejected one and the FIFO left alone
+    assert sorted(p.name for p in inbox.iterdir()) == ["0-fifo.spk", "0-poison.spk"]
+    r = syncpack_proc("--json", "batch", cfg)
+    assert r.returncode == 1, r
+    doc = json.loads(r.stdout)
+    assert [x["path"] for x in doc["imported"]["rejected"]] == [str(inbox / "0-poison.spk")]
+
+
+@pytest.mark.parametrize("epk", LOW_ORDER[:2], ids=lambda e: e.hex()[:8])
+def test_poisoned_resync_snapshot_beside_good_packets(abc, tmp_path, epk):
+    """A hard-resync snapshot (sealed) with a bad ephemeral key: rejected as a packet, the
+    update packets beside it apply."""
+    fam = abc
+    b = fam.path("b")
+    r = run("resync", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+            json_mode=True)
+    assert r.code == 0, r
+    [snap] = [Path(p["path"]) for p in r.json["packets"]]
+    [good_a] = fam.export("a", "b")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "0-snap.spk").write_bytes(
+        resealed_epk(snap.read_bytes(), epk, keys.load_signing_key(fam.path("c")).sign))
+    shutil.copy(good_a, inbox / "1-good-a.spk")
+    r = run("import", inbox, site=b)
+    refused(r, "0-snap.spk")
+    assert run("get", "parts", "p1", site=b).out.strip() == '{"qty": 1}'
+    assert run("fsck", site=b).code == 0
+
+
+def test_bad_roster_entry_in_a_snapshot_is_refused_by_the_new_site(family, tmp_path):
+    """An old store holding a roster entry that cannot be a path seeds a new site: the new
+    site refuses the snapshot, names the entry, and stays unjoined."""
+    a = family.init("a")
+    family.put("a", "parts", "p1", 1)
+    _force_roster_entry(a, "../evil")
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "usb"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, site=a)
+    assert r.code == 0, r
+    r = run("mkreplica", "import", out, site=n)
+    refused(r, "invalid site name", "../evil")
+    r = run("get", "parts", "p1", site=n)
+    assert r.code == 1 and "not joined" in r.err, r
+
+
+def test_human_listings_escape_names_and_keys(abc):
+    """Names from an old store's roster and keys written by any member are data: listings
+    print them escaped, one line per entry."""
+    fam = abc
+    a = fam.path("a")
+    _force_roster_entry(a, "n\nerror: forged\x1b[2J")
+    assert run("put", "parts", "k\nerror: forged\r", "1", site=a).code == 0
+    for cmd in (["status"], ["lsepoch"], ["ls"], ["ls", "parts"], ["collection", "ls"]):
+        r = run(*cmd, site=a)
+        assert r.code == 0, r
+        for ln in (r.out + r.err).splitlines():
+            assert ln.isprintable() or "\t" in ln, repr(ln)
+            assert not ln.startswith("error:"), (cmd, r)
+    ls = run("ls", "parts", site=a).out.splitlines()
+    assert "parts\tk\\nerror: forged\\r\t1" in ls, ls
+    assert run("ls", "parts", site=a, json_mode=True).json["records"][0]["key"] in (
+        "k\nerror: forged\r", "p1")
