@@ -631,3 +631,59 @@ def test_human_listings_escape_names_and_keys(abc):
     assert "parts\tk\\nerror: forged\\r\t1" in ls, ls
     assert run("ls", "parts", site=a, json_mode=True).json["records"][0]["key"] in (
         "k\nerror: forged\r", "p1")
+
+
+def test_mkreplica_export_onto_a_medium_that_fills_midway(family, tmp_path, monkeypatch):
+    """The medium fills while the second part of the snapshot is written: every part goes,
+    the member is not added, and a retry on a roomier medium succeeds."""
+    from syncpack import packets
+    a = family.init("a")
+    with family.open("a") as s, s.transaction() as tx:
+        for i in range(2000):
+            tx.put("parts", f"p{i:04d}", {"pad": os.urandom(40).hex()})
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "usb"
+    real_write = packets._GuardedFile.write
+    written = {"n": 0}
+
+    def write(self, b):
+        written["n"] += len(b)
+        if written["n"] > 40_000:
+            self._f.close()
+            self._tmp.unlink(missing_ok=True)
+            raise packets._os_error(OSError(28, "No space left on device"), self._dir)
+        return real_write(self, b)
+
+    before = observe(a)
+    monkeypatch.setattr(packets._GuardedFile, "write", write)
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+            "--max-size", "16K", site=a)
+    monkeypatch.setattr(packets._GuardedFile, "write", real_write)
+    refused(r, "is full")
+    assert observe(a) == before
+    assert not [p for p in out.rglob("*") if p.is_file()], list(out.rglob("*"))
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+            "--max-size", "16K", site=a, json_mode=True)
+    assert r.code == 0 and len(r.json["packets"]) > 2, r
+    assert run("mkreplica", "import", out, site=n).code == 0
+    assert run("digest", site=n).out == run("digest", site=a).out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_mkreplica_export_into_a_read_only_directory(family, tmp_path):
+    a = family.init("a")
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        before = observe(a)
+        refused(run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+                    site=a), "cannot write packets into")
+        assert observe(a) == before
+    finally:
+        out.chmod(0o700)
+    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+               site=a).code == 0
