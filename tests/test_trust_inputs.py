@@ -120,9 +120,13 @@ def test_init_and_keygen_accept_safe_names(tmp_path):
         assert run("keygen", tmp_path / f"k{i}", "--site", name).code == 0
 
 
-@pytest.mark.parametrize("evil", ["../evil", "/tmp/syncpack-evil", "a/../../evil", ".."],
-                         ids=repr)
+ABS = "<absolute>"     # stands for an absolute path of the test's own, outside everything
+
+
+@pytest.mark.parametrize("evil", ["../evil", ABS, "a/../../evil", ".."], ids=repr)
 def test_public_key_file_naming_a_path_is_refused(family, tmp_path, evil):
+    abs_target = tmp_path.parent / f"{tmp_path.name}-evil-abs"
+    evil = str(abs_target) if evil == ABS else evil
     a = family.init("a")
     family.put("a", "parts", "p1", 1)
     pub = Path(run("keygen", tmp_path / "n", "--site", "n", json_mode=True).json["public_key"])
@@ -138,7 +142,7 @@ def test_public_key_file_naming_a_path_is_refused(family, tmp_path, evil):
         refused(r, "invalid site name")
     assert observe(a) == before
     assert files_under(tmp_path) == files_before      # not a file written, in --out or outside
-    assert not Path("/tmp/syncpack-evil").exists()
+    assert not abs_target.exists()
 
 
 def _bad_roster_op(fam: Family, at: str, bad_name: str) -> None:
@@ -193,9 +197,11 @@ def _force_roster_entry(site: Path, bad: str) -> None:
         s.conn.execute("COMMIT")
 
 
-@pytest.mark.parametrize("bad", ["../evil", "/tmp/syncpack-evil-abs", "x" * 300, "..",
-                                 "n\nerror: forged"], ids=repr)
+@pytest.mark.parametrize("bad", ["../evil", ABS, "x" * 300, "..", "n\nerror: forged"],
+                         ids=repr)
 def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(abc, tmp_path, bad):
+    abs_target = tmp_path.parent / f"{tmp_path.name}-evil-abs"
+    bad = str(abs_target) if bad == ABS else bad
     fam = abc
     a = fam.path("a")
     _force_roster_entry(a, bad)
@@ -212,7 +218,7 @@ def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(abc, tmp_path,
     assert {p.relative_to(out).parts[:2] for p in written} == {("b", "a"), ("c", "a")}, r
     for p in files_under(tmp_path) - files_under(out):
         assert p in outside, f"written outside --out: {p}"
-    assert not Path("/tmp/syncpack-evil-abs").exists()
+    assert not abs_target.exists()
     # JSON: the failure is listed, the packets too.
     fam.put("a", "parts", "p2", 2)
     r = run("export", "--all", "--out", out, site=a, json_mode=True)
