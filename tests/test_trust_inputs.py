@@ -693,3 +693,35 @@ def test_mkreplica_export_into_a_read_only_directory(family, tmp_path):
         out.chmod(0o700)
     assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
                site=a).code == 0
+
+
+def test_poisoned_packet_parked_behind_a_gap_is_rejected_when_the_gap_fills(abc, tmp_path):
+    """The malformed key is only found when the body is opened: a poisoned packet that first
+    waits for a gap is parked, then rejected alone (and dropped from the parking) once the
+    gap fills; the packet that filled it applies."""
+    fam = abc
+    b = fam.path("b")
+    fam.put("c", "parts", "c1", 1)
+    r1 = run("export", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+             json_mode=True)
+    fam.put("c", "parts", "c2", 2)
+    r2 = run("export", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+             json_mode=True)
+    [first] = [Path(p["path"]) for p in r1.json["packets"]]
+    [second] = [Path(p["path"]) for p in r2.json["packets"]]
+    poisoned = tmp_path / "second.spk"
+    poisoned.write_bytes(resealed_epk(second.read_bytes(), bytes(32),
+                                      keys.load_signing_key(fam.path("c")).sign))
+    r = run("import", poisoned, site=b, json_mode=True)
+    assert r.code == 0 and len(r.json["parked"]) == 1, r
+    r = run("import", first, site=b)
+    line = refused(r, "second.spk")
+    assert "applied 1 packet(s)" in r.err, r
+    assert "internal error" not in line
+    assert run("get", "parts", "c1", site=b).out.strip() == "1"
+    assert run("get", "parts", "c2", site=b).code == 1
+    st_ = run("status", site=b, json_mode=True).json
+    assert st_["parked"] == [], st_
+    assert run("fsck", site=b).code == 0
+    assert run("import", second, site=b).code == 0           # the genuine one still applies
+    assert run("get", "parts", "c2", site=b).out.strip() == "2"
