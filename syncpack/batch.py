@@ -11,7 +11,8 @@ A round, in this order:
 3. **scrub** (optional) — :func:`syncpack.recovery.scrub`, like ``syncpack scrub``.
 
 A failing action (a rejected packet, an unmounted required medium, a peer that needs a
-snapshot) is recorded and the round carries on with the next action; the outcome then says
+snapshot: with ``to = "all"`` that peer alone, the others still get their packets) is
+recorded and the round carries on with the next action; the outcome then says
 ``failed`` and the exit code is 1, so a scheduler can alert.  Parked packets are not failures:
 they wait, inside the site, for the packets they miss and apply by themselves in a later round.
 
@@ -465,12 +466,18 @@ class _Round:
                 self.fail("export", str(spec.out), f"outbox {spec.out} does not exist",
                           f"mount the medium, or set {spec.name}.create = true")
                 return
+        # To all peers, as 'syncpack export --all': a peer that cannot be served (a resync
+        # needed, a roster name that cannot be a path) is one failure, the others still get
+        # their packets.
+        failed: list[SyncpackError] | None = [] if spec.to is None else None
         pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
                            max_size=spec.max_size, progress=self.progress,
-                           encrypt=spec.encrypt)
+                           encrypt=spec.encrypt, failed=failed)
         entry["packets"] = [p.to_json() for p in pkts]
         self.exported += entry["packets"]
         who = "all" if spec.to is None else ",".join(spec.to)
+        for e in failed or []:
+            self.fail("export", f"{spec.out} -> {getattr(e, 'peer', '?')}", e.message, e.hint)
         if pkts:
             peers = ", ".join(sorted({p.to for p in pkts}))
             self.log.line("export", f"{spec.out} -> {who}: {len(pkts)} packet(s) to {peers}, "
