@@ -727,3 +727,27 @@ def test_poisoned_packet_parked_behind_a_gap_is_rejected_when_the_gap_fills(abc,
     assert run("fsck", site=b).code == 0
     assert run("import", second, site=b).code == 0           # the genuine one still applies
     assert run("get", "parts", "c2", site=b).out.strip() == "2"
+
+
+def test_batch_export_to_all_with_a_bad_roster_entry_writes_the_good_peers(abc, tmp_path):
+    """The scheduled round too: one bad roster entry does not hold back the other peers'
+    packets; the round fails (exit 1) naming the entry, the packets are on the medium."""
+    fam = abc
+    a = fam.path("a")
+    _force_roster_entry(a, "../evil")
+    out = tmp_path / "outbox" / "usb"
+    out.mkdir(parents=True)
+    cfg = tmp_path / "a.toml"
+    cfg.write_text(f'site = "{a}"\n\n[[export]]\nout = "{out}"\nto = "all"\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    errs = error_lines(r)
+    assert len(errs) == 1 and "invalid site name" in errs[0] and "../evil" in errs[0], r
+    clean_lines(r.err)
+    assert sorted(p.relative_to(out).parts[:2] for p in out.rglob("*.spk")) == \
+        [("b", "a"), ("c", "a")]
+    assert {p for p in (tmp_path / "outbox").rglob("*")} <= {out, *out.rglob("*")}
+    doc = run("batch", cfg, json_mode=True).json
+    assert doc["exit_code"] == 1 and len(doc["errors"]) == 1, doc
+    assert run("import", out / "b", site=fam.path("b")).code == 0
+    assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
