@@ -443,18 +443,19 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     if log_dir is not None and engine != "spark":
         raise click.UsageError("--log is read by --engine spark only")
     s = obj.open()
+    # With --all, a peer that cannot be served (it needs a resync, or its roster name cannot
+    # be a directory) does not hold back the others' packets.
+    failed: list[SyncpackError] | None = [] if all_peers else None
     with obj.progress("export") as tick:
         if engine == "spark":
             from . import spark_engine
             pkts = spark_engine.export_spark(s, out, list(to), all_peers, max_size,
                                              master=spark_master, log_dir=log_dir,
-                                             progress=tick, encrypt=encrypt)
+                                             progress=tick, encrypt=encrypt, failed=failed)
         else:
-            # With --all, a peer that needs a resync does not hold back the others' packets.
-            failed = [] if all_peers else None
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
                                encrypt=encrypt, failed=failed)
-    failed = failed if engine != "spark" and failed else []
+    failed = failed or []
     doc = {"packets": [p.to_json() for p in pkts]}
     if failed:
         doc["failed"] = [{"to": e.peer, "error": e.message, "hint": e.hint} for e in failed]
