@@ -246,6 +246,8 @@ def test_fifo_in_an_import_directory_is_skipped(ab_packets):
     inbox = pkts[0].parent
     os.mkfifo(inbox / "0000000099-0000.spk")
     os.mkfifo(inbox / "zz-fifo")
+    os.symlink(inbox / "zz-fifo", inbox / "0000000098-0000.spk")     # a link to a FIFO
+    os.symlink("/dev/zero", inbox / "0000000097-0000.spk")           # a link to a device
     r = syncpack_proc("--site", fam.path("b"), "import", inbox.parent.parent)
     assert r.returncode == 0, r
     assert "Traceback" not in r.stderr
@@ -257,11 +259,19 @@ def test_fifo_in_an_import_directory_is_skipped(ab_packets):
     assert r.returncode == 0 and r.stdout.count("update a -> b") == 1, r
 
 
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "device"])
 @pytest.mark.parametrize("cmd", ["import", "lspacket", "mkreplica-import"])
-def test_fifo_named_on_the_command_line_is_rejected_quickly(ab_packets, tmp_path, cmd):
+def test_fifo_named_on_the_command_line_is_rejected_quickly(ab_packets, tmp_path, cmd, kind):
     fam, [good] = ab_packets
     fifo = tmp_path / "fifo.spk"
-    os.mkfifo(fifo)
+    if kind == "device":
+        os.symlink("/dev/zero", fifo)       # endless: reading it would never finish
+    else:
+        os.mkfifo(tmp_path / "the-fifo")
+        if kind == "fifo":
+            os.rename(tmp_path / "the-fifo", fifo)
+        else:
+            os.symlink(tmp_path / "the-fifo", fifo)
     b = fam.path("b")
     before = observe(b)
     if cmd == "import":
