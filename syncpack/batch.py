@@ -118,7 +118,7 @@ from typing import Any, Callable
 
 from . import recovery, sync
 from .apply import is_known
-from .verify import open_packet
+from .verify import find_packet_files, open_packet, printable
 from .errors import (BatchConfigError, BatchLockedError, PacketError, SiteError,
                      SyncpackError)
 from .packets import DEFAULT_MAX_SIZE, parse_size
@@ -364,11 +364,16 @@ def _ranges_text(waiting: dict) -> str:
 def remove_applied(site: Site, inbox: Path, shown: list[str]) -> list[str]:
     """Delete those of ``shown`` (paths an import reported applied or duplicate) that are files
     inside ``inbox`` holding a packet addressed to this site whose id the store records as
-    applied.  Checked again here, file by file, so nothing else is ever deleted."""
+    applied.  Checked again here, file by file, so nothing else is ever deleted.
+
+    An import reports file names escaped (``verify.printable``); the inbox's own files are
+    matched back by that same escaping, so a packet whose name holds a control character is
+    removed too (it is still checked like any other)."""
     root = Path(os.path.abspath(inbox))
+    real = {printable(f): f for f, _named in find_packet_files([root])}
     removed = []
     for s in dict.fromkeys(shown):
-        p = Path(os.path.abspath(s))
+        p = Path(os.path.abspath(real.get(s, s)))
         if p != root and root not in p.parents:
             continue  # e.g. a packet parked in an earlier round from another inbox
         if not p.is_file():

@@ -761,3 +761,24 @@ def test_batch_export_to_all_with_a_bad_roster_entry_writes_the_good_peers(abc, 
     assert doc["exit_code"] == 1 and len(doc["errors"]) == 1, doc
     assert run("import", out / "b", site=fam.path("b")).code == 0
     assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
+
+
+def test_batch_removes_an_applied_packet_whose_name_holds_a_newline(ab_packets, tmp_path):
+    """remove_after_import matches the import's escaped names back to the inbox's files: the
+    applied packet goes whatever its name, the damaged one beside it stays."""
+    fam, [good] = ab_packets
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    shutil.copy(good, inbox / f"good{FORGED}.spk")
+    (inbox / f"bad{FORGED}.spk").write_bytes(codec.MAGIC + b"\0" * 200)
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(f'site = "{fam.path("b")}"\n\n[[import]]\npath = "{inbox}"\n'
+                   f'remove_after_import = true\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    clean_lines(r.err)
+    assert len(error_lines(r)) == 1 and "bad" in error_lines(r)[0], r
+    for ln in r.out.splitlines():
+        assert ln.isprintable(), repr(ln)
+    assert [p.name for p in inbox.iterdir()] == [f"bad{FORGED}.spk"]
+    assert run("get", "parts", "p2", site=fam.path("b")).out.strip() == '{"qty": 2}'
