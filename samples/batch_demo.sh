@@ -2,15 +2,12 @@
 # Scheduled rounds: the demo family of samples/demo.sh (boston_hub, sanfran_hub, bangalore)
 # synchronised by 'syncpack batch' alone, through a shared "media" directory that stands in for
 # a drop directory or a medium that travels.  Two rounds at every site, then equal digests.
-# Run from anywhere; everything goes under $DEMO (default ./batch-demo).
+# Run from anywhere: everything goes into a new temporary directory (or $DEMO, which must not
+# exist yet or be empty); the directory it is started from is left alone.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DEMO="${DEMO:-batch-demo}"
 SP="${SYNCPACK:-syncpack}"
-rm -rf "$DEMO"
-mkdir -p "$DEMO"
-cd "$DEMO"
-say() { printf '\n== %s\n' "$*"; }
+source "$HERE/demo_dir.sh"
 
 SP="$SP -q" source "$HERE/family.sh"
 

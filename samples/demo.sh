@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # A demo family: boston_hub, sanfran_hub and bangalore, synchronised through a directory that
-# stands in for a USB stick.  Run from anywhere; everything goes under $DEMO (default ./demo).
+# stands in for a USB stick.  Run from anywhere: everything goes into a new temporary directory
+# (or $DEMO, which must not exist yet or be empty); the directory it is started from is left
+# alone.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-DEMO="${DEMO:-demo}"
 SP="${SYNCPACK:-syncpack}"
-rm -rf "$DEMO"
-mkdir -p "$DEMO"
-cd "$DEMO"
-say() { printf '\n== %s\n' "$*"; }
+source "$HERE/demo_dir.sh"
 
 source "$HERE/family.sh"
 
 say "round 1: every site exports to every other onto the stick; the stick travels; imports"
+mkdir usb
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s export --all --out usb; done
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s import usb; done
 rm -rf usb
 say "round 2: acknowledgements and relayed changes"
+mkdir usb
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s export --all --out usb; done
 for s in boston_hub sanfran_hub bangalore; do $SP --site $s import usb; done
 rm -rf usb

@@ -1,11 +1,13 @@
 # Sourced by the demo scripts: creates the demo family (boston_hub founds 'parts', adds
-# sanfran_hub and bangalore) in the current directory and makes some local changes at each
-# site.  Expects $SP (the syncpack command) and say() from the caller.
+# sanfran_hub and bangalore) in the current directory (the demo's own, see demo_dir.sh) and
+# makes some local changes at each site.  Expects $SP (the syncpack command) and say() from the
+# caller.
 
 say "boston_hub founds the family 'parts'; sanfran_hub and bangalore make key pairs and join"
 $SP init boston_hub --family parts --site boston_hub
 $SP keygen sanfran_hub --site sanfran_hub
 $SP keygen bangalore --site bangalore
+mkdir usb
 $SP --site boston_hub mkreplica export --site sanfran_hub \
     --pubkey sanfran_hub/keys/site.pub --out usb --priority 2
 $SP --site sanfran_hub mkreplica import usb

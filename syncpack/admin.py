@@ -6,13 +6,15 @@ import json
 import os
 from pathlib import Path
 
-from . import codec, planning
+from . import codec, planning, store
 from .conflict import Version
 from .csn import CSN_LEN, pack_csn
 from .errors import LoadError, PacketError, UsageError
 from .site import Site, check_collection
 from .matrix import believed, link, matrix, ranges_from_blob
 from .verify import find_packet_files, open_packet, printable, signature_state
+from .progress import expect
+from .values import check_json_value
 
 
 def lsepoch(site: Site) -> dict:
@@ -43,18 +45,11 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
             raise UsageError(f"epoch must be a whole number >= 0 in {s!r}") from None
         changes[site.member_named(origin).site_id if origin in site.roster()
                 else _origin_by_name(site, origin)] = e
-    with site.lock():
-        c = site.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            for o, e in changes.items():
-                c.execute("INSERT INTO matrix(peer, origin, sent, acked) VALUES (?, ?, ?, 0) "
-                          "ON CONFLICT(peer, origin) DO UPDATE SET sent=excluded.sent, "
-                          "acked=min(acked, excluded.sent)", (m.site_id, o, e))
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+    with site.lock(), site.write_txn() as c:
+        for o, e in changes.items():
+            c.execute("INSERT INTO matrix(peer, origin, sent, acked) VALUES (?, ?, ?, 0) "
+                      "ON CONFLICT(peer, origin) DO UPDATE SET sent=excluded.sent, "
+                      "acked=min(acked, excluded.sent)", (m.site_id, o, e))
     return lsepoch(site)
 
 
@@ -67,6 +62,7 @@ def _origin_by_name(site: Site, name: str) -> bytes:
 
 def status(site: Site) -> dict:
     vec = site.vector()
+    received, sent_at = _last_packet_times(site)
     peers = {}
     for m in sorted(site.members_by_id().values(), key=lambda m: m.name):
         if m.site_id == site.site_id:
@@ -78,6 +74,7 @@ def status(site: Site) -> dict:
             "lag_ops": planning.lag(vec, bel, m.site_id, reported),
             "unacknowledged_ops": sum(max(0, e - acked.get(o, 0)) for o, e in sent.items()),
             "packets_sent": lk["out_seq"], "packets_received": lk["in_seq"],
+            "last_received_ms": received.get(m.site_id), "last_sent_ms": sent_at.get(m.site_id),
         }
     parked = []
     for pid, sender, seq, part, origin_path, w in site.conn.execute(
@@ -99,6 +96,19 @@ def status(site: Site) -> dict:
             "changelog_ops": changelog, "vector": site.named(vec)}
 
 
+def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """Per peer, when we last took in a packet from it (applied, or parked: it arrived) and
+    when we last wrote one for it, in wall-clock ms."""
+    received: dict[bytes, int] = {}
+    for sender, at in site.conn.execute(
+            "SELECT sender, max(at_ms) FROM (SELECT sender, at_ms FROM packets_in "
+            "UNION ALL SELECT sender, at_ms FROM parked) GROUP BY sender"):
+        received[sender] = at
+    sent = dict(site.conn.execute(
+        "SELECT recipient, max(at_ms) FROM packets_out GROUP BY recipient").fetchall())
+    return received, sent
+
+
 def digest(site: Site) -> dict:
     d, n = site.digest()
     # Zero entries are left out: a site that never wrote lists itself at 0, others omit it.
@@ -106,7 +116,7 @@ def digest(site: Site) -> dict:
             "vector": site.named({o: e for o, e in site.vector().items() if e})}
 
 
-def load(site: Site, path: str | os.PathLike) -> dict:
+def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     """JSON lines, all in one transaction; a bad line rejects the whole file."""
     p = Path(path)
     try:
@@ -139,6 +149,7 @@ def load(site: Site, path: str | os.PathLike) -> dict:
                 extra = set(d) - {"collection", "key", "value"}
                 if extra:
                     raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
+                check_json_value(d["value"])   # NaN or Infinity: json.loads takes them
                 codec.encode_value(d["value"])  # an unencodable value is rejected with its line
                 items.append((coll, key, d["value"], False))
             else:
@@ -146,12 +157,17 @@ def load(site: Site, path: str | os.PathLike) -> dict:
         except (ValueError, UsageError) as e:
             raise LoadError(f"{p} line {n}: {e}",
                             hint="nothing was loaded; fix the line and load the file again") from None
+    expect(progress, len(items))
     with site.transaction() as tx:
-        for coll, key, value, is_delete in items:
+        for n, (coll, key, value, is_delete) in enumerate(items, 1):
             if is_delete:
                 tx.delete(coll, key)
             else:
                 tx.put(coll, key, value)
+            if progress and n % 1000 == 0:
+                progress(1000)
+        if progress:
+            progress(len(items) % 1000)
     return {"loaded": len(items), "puts": sum(1 for i in items if not i[3]),
             "deletes": sum(1 for i in items if i[3])}
 
@@ -163,8 +179,7 @@ def fsck(site: Site) -> dict:
     names = site.names()
     vec = site.vector()
     floors = site.floors()
-    c.execute("BEGIN")
-    try:
+    with store.read_txn(c):
         try:
             ic = c.execute("PRAGMA integrity_check").fetchall()
             if ic != [("ok",)]:
@@ -191,10 +206,6 @@ def fsck(site: Site) -> dict:
         if max_hlc > int(site.meta("hlc", 0)):
             problems.append("clock is behind a CSN in the changelog")
         problems += _replay_check(site)
-        c.execute("COMMIT")
-    except BaseException:
-        c.execute("ROLLBACK")
-        raise
     return {"ok": not problems, "problems": problems,
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
 

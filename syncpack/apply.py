@@ -21,6 +21,7 @@ from .errors import EpochCollisionError, PacketBodyError, PacketSenderError
 from .matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from .packets import PACKET_SUFFIX, fsync_dir
+from .progress import expect
 from .names import check_site_name
 from .site import ROSTER, SYS_PREFIX, Member, Site, wall_ms
 from .verify import OpenPacket, resolved_acks
@@ -58,6 +59,9 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
         if regressed:
             site.conn.execute("UPDATE matrix SET sent=acked WHERE peer=?", (peer,))
             site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+            # It lost what we told it, its own acknowledgements included: they are the proof
+            # of how much of its own history it once held.
+            site.conn.execute("DELETE FROM acks_told WHERE peer=?", (peer,))
         site.conn.execute("UPDATE links SET acked_created=? WHERE peer=?", (h.created_ms, peer))
     site.conn.execute(
         "UPDATE links SET in_seq=max(in_seq, ?), peer_recv_seq=max(peer_recv_seq, ?), "
@@ -317,6 +321,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     first = pks[0].header
     snap = first.vector
     seeding = not site.joined
+    expect(progress, sum(pk.header.count for pk in pks))
     c = site.conn
     try:
         with site.write_txn():

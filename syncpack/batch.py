@@ -28,6 +28,10 @@ key                        meaning
 =========================  ========================================================================
 ``site``                   **required**: the site directory
 ``log``                    log file, one line appended per action (default ``SITE/batch.log``)
+``metrics``                a ``.prom`` file rewritten atomically after every round that ran (also
+                           a failed one): the site's ``syncpack status --format prometheus``
+                           metrics plus ``syncpack_batch_*`` ones, for node_exporter's textfile
+                           collector (see "Metrics" below).  Default: none
 ``[[import]]``             an inbox; repeat the table for several
 ``  path``                 **required**: a directory (searched recursively, as ``syncpack import``
                            does: packets for other sites and files that are not packets are left
@@ -61,6 +65,7 @@ Example (``/etc/syncpack/boston_hub.toml``)::
 
     site = "/srv/syncpack/boston_hub"
     log = "/var/log/syncpack/boston_hub.log"
+    metrics = "/var/lib/node_exporter/textfile/syncpack_boston_hub.prom"
 
     [[import]]
     path = "/mnt/media/boston_hub"        # what peers wrote for us
@@ -87,6 +92,20 @@ never leaves a stale lock; that is also why cron lines need no ``flock(1)`` wrap
 The log gets one line per action, each ``<UTC timestamp> <site> <action>: <what happened>``,
 appended with ``O_APPEND`` so concurrent writers never interleave within a line.
 
+Metrics
+-------
+
+With ``metrics = PATH``, every round that got the batch lock ends by writing PATH: the text of
+``syncpack status --format prometheus`` (:mod:`syncpack.metrics`) and the round's own
+``syncpack_batch_last_run_*`` metrics, including ``syncpack_batch_last_run_ok`` (0 for a failed
+round) and ``syncpack_batch_last_success_timestamp_seconds``, which a failed round carries over
+from the previous file, so an alert on its age fires however the rounds fail.  The file is
+written under a hidden temporary name in the same directory (node_exporter reads only
+``*.prom``), fsynced, made world-readable (node_exporter runs as another user) and renamed over
+PATH, so the collector never reads half a file.  A refused round (the lock is held) and a
+configuration error write nothing: the file then grows old, which the same alert catches.  A
+failure to write the file is a failed action of the round (``metrics`` in ``errors``).
+
 Summary
 -------
 
@@ -110,24 +129,26 @@ import difflib
 import fcntl
 import os
 import sqlite3
+import secrets
+import time
 import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import recovery, sync
+from . import admin, metrics, recovery, sync
 from .apply import is_known
+from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
+                     PacketError, SiteError, SyncpackError)
+from .packets import DEFAULT_MAX_SIZE, fsync_dir, parse_size, prepare_outbox
 from .verify import find_packet_files, open_packet, printable
-from .errors import (BatchConfigError, BatchLockedError, PacketError, SiteError,
-                     SyncpackError)
-from .packets import DEFAULT_MAX_SIZE, parse_size
 from .site import Site
 
 BATCH_LOCK_FILE = "batch.lock"
 DEFAULT_LOG_NAME = "batch.log"
 
-TOP_KEYS = ("site", "log", "import", "export", "scrub")
+TOP_KEYS = ("site", "log", "metrics", "import", "export", "scrub")
 IMPORT_KEYS = ("path", "remove_after_import", "required")
 EXPORT_KEYS = ("out", "to", "max_size", "create", "encrypt")
 SCRUB_KEYS = ("min_age", "dry_run")
@@ -164,6 +185,7 @@ class BatchConfig:
     path: Path
     site: Path
     log: Path | None          # None: SITE/batch.log
+    metrics: Path | None = None
     imports: list[ImportSpec] = field(default_factory=list)
     exports: list[ExportSpec] = field(default_factory=list)
     scrub: ScrubSpec | None = None
@@ -266,7 +288,11 @@ def load_config(config_path: str | os.PathLike) -> BatchConfig:
     ck.known(doc, TOP_KEYS, "")
     site = ck.path_(doc, "site", "", required=True)
     log = ck.path_(doc, "log", "")
-    cfg = BatchConfig(path=path, site=site, log=log)
+    metrics_path = ck.path_(doc, "metrics", "")
+    if metrics_path is not None and metrics_path.suffix != ".prom":
+        raise ck.error("metrics", f"{metrics_path} does not end in .prom",
+                       hint="node_exporter's textfile collector reads only *.prom files")
+    cfg = BatchConfig(path=path, site=site, log=log, metrics=metrics_path)
 
     for name, t in ck.tables(doc, "import"):
         ck.known(t, IMPORT_KEYS, name)
@@ -464,13 +490,11 @@ class _Round:
         to_shown = "all" if spec.to is None else spec.to
         entry: dict[str, Any] = {"out": str(spec.out), "to": to_shown, "packets": []}
         self.outboxes.append(entry)
-        if not spec.out.is_dir():
-            if spec.create:
-                spec.out.mkdir(parents=True, exist_ok=True)
-            else:
-                self.fail("export", str(spec.out), f"outbox {spec.out} does not exist",
-                          f"mount the medium, or set {spec.name}.create = true")
-                return
+        try:
+            prepare_outbox(spec.out, spec.create, f"set {spec.name}.create = true")
+        except OutboxError as e:
+            self.fail("export", str(spec.out), e.message, e.hint)
+            return
         # To all peers, as 'syncpack export --all': a peer that cannot be served (a resync
         # needed, a roster name that cannot be a path) is one failure, the others still get
         # their packets.
@@ -497,6 +521,10 @@ class _Round:
         verb = "would remove" if spec.dry_run else "removed"
         self.log.line("scrub", f"{verb} {doc['ops_removed']} changelog op(s), "
                                f"{doc['tombstones_removed']} tombstone(s)")
+
+    def do_metrics(self, path: Path, summary: dict, t0: float) -> None:
+        write_metrics(path, self.site, summary, t0)
+        self.log.line("metrics", f"wrote {path}")
 
     def run(self) -> None:
         for spec in self.cfg.imports:
@@ -536,14 +564,27 @@ def run_batch(config_path: str | os.PathLike,
                 raise
             try:
                 started = _now_iso()
+                t0 = time.monotonic()
                 log.line("round", f"start ({os.path.abspath(cfg.path)})")
                 rnd = _Round(cfg, site, log, progress)
                 try:
                     rnd.run()
                 except BaseException as e:  # a bug or an interrupt: say so in the log, re-raise
                     log.line("round", f"ABORTED: {type(e).__name__}: {e}")
+                    if cfg.metrics is not None:
+                        try:   # best effort: the alert should see the round fail
+                            write_metrics(cfg.metrics, site,
+                                          _summary(cfg, site, log_path, started, rnd), t0,
+                                          aborted=True)
+                        except Exception:
+                            pass
                     raise
                 summary = _summary(cfg, site, log_path, started, rnd)
+                if cfg.metrics is not None:
+                    rnd.guarded("metrics", str(cfg.metrics),
+                                lambda: rnd.do_metrics(cfg.metrics, summary, t0))
+                    if len(rnd.errors) != summary["counts"]["errors"]:   # the write failed
+                        summary = _summary(cfg, site, log_path, started, rnd)
                 c = summary["counts"]
                 log.line("round", f"end: {summary['outcome']} (exit {summary['exit_code']}); "
                                   f"applied {c['applied']}, parked {c['parked']}, rejected "
@@ -556,6 +597,53 @@ def run_batch(config_path: str | os.PathLike,
             log.close()
     finally:
         site.close()
+
+
+def write_metrics(path: Path, site: Site, summary: dict, t0: float,
+                  aborted: bool = False) -> None:
+    """Write the site's metrics and the round's to ``path`` (see "Metrics" above)."""
+    try:
+        status = admin.status(site)
+    except (SyncpackError, sqlite3.DatabaseError):
+        # The store failed the round; the batch metrics still tell the alert so.
+        status = {"site": site.name, "family": site.family_name}
+    ok = summary["outcome"] == "ok" and not aborted
+    finished = time.time()
+    try:
+        previous = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        previous = ""
+    c = summary["counts"]
+    rnd = metrics.BatchRound(
+        finished_s=round(finished, 3), duration_s=round(time.monotonic() - t0, 3), ok=ok,
+        failed_actions=c["errors"],
+        packets={"applied": c["applied"], "duplicate": c["duplicates"], "parked": c["parked"],
+                 "rejected": c["rejected"], "skipped": len(summary["imported"]["skipped"]),
+                 "removed": c["removed"], "exported": c["exported_packets"]},
+        last_success_s=round(finished, 3) if ok else metrics.previous_value(
+            previous, "syncpack_batch_last_success_timestamp_seconds", site.name))
+    try:
+        write_textfile(path, metrics.render(status, rnd))
+    except OSError as e:
+        raise MetricsWriteError(f"cannot write metrics file {path}: {e.strerror or e}") \
+            from None
+
+
+def write_textfile(path: Path, text: str) -> None:
+    """Replace ``path`` atomically: a hidden temporary file in the same directory, fsynced,
+    mode 0644, renamed over ``path``, the directory fsynced."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def _summary(cfg: BatchConfig, site: Site, log_path: Path, started: str, rnd: _Round) -> dict:

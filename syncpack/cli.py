@@ -1,24 +1,29 @@
 """The ``syncpack`` command: parse, call one library function, print.
 
-The contract (names, exit codes, JSON fields) is ../shared/design/CLI.md, restated in the README.
+The contract (names, exit codes, JSON fields) is documented in docs/commands.md; keep the two
+in step (tests/test_docs.py checks that every command, option and JSON field is there).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import sqlite3
 import sys
 import traceback
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import click
 
-from . import admin, batch as batch_mod, keys, conflicts as conflicts_mod, recovery, replica, sync
+from . import (admin, batch as batch_mod, keys, conflicts as conflicts_mod, metrics, recovery,
+               replica, sync)
 from .errors import RecordNotFound, SyncpackError
-from .packets import DEFAULT_MAX_SIZE, parse_size
+from .packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from .site import Site
 from .verify import printable
 
@@ -38,6 +43,8 @@ class Ctx:
         self.json = as_json
         self.quiet = quiet
         self.verbose = verbose
+        # Asked on Ctrl-C: (what was kept and what was rolled back, hint).
+        self.interrupted: Callable[[], tuple[str, str | None]] | None = None
 
     def open(self, require_joined: bool = True) -> Site:
         s = Site.open(self.site_dir, require_joined=require_joined)
@@ -47,7 +54,7 @@ class Ctx:
     def emit(self, doc: dict, human: str | None = None) -> None:
         """The JSON document on stdout in --json mode, else the human text on stdout."""
         if self.json:
-            click.echo(json.dumps(doc, indent=2, sort_keys=False))
+            click.echo(json.dumps(doc, indent=2, sort_keys=False, default=_not_json))
         elif human is not None and human != "":
             click.echo(escaped(human))
 
@@ -57,26 +64,61 @@ class Ctx:
             click.echo(escaped(text), err=True)
 
     @contextmanager
-    def progress(self, label: str, total: int | None = None):
-        """A progress line on a terminal; nothing in --json mode or when stderr is redirected."""
+    def progress(self, label: str, unit: str = "ops") -> Iterator[_Bar | None]:
+        """A progress bar on a terminal; nothing in --json mode, with -q, or when stderr is
+        not a terminal (a log file or a pipe must not fill with bar redraws)."""
         if self.json or self.quiet or not sys.stderr.isatty():
             yield None
             return
-        done = [0]
-
-        def tick(n: int) -> None:
-            done[0] += n
-            if total:
-                click.echo(f"\r{label}: {done[0]:,}/{total:,} ops "
-                           f"({100 * done[0] // max(total, 1)}%)", err=True, nl=False)
-            else:
-                click.echo(f"\r{label}: {done[0]:,}", err=True, nl=False)
-
+        bar = _Bar(label, unit)
         try:
-            yield tick
+            yield bar
         finally:
-            if done[0]:
-                click.echo("", err=True)
+            bar.close()
+
+    def on_interrupt(self, note: str | Callable[[], tuple[str, str | None]],
+                     hint: str | None = None) -> None:
+        """What to tell the user if Ctrl-C stops this command: what was kept, what was
+        rolled back (a callable is asked only then, so it can look at what was done)."""
+        self.interrupted = note if callable(note) else (lambda: (note, hint))
+
+
+def _terminal_size() -> tuple[int, int]:
+    # A terminal that reports no size (0x0: fresh ptys, serial consoles) would make tqdm hide
+    # the bar as "beyond the screen"; assume a common one instead.
+    try:
+        cols, rows = os.get_terminal_size(sys.stderr.fileno())
+    except OSError:
+        cols, rows = 0, 0
+    if not cols:
+        try:
+            cols = int(os.environ.get("COLUMNS", ""))
+        except ValueError:
+            cols = 0
+    return (cols if cols >= 40 else 80), (rows if rows >= 2 else 24)
+
+
+class _Bar:
+    """tqdm's bar on stderr: percentage, count of total, rate and time left.  Library functions
+    call it with the units just done and tell it the total through ``expect`` (see
+    syncpack.progress); until then it shows the count and the rate.  Cleared when done, so
+    the summary that follows stands alone."""
+
+    def __init__(self, label: str, unit: str):
+        from tqdm import tqdm
+        cols, rows = _terminal_size()
+        self._bar = tqdm(desc=label, total=None, unit=f" {unit}", file=sys.stderr, leave=False,
+                         ncols=cols, nrows=rows, mininterval=0.1, smoothing=0.05)
+
+    def __call__(self, done: int) -> None:
+        self._bar.update(done)
+
+    def expect(self, more: int) -> None:
+        self._bar.total = (self._bar.total or 0) + more
+        self._bar.refresh()
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def echo_error(message: str, hint: str | None = None) -> None:
@@ -106,6 +148,11 @@ class Group(click.Group):
         except sqlite3.DatabaseError as e:
             fail(ctx.obj, f"the site store cannot be used: {e}",
                  "check the disk and run 'syncpack fsck'; restore from a backup if it fails")
+        except KeyboardInterrupt:
+            # A second Ctrl-C must not cut the report short; the work is already stopped.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            note, hint = _interrupt_note(ctx.obj)
+            fail(ctx.obj, f"interrupted; {note}", hint, 130)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except OSError as e:
@@ -117,11 +164,44 @@ class Group(click.Group):
                  "this is a bug in syncpack; rerun with -v and report the traceback")
 
 
+def _interrupt_note(obj: Ctx | None) -> tuple[str, str | None]:
+    ask = obj.interrupted if obj is not None else None
+    if ask is not None:
+        try:
+            return ask()
+        except Exception:   # the report must not fail; fall back to what always holds
+            pass
+    # Every command changes the store in one transaction at a time, and SQLite rolls back
+    # an unfinished one whole.
+    return "the change in progress was rolled back whole; nothing of it was kept", None
+
+
 def _json_value(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not valid JSON ({e.msg}); quote strings, e.g. '\"text\"'")
+
+
+def _shown(value: Any) -> str:
+    """A value as a person reads it: JSON with non-ASCII text as itself, not \\u escapes."""
+    return json.dumps(value, ensure_ascii=False, default=_not_json)
+
+
+def _not_json(value: Any) -> str:
+    # Values the API now refuses may still arrive from a site running an older syncpack.
+    return f"<{type(value).__name__}: not JSON>"
+
+
+def _create_out_option(f):
+    return click.option("--create-out", is_flag=True,
+                        help="Create --out if it does not exist (default: a missing --out is "
+                             "an error, so a mistyped or unmounted path never swallows "
+                             "packets).")(f)
+
+
+def _outbox(out: str, create: bool) -> None:
+    prepare_outbox(out, create, "pass --create-out to create it")
 
 
 def _size(ctx, param, value):
@@ -231,8 +311,9 @@ def mkreplica():
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G).")
 @click.option("--encrypt", is_flag=True, help="Seal the snapshot to the new site's X25519 key.")
+@_create_out_option
 @click.pass_obj
-def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt):
+def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt, create_out):
     """At a member site: add NAME to the family and write its replica-creation packets.
 
     \b
@@ -241,14 +322,36 @@ def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt):
           --pubkey sanfran.pub --out /media/usb
     """
     s = obj.open()
-    with obj.progress("snapshot") as tick:
+    _outbox(out, create_out)
+    obj.on_interrupt(lambda: _mkreplica_interrupted(s, name))
+    with obj.progress("snapshot", "records") as tick:
         parts = replica.mkreplica_export(s, name, pubkey, out, priority, max_size,
                                          progress=tick, encrypt=encrypt)
     doc = {"packets": [{"path": str(p.path), "to": name, "records": p.header.count,
                         "bytes": p.size, "part": p.header.part} for p in parts]}
     obj.emit(doc, "\n".join(str(p.path) for p in parts))
-    obj.say(f"added {name} to family {s.family_name!r}; carry the packet(s) to the new site and "
-            f"run: syncpack --site DIR mkreplica import PATH")
+    where = parts[0].path.parent if parts else Path(out)
+    obj.say(f"added {name} to family {s.family_name!r}; carry {where} to the new site and run "
+            f"there:\n  syncpack --site {shlex.quote(_keygen_dir(pubkey, name))} mkreplica "
+            f"import {shlex.quote(str(where))}")
+
+
+def _keygen_dir(pubkey: str, name: str) -> str:
+    """The new site's directory when the public key still lies where keygen wrote it."""
+    p = Path(pubkey).absolute()
+    if p.parent.name == "keys" and (p.parent.parent / "syncpack.db").is_file():
+        return str(p.parent.parent)
+    return f"DIR_OF_{name}"
+
+
+def _mkreplica_interrupted(s: Site, name: str) -> tuple[str, str | None]:
+    s.invalidate()
+    if name in s.roster():
+        return (f"{name} was added to the family, but its replica-creation packets were not "
+                f"written (partial files were removed)",
+                f"write them with 'syncpack resync --to {name} --out DIR' and import those "
+                f"with 'mkreplica import'")
+    return "nothing was changed: the new site was not added", None
 
 
 @mkreplica.command("import")
@@ -262,7 +365,9 @@ def mkreplica_import(obj: Ctx, paths):
       syncpack --site /srv/sanfran mkreplica import /media/usb
     """
     s = obj.open(require_joined=False)
-    with obj.progress("seeding") as tick:
+    obj.on_interrupt("the site was not seeded: its one transaction was rolled back",
+                     "run the same command again")
+    with obj.progress("seeding", "records") as tick:
         replica.mkreplica_import(s, list(paths), progress=tick)
     sender = s.conn.execute("SELECT sender FROM packets_in WHERE kind='snapshot' "
                             "ORDER BY at_ms DESC LIMIT 1").fetchone()
@@ -285,12 +390,16 @@ def mkreplica_import(obj: Ctx, paths):
 @click.argument("value", metavar="JSON")
 @click.pass_obj
 def put(obj: Ctx, collection, key, value):
-    """Write a record.
+    """Write a record; JSON '-' reads the value from standard input.
 
     \b
     Example:
       syncpack put parts p-100 '{"name": "bolt", "qty": 40}'
+      syncpack put parts p-101 - < p-101.json
     """
+    if value == "-":
+        # Large values do not fit the shell's argument limit.
+        value = sys.stdin.read()
     v = _json_value(value)
     s = obj.open()
     with s.transaction() as tx:
@@ -331,7 +440,7 @@ def get(obj: Ctx, collection, key):
         v = s.get(collection, key)
     except RecordNotFound as e:
         raise RecordNotFound(str(e), hint=f"'syncpack ls {collection}' lists the keys") from None
-    obj.emit({"collection": collection, "key": key, "value": v}, json.dumps(v))
+    obj.emit({"collection": collection, "key": key, "value": v}, _shown(v))
 
 
 @cli.command("ls")
@@ -348,7 +457,7 @@ def ls_(obj: Ctx, collection):
     recs = [{"collection": c, "key": k, "value": v} for c, k, v in s.records(collection)]
     obj.emit({"records": recs},
              "\n".join(f"{printable(r['collection'])}\t{printable(r['key'])}\t"
-                       f"{json.dumps(r['value'])}" for r in recs))
+                       f"{_shown(r['value'])}" for r in recs))
 
 
 @cli.command()
@@ -364,7 +473,9 @@ def load(obj: Ctx, file):
       syncpack load parts.jsonl
     """
     s = obj.open()
-    doc = admin.load(s, file)
+    obj.on_interrupt("nothing was loaded: the file's one transaction was rolled back")
+    with obj.progress("load", "records") as tick:
+        doc = admin.load(s, file, progress=tick)
     obj.emit(doc, f"loaded {doc['loaded']} record(s) in one transaction")
 
 
@@ -426,8 +537,10 @@ def fsck(obj: Ctx):
               "(default: the site's own log, brought up to date first).")
 @click.option("--encrypt", is_flag=True, help="Seal each packet to its recipient's X25519 key "
               "(always on when the family requires it).")
+@_create_out_option
 @click.pass_obj
-def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_dir, encrypt):
+def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_dir, encrypt,
+            create_out):
     """Write update packets holding exactly what each peer lacks.
 
     \b
@@ -443,9 +556,14 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     if log_dir is not None and engine != "spark":
         raise click.UsageError("--log is read by --engine spark only")
     s = obj.open()
-    # With --all, a peer that cannot be served (it needs a resync, or its roster name cannot
-    # be a directory) does not hold back the others' packets.
-    failed: list[SyncpackError] | None = [] if all_peers else None
+    _outbox(out, create_out)
+    obj.on_interrupt("no packet was recorded as sent; the next export writes the same changes "
+                     "again (packet files of this run may be left on the medium, harmless)",
+                     "run the same export again")
+    # A peer that cannot be served (it needs a resync, or its roster name cannot be a
+    # directory) does not hold back the others' packets, whichever engine builds them (it
+    # gets our vector without ops where it can, and the command exits 1 naming it).
+    failed: list[SyncpackError] = []
     with obj.progress("export") as tick:
         if engine == "spark":
             from . import spark_engine
@@ -455,7 +573,6 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
         else:
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
                                encrypt=encrypt, failed=failed)
-    failed = failed or []
     doc = {"packets": [p.to_json() for p in pkts]}
     if failed:
         doc["failed"] = [{"to": e.peer, "error": e.message, "hint": e.hint} for e in failed]
@@ -482,22 +599,52 @@ def import_(obj: Ctx, paths):
       syncpack --site sanfran import /media/usb
     """
     s = obj.open()
+    res = sync.ImportResult()
+    obj.on_interrupt(lambda: _import_interrupted(res))
     with obj.progress("import") as tick:
-        res = sync.import_packets(s, paths, progress=tick)
-    lines = [f"applied {len(res.applied)} packet(s), {res.ops_applied} op(s)"]
-    if res.duplicates:
-        lines.append(f"skipped {len(res.duplicates)} duplicate packet(s)")
-    for p in res.parked:
-        w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
-        lines.append(f"parked {p['path']}: waiting for {w}")
+        sync.import_packets(s, paths, progress=tick, result=res)
     if obj.json:
         obj.emit(res.to_json())
-    else:
-        obj.say("\n".join(lines))
     for r in res.rejected:
         echo_error(f"{r['path']}: {r['error']}")
+    if not obj.json:
+        lines = []
+        for p in res.parked:
+            w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
+            lines.append(f"parked {p['path']}: waiting for {w}")
+        # Last, after any error: the counts of everything that was found, so a directory of
+        # other sites' packets does not read as an import that worked.
+        lines.append(_import_summary(res))
+        obj.say("\n".join(lines))
     if res.rejected:
         sys.exit(1)
+
+
+def _import_summary(res: sync.ImportResult) -> str:
+    parts = []
+    if res.applied or res.ops_applied:
+        parts.append(f"{len(res.applied)} packet(s) applied ({res.ops_applied:,} op(s))")
+    for n, what in ((len(res.duplicates), "duplicate(s) (applied before)"),
+                    (len(res.parked), "parked (waiting for earlier packets)"),
+                    (len(res.rejected), "rejected")):
+        if n:
+            parts.append(f"{n} {what}")
+    why = list(res.skipped_why.get(p, "other site") for p in res.skipped)
+    skipped = [(why.count("other site"), "for other sites"),
+               (why.count("other family"), "of another family"),
+               (len(res.ignored), "not packets")]
+    total = sum(n for n, _ in skipped)
+    if total:
+        parts.append(f"{total} file(s) skipped (" + ", ".join(
+            f"{n} {what}" for n, what in skipped if n) + ")")
+    return "import: " + ("; ".join(parts) if parts else "no packets found")
+
+
+def _import_interrupted(res: sync.ImportResult) -> str:
+    kept = (f"{len(res.applied)} packet(s) applied and kept ({res.ops_applied:,} op(s))"
+            if res.applied else "no packet was applied")
+    return (f"{kept}; the packet being applied was rolled back whole",
+            "run the same import again: applied packets are skipped as duplicates")
 
 
 @cli.command()
@@ -579,28 +726,50 @@ def chepoch(obj: Ctx, peer, settings):
 
 
 @cli.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "prometheus"]),
+              help="text (default), json (same as the global --json), or prometheus: the "
+              "text exposition format for node_exporter's textfile collector.")
 @click.pass_obj
-def status(obj: Ctx):
+def status(obj: Ctx, fmt):
     """Per-peer lag, parked packets and what they wait for, state, conflicts.
+
+    With --format prometheus, prints the same as syncpack_* metrics (a 'site' label on every
+    sample, a 'peer' label on per-peer ones; times as Unix timestamps in seconds).
 
     \b
     Example:
       syncpack --site boston status
+      syncpack --site boston status --format prometheus
     """
+    if obj.json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json asks for JSON; drop it to get --format {fmt}")
+    if fmt == "json":
+        obj.json = True     # errors too come as the JSON document, as with --json
     s = obj.open()
     doc = admin.status(s)
+    if fmt == "prometheus":
+        click.echo(metrics.render(doc), nl=False)
+        return
     lines = [f"site {doc['site']} ({doc['state']}), family {printable(doc['family'])}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
     if doc["peers"]:
-        lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}")
+        lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}  "
+                     f"{'last sent (UTC)':17}  last received (UTC)")
         for p, d in doc["peers"].items():
             lines.append(f"{printable(p):20} {d['lag_ops']:>10} {d['unacknowledged_ops']:>10} "
-                         f"{d['packets_sent']:>6} {d['packets_received']:>6}")
+                         f"{d['packets_sent']:>6} {d['packets_received']:>6}  "
+                         f"{_utc(d['last_sent_ms']):17}  {_utc(d['last_received_ms'])}")
     for p in doc["parked"]:
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
         lines.append(f"parked: packet {p['seq']}.{p['part']} from {printable(p['from'])} "
                      f"waits for {printable(w)}")
     obj.emit(doc, "\n".join(lines))
+
+
+def _utc(ms: int | None) -> str:
+    if not ms:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%MZ")
 
 
 # --- conflicts and policies -------------------------------------------------------------------
@@ -640,7 +809,7 @@ def conflicts(ctx):
     for c in found:
         lines.append(f"{printable(c['collection'])}/{printable(c['key'])} ({c['policy']}):")
         for v in c["versions"]:
-            shown = "<deleted>" if v["deleted"] else json.dumps(v["value"])
+            shown = "<deleted>" if v["deleted"] else _shown(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
     obj.emit({"conflicts": found}, "\n".join(lines))
     if not obj.json:
@@ -776,7 +945,9 @@ def scrub(obj: Ctx, dry_run, min_age):
     except ValueError:
         raise click.BadParameter(f"not a duration: {min_age!r}", param_hint="--min-age")
     s = obj.open()
-    doc = recovery.scrub(s, dry_run, int(secs * 1000))
+    obj.on_interrupt("nothing was trimmed: the scrub's one transaction was rolled back")
+    with obj.progress("scrub") as tick:
+        doc = recovery.scrub(s, dry_run, int(secs * 1000), progress=tick)
     verb = "would remove" if dry_run else "removed"
     obj.emit(doc, f"{verb} {doc['ops_removed']} changelog op(s) and "
                   f"{doc['tombstones_removed']} tombstone(s); floors: "
@@ -788,8 +959,9 @@ def scrub(obj: Ctx, dry_run, min_age):
 @click.option("--out", required=True, type=click.Path(file_okay=False))
 @click.option("--max-size", callback=_size, help="Largest packet (bytes, or K/M/G).")
 @click.option("--encrypt", is_flag=True, help="Seal the snapshot to the peer's X25519 key.")
+@_create_out_option
 @click.pass_obj
-def resync(obj: Ctx, peer, out, max_size, encrypt):
+def resync(obj: Ctx, peer, out, max_size, encrypt, create_out):
     """Write a snapshot packet that re-seeds PEER (when it needs ops we have trimmed).
 
     Importing it at PEER keeps and replays PEER's own not-yet-acknowledged local ops.
@@ -799,7 +971,10 @@ def resync(obj: Ctx, peer, out, max_size, encrypt):
       syncpack --site boston resync --to bangalore --out /media/usb
     """
     s = obj.open()
-    with obj.progress("snapshot") as tick:
+    _outbox(out, create_out)
+    obj.on_interrupt("no snapshot was recorded as sent (partial files were removed)",
+                     "run the same resync again")
+    with obj.progress("snapshot", "records") as tick:
         parts = replica.resync_export(s, peer, out, max_size, progress=tick, encrypt=encrypt)
     obj.emit({"packets": [{"path": str(p.path), "to": peer, "records": p.header.count,
                            "bytes": p.size, "part": p.header.part} for p in parts]},
@@ -832,7 +1007,8 @@ def batch(obj: Ctx, config):
     Imports first (optionally deleting the packet files that were applied), then exports, then
     scrub; the site comes from the file, not from --site.  Two rounds at a site never overlap.
     Exit 0 when all went well, 1 when an action failed or a packet was rejected; with -q a
-    good round prints nothing (for cron).  The file format is in the README ("Batch rounds").
+    good round prints nothing (for cron).  The file format is in docs/operations.md ("Batch
+    rounds"); metrics = PATH in it writes Prometheus metrics after every round.
 
     \b
     Example:
@@ -848,6 +1024,8 @@ def batch(obj: Ctx, config):
       out = "/mnt/media"
       to = "all"
     """
+    obj.on_interrupt("actions that finished before it were kept (see the batch log); the one "
+                     "in progress was rolled back", "the next round carries on")
     with obj.progress("batch") as tick:
         doc = batch_mod.run_batch(config, progress=tick)
     if obj.json:
@@ -903,6 +1081,8 @@ def log_export(obj: Ctx, directory):
     """
     from . import oplog
     s = obj.open()
+    obj.on_interrupt("the log was not extended (segments written so far are removed by the "
+                     "next 'log export')", "run it again")
     with obj.progress("log") as tick:
         doc = oplog.log_export(s, directory, progress=tick)
     obj.emit(doc, "\n".join(f"{o}\tepochs {lo + 1}-{hi}" for o, (lo, hi) in

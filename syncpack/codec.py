@@ -606,6 +606,10 @@ class BodyWriter:
     def _bound(n: int) -> int:
         return n + (n >> 7) + 64
 
+    def room_needed(self, n: int) -> int:
+        """Body bytes an empty body needs to take ``n`` raw bytes (what would_fit checks)."""
+        return self.out + self._bound(n)
+
     def would_fit(self, n: int) -> bool:
         if self.out + self._bound(self.pending + n) <= self.budget:
             return True

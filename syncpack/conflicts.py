@@ -1,4 +1,4 @@
-"""Conflict list and resolution, collection policies, site priorities (DESIGN.md §7).
+"""Conflict list and resolution, collection policies, site priorities (docs/design.md §7).
 
 A key is in conflict when more than one version survives (writes that did not see each other).
 Resolving writes a new version at this site that supersedes every surviving one; it replicates

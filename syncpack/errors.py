@@ -120,6 +120,11 @@ class ExportError(SyncpackError):
     pass
 
 
+class OutboxError(ExportError):
+    """The directory packets should go into is missing (and was not to be created) or is not a
+    directory: a mistyped or unmounted path never swallows packets."""
+
+
 class MediumFullError(ExportError):
     default_hint = "free space on the medium or use a smaller --max-size"
 
@@ -143,3 +148,24 @@ class BatchLockedError(SyncpackError):
 
     default_hint = ("this round was skipped and changed nothing; the next scheduled round "
                     "catches up (if rounds keep overlapping, schedule them further apart)")
+
+
+class MetricsWriteError(SyncpackError):
+    """A batch round could not write its metrics file."""
+
+    default_hint = ("check that the directory exists and this user may write to it (for "
+                    "node_exporter: the --collector.textfile.directory)")
+
+
+class InvalidValueError(UsageError):
+    """A record value that is not plain JSON (bytes, NaN, infinities, non-string keys, other
+    objects): refused before anything is written, so every site can show and ship it."""
+
+    default_hint = ("store JSON values only: dicts with string keys, lists, strings, finite "
+                    "numbers, true/false/null")
+
+
+class SiteClosedError(SiteError):
+    """A :class:`~syncpack.Site` was used after :meth:`~syncpack.Site.close`."""
+
+    default_hint = "open the site again with syncpack.open_site(PATH)"

@@ -93,12 +93,27 @@ def acknowledgements(site: Site) -> dict[bytes, tuple[int, dict[bytes, int], byt
 
 
 def store_acknowledgements(site: Site, acks) -> None:
-    """Keep each member's newest acknowledgement (already verified by the verifier)."""
+    """Keep each member's newest acknowledgement, and the one where it held the most of its
+    own origin (already verified by the verifier)."""
+    rows = [(m, c, vec_blob(v), sig, v.get(m, 0)) for m, c, v, sig in acks
+            if m != site.site_id]
     site.conn.executemany(
         "INSERT INTO acks VALUES (?, ?, ?, ?) ON CONFLICT(member) DO UPDATE SET "
         "created_ms=excluded.created_ms, vector=excluded.vector, signature=excluded.signature "
-        "WHERE excluded.created_ms > acks.created_ms",
-        [(m, c, vec_blob(v), sig) for m, c, v, sig in acks if m != site.site_id])
+        "WHERE excluded.created_ms > acks.created_ms", [r[:4] for r in rows])
+    site.conn.executemany(
+        "INSERT INTO own_acks VALUES (?, ?, ?, ?, ?) ON CONFLICT(member) DO UPDATE SET "
+        "epoch=excluded.epoch, created_ms=excluded.created_ms, vector=excluded.vector, "
+        "signature=excluded.signature WHERE excluded.epoch > own_acks.epoch",
+        [(m, e, c, v, sig) for m, c, v, sig, e in rows if e])
+
+
+def own_acknowledgement(site: Site, member: bytes) -> tuple[int, dict[bytes, int], bytes] | None:
+    """(created_ms, vector, signature) of the member's acknowledgement holding the most of its
+    own origin, if we have one."""
+    row = site.conn.execute("SELECT created_ms, vector, signature FROM own_acks WHERE member=?",
+                            (member,)).fetchone()
+    return (row[0], vec_from_blob(row[1]), row[2]) if row else None
 
 
 def ack_floor(site: Site) -> dict[bytes, int]:

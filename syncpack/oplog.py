@@ -1,4 +1,4 @@
-"""The changelog kept as Parquet segments, for the Spark engine (DESIGN.md §9).
+"""The changelog kept as Parquet segments, for the Spark engine (docs/design.md §9).
 
 The layout, schema, manifest and append rules are ``formats/LOG.md``; change the two together.
 In short: ``LOG/origin_hex=<hex>/ep-<first>-<last>.parquet`` segments, one origin per file in
@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from .codec import Op
 from .errors import ExportError
 from .packets import fsync_dir
+from .progress import expect
 from .site import Site, wall_ms
 
 FORMAT = "syncpack-log"
@@ -387,6 +388,7 @@ def append_log(site: Site, loc: LogLocation,
             man.origins[o] = ent
             if top > ent.top:
                 stats["origins"][name] = [ent.top, top]
+                expect(progress, top - ent.top)
                 n, k = _write_origin(site, loc, o, ent, top, progress)
                 stats["ops_written"] += n
                 stats["segments_written"] += k

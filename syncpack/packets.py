@@ -18,7 +18,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from . import codec
 from .codec import Header, Op
-from .errors import ExportError, MediumFullError
+from .errors import ExportError, MediumFullError, OutboxError
 from .names import check_site_name
 
 DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
@@ -56,6 +56,13 @@ def packet_dir(out: Path, sender: str, recipient: str) -> Path:
     if os.path.commonpath([os.path.abspath(d), os.path.abspath(out)]) != os.path.abspath(out):
         raise ExportError(f"packets for {recipient!r} would be written outside {out}")
     return d
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes as a --max-size value, rounded up to whole KiB (or bytes if small)."""
+    if n <= 4096:
+        return str(max(n, MIN_MAX_SIZE))
+    return f"{-(-n // 1024)}K"
 
 
 def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, part: int) -> bytes:
@@ -121,7 +128,8 @@ class PartSeries:
                        - codec.header_reserve(template, self.origins))
         if self.budget < 1024:
             raise ExportError(f"--max-size {max_size} leaves no room for a body next to a "
-                              f"header for {len(self.origins)} origins")
+                              f"header for {len(self.origins)} origins; --max-size "
+                              f"{size_text(max_size - self.budget + 1024)} or more would do")
         self.parts: list[PartInfo] = []
         self.part = -1
         self._open()
@@ -144,8 +152,11 @@ class PartSeries:
         self.count += items
 
     def too_big(self, n: int, what: str) -> ExportError:
+        need = self.max_size - self.budget + self.body.room_needed(n)
         return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
-                           f"{self.max_size} allows")
+                           f"{self.max_size} allows; --max-size {size_text(need)} or more "
+                           f"would do", hint="a transaction is split between packets, a "
+                                             "single op or record never is")
 
     def finish(self, final: bool, **fields) -> PartInfo:
         length, digest = self.body.finish()
@@ -247,6 +258,27 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
         series.abort()
         raise
     return series.parts
+
+
+def prepare_outbox(out: str | os.PathLike, create: bool, how_to_create: str) -> Path:
+    """The directory an export writes into.  Missing, it is an error unless ``create``: a
+    mistyped path would otherwise swallow packets that are then recorded as sent, and an
+    unmounted medium would fill the disk under its mount point.  ``how_to_create`` tells the
+    user how to ask for it (a flag, a config key)."""
+    p = Path(out)
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise OutboxError(f"outbox {p} is not a directory", hint="name a directory")
+    if not create:
+        raise OutboxError(f"outbox {p} does not exist",
+                          hint=f"mount the medium or correct the path, or {how_to_create}")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:    # e.g. a file where a parent directory should be
+        raise OutboxError(f"cannot create outbox {p}: {e.strerror or e}",
+                          hint="name a directory on a writable medium") from None
+    return p
 
 
 def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:

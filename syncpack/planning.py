@@ -151,9 +151,12 @@ def snapshot_rollback(snapshot: Vector, vector: Vector, floors: Vector) -> bytes
     return None
 
 
-def own_claim_dismissed(claim: int, held: int, saw_our_report: bool, delivered: bool) -> bool:
+def own_claim_dismissed(claim: int, held: int, proven: int, saw_our_report: bool,
+                        delivered: bool) -> bool:
     """A member's claim to hold more of our own history than we do delays us (we refuse
-    writes until the ops come back) only while it is consistent with what we can check: once
-    the member has seen our report of being behind and its next applied packet still does not
-    bring us up to its claim, the claim is dismissed."""
-    return claim > held and saw_our_report and not delivered
+    writes until the ops come back) only while it is consistent with what we can check.  Up
+    to ``proven`` (our own signed acknowledgement, which the member relayed back to us) it is
+    our own word and always stands.  Beyond that, once the member has seen our report of
+    being behind and its next applied packet still does not bring us up to its claim, the
+    claim is dismissed."""
+    return claim > max(held, proven) and saw_our_report and not delivered

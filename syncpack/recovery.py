@@ -1,21 +1,22 @@
 """Restore from backup, changelog trimming (scrub), retiring members.
 
-DESIGN.md §6.  Trimming only ever uses acknowledgements each member signed itself (received
+docs/design.md §6.  Trimming only ever uses acknowledgements each member signed itself (received
 from it directly or relayed word for word), never estimates of what was sent and never one
 member's summary of others.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from . import codec, planning
 from .csn import CSN_LEN, next_hlc, pack_csn
 from .errors import UsageError
 from .matrix import ack_floor
+from .progress import expect
 from .site import ROSTER, Site, wall_ms
+from .verify import resolved_acks
 
 NORMAL, RECOVERING = "normal", "recovering"
+SCRUB_STEP = 50_000
 
 
 # --- restore ---------------------------------------------------------------------------------
@@ -59,6 +60,8 @@ def note_report(site: Site, h, applied: bool) -> None:
     me = site.site_id
     claim = h.vector.get(me, 0)
     held = site.vector().get(me, 0)
+    # Our own signed acknowledgement, relayed back: proof of how much of our history we held.
+    proven = max((v.get(me, 0) for m, _c, v, _s in resolved_acks(h) if m == me), default=0)
     dismissed = _id_map(site, "recover_dismissed")
     if h.sender in dismissed and claim <= held:
         del dismissed[h.sender]
@@ -78,12 +81,12 @@ def note_report(site: Site, h, applied: bool) -> None:
     if site.state == RECOVERING and h.created_ms >= int(site.meta("restore_ms", 0)):
         reps = _id_map(site, "recover_reports")
         saw = h.recv_seq >= _id_map(site, "recover_asked").get(h.sender, 1)
-        if believed and applied and planning.own_claim_dismissed(claim, held, saw,
+        if believed and applied and planning.own_claim_dismissed(claim, held, proven, saw,
                                                                  delivered=claim <= held):
             dismissed[h.sender] = claim
             _set_id_map(site, "recover_dismissed", dismissed)
             believed = False
-        reps[h.sender] = claim if believed else min(claim, held)
+        reps[h.sender] = claim if believed else max(held, min(claim, proven))
         _set_id_map(site, "recover_reports", reps)
     maybe_finish(site)
 
@@ -204,47 +207,40 @@ def restore(site: Site, finish: bool = False) -> dict:
 
 # --- scrub ------------------------------------------------------------------------------------
 
-@dataclass
-class ScrubPlan:
-    ops: dict[bytes, tuple[int, int]]   # origin -> (old floor, new floor)
-    tombstones: int
-    tombstones_pending: int
-
-
 def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
-          now_ms: int | None = None) -> dict:
+          now_ms: int | None = None, progress=None) -> dict:
     now = wall_ms() if now_ms is None else now_ms
-    with site.lock():
-        c = site.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            acked = ack_floor(site)
-            floors = site.floors()
-            vec = site.vector()
-            young: dict[bytes, int] = {}
-            if min_age_ms:
-                # Keep ops younger than the minimum age, whatever was acknowledged.
-                for o, e in acked.items():
-                    row = c.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND "
-                                    "epoch>? AND epoch<=? AND hlc>=?",
-                                    (o, floors.get(o, 0), e,
-                                     (now - min_age_ms) << 16)).fetchone()
-                    if row[0] is not None:
-                        young[o] = row[0]
-            plan = planning.scrub_floors(acked, floors, vec, young)
-            n_ops = 0
+    # A dry run writes nothing: every write below is guarded by 'not dry_run'.
+    with site.lock(), site.write_txn() as c:
+        acked = ack_floor(site)
+        floors = site.floors()
+        vec = site.vector()
+        young: dict[bytes, int] = {}
+        if min_age_ms:
+            # Keep ops younger than the minimum age, whatever was acknowledged.
+            for o, e in acked.items():
+                row = c.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND "
+                                "epoch>? AND epoch<=? AND hlc>=?",
+                                (o, floors.get(o, 0), e,
+                                 (now - min_age_ms) << 16)).fetchone()
+                if row[0] is not None:
+                    young[o] = row[0]
+        plan = planning.scrub_floors(acked, floors, vec, young)
+        n_ops = 0
+        for o, (lo, hi) in plan.items():
+            n_ops += c.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? "
+                               "AND epoch<=?", (o, lo, hi)).fetchone()[0]
+        tombs, pending = _tombstones(site, acked, vec, dry_run)
+        if not dry_run:
+            expect(progress, n_ops)
             for o, (lo, hi) in plan.items():
-                n_ops += c.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? "
-                                   "AND epoch<=?", (o, lo, hi)).fetchone()[0]
-            tombs, pending = _tombstones(site, acked, vec, dry_run)
-            if not dry_run:
-                for o, (lo, hi) in plan.items():
-                    c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (o, hi))
-                    c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
-            c.execute("COMMIT" if not dry_run else "ROLLBACK")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+                # In steps, so a long trim shows progress; still one transaction.
+                for top in range(lo + SCRUB_STEP, hi + SCRUB_STEP, SCRUB_STEP):
+                    n = c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?",
+                                  (o, min(top, hi))).rowcount
+                    if progress:
+                        progress(n)
+                c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
     return {"dry_run": dry_run, "ops_removed": n_ops, "tombstones_removed": tombs,
             "tombstones_waiting": pending,
             "floors": {site.name_of(o): hi for o, (lo, hi) in plan.items()}}

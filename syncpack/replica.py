@@ -21,6 +21,7 @@ from .matrix import ensure_link, link, raise_matrix, vec_blob
 from .packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
 from .site import ROSTER, Member, Site, Transaction, wall_ms
 from .verify import find_packet_files, open_packet, printable, verify
+from .progress import expect
 
 SnapshotPart = PartInfo
 
@@ -52,6 +53,8 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     opener = atomic_opener(d, lambda part: packet_name(seq, part, "snapshot"))
     series = PartSeries(tmpl, sign, max_size, opener, seed, seal_to)
     try:
+        if progress:
+            expect(progress, conn.execute("SELECT count(*) FROM versions").fetchone()[0])
         for rec in site.iter_versions():
             raw = codec.encode_record(rec)
             if not series.fits(len(raw)):

@@ -31,9 +31,10 @@ from . import codec, keys, store
 from .codec import Op, Record
 from .conflict import POLICIES, Version, pick
 from .csn import CSN_LEN, next_hlc, pack_csn
+from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
+                     RecoveringError, SiteClosedError, SiteError, UsageError)
 from .names import check_site_name
-from .errors import (LockedError, NotJoinedError, RecordNotFound, RecoveringError, SiteError,
-                     UsageError)
+from .values import check_json_value
 
 SYS_PREFIX = "$"
 ROSTER = "$roster"
@@ -82,7 +83,7 @@ def check_collection(name: str) -> None:
                          f"for syncpack itself: {name!r}")
 
 
-def check_key(key: str) -> None:
+def _check_key(key: str) -> None:
     if not isinstance(key, str):
         raise UsageError("a key must be a string")
     if len(key) > MAX_NAME_CHARS:
@@ -112,6 +113,8 @@ class Site:
     @classmethod
     def open(cls, path: str | os.PathLike, *, require_joined: bool = True,
              clock: Callable[[], int] = wall_ms) -> "Site":
+        """Open the site at ``path``; raises :class:`SiteError` if it is not one, or
+        :class:`NotJoinedError` if it has not joined a family and ``require_joined``."""
         p = Path(path)
         db = p / store.DB_NAME
         if not p.is_dir():
@@ -144,16 +147,17 @@ class Site:
         site_id = secrets.token_bytes(8)
         ident = keys.generate(p, site, site_id)
         conn = store.create(p / store.DB_NAME)
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("INSERT INTO meta VALUES (?, ?)", [
-            ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
-            ("state", "normal"), ("created_ms", wall_ms())])
-        conn.execute("INSERT INTO vector(origin, epoch) VALUES (?, 0)", (site_id,))
-        conn.execute("COMMIT")
+        with store.write_txn(conn):
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+                ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
+                ("state", "normal"), ("created_ms", wall_ms())])
+            conn.execute("INSERT INTO vector(origin, epoch) VALUES (?, 0)", (site_id,))
         return p, conn, ident
 
     @classmethod
     def keygen(cls, path: str | os.PathLike, site: str) -> tuple["Site", Path]:
+        """Make a not-yet-joined site directory with its key pair; returns the site and
+        the public key file to hand to ``mkreplica export`` at a member."""
         p, conn, _ = cls._create_dir(Path(path), site)
         s = cls(p, conn)
         return s, keys.public_path(p)
@@ -161,16 +165,16 @@ class Site:
     @classmethod
     def init_family(cls, path: str | os.PathLike, family: str, site: str,
                     policy: str = "lww", priority: int = 0) -> "Site":
+        """Create a new family whose first site lives at ``path``."""
         if policy not in POLICIES:
             raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if not family:
             raise UsageError("the family needs a name")
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = secrets.token_bytes(16)
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                         [("family_id", fam_id), ("family_name", family), ("joined", 1)])
-        conn.execute("COMMIT")
+        with store.write_txn(conn):
+            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                             [("family_id", fam_id), ("family_name", family), ("joined", 1)])
         s = cls(p, conn)
         me = Member(site, ident.site_id, ident.ed25519, ident.x25519, priority, {}, False)
         with s.transaction(_system=True) as tx:
@@ -179,7 +183,10 @@ class Site:
         return s
 
     def close(self) -> None:
-        self.conn.close()
+        """Close the store; using the site afterwards raises :class:`SiteClosedError`."""
+        if not isinstance(self.conn, _ClosedStore):
+            self.conn.close()
+            self.conn = _ClosedStore(self.name)
 
     def __enter__(self) -> "Site":
         return self
@@ -190,27 +197,33 @@ class Site:
     # -- metadata ------------------------------------------------------------------------------
 
     def meta(self, key: str, default: Any = None) -> Any:
+        """A value of the site's local metadata (clock, state, identity), or ``default``."""
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else default
 
     def set_meta(self, key: str, value: Any) -> None:
+        """Set a metadata value; the caller holds a write transaction."""
         self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     @property
     def family_name(self) -> str:
+        """The family's name ('' before joining)."""
         return self.meta("family_name", "")
 
     @property
     def state(self) -> str:
+        """``'normal'`` or ``'recovering'`` (after a restore, see ``syncpack restore``)."""
         return self.meta("state", "normal")
 
     # -- roster and policies (replicated state, read through the visible values) ----------------
 
     def invalidate(self) -> None:
+        """Forget cached roster and policies (after changes to replicated settings)."""
         self._roster = None
         self._policies = None
 
     def roster(self) -> dict[str, Member]:
+        """The family's members by name, retired ones included."""
         if self._roster is None:
             out: dict[str, Member] = {}
             for _c, key, raw in self._visible_rows(ROSTER):
@@ -222,6 +235,7 @@ class Site:
         return self._roster
 
     def members_by_id(self, include_retired: bool = False) -> dict[bytes, Member]:
+        """Current members (and with ``include_retired`` the retired ones) by site id."""
         return {m.site_id: m for m in self.roster().values() if include_retired or not m.retired}
 
     def names(self) -> dict[bytes, str]:
@@ -231,9 +245,11 @@ class Site:
         return names
 
     def name_of(self, site_id: bytes) -> str:
+        """A site's name, or its id in hex if it never was in the roster."""
         return self.names().get(site_id, site_id.hex())
 
     def member_named(self, name: str) -> Member:
+        """The current member called ``name``; :class:`UsageError` if there is none."""
         m = self.roster().get(name)
         if m is None or m.retired:
             known = ", ".join(sorted(n for n, x in self.roster().items() if not x.retired))
@@ -242,16 +258,20 @@ class Site:
         return m
 
     def family_policy(self) -> str:
+        """The family's default conflict policy (``lww`` or ``priority``)."""
         return self.family_settings().get("policy", "lww")
 
     def family_settings(self) -> dict:
+        """The family's replicated settings (name, policy, sealing rule)."""
         v = pick(self._versions(FAMILY, FAMILY_KEY), "lww", {})
         return codec.decode_value(v.value) if v is not None and v.value is not None else {}
 
     def requires_sealing(self) -> bool:
+        """Whether the family requires every packet to be sealed to its recipient."""
         return bool(self.family_settings().get("require_sealed", False))
 
     def policies(self) -> dict[str, str]:
+        """Collections that have their own conflict policy: name -> policy."""
         if self._policies is None:
             out = {}
             for _c, key, raw in self._visible_rows(COLLECTIONS):
@@ -263,6 +283,7 @@ class Site:
         return self._policies
 
     def policy_of(self, collection: str) -> str:
+        """The conflict policy that decides the visible version in ``collection``."""
         if collection.startswith(SYS_PREFIX):
             return "lww"
         return self.policies().get(collection) or self.family_policy()
@@ -279,6 +300,7 @@ class Site:
         return m.x25519
 
     def priorities(self) -> dict[bytes, int]:
+        """Each member's priority under the ``priority`` policy, by site id."""
         return {m.site_id: m.priority for m in self.roster().values()}
 
     # -- reading -------------------------------------------------------------------------------
@@ -303,6 +325,8 @@ class Site:
                 yield coll, key, v.value
 
     def get(self, collection: str, key: str, default: Any = RecordNotFound) -> Any:
+        """The visible value of ``collection``/``key``.  Raises :class:`RecordNotFound`
+        when there is none, unless a ``default`` is given."""
         vs = self._versions(collection, key)
         v = pick(vs, self.policy_of(collection), self.priorities()) if vs else None
         if v is None or v.value is None:
@@ -313,18 +337,23 @@ class Site:
 
     def records(self, collection: str | None = None,
                 include_system: bool = False) -> Iterator[tuple[str, str, Any]]:
+        """``(collection, key, value)`` of every visible record, sorted; one collection
+        or all (syncpack's own ``$`` collections only with ``include_system``)."""
         for coll, key, raw in self._visible_rows(collection):
             if coll.startswith(SYS_PREFIX) and not include_system and collection is None:
                 continue
             yield coll, key, codec.decode_value(raw)
 
     def vector(self) -> dict[bytes, int]:
+        """This site's vector: origin site id -> highest epoch held."""
         return {o: e for o, e in self.conn.execute("SELECT origin, epoch FROM vector")}
 
     def floors(self) -> dict[bytes, int]:
+        """Per origin, the highest epoch no longer in the changelog (trimmed or seeded)."""
         return {o: f for o, f in self.conn.execute("SELECT origin, floor FROM vector")}
 
     def named(self, vec: dict[bytes, int]) -> dict[str, int]:
+        """A vector keyed by site name instead of site id."""
         names = self.names()
         return {names.get(o, o.hex()): e for o, e in sorted(vec.items(),
                                                              key=lambda x: names.get(x[0], ""))}
@@ -354,6 +383,10 @@ class Site:
 
     @contextmanager
     def transaction(self, _system: bool = False) -> Iterator["Transaction"]:
+        """One local transaction: ``with site.transaction() as tx: tx.put(...)``.
+
+        Every put and delete in the block commits together, or none does if the block
+        raises; refused while the site is recovering from a restore."""
         if not self.joined:
             raise NotJoinedError(f"site {self.name!r} has not joined a family yet")
         if self.state == "recovering" and not _system:
@@ -419,6 +452,7 @@ class Site:
         return False
 
     def record_ops(self, ops: list[Op]) -> None:
+        """Append ops to the changelog; the caller holds a write transaction."""
         self.conn.executemany(
             "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
@@ -433,14 +467,27 @@ class Site:
         return map(partial(tuple.__new__, Op), cur)
 
     def iter_versions(self) -> Iterator[Record]:
+        """Every surviving version of every key, in (collection, key, CSN) order."""
         for row in self.conn.execute(
                 "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn"):
             yield Record(*row)
 
     def parked_dir(self) -> Path:
+        """The directory that keeps parked packets (created if missing)."""
         d = self.path / PARKED_DIR
         d.mkdir(exist_ok=True)
         return d
+
+
+class _ClosedStore:
+    """Stands in for the connection of a closed site, so any use says so clearly (instead of
+    sqlite3's ProgrammingError)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        raise SiteClosedError(f"site {self._name!r} has been closed")
 
 
 def group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
@@ -472,29 +519,39 @@ class Transaction:
         self.touched_system = False
 
     def put(self, collection: str, key: str, value: Any) -> None:
+        """Write ``value`` (plain JSON: see :mod:`syncpack.values`) under
+        ``collection``/``key``.  Raises :class:`InvalidValueError` (a :class:`SyncpackError`)
+        for anything else, and :class:`UsageError` for a bad collection or key."""
         check_collection(collection)
-        check_key(key)
+        _check_key(key)
+        check_json_value(value)
         try:
             raw = codec.encode_value(value)
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise InvalidValueError(str(e)) from None
         if len(raw) > codec.MAX_VALUE_BYTES:
-            raise UsageError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
+            raise InvalidValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
                              f"(this one is {len(raw)}); peers would refuse it")
         self.write_raw(collection, key, raw)
 
     def delete(self, collection: str, key: str) -> None:
+        """Delete ``collection``/``key`` (a tombstone is recorded even if it is absent,
+        so the delete still wins over older concurrent writes)."""
         check_collection(collection)
-        check_key(key)
+        _check_key(key)
         self.write_raw(collection, key, None)
 
     def set_policy(self, collection: str, policy: str) -> None:
+        """Give ``collection`` its own conflict policy (replicated like any write)."""
         check_collection(collection)
         if policy not in POLICIES:
             raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.write_raw(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
 
     def write_raw(self, collection: str, key: str, raw: bytes | None) -> None:
+        """Write an already encoded value (None: a delete) without the checks of :meth:`put`.
+        For syncpack's own replicated collections (roster, family settings, policies), whose
+        rules their writers enforce; applications use :meth:`put` and :meth:`delete`."""
         site = self.site
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True

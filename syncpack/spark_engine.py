@@ -1,4 +1,4 @@
-"""Building update packets with PySpark, from the Parquet log (DESIGN.md §9, formats/LOG.md).
+"""Building update packets with PySpark, from the Parquet log (docs/design.md §9, formats/LOG.md).
 
 :func:`export_spark` gives the same packets, byte for byte, as :func:`syncpack.sync.export` for
 the same site state and parameters, and records them in the store the same way:
@@ -66,6 +66,7 @@ from .codec import Header, Op
 from .errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
 from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener, \
     build_update_packets, packet_dir, packet_name
+from .progress import expect
 from .site import Site, wall_ms
 from .sync import ExportedPacket, PeerPlan, plan_exports, record_exports, select_peers
 
@@ -411,6 +412,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                          {o: man.origins[o] for o in p.ranges},
                          sum(hi - lo for lo, hi in p.ranges.values()), seal[i])
                     for i, p in enumerate(plans) if p.ranges]
+            expect(progress, sum(j.ops for j in jobs))
             if jobs:
                 ctx = _TaskCtx(loc.text, str(out.resolve()), site.name, raw_key, max_size, seed)
                 written.update(_run_jobs(jobs, ctx, loc, starter, strategy, progress, stats))

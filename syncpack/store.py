@@ -95,6 +95,11 @@ MIGRATIONS: list[str] = [
     -- directly or relayed word for word; scrub trims on these alone
     CREATE TABLE acks(member BLOB PRIMARY KEY, created_ms INTEGER NOT NULL,
                       vector BLOB NOT NULL, signature BLOB NOT NULL) WITHOUT ROWID;
+    -- per member, the acknowledgement in which it held the most of its own origin: relayed
+    -- back to it after a restore as the proof of how much of its own history it once held
+    CREATE TABLE own_acks(member BLOB PRIMARY KEY, epoch INTEGER NOT NULL,
+                          created_ms INTEGER NOT NULL, vector BLOB NOT NULL,
+                          signature BLOB NOT NULL) WITHOUT ROWID;
     -- which acknowledgement of each member we last passed on to each peer
     CREATE TABLE acks_told(peer BLOB NOT NULL, member BLOB NOT NULL,
                            created_ms INTEGER NOT NULL, PRIMARY KEY(peer, member)) WITHOUT ROWID;

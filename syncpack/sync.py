@@ -1,7 +1,7 @@
 """Export and import of update packets: planning against the epoch matrix, gap checks,
 parking, and applying in CSN order.
 
-The rules are DESIGN.md §4-§6.  Every packet goes through :func:`syncpack.verify.verify` and is
+The rules are docs/design.md §4-§6.  Every packet goes through :func:`syncpack.verify.verify` and is
 applied by :mod:`syncpack.apply`; a failure raises a :class:`PacketError` subclass and leaves
 the store untouched.
 """
@@ -20,10 +20,11 @@ from .codec import Header, Op
 from .csn import pack_csn
 from .errors import (PacketError, PacketSenderError, ScrubbedError, SyncpackError,
                      UsageError)
-from .matrix import (acknowledgements, believed, ensure_link, link, matrix, raise_matrix,
-                     ranges_blob, vec_blob, waiting_gaps)
+from .matrix import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
+                     ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
 from .packets import (DEFAULT_MAX_SIZE, PartInfo, atomic_opener, build_update_packets,
                       packet_dir, packet_name)
+from .progress import expect
 from .recovery import RECOVERING, stash_own
 from .site import Site, wall_ms
 from .verify import (DEFAULT_SKEW_MS, OpenPacket, find_packet_files, has_magic, open_packet,
@@ -94,7 +95,8 @@ def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]
 def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
               sign: Callable[[bytes], bytes] | None) -> list:
     """Our own signed acknowledgement, and the members' own ones this peer has not been
-    given in their newest version (never one of its own), within the relay budget."""
+    given in their newest version, within the relay budget.  The peer's own comes back to it
+    too: after a restore it is the proof of how much of its own history it once held."""
     out = []
     if sign is not None:
         own = {o: e for o, e in vec.items() if e}
@@ -103,16 +105,24 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
     told = dict(site.conn.execute("SELECT member, created_ms FROM acks_told WHERE peer=?",
                                   (peer,)))
     members = site.members_by_id()
-    fresh = sorted((told.get(m, 0), m, c, v, sig)
-                   for m, (c, v, sig) in acknowledgements(site).items()
-                   if m != peer and m in members and c > told.get(m, 0))
+    own = own_acknowledgement(site, peer)
+    if own is not None and own[0] > told.get(peer, 0):
+        out.append((peer, *own))
+    # Decode only the acknowledgements that go: a hub of a thousand members holds a thousand
+    # vectors of a thousand entries.  The stored form is about twice the wire form (full ids
+    # instead of indexes), which the cost estimate allows for.
+    fresh = sorted((told.get(m, 0), m, c, n) for m, c, n in site.conn.execute(
+        "SELECT member, created_ms, length(vector) FROM acks")
+        if m != peer and m in members and c > told.get(m, 0))
     budget = RELAY_ACK_BUDGET
-    for _t, m, c, v, sig in fresh:
-        cost = 96 + 12 * len(v)
+    for _t, m, c, n in fresh:
+        cost = 96 + n // 2
         if cost > budget:
             break
         budget -= cost
-        out.append((m, c, v, sig))
+        v, sig = site.conn.execute("SELECT vector, signature FROM acks WHERE member=?",
+                                   (m,)).fetchone()
+        out.append((m, c, vec_from_blob(v), sig))
     return out
 
 
@@ -143,7 +153,9 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
             if failed is None:
                 raise err from None
             failed.append(err)
-            continue
+            # The peer still gets our vector and acknowledgements (no ops): it learns what we
+            # hold, and a restored peer learns what only a snapshot can now bring it.
+            ranges = {}
         except SyncpackError as err:
             err.peer = printable(name)
             if failed is None:
@@ -200,6 +212,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         conn.execute("BEGIN")  # one read snapshot for plan and ops alike
         try:
             plans = plan_exports(site, peers, now, failed, sign)
+            expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
                 opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part))
@@ -258,11 +271,15 @@ class ImportResult:
     rejected: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     ops_applied: int = 0
+    # Why each skipped packet was left alone: "other site" or "other family".
+    skipped_why: dict[str, str] = field(default_factory=dict)
+    # Files in a searched directory that are not packets at all.
+    ignored: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "ignored": self.ignored}
 
 
 @dataclass
@@ -274,11 +291,14 @@ class _Candidate:
 
 def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                    skew_ms: int = DEFAULT_SKEW_MS, now_ms: int | None = None,
-                   progress: Callable[[int], None] | None = None) -> ImportResult:
+                   progress: Callable[[int], None] | None = None,
+                   result: ImportResult | None = None) -> ImportResult:
     """Verify every packet found, apply what can apply (in dependency order, whatever order
     the files come in), park what waits for a gap, reject the rest one by one: a bad packet
-    never stops the good ones beside it."""
-    res = ImportResult()
+    never stops the good ones beside it.  Each packet applies in its own transaction; with
+    ``result``, the outcome is collected there as it happens, so a caller interrupted midway
+    (Ctrl-C) still knows which packets were applied and committed."""
+    res = result if result is not None else ImportResult()
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -300,10 +320,14 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             except PacketError as e:
                 if named or has_magic(path):  # a damaged or too new packet is not silent
                     res.rejected.append({"path": shown, "error": str(e)})
-                continue  # in a directory: not a packet, leave it alone
+                else:
+                    res.ignored.append(shown)   # in a directory: not a packet, left alone
+                continue
             h = pk.header
             if not named and (h.family != site.family_id or h.recipient != site.site_id):
                 res.skipped.append(shown)
+                res.skipped_why[shown] = ("other family" if h.family != site.family_id
+                                          else "other site")
                 pk.close()
                 continue
             c = _Candidate(pk, shown)
@@ -325,7 +349,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 cands.append(c)
         try:
             for group in snaps.values():
-                _apply_snapshot(site, group, res)
+                _apply_snapshot(site, group, res, progress)
             while True:
                 cands += _parked_candidates(site, res, opened, check)
                 _apply_all(site, cands, res, progress)
@@ -376,8 +400,9 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
     return out
 
 
-def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> None:
-    """A snapshot packet addressed to a member: a hard resync (DESIGN.md §6)."""
+def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult,
+                    progress=None) -> None:
+    """A snapshot packet addressed to a member: a hard resync (docs/design.md §6)."""
     group.sort(key=lambda c: c.pk.header.part)
     shown = [c.display for c in group]
     if is_known(site, group[0].pk.header):
@@ -394,7 +419,7 @@ def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult) -> N
                                  f"of one snapshot together"})
         return
     try:
-        n = apply_snapshot(site, [c.pk for c in group])
+        n = apply_snapshot(site, [c.pk for c in group], progress)
     except PacketError as e:
         for s in shown:
             res.rejected.append({"path": s, "error": str(e)})
@@ -409,6 +434,14 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
         return (site.name_of(h.sender), h.seq, h.part)
 
     pending = sorted(cands, key=order)
+    expect(progress, sum(c.pk.header.count for c in cands))
+    unproven: dict[tuple[bytes, bytes], PacketError] = {}
+
+    def reject(c: _Candidate, e: PacketError) -> None:
+        res.rejected.append({"path": c.display, "error": str(e)})
+        if c.parked_file:
+            drop_parked(site, c.pk.header, c.parked_file)
+
     seen: set[tuple[bytes, bytes]] = set()
     changed = True
     while changed:
@@ -434,16 +467,25 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
                 still.append(c)      # retried (or parked) against the wound-back vector
                 changed = True
                 continue
-            except PacketError as e:
-                res.rejected.append({"path": c.display, "error": str(e)})
-                if c.parked_file:
-                    drop_parked(site, h, c.parked_file)
+            except PacketSenderError as e:
+                # Ops of an origin we do not know as a member: its roster entry may come in
+                # another packet of this import.  Tried again after each pass; refused if
+                # nothing brings it.
+                unproven[(h.sender, h.packet_id)] = e
+                still.append(c)
                 continue
+            except PacketError as e:
+                reject(c, e)
+                continue
+            unproven.pop((h.sender, h.packet_id), None)
             seen.add((h.sender, h.packet_id))
             res.applied.append(c.display)
             res.ops_applied += n
             changed = True
         pending = still
+    for c in [c for c in pending if (c.pk.header.sender, c.pk.header.packet_id) in unproven]:
+        reject(c, unproven[(c.pk.header.sender, c.pk.header.packet_id)])
+        pending.remove(c)
     vec = site.vector()
     parked_ids = {(c.pk.header.sender, c.pk.header.packet_id) for c in pending if c.parked_file}
     for c in pending:

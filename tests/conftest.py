@@ -29,15 +29,16 @@ class Result:
         return f"<exit {self.code}\nstdout: {self.out}\nstderr: {self.err}>"
 
 
-def run(*args, site: str | os.PathLike | None = None, json_mode: bool = False, env=None) -> Result:
-    """Run the syncpack CLI in-process; arguments as a user types them."""
+def run(*args, site: str | os.PathLike | None = None, json_mode: bool = False, env=None,
+        input: str | bytes | None = None) -> Result:
+    """Run the syncpack CLI in-process; arguments as a user types them, ``input`` on stdin."""
     argv = []
     if site is not None:
         argv += ["--site", str(site)]
     if json_mode:
         argv.append("--json")
     argv += [str(a) for a in args]
-    r = CliRunner().invoke(cli, argv, env=env, catch_exceptions=True)
+    r = CliRunner().invoke(cli, argv, env=env, input=input, catch_exceptions=True)
     res = Result(r)
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise AssertionError(f"uncaught exception from syncpack {argv}: {r.exception!r}\n{res}")

@@ -1,4 +1,4 @@
-"""Packets that must be refused (DESIGN.md §3.6, §5; CLI.md exit codes).
+"""Packets that must be refused (docs/design.md §3.6, §5; docs/commands.md exit codes).
 
 Each bad packet, named on the command line, is rejected with an error that says which check
 failed, exit 1, no traceback, and the receiving site is left exactly as it was: same digest,
@@ -204,7 +204,7 @@ def test_directory_import_leaves_other_sites_packets_alone(tmp_path):
     f.add("tokyo", via="boston")
     f.put("boston", "parts", "p1", 1)
     usb = tmp_path / "usb"
-    r = run("export", "--all", "--out", usb, site=f.path("boston"), json_mode=True)
+    r = run("export", "--all", "--create-out", "--out", usb, site=f.path("boston"), json_mode=True)
     assert r.code == 0, r
     by_peer = {p["to"]: Path(p["path"]) for p in r.json["packets"]}
     assert set(by_peer) == {"sanfran", "tokyo"}

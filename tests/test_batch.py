@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -380,7 +381,7 @@ out = "{root / 'unmounted'}"
     assert r.code == 1, r
     assert f"error: export {root / 'unmounted'}: outbox {root / 'unmounted'} does not exist" \
         in r.err
-    assert "hint: mount the medium, or set export[1].create = true" in r.err
+    assert "hint: mount the medium or correct the path, or set export[1].create = true" in r.err
     assert not (root / "unmounted").exists()               # never created on the wrong disk
     cfg.write_text(cfg.read_text().replace('[[import]]', '[[import]]\nrequired = true'))
     r = run("--json", "batch", cfg)
@@ -511,3 +512,206 @@ def test_run_batch_api_returns_the_summary(family):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(BatchLockedError):
             batch.run_batch(site_config(family, "boston", media))
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+def _prom(path: Path) -> dict[str, list]:
+    from prometheus_client.parser import text_string_to_metric_families
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(path.read_text()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def _one(got: dict, name: str) -> float:
+    [(labels, value)] = got[name]
+    assert labels["site"] == "boston"
+    return value
+
+
+def test_metrics_file_after_good_and_failed_rounds(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    media.mkdir()
+    textfiles = family.root / "textfile"
+    textfiles.mkdir()
+    prom = textfiles / "syncpack_boston.prom"
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+metrics = "{prom}"
+[[export]]
+out = "{media}"
+""")
+    before = time.time()
+    r = run("batch", cfg)
+    assert r.code == 0, r
+    got = _prom(prom)
+    assert _one(got, "syncpack_batch_last_run_ok") == 1
+    success = _one(got, "syncpack_batch_last_success_timestamp_seconds")
+    assert before - 1 <= success <= time.time() + 1
+    assert _one(got, "syncpack_batch_last_run_timestamp_seconds") == success
+    assert _one(got, "syncpack_batch_last_run_failed_actions") == 0
+    packets = {lab["result"]: v for lab, v in got["syncpack_batch_last_run_packets"]}
+    assert packets["exported"] == 2 and packets["applied"] == 0
+    # The site's status metrics are in the same file, as 'status --format prometheus' has them.
+    assert {lab["peer"] for lab, _ in got["syncpack_peer_lag_ops"]} == {"sanfran", "bangalore"}
+    sent = {lab["peer"]: v for lab, v in
+            got["syncpack_peer_last_packet_sent_timestamp_seconds"]}
+    assert all(before - 1 <= v for v in sent.values())
+    status = run("status", "--format", "prometheus", site=family.path("boston")).out
+    assert status in prom.read_text()
+    assert oct(prom.stat().st_mode & 0o777) == oct(0o644)   # node_exporter is another user
+    assert [p.name for p in textfiles.iterdir()] == [prom.name]   # no temporary file left
+
+    # The medium is unmounted: the round fails, the file says so, the last success stays.
+    shutil.rmtree(media)
+    time.sleep(0.01)
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    got = _prom(prom)
+    assert _one(got, "syncpack_batch_last_run_ok") == 0
+    assert _one(got, "syncpack_batch_last_run_failed_actions") == 1
+    assert _one(got, "syncpack_batch_last_success_timestamp_seconds") == success
+    assert _one(got, "syncpack_batch_last_run_timestamp_seconds") > success
+    r = run("batch", cfg)                                  # and again: still carried over
+    assert _one(_prom(prom), "syncpack_batch_last_success_timestamp_seconds") == success
+    log = (family.path("boston") / "batch.log").read_text()
+    assert log.count(f"metrics: wrote {prom}") == 3
+
+    # A round that fails before any success leaves no last-success sample (never succeeded).
+    prom.unlink()
+    r = run("batch", cfg)
+    assert r.code == 1
+    assert "syncpack_batch_last_success_timestamp_seconds" not in _prom(prom)
+    assert _one(_prom(prom), "syncpack_batch_last_run_ok") == 0
+
+
+def test_metrics_a_rejected_packet_counts_as_a_failed_round(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    with family.open("boston") as s:
+        pk = sync.export(s, media, to=["sanfran"])[0].path
+    pk.write_bytes(pk.read_bytes()[:-10])
+    prom = family.root / "sanfran.prom"
+    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
+site = "{family.path('sanfran')}"
+metrics = "{prom}"
+[[import]]
+path = "{media / 'sanfran'}"
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 1 and r.json["errors"] == [], r
+    got = _prom(prom)
+    [(_, ok)] = got["syncpack_batch_last_run_ok"]
+    assert ok == 0
+    packets = {lab["result"]: v for lab, v in got["syncpack_batch_last_run_packets"]}
+    assert packets["rejected"] == 1
+
+
+def test_metrics_refused_round_leaves_the_file_alone(family):
+    three_sites(family)
+    prom = family.root / "boston.prom"
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+metrics = "{prom}"
+[scrub]
+""")
+    assert run("batch", cfg).code == 0
+    before = prom.read_bytes()
+    fd = os.open(family.path("boston") / batch.BATCH_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = run("batch", cfg)
+        assert r.code == 1 and "another batch round" in r.err
+    finally:
+        os.close(fd)
+    assert prom.read_bytes() == before                     # the running round owns the file
+
+
+def test_metrics_write_failure_is_a_failed_action(family):
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    media.mkdir()
+    prom = family.root / "no_such_dir" / "boston.prom"
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+metrics = "{prom}"
+[[export]]
+out = "{media}"
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 1, r
+    doc = r.json
+    assert doc["outcome"] == "failed" and doc["counts"]["errors"] == 1
+    [e] = doc["errors"]
+    assert e["action"] == "metrics" and e["target"] == str(prom)
+    assert e["error"].startswith(f"cannot write metrics file {prom}: ")
+    assert "textfile.directory" in e["hint"]
+    assert len(packets_under(media)) == 2                  # the exports still happened
+    r = run("batch", cfg)
+    assert r.code == 1 and f"error: metrics {prom}: cannot write metrics file" in r.err, r
+    assert "hint: check that the directory exists" in r.err
+    log = (family.path("boston") / "batch.log").read_text()
+    assert "metrics: ERROR" in log and "round: end: failed (exit 1)" in log
+
+
+def test_metrics_replace_is_atomic(family, tmp_path, monkeypatch):
+    """A write that fails half-way leaves the previous file whole and no temporary file."""
+    target = tmp_path / "m.prom"
+    batch.write_textfile(target, "old 1\n")
+    assert target.read_text() == "old 1\n"
+
+    def broken_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError):
+        batch.write_textfile(target, "new 2\n")
+    assert target.read_text() == "old 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.prom"]
+
+
+def test_metrics_key_must_name_a_prom_file(family):
+    family.init("boston")
+    cfg = write_config(family.root / "etc" / "b.toml",
+                       f'site = "{family.path("boston")}"\nmetrics = "/tmp/x.txt"\n[scrub]\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    assert r.err.startswith(f"error: batch config {cfg}: metrics: /tmp/x.txt does not end "
+                            f"in .prom"), r
+    assert "hint: node_exporter's textfile collector reads only *.prom files" in r.err
+    assert not (family.path("boston") / "batch.log").exists()
+    cfg.write_text(f'site = "{family.path("boston")}"\nmetrics = 3\n[scrub]\n')
+    r = run("batch", cfg)
+    assert r.code == 1 and "metrics: must be a non-empty string" in r.err, r
+
+
+def test_metrics_written_when_a_round_is_interrupted(family, monkeypatch):
+    three_sites(family)
+    media = family.root / "shared_media"
+    media.mkdir()
+    prom = family.root / "boston.prom"
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+metrics = "{prom}"
+[[export]]
+out = "{media}"
+""")
+    assert batch.run_batch(cfg)["exit_code"] == 0
+    success = _one(_prom(prom), "syncpack_batch_last_success_timestamp_seconds")
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sync, "export", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        batch.run_batch(cfg)
+    got = _prom(prom)
+    assert _one(got, "syncpack_batch_last_run_ok") == 0
+    assert _one(got, "syncpack_batch_last_success_timestamp_seconds") == success
+    assert "round: ABORTED: KeyboardInterrupt" in (family.path("boston") / "batch.log").read_text()

@@ -1,4 +1,4 @@
-"""Conflicts (DESIGN.md §7): per-key surviving versions, policies that converge whatever the
+"""Conflicts (docs/design.md §7): per-key surviving versions, policies that converge whatever the
 delivery order, a conflict list, and resolutions that replicate."""
 
 from __future__ import annotations

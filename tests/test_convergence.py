@@ -1,4 +1,4 @@
-"""Convergence under any delivery schedule (DESIGN.md §3.1, §3.2, §3.4, §3.7, §6 lost packets).
+"""Convergence under any delivery schedule (docs/design.md §3.1, §3.2, §3.4, §3.7, §6 lost packets).
 
 Hypothesis drives 3-4 sites through random local writes (puts and deletes on a small key space,
 so concurrent writes and conflicts are common) and random packet traffic: exports between any

@@ -1,4 +1,4 @@
-"""Crash atomicity (DESIGN.md §3.3): SIGKILL at random instants, about 20 kills in all.
+"""Crash atomicity (docs/design.md §3.3): SIGKILL at random instants, about 20 kills in all.
 
 Runs the harness of ``tools/crash_run.py`` (which see for the checks) on a CI-sized world: a
 16,000-op update from a to b cut into four packets, a snapshot for a new site, a changelog to

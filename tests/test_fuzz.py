@@ -1,4 +1,4 @@
-"""Fuzzing the packet reader and the import path (DESIGN.md §3.6 authenticity, §5 import).
+"""Fuzzing the packet reader and the import path (docs/design.md §3.6 authenticity, §5 import).
 
 Every input must end in a typed rejection (a :class:`PacketError` subclass) that changes nothing
 in the store, or in a correct apply (or park) -- never another exception, a hang, or unbounded
@@ -206,7 +206,7 @@ def build_world(root: Path) -> World:
             tx.delete("parts", "p002")
             tx.put("tools", "t1", [1, 2.5, "x", None, True])
         with s.transaction() as tx:
-            tx.put("parts", "p003", {"qty": -3, "blob": b"\x00\x01"})
+            tx.put("parts", "p003", {"qty": -3, "blob": "\x00\x01"})
     p1 = fam.export("a", "b")
     with fam.open("a") as s, s.transaction() as tx:
         for i in range(5):

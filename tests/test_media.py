@@ -57,7 +57,8 @@ def test_full_medium_mid_export_leaves_no_partial_packet(family, monkeypatch, tm
         matrix_before = s.conn.execute("SELECT * FROM matrix ORDER BY 1, 2").fetchall()
     # Room for one 32 KiB packet and part of the next.
     _fill_medium_after(monkeypatch, 40 * 1024)
-    r = run("export", "--to", "b", "--out", usb, "--max-size", "32K", site=family.path("a"))
+    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "32K",
+            site=family.path("a"))
     assert r.code == 1, r
     assert "full" in r.err and "no partial packet" in r.err
     assert [f for f in _spk_files(usb) if not f.endswith(".tmp")] == []
@@ -67,8 +68,8 @@ def test_full_medium_mid_export_leaves_no_partial_packet(family, monkeypatch, tm
         assert s.conn.execute("SELECT * FROM matrix ORDER BY 1, 2").fetchall() == matrix_before
     monkeypatch.undo()
     # With room again the same export works and the peer converges.
-    r = run("export", "--to", "b", "--out", usb, "--max-size", "32K", site=family.path("a"),
-            json_mode=True)
+    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "32K",
+            site=family.path("a"), json_mode=True)
     assert r.code == 0 and len(r.json["packets"]) >= 2
     assert all(p["bytes"] <= 32 * 1024 for p in r.json["packets"])
     assert run("import", usb, site=family.path("b")).code == 0
@@ -82,7 +83,7 @@ def test_one_stick_serves_several_sites(family, tmp_path):
     family.full_exchange(rounds=1)
     family.put("a", "c", "k", 1)
     stick = tmp_path / "stick"
-    assert run("export", "--all", "--out", stick, site=family.path("a")).code == 0
+    assert run("export", "--all", "--create-out", "--out", stick, site=family.path("a")).code == 0
     files = _spk_files(stick)
     assert any(f.startswith("b/a/") for f in files) and any(f.startswith("c/a/") for f in files)
     for site in ("b", "c"):
@@ -109,12 +110,13 @@ def test_export_all_still_serves_the_others_when_one_peer_needs_a_resync(family,
     family.sync("c", "a")
     family.put("a", "col", "k2", 2)
     out = tmp_path / "all"
-    r = run("export", "--all", "--out", out, site=family.path("a"), json_mode=True)
+    r = run("export", "--all", "--create-out", "--out", out, site=family.path("a"), json_mode=True)
     assert r.code == 1, r
     doc = r.json
-    assert [p["to"] for p in doc["packets"]] == ["b"]
+    # c gets our vector without ops; b gets the ops
+    assert [(p["to"], p["ops"] > 0) for p in doc["packets"]] == [("b", True), ("c", False)]
     assert [f["to"] for f in doc["failed"]] == ["c"] and "resync" in doc["failed"][0]["hint"]
     assert "error: peer c needs epoch" in r.err
-    assert run("import", out, site=family.path("b")).code == 0
+    assert run("import", out / "b", site=family.path("b")).code == 0
     with family.open("b") as s:
         assert s.get("col", "k2") == 2

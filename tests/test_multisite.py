@@ -41,7 +41,7 @@ def load(site: Path, prefix: str, first: int, last: int, tmp: Path) -> None:
 
 
 def export(site: Path, out: Path, *to: str) -> list[dict]:
-    args = ["export", "--out", out]
+    args = ["export", "--create-out", "--out", out]
     for t in to:
         args += ["--to", t]
     if not to:
@@ -88,7 +88,7 @@ def add_site(tmp: Path, via: Path, name: str, medium: Path) -> Path:
     k = run("keygen", d, "--site", name, json_mode=True)
     assert k.code == 0, k
     e = run("mkreplica", "export", "--site", name, "--pubkey", k.json["public_key"],
-            "--out", medium, site=via, json_mode=True)
+            "--create-out", "--out", medium, site=via, json_mode=True)
     assert e.code == 0, e
     assert run("mkreplica", "import", medium, site=d).code == 0
     return d

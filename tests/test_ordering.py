@@ -1,4 +1,4 @@
-"""Packets arriving out of order, twice, or in parts (DESIGN.md §3.1, §3.4, §3.7, §4, §5).
+"""Packets arriving out of order, twice, or in parts (docs/design.md §3.1, §3.4, §3.7, §4, §5).
 
 boston writes three transactions and after each one exports to sanfran and tokyo, so each link
 carries packets p1, p2, p3 whose ranges follow each other.  sanfran gets them in some disorder,
@@ -49,7 +49,7 @@ class Links:
                 if rnd:
                     tx.delete("parts", f"r{rnd - 1}k0")
             r = run("export", "--to", "sanfran", "--to", "tokyo",
-                    "--out", family.root / "media" / f"round{rnd}",
+                    "--create-out", "--out", family.root / "media" / f"round{rnd}",
                     site=family.path("boston"), json_mode=True)
             assert r.code == 0, r
             for pk in r.json["packets"]:
@@ -209,7 +209,8 @@ def test_max_size_cuts_whole_transactions_that_apply_part_by_part(family):
                     tx.put("blobs", f"t{t:02d}-{j}", "".join(rng.choices(alphabet, k=300)))
     max_size = 16 * 1024
     out = family.root / "cut"
-    r = run("export", "--to", "sanfran", "--to", "tokyo", "--out", out, "--max-size", "16K",
+    r = run("export", "--to", "sanfran", "--to", "tokyo", "--create-out", "--out", out,
+            "--max-size", "16K",
             site=family.path("boston"), json_mode=True)
     assert r.code == 0, r
     parts = [p for p in r.json["packets"] if p["to"] == "sanfran"]

@@ -1,8 +1,10 @@
-"""The README's demo and the batch demo run as a user runs them and end converged."""
+"""The README's demo and the batch demo run as a user runs them and end converged, without
+touching the directory they are started from."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +14,36 @@ import pytest
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 
+def _env(**extra) -> dict:
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                **extra)
+
+
 @pytest.mark.parametrize("script", ["demo.sh", "batch_demo.sh"])
-def test_demo_script_converges(script, tmp_path):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               DEMO=str(tmp_path / "demo"))
-    r = subprocess.run(["bash", str(SAMPLES / script)], cwd=tmp_path, env=env,
+def test_demo_script_converges_in_its_own_temporary_directory(script, tmp_path):
+    start = tmp_path / "start"          # where a user happens to be
+    start.mkdir()
+    (start / "usb").mkdir()             # a folder of the user's that the demo must not delete
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = _env(TMPDIR=str(tmp))
+    env.pop("DEMO", None)
+    r = subprocess.run(["bash", str(SAMPLES / script)], cwd=start, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "converged" in r.stdout and "NOT converged" not in r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in start.iterdir()) == ["usb"]
+    assert not any((start / "usb").iterdir())
+    where = Path(re.search(r"demo directory: (\S+)", r.stdout)[1])
+    assert where.parent == tmp and (where / "boston_hub" / "syncpack.db").is_file()
+
+
+def test_demo_refuses_a_demo_directory_that_is_not_empty(tmp_path):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("mine")
+    r = subprocess.run(["bash", str(SAMPLES / "demo.sh")], cwd=tmp_path,
+                       env=_env(DEMO=str(used)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "not empty" in r.stderr, r.stderr
+    assert [p.name for p in used.iterdir()] == ["keep.txt"]

@@ -123,7 +123,8 @@ def test_sealed_replica_creation(family, tmp_path):
     family.put("a", "col", "k", "v")
     pub = run("keygen", tmp_path / "n", "--site", "n", json_mode=True).json["public_key"]
     out = tmp_path / "usb"
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--encrypt",
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--create-out", "--out", out,
+            "--encrypt",
             site=family.path("a"), json_mode=True)
     assert r.code == 0, r
     assert b'"v"' not in open(r.json["packets"][0]["path"], "rb").read()

@@ -1,4 +1,4 @@
-"""The Spark engine gives the local engine's packets byte for byte (DESIGN.md §9).
+"""The Spark engine gives the local engine's packets byte for byte (docs/design.md §9).
 
 Every test here is marked ``spark`` (deselect with ``-m "not spark"``).  One local Spark session
 serves the whole module; each test works on copies of one family built once, because an export
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,9 @@ pytest.importorskip("pyspark")
 from syncpack import spark_engine  # noqa: E402
 
 SEED = b"engine comparison"
-NOW = 1_900_000_000_000
+# One fixed creation time for both engines (same bytes), close to now: importers refuse
+# packets made further in the future than the clock-skew limit.
+NOW = int(time.time() * 1000)
 PEERS = ["p1", "p2", "p3", "p4"]
 
 
@@ -316,7 +319,7 @@ def test_cli_export_with_the_spark_engine(tmp_path, base, spark):
     r = run("log", "export", site=f.path("hub"), json_mode=True)
     assert r.code == 0, r
     assert r.json["ops_written"] > 0 and "hub" in r.json["origins"]
-    r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--engine", "spark",
+    r = run("export", "--to", "p2", "--create-out", "--out", tmp_path / "usb", "--engine", "spark",
             "--spark-master", "local[2]", site=f.path("hub"), json_mode=True)
     assert r.code == 0, r
     doc = json.loads(r.out)

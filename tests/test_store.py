@@ -314,3 +314,37 @@ def test_bench_api_script_runs_small(tmp_path):
     assert doc["changelog_ops"] == 252                  # + the two system ops of init
     assert doc["store_bytes"] > 250 * 100 and doc["ops_per_s"] > 0
     assert list(tmp_path.iterdir()) == []               # the temporary site was removed
+
+
+def test_a_store_made_by_the_previous_release_migrates_and_keeps_syncing(tmp_path):
+    """tests/data/store-v1: two sites made by syncpack 0.1.0 (schema 1), each with changes the
+    other has not imported, and the packets carrying them, made by that release too."""
+    import json
+    import shutil
+    src = Path(__file__).parent / "data" / "store-v1"
+    root = tmp_path / "fam"
+    shutil.copytree(src, root)
+    for site in ("boston", "sanfran"):
+        os.chmod(root / site / "keys", 0o700)
+        for k in (root / site / "keys").iterdir():
+            os.chmod(k, 0o600)
+        r = run("digest", site=root / site, json_mode=True)
+        assert r.code == 0, r
+        assert r.json == json.loads((root / f"{site}.digest.json").read_text()), site
+        assert run("fsck", site=root / site).code == 0
+        with sqlite3.connect(root / site / "syncpack.db") as c:
+            assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+    r = run("import", root / "pending", site=root / "sanfran", json_mode=True)
+    assert r.code == 0 and len(r.json["applied"]) == 1, r
+    r = run("import", root / "to-boston", site=root / "boston", json_mode=True)
+    assert r.code == 0 and len(r.json["applied"]) == 1, r
+    r = run("import", root / "to-boston", site=root / "boston", json_mode=True)
+    assert r.json["duplicates"], r               # packets_in survived the migration
+    for _ in range(2):
+        for a, b in (("boston", "sanfran"), ("sanfran", "boston")):
+            out = tmp_path / f"m-{a}-{b}-{_}"
+            out.mkdir()
+            assert run("export", "--to", b, "--out", out, site=root / a).code == 0
+            assert run("import", out, site=root / b).code == 0
+    d = [run("digest", site=root / s, json_mode=True).json for s in ("boston", "sanfran")]
+    assert d[0] == d[1] and d[0]["records"] == 3

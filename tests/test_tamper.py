@@ -1,4 +1,4 @@
-"""Tampered, forged, replayed and misdirected packets (DESIGN.md §3.4 idempotence, §3.6
+"""Tampered, forged, replayed and misdirected packets (docs/design.md §3.4 idempotence, §3.6
 authenticity, §5 import).
 
 Each case is its own test and asserts its own error class (through the library: ``open_packet``
@@ -219,7 +219,7 @@ def test_replay_of_an_applied_packet_is_a_duplicate(ab):
     assert r.json["ops_applied"] == 0
     assert state(fam.path("b")) == before
     r = run("import", p, site=fam.path("b"))
-    assert "skipped 1 duplicate packet(s)" in r.err, r
+    assert "1 duplicate(s) (applied before)" in r.err, r
 
 
 def test_old_packet_whose_ops_are_all_held_changes_nothing(ab):

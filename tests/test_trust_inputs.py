@@ -135,6 +135,7 @@ def test_public_key_file_naming_a_path_is_refused(family, tmp_path, evil):
     pub.write_text(json.dumps(doc))
     before = observe(a)
     out = tmp_path / "usb" / "deep"
+    out.mkdir(parents=True)
     files_before = files_under(tmp_path)
     for site_arg in (evil, "n"):
         r = run("mkreplica", "export", "--site", site_arg, "--pubkey", pub, "--out", out,
@@ -171,7 +172,7 @@ def test_roster_op_with_a_bad_name_is_refused_at_the_importing_site(abc, tmp_pat
     r = run("import", inbox, site=b)
     line = refused(r, "from-a.spk", "invalid site name")
     assert line.isprintable()
-    clean_lines(r.err, ("applied ",))
+    clean_lines(r.err, ("import:",))
     r2 = run("get", "parts", "from-c", site=b)
     assert r2.code == 0 and json.loads(r2.out) == {"x": 1}      # the honest packet applied
     after = observe(b)
@@ -208,7 +209,7 @@ def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(abc, tmp_path,
     out = tmp_path / "box" / "usb"
     out.mkdir(parents=True)
     outside = files_under(tmp_path) - files_under(out)
-    r = run("export", "--all", "--out", out, site=a)
+    r = run("export", "--all", "--out", out, "--create-out", site=a)
     assert r.code == 1, r
     errs = error_lines(r)
     assert len(errs) == 1 and "invalid site name" in errs[0], r
@@ -221,7 +222,7 @@ def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(abc, tmp_path,
     assert not abs_target.exists()
     # JSON: the failure is listed, the packets too.
     fam.put("a", "parts", "p2", 2)
-    r = run("export", "--all", "--out", out, site=a, json_mode=True)
+    r = run("export", "--all", "--out", out, "--create-out", site=a, json_mode=True)
     assert r.code == 1, r
     assert len(r.json["packets"]) == 2 and len(r.json["failed"]) == 1, r
     assert "invalid site name" in r.json["failed"][0]["error"]
@@ -251,8 +252,8 @@ def test_fifo_in_an_import_directory_is_skipped(ab_packets):
     r = syncpack_proc("--site", fam.path("b"), "import", inbox.parent.parent)
     assert r.returncode == 0, r
     assert "Traceback" not in r.stderr
-    clean_lines(r.stderr, ("applied ",))
-    assert "applied 1 packet(s)" in r.stderr, r
+    clean_lines(r.stderr, ("import:",))
+    assert "1 packet(s) applied" in r.stderr, r
     assert run("get", "parts", "p2", site=fam.path("b")).out.strip() == '{"qty": 2}'
     # lspacket on the directory too: the FIFOs are not packets.
     r = syncpack_proc("--site", fam.path("b"), "lspacket", inbox)
@@ -287,7 +288,7 @@ def test_fifo_named_on_the_command_line_is_rejected_quickly(ab_packets, tmp_path
     errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errs) == 1 and str(fifo) in errs[0] and "not a regular file" in errs[0], r
     if cmd == "import":
-        assert "applied 1 packet(s)" in r.stderr      # the real packet beside it applied
+        assert "1 packet(s) applied" in r.stderr      # the real packet beside it applied
         assert run("get", "parts", "p2", site=b).out.strip() == '{"qty": 2}'
     else:
         assert observe(b) == before
@@ -308,7 +309,7 @@ def test_newline_in_a_packet_file_name_cannot_forge_lines(ab_packets, tmp_path):
     named_bad.write_bytes(codec.MAGIC + b"\0" * 200)         # a damaged packet
     b = fam.path("b")
     before = observe(b)
-    summary = ("applied ", "skipped ", "parked ")
+    summary = ("import:", "parked ")
 
     # lspacket, human and JSON
     r = run("lspacket", named_bad, named_good, site=b)
@@ -329,7 +330,7 @@ def test_newline_in_a_packet_file_name_cannot_forge_lines(ab_packets, tmp_path):
     assert r.code == 1, r
     clean_lines(r.err, summary)
     assert len(error_lines(r)) == 1 and "bad" in error_lines(r)[0], r
-    assert "applied 1 packet(s)" in r.err
+    assert "1 packet(s) applied" in r.err
     assert run("get", "parts", "p2", site=b).out.strip() == '{"qty": 2}'
     r = run("import", named_bad, named_good, site=b, json_mode=True)
     assert r.code == 1, r
@@ -349,7 +350,7 @@ def test_control_characters_in_any_error_are_escaped(ab_packets, tmp_path):
                   tmp_path / "o", site=fam.path("a")),
               run("get", f"col{FORGED}", "k", site=b)):
         assert r.code != 0, r
-        clean_lines(r.err, ("applied ",))
+        clean_lines(r.err, ("import:",))
         assert error_lines(r), r
 
 
@@ -359,7 +360,7 @@ def test_newline_in_an_mkreplica_import_path(family, tmp_path):
     n = tmp_path / "n"
     pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
     out = tmp_path / "usb"
-    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
                site=family.path("a")).code == 0
     bad = tmp_path / f"junk{FORGED}.spk"
     bad.write_bytes(codec.MAGIC + b"\0" * 200)
@@ -398,12 +399,12 @@ def test_sealed_packet_with_a_malformed_ephemeral_key_is_one_rejected_packet(abc
     b = fam.path("b")
     fam.put("c", "parts", "from-c", {"x": 1})
     out_c = fam.medium()
-    r = run("export", "--to", "b", "--out", out_c, "--encrypt", site=fam.path("c"),
+    r = run("export", "--to", "b", "--out", out_c, "--create-out", "--encrypt", site=fam.path("c"),
             json_mode=True)
     assert r.code == 0, r
     [sealed] = [Path(p["path"]) for p in r.json["packets"]]
     out_a = fam.medium()
-    r = run("export", "--to", "b", "--out", out_a, "--encrypt", site=fam.path("a"),
+    r = run("export", "--to", "b", "--out", out_a, "--create-out", "--encrypt", site=fam.path("a"),
             json_mode=True)
     [good_a] = [Path(p["path"]) for p in r.json["packets"]]
     inbox = tmp_path / "inbox"
@@ -414,7 +415,7 @@ def test_sealed_packet_with_a_malformed_ephemeral_key_is_one_rejected_packet(abc
     before = observe(b)
     r = run("import", inbox, site=b)
     line = refused(r, "0-poison.spk")
-    assert "applied 1 packet(s)" in r.err, r
+    assert "1 packet(s) applied" in r.err, r
     assert run("get", "parts", "p1", site=b).out.strip() == '{"qty": 1}'   # a's packet
     assert run("get", "parts", "from-c", site=b).code == 1
     after = observe(b)
@@ -439,7 +440,8 @@ def test_sealed_replica_snapshot_with_a_malformed_ephemeral_key(family, tmp_path
     n = tmp_path / "n"
     pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
     out = tmp_path / "usb"
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--encrypt",
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        "--encrypt",
             site=family.path("a"), json_mode=True)
     [p] = [Path(x["path"]) for x in r.json["packets"]]
     bad = tmp_path / "bad" / p.name
@@ -481,14 +483,17 @@ def test_mkreplica_export_to_an_unwritable_out_adds_nothing(family, tmp_path, ho
         # the final name of the first part is taken by a directory: the rename fails
         (out / "n" / "a" / "0000000001-0000.snapshot.spk" / "x").mkdir(parents=True)
     before = observe(a)
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, site=a)
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        site=a)
     if how == "out-is-a-file":
         # click refuses the option itself: a usage error (exit 2), before anything is done
         assert r.code == 2 and "is a file" in r.err, r
     else:
-        refused(r, "cannot write packets into", str(out))
+        line = refused(r, str(out))
+        assert "cannot write packets into" in line or "cannot create outbox" in line, r
     assert observe(a) == before, "the member was added although its packets were not written"
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, site=a,
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        site=a,
             json_mode=True)
     if how != "out-is-a-file":
         assert r.code == 1 and "error" in r.json, r
@@ -501,7 +506,8 @@ def test_mkreplica_export_to_an_unwritable_out_adds_nothing(family, tmp_path, ho
     assert "n" not in run("lsepoch", site=family.path("b"), json_mode=True).json["peers"]
     # A retry with a good --out succeeds, and n joins.
     good = tmp_path / "good"
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", good, site=a)
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", good, "--create-out",
+        site=a)
     assert r.code == 0, r
     assert run("mkreplica", "import", good, site=n).code == 0
     assert run("get", "parts", "p1", site=n).out.strip() == "1"
@@ -543,12 +549,13 @@ def test_update_export_to_an_unwritable_out_records_nothing(abc, tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
     before = run("lsepoch", site=a, json_mode=True).json
-    r = run("export", "--to", "b", "--out", blocker / "usb", site=a)
-    refused(r, "cannot write packets into", str(blocker / "usb"))
+    r = run("export", "--to", "b", "--out", blocker / "usb", "--create-out", site=a)
+    line = refused(r, str(blocker / "usb"))
+    assert "cannot write packets into" in line or "cannot create outbox" in line, r
     assert run("lsepoch", site=a, json_mode=True).json == before
     assert blocker.read_text() == "x"
     good = tmp_path / "good"
-    r = run("export", "--to", "b", "--out", good, site=a)
+    r = run("export", "--to", "b", "--out", good, "--create-out", site=a)
     assert r.code == 0, r
     assert run("import", good, site=fam.path("b")).code == 0
     assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
@@ -624,7 +631,8 @@ def test_bad_roster_entry_in_a_snapshot_is_refused_by_the_new_site(family, tmp_p
     n = tmp_path / "n"
     pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
     out = tmp_path / "usb"
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, site=a)
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        site=a)
     assert r.code == 0, r
     r = run("mkreplica", "import", out, site=n)
     refused(r, "invalid site name", "../evil")
@@ -675,13 +683,13 @@ def test_mkreplica_export_onto_a_medium_that_fills_midway(family, tmp_path, monk
 
     before = observe(a)
     monkeypatch.setattr(packets._GuardedFile, "write", write)
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
             "--max-size", "16K", site=a)
     monkeypatch.setattr(packets._GuardedFile, "write", real_write)
     refused(r, "is full")
     assert observe(a) == before
     assert not [p for p in out.rglob("*") if p.is_file()], list(out.rglob("*"))
-    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
             "--max-size", "16K", site=a, json_mode=True)
     assert r.code == 0 and len(r.json["packets"]) > 2, r
     assert run("mkreplica", "import", out, site=n).code == 0
@@ -703,7 +711,7 @@ def test_mkreplica_export_into_a_read_only_directory(family, tmp_path):
         assert observe(a) == before
     finally:
         out.chmod(0o700)
-    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
                site=a).code == 0
 
 
@@ -728,7 +736,7 @@ def test_poisoned_packet_parked_behind_a_gap_is_rejected_when_the_gap_fills(abc,
     assert r.code == 0 and len(r.json["parked"]) == 1, r
     r = run("import", first, site=b)
     line = refused(r, "second.spk")
-    assert "applied 1 packet(s)" in r.err, r
+    assert "1 packet(s) applied" in r.err, r
     assert "internal error" not in line
     assert run("get", "parts", "c1", site=b).out.strip() == "1"
     assert run("get", "parts", "c2", site=b).code == 1

@@ -39,7 +39,9 @@ from syncpack import replica, sync  # noqa: E402
 from syncpack.site import Site  # noqa: E402
 
 SEED = b"bench_spark"
-NOW = 1_900_000_000_000
+# One creation time for both engines (identical packets); near now, as importers refuse
+# packets made more than the clock-skew limit in the future.
+NOW = int(time.time() * 1000)
 RELAYED_PER_PEER = 10
 TXN_OPS = 100
 

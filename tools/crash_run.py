@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Crash harness: SIGKILL syncpack commands at random instants and check DESIGN.md §3.3.
+"""Crash harness: SIGKILL syncpack commands at random instants and check docs/design.md §3.3.
 
 Each trial copies a prepared site (and medium) into a scratch directory, starts one command as
 a child process (the venv's ``syncpack`` script, or a small Python write loop using the API),
@@ -180,7 +180,8 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
     sp("keygen", b, "--site", "b")
     sp("keygen", c, "--site", "c")
     snap_b = T / "snap_b"
-    sp("mkreplica", "export", "--site", "b", "--pubkey", b / "keys" / "site.pub", "--out", snap_b,
+    sp("mkreplica", "export", "--site", "b", "--pubkey", b / "keys" / "site.pub", "--create-out",
+       "--out", snap_b,
        site=a)
     sp("mkreplica", "import", snap_b, site=b)
     # The data: PARTS equal transactions (one 'load' each) of puts, so the a->b update is cut
@@ -205,7 +206,7 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
     w.max_size = str(_one_txn_size(a, T))
     t["snap_c"] = T / "snap_c"
     sp("mkreplica", "export", "--site", "c", "--pubkey", c / "keys" / "site.pub",
-       "--out", t["snap_c"], site=a_tmp)
+       "--create-out", "--out", t["snap_c"], site=a_tmp)
     shutil.rmtree(a_tmp)
     t["c_pre"] = c
     ref_c = copy(c, T / "ref_c")
@@ -216,7 +217,8 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
     # export: a before its export to b; the reference run's medium is the import medium.
     t["a_pre_export"] = copy(a, T / "a_pre_export")
     t["medium_ab"] = T / "medium_ab"
-    w.dur["export"] = _timed([str(SYNCPACK), "--site", str(a), "export", "--to", "b", "--out",
+    w.dur["export"] = _timed([str(SYNCPACK), "--site", str(a), "export", "--to", "b",
+                              "--create-out", "--out",
                               str(t["medium_ab"]), "--max-size", w.max_size])
     parts = spk_files(t["medium_ab"])
     if len(parts) != PARTS:
@@ -247,7 +249,7 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
 
     # scrub: b acknowledges everything to a; a then trims its whole changelog.
     ack = T / "medium_ba"
-    sp("export", "--to", "a", "--out", ack, site=ref_b)
+    sp("export", "--to", "a", "--create-out", "--out", ack, site=ref_b)
     sp("import", ack, site=a)
     t["a_scrub"] = a
     ref_a = copy(a, T / "ref_a_scrub")
@@ -274,10 +276,10 @@ def _one_txn_size(a: Path, work: Path) -> int:
     the largest transaction's raw size and check by exporting from copies of ``a``."""
     import msgpack
     from syncpack import codec
-    from syncpack.sync import open_packet
+    from syncpack.verify import open_packet
     probe = work / "probe"
     copy(a, work / "probe_site")
-    sp("export", "--to", "b", "--out", probe, site=work / "probe_site")
+    sp("export", "--to", "b", "--create-out", "--out", probe, site=work / "probe_site")
     sizes: dict[int, int] = collections.Counter()
     for p in spk_files(probe):
         pk = open_packet(p)
@@ -297,7 +299,7 @@ def _one_txn_size(a: Path, work: Path) -> int:
             shutil.rmtree(probe, ignore_errors=True)
             shutil.rmtree(work / "probe_site", ignore_errors=True)
             copy(a, work / "probe_site")
-            sp("export", "--to", "b", "--out", probe, "--max-size", size,
+            sp("export", "--to", "b", "--create-out", "--out", probe, "--max-size", size,
                site=work / "probe_site")
             if len(spk_files(probe)) == PARTS:
                 return size
@@ -331,7 +333,8 @@ def prepare(w: World, cmd: str, d: Path) -> Trial:
     if cmd == "export":
         s = copy(t["a_pre_export"], d / "a")
         out = d / "usb"
-        return Trial([str(SYNCPACK), "--site", str(s), "export", "--to", "b", "--out", str(out),
+        return Trial([str(SYNCPACK), "--site", str(s), "export", "--to", "b", "--create-out",
+                      "--out", str(out),
                       "--max-size", w.max_size], s, out)
     if cmd == "mkreplica-import":
         s = copy(t["c_pre"], d / "c")
@@ -378,7 +381,7 @@ def landed(w: World, cmd: str, tr: Trial) -> str:
 def check_medium(w: World, tr: Trial) -> list[str]:
     """No half-written packet under a packet's name; temporaries are hidden .*.tmp files."""
     from syncpack import codec
-    from syncpack.sync import open_packet
+    from syncpack.verify import open_packet
     problems = []
     if not tr.out.exists():
         return problems

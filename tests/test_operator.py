@@ -1,0 +1,311 @@
+"""Transcripts of what an administrator meets: values from stdin and as text, values the API
+refuses, outboxes that must exist, import summaries that count everything, papercuts."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import syncpack
+from conftest import Family, run
+from syncpack.errors import InvalidValueError, SiteClosedError, SyncpackError
+from syncpack.site import Site
+
+
+@pytest.fixture
+def a(tmp_path) -> Path:
+    p = tmp_path / "a"
+    assert run("init", p, "--family", "parts", "--site", "a").code == 0
+    return p
+
+
+def state(site: Path) -> tuple:
+    d = run("digest", site=site, json_mode=True).json
+    return d["digest"], d["vector"]
+
+
+# --- values -----------------------------------------------------------------------------------
+
+def test_put_dash_reads_a_10_mb_value_from_stdin(a):
+    big = {"blob": "x" * (10 * 1024 * 1024), "n": 1}
+    r = run("put", "parts", "big", "-", site=a, input=json.dumps(big))
+    assert r.code == 0, r
+    r = run("get", "parts", "big", site=a, json_mode=True)
+    assert r.code == 0 and r.json["value"] == big
+
+
+def test_put_dash_with_bad_json_on_stdin_is_a_usage_error(a):
+    before = state(a)
+    r = run("put", "parts", "k", "-", site=a, input="{not json")
+    assert r.code == 2 and "not valid JSON" in r.err, r
+    assert state(a) == before
+
+
+def test_get_and_ls_show_utf8_as_text(a):
+    v = {"name": "Schraube M6 – Zürich", "jp": "ボルト"}
+    assert run("put", "parts", "ü-1", json.dumps(v), site=a).code == 0
+    r = run("get", "parts", "ü-1", site=a)
+    assert r.code == 0 and "Zürich" in r.out and "ボルト" in r.out and "\\u" not in r.out, r
+    r = run("ls", "parts", site=a)
+    assert r.code == 0 and "ü-1\t" in r.out and "ボルト" in r.out and "\\u" not in r.out, r
+
+
+class Thing:
+    pass
+
+
+NOT_JSON = [
+    pytest.param("parts", "k", b"raw", id="bytes"),
+    pytest.param("parts", "k", {"x": [1, b"raw"]}, id="nested-bytes"),
+    pytest.param("parts", "k", math.nan, id="nan"),
+    pytest.param("parts", "k", {"x": math.inf}, id="inf"),
+    pytest.param("parts", "k", [-math.inf], id="minus-inf"),
+    pytest.param("parts", "k", {1: "one"}, id="int-key"),
+    pytest.param("parts", "k", {"a": {(1, 2): "t"}}, id="tuple-key"),
+    pytest.param("parts", "k", Thing(), id="object"),
+    pytest.param("parts", "k", {1, 2}, id="set"),
+    pytest.param("parts", "k", "\ud800", id="lone-surrogate"),
+    pytest.param("parts", "k", 2 ** 70, id="huge-int"),
+    pytest.param("parts", 7, "v", id="int-key-name"),
+    pytest.param(b"parts", "k", "v", id="bytes-collection"),
+    pytest.param(None, "k", "v", id="none-collection"),
+]
+
+
+@pytest.mark.parametrize("coll,key,value", NOT_JSON)
+def test_api_refuses_values_that_are_not_json_and_changes_nothing(a, coll, key, value):
+    assert run("put", "parts", "before", '{"ok": true}', site=a).code == 0
+    before = state(a)
+    site = syncpack.open_site(a)
+    try:
+        with pytest.raises(SyncpackError) as e:
+            with site.transaction() as tx:
+                tx.put("parts", "fine", {"would": "be rolled back too"})
+                tx.put(coll, key, value)
+        assert e.value.exit_code == 1 and e.value.message
+    finally:
+        site.close()
+    assert state(a) == before
+    r = run("ls", site=a)
+    assert r.code == 0 and "before" in r.out and "fine" not in r.out, r
+    assert run("fsck", site=a).code == 0
+
+
+def test_a_self_containing_value_is_refused(a):
+    loop: list = []
+    loop.append(loop)
+    with syncpack.open_site(a) as site:
+        with pytest.raises(InvalidValueError):
+            with site.transaction() as tx:
+                tx.put("parts", "loop", loop)
+
+
+def test_json_values_of_every_kind_are_accepted(a):
+    v = {"s": "ü", "i": -3, "f": 1.5, "b": True, "n": None, "l": [1, [2, {"x": []}]],
+         "t": (1, 2)}
+    with syncpack.open_site(a) as site:
+        with site.transaction() as tx:
+            tx.put("parts", "all", v)
+        assert site.get("parts", "all") == {**v, "t": [1, 2]}
+
+
+def test_cli_refuses_nan_from_put_and_load(a, tmp_path):
+    before = state(a)
+    r = run("put", "parts", "k", "NaN", site=a)
+    assert r.code == 1 and "error: " in r.err and "hint: " in r.err, r
+    f = tmp_path / "nan.jsonl"
+    f.write_text('{"collection": "parts", "key": "ok", "value": 1}\n'
+                 '{"collection": "parts", "key": "bad", "value": Infinity}\n')
+    r = run("load", f, site=a)
+    assert r.code == 1 and "line 2" in r.err, r
+    assert state(a) == before
+
+
+def test_a_closed_site_says_so(a):
+    site = syncpack.open_site(a)
+    site.close()
+    site.close()                    # closing twice is harmless
+    for use in (lambda: site.get("parts", "x"), lambda: site.vector(),
+                lambda: list(site.records()), lambda: site.transaction().__enter__()):
+        with pytest.raises(SiteClosedError) as e:
+            use()
+        assert "closed" in e.value.message and e.value.hint and e.value.exit_code == 1
+    with Site.open(a) as again:     # the directory itself is fine
+        assert again.name == "a"
+
+
+# --- the outbox must exist --------------------------------------------------------------------
+
+@pytest.fixture
+def ab(family):
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "parts", "p1", {"qty": 1})
+    return family
+
+
+def sent_to(site: Path, peer: str) -> dict:
+    return run("lsepoch", site=site, json_mode=True).json["peers"][peer]["sent"]
+
+
+def test_export_to_a_missing_outbox_fails_and_records_nothing(ab, tmp_path):
+    a = ab.path("a")
+    before = sent_to(a, "b")
+    packets_sent = run("status", site=a, json_mode=True).json["peers"]["b"]["packets_sent"]
+    typo = tmp_path / "mdia" / "usb"
+    r = run("export", "--to", "b", "--out", typo, site=a)
+    assert r.code == 1, r
+    assert r.err.splitlines() == [f"error: outbox {typo} does not exist",
+                                  "hint: mount the medium or correct the path, or pass "
+                                  "--create-out to create it"]
+    assert not typo.exists() and not typo.parent.exists()
+    assert sent_to(a, "b") == before
+    assert run("status", site=a,
+               json_mode=True).json["peers"]["b"]["packets_sent"] == packets_sent
+    # Asked for, the directory is made and the export goes through.
+    r = run("export", "--to", "b", "--out", typo, "--create-out", site=a, json_mode=True)
+    assert r.code == 0 and r.json["packets"], r
+    assert ab.import_("b", [typo]).ops_applied > 0
+
+
+def test_an_outbox_that_is_a_file_is_refused(ab, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for create in ([], ["--create-out"]):
+        r = run("export", "--all", "--out", f, *create, site=ab.path("a"))
+        assert r.code == 2 and "is a file" in r.err, r         # click's own check
+    assert f.read_text() == "x"
+    # The library check (batch and API callers) says the same in its own words.
+    from syncpack.errors import OutboxError
+    from syncpack.packets import prepare_outbox
+    with pytest.raises(OutboxError, match="is not a directory"):
+        prepare_outbox(f, True, "create it")
+
+
+def test_mkreplica_export_and_resync_check_the_outbox_before_changing_anything(ab, tmp_path):
+    a = ab.path("a")
+    pub = run("keygen", tmp_path / "n", "--site", "n", json_mode=True).json["public_key"]
+    missing = tmp_path / "nope"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", missing, site=a)
+    assert r.code == 1 and "error: outbox" in r.err and "--create-out" in r.err, r
+    assert "n" not in run("lsepoch", site=a, json_mode=True).json["peers"]   # not added
+    r = run("resync", "--to", "b", "--out", missing, site=a)
+    assert r.code == 1 and "error: outbox" in r.err and "hint: " in r.err, r
+    assert not missing.exists()
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", missing,
+            "--create-out", site=a)
+    assert r.code == 0, r
+    assert run("mkreplica", "import", missing, site=tmp_path / "n").code == 0
+
+
+# --- the import summary counts everything -----------------------------------------------------
+
+def test_import_summary_counts_skipped_files_of_every_kind(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.put("a", "parts", "p1", {"qty": 1})
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for p in family.export("a", "c"):             # for another site of the family
+        (inbox / "c.spk").write_bytes(p.read_bytes())
+    other = Family(tmp_path / "other")
+    other.init("z")
+    other.add("y", via="z")
+    other.put("z", "parts", "p1", {"qty": 1})
+    for p in other.export("z", "y"):              # from another family
+        (inbox / "z.spk").write_bytes(p.read_bytes())
+    (inbox / "notes.txt").write_text("not a packet")
+    before = state(family.path("b"))
+
+    r = run("import", inbox, site=family.path("b"))
+    assert r.code == 0, r
+    assert r.err.splitlines() == ["import: 3 file(s) skipped (1 for other sites, 1 of another "
+                                  "family, 1 not packets)"]
+    assert "applied" not in r.err
+    assert state(family.path("b")) == before
+    doc = run("import", inbox, site=family.path("b"), json_mode=True).json
+    assert sorted(doc["skipped"]) == [str(inbox / "c.spk"), str(inbox / "z.spk")]
+    assert doc["ignored"] == [str(inbox / "notes.txt")]
+    assert doc["applied"] == [] and doc["ops_applied"] == 0
+
+    for p in family.export("a", "b"):
+        (inbox / "b.spk").write_bytes(p.read_bytes())
+    r = run("import", inbox, site=family.path("b"))
+    assert r.code == 0, r
+    # Two ops: p1 and c's roster entry, which b had not heard of.
+    assert r.err.splitlines() == ["import: 1 packet(s) applied (2 op(s)); 3 file(s) skipped "
+                                  "(1 for other sites, 1 of another family, 1 not packets)"]
+    r = run("import", inbox / "b.spk", site=family.path("b"))
+    assert r.err.splitlines() == ["import: 1 duplicate(s) (applied before)"], r
+    assert run("import", tmp_path / "empty_ok", site=family.path("b")).code == 1
+
+
+def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
+    p = ab.export("a", "b")[0]
+    bad = tmp_path / "bad.spk"
+    data = bytearray(p.read_bytes())
+    data[-10] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    before = state(ab.path("b"))
+    r = run("import", bad, site=ab.path("b"))
+    assert r.code == 1, r
+    lines = r.err.splitlines()
+    assert lines[0].startswith(f"error: {bad}: ") and lines[-1] == "import: 1 rejected", r
+    assert "applied" not in r.err
+    assert state(ab.path("b")) == before
+
+
+# --- papercuts --------------------------------------------------------------------------------
+
+def test_max_size_too_small_says_which_size_would_do(ab, tmp_path):
+    import random
+    text = "".join(random.Random(1).choice("0123456789abcdef") for _ in range(20_000))
+    ab.put("a", "parts", "big", {"blob": text})
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "8K", site=ab.path("a"))
+    assert r.code == 1, r
+    m = re.search(r"one op \((\d+) bytes\) is larger than --max-size 8192 allows; "
+                  r"--max-size (\d+)K or more would do", r.err)
+    assert m and "hint: " in r.err, r
+    assert not list(usb.rglob("*.spk"))
+    r = run("export", "--to", "b", "--out", usb, "--max-size", f"{m[2]}K", site=ab.path("a"),
+            json_mode=True)
+    assert r.code == 0 and r.json["packets"], r
+
+
+def test_mkreplica_export_prints_the_real_next_command(ab, tmp_path):
+    newdir = tmp_path / "new site"
+    pub = run("keygen", newdir, "--site", "n", json_mode=True).json["public_key"]
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", usb,
+            site=ab.path("a"))
+    assert r.code == 0, r
+    packet_dir = usb / "n" / "a"
+    cmd = f"syncpack --site '{newdir}' mkreplica import {packet_dir}"
+    assert cmd in r.err, r
+    # The command works as printed.
+    args = shlex.split(cmd)[1:]
+    assert run(*args).code == 0
+    assert run("digest", site=newdir).out == run("digest", site=ab.path("a")).out
+
+
+def test_the_python_api_is_documented_and_typed():
+    root = Path(syncpack.__file__).parent
+    assert (root / "py.typed").is_file()
+    assert 'syncpack = ["py.typed"]' in (root.parent / "pyproject.toml").read_text()
+    assert syncpack.__doc__
+    missing = [n for n in syncpack.__all__ if not getattr(syncpack, n).__doc__]
+    for cls in (syncpack.Site, syncpack.Transaction):
+        for name, v in vars(cls).items():
+            f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+            if not name.startswith("_") and callable(f) and not f.__doc__:
+                missing.append(f"{cls.__name__}.{name}")
+    assert missing == []

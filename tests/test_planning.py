@@ -1,0 +1,95 @@
+"""The pure decisions of syncpack.planning, against what docs/design.md promises.
+
+Each property states the guarantee in terms of plain vectors, so a change to the store cannot
+hide a change of rule."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from syncpack import planning
+
+ORIGINS = [bytes([i]) * 8 for i in range(4)]
+epochs = st.integers(0, 50)
+vectors = st.dictionaries(st.sampled_from(ORIGINS), epochs, max_size=4)
+
+
+@given(vectors, st.lists(vectors, max_size=5))
+def test_the_ack_floor_never_exceeds_any_members_own_acknowledgement(own, acks):
+    floor = planning.ack_floor(own, acks)
+    for o, e in floor.items():
+        assert e <= own.get(o, 0)
+        assert all(e <= a.get(o, 0) for a in acks)      # each member holds what is trimmed
+    # and it is the greatest such floor: nothing is kept back that everyone acknowledged
+    for o, e in own.items():
+        best = min([e, *(a.get(o, 0) for a in acks)])
+        assert floor.get(o, 0) == best
+
+
+@given(vectors, st.lists(vectors, min_size=1, max_size=4), vectors)
+def test_a_member_that_never_acknowledged_blocks_all_trimming(own, acks, _):
+    assert planning.ack_floor(own, [*acks, {}]) == {}
+
+
+@given(vectors, vectors, vectors, st.dictionaries(st.sampled_from(ORIGINS), st.integers(1, 60)))
+def test_scrub_floors_only_rise_and_stay_within_what_was_acknowledged_and_old_enough(
+        acked, floors, vector, young):
+    plan = planning.scrub_floors(acked, floors, vector, young)
+    for o, (old, new) in plan.items():
+        assert old == floors.get(o, 0) < new
+        assert new <= acked.get(o, 0) and new <= vector.get(o, 0)
+        if o in young:
+            assert new < young[o]
+
+
+@given(vectors, st.one_of(st.none(), vectors), st.booleans(), st.booleans())
+def test_should_send_whenever_the_peer_has_not_seen_our_vector(vector, told, unconfirmed,
+                                                               recovering):
+    current = {o: e for o, e in vector.items() if e}
+    send = planning.should_send({}, told, vector, unconfirmed, recovering)
+    if unconfirmed:
+        assert send
+    elif told is None:
+        # never told (or told must be repeated): speak, even with an empty vector when
+        # recovering, since that empty vector is exactly what the peers must learn
+        assert send == (bool(current) or recovering)
+    else:
+        assert send == ({o: e for o, e in told.items() if e} != current)
+    assert planning.should_send({ORIGINS[0]: (0, 1)}, current, vector, False, False)
+
+
+@given(vectors, vectors, vectors)
+def test_wind_back_lowers_sent_exactly_to_what_the_peer_holds_of_what_it_saw(sent, peer, seen):
+    lowered = planning.wind_back(sent, peer, seen)
+    for o, new in lowered.items():
+        assert new == peer.get(o, 0) < sent.get(o, 0)
+        assert peer.get(o, 0) < seen[o]                  # it saw more than it holds: lost
+    for o in sent:
+        if o not in lowered and o in seen and peer.get(o, 0) < seen[o]:
+            assert sent[o] <= peer.get(o, 0)            # nothing to wind back
+
+
+@given(vectors, vectors, vectors)
+def test_a_snapshot_is_accepted_only_if_every_later_op_is_still_held(snap, vector, floors):
+    o = planning.snapshot_rollback(snap, vector, floors)
+    if o is None:
+        for x, e in vector.items():
+            if snap.get(x, 0) < e:
+                # we replay (snap, e] from our changelog: we still hold it all
+                assert floors.get(x, 0) <= snap.get(x, 0)
+    else:
+        assert snap.get(o, 0) < vector[o] and floors.get(o, 0) > snap.get(o, 0)
+
+
+@settings(max_examples=300)
+@given(st.integers(0, 100), st.integers(0, 100), st.integers(0, 100), st.booleans(),
+       st.booleans())
+def test_an_own_claim_is_dismissed_only_when_unproven_unanswered_and_undelivered(
+        claim, held, proven, saw, delivered):
+    d = planning.own_claim_dismissed(claim, held, proven, saw, delivered)
+    if d:
+        assert claim > held and claim > proven and saw and not delivered
+    if claim <= proven:
+        assert not d             # our own signed word always stands
+    if claim > max(held, proven) and saw and not delivered:
+        assert d                 # a liar delays us for one exchange, not for good

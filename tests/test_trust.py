@@ -1,0 +1,435 @@
+"""Bounded trust (docs/design.md §3.9): a member can affect others only through what it can prove.
+
+Each test plays a lying member (it holds its own signing key and re-signs what it likes) or a
+careless operator, through the CLI or the packet codec, and checks that the claim is refused
+or not believed: exit 1 with one error line, the store unchanged, honest packets still applied.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from conftest import run
+from test_recovery import assert_converged, assert_no_epoch_reuse, raw_vector, site_id, status
+from test_tamper import rebuild, sign_key, state, write
+from syncpack import codec
+from syncpack.site import ROSTER, Member, Site
+
+YEAR_MS = 365 * 24 * 3600 * 1000
+
+
+def three(family):
+    family.init("A")
+    family.add("B", via="A")
+    family.add("C", via="A")
+    family.full_exchange(2)
+    return family
+
+
+def fsck_ok(family, name) -> bool:
+    return run("fsck", site=family.path(name)).code == 0
+
+
+def one_error(r) -> str:
+    assert r.code == 1, r
+    errors = [ln for ln in r.err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, r
+    assert "Traceback" not in r.err and "internal error" not in r.err, r
+    return errors[0]
+
+
+def refused(family, name: str, bad, tmp_path, *, honest_from: str = "C") -> str:
+    """Import ``bad`` beside an honest packet at site ``name``: the bad one is refused with one
+    error line and exit 1, the honest one applies, and the site ends exactly as a copy that
+    imported only the honest packet (digest, vector, changelog, matrix, clock), fsck clean."""
+    family.put(honest_from, "t", f"honest-{time.monotonic_ns()}", 1)
+    [honest] = family.export(honest_from, name)
+    copy = tmp_path / f"copy-{name}-{time.monotonic_ns()}"
+    shutil.copytree(family.path(name), copy)
+    r = run("import", bad, honest, site=family.path(name))
+    err = one_error(r)
+    r = run("import", honest, site=copy, json_mode=True)
+    assert r.code == 0 and r.json["applied"] == [str(honest)], r
+    assert state(family.path(name)) == state(copy)
+    with family.open(name) as s:
+        assert s.conn.execute("SELECT count(*) FROM packets_in WHERE path=?",
+                              (str(honest),)).fetchone()[0] == 1     # applied beside it
+    assert fsck_ok(family, name)
+    return err
+
+
+def origin_index(h: dict, origin: bytes) -> int:
+    if origin not in h["origins"]:
+        h["origins"].append(origin)
+    return h["origins"].index(origin)
+
+
+def set_vector(h: dict, origin: bytes, epoch: int) -> None:
+    i = origin_index(h, origin)
+    h["vector"] = [[j, e] for j, e in h["vector"] if j != i] + [[i, epoch]]
+    h["vector"].sort()
+    # the sender's own acknowledgement covers the header vector; a liar re-signs it too
+    h.pop("acks", None)
+
+
+# --- 5. gossip is believed only in its own member's signed word --------------------------------
+
+def test_a_relayed_acknowledgement_must_be_signed_by_its_member(family, tmp_path):
+    """B claims, in its own signed packet, that C acknowledged everything: A refuses it."""
+    three(family)
+    family.put("A", "t", "k", 1)
+    [pa] = family.export("A", "B")
+    family.import_("B", [pa])
+    [pb] = family.export("B", "A")
+    b_key = sign_key(family.path("B"))
+    with family.open("B") as s:
+        fam_id, c_id, vec = s.family_id, site_id(family, "C"), s.vector()
+
+    def forge(h):
+        created = h["created"]
+        fake = {o: e for o, e in vec.items() if e}
+        sig = b_key.sign(codec.ack_signed_bytes(fam_id, c_id, created, fake))   # B's key, not C's
+        ci = origin_index(h, c_id)
+        h["acks"] = [a for a in h.get("acks", []) if a[0] != ci]    # drop C's genuine one
+        h["acks"].append([ci, created, [[origin_index(h, o), e]
+                                                       for o, e in sorted(fake.items())], sig])
+    bad = write(tmp_path, "forged.spk", rebuild(pb.read_bytes(), b_key, forge))
+    err = refused(family, "A", bad, tmp_path)
+    assert "acknowledgement of C" in err and "does not verify" in err, err
+
+
+def test_a_neighbours_ack_floor_never_makes_a_site_trim(family, tmp_path):
+    """B's header says (in the old gossip field) that everyone holds everything; A trims only
+    on each member's own acknowledgement, so ops C never received stay in A's changelog."""
+    three(family)
+    for i in range(5):
+        family.put("A", "t", f"k{i}", i)
+    family.sync("A", "B")                       # C never gets these
+    [pb] = family.export("B", "A")
+    with family.open("A") as s:
+        vec = s.vector()
+
+    def gossip(h):
+        h["ack_floor"] = [[origin_index(h, o), e] for o, e in sorted(vec.items()) if e]
+        with family.open("A") as s:
+            from syncpack.matrix import member_set_hash
+            h["ack_set"] = member_set_hash(s)
+    lie = write(tmp_path, "gossip.spk", rebuild(pb.read_bytes(), sign_key(family.path("B")),
+                                                gossip))
+    family.import_("A", [lie])
+    before = Site.open(family.path("A")).conn.execute("SELECT count(*) FROM changelog").fetchone()
+    r = run("scrub", site=family.path("A"), json_mode=True)
+    assert r.code == 0, r
+    with family.open("A") as s:
+        a_id = s.site_id
+        held = s.conn.execute("SELECT count(*) FROM changelog WHERE origin=?", (a_id,)).fetchone()
+        assert s.floors().get(a_id, 0) <= raw_vector(family, "C").get(a_id, 0), r.json
+    assert held[0] >= 5 and before[0] >= 5
+    # and C still gets everything through ordinary rounds
+    family.full_exchange(2)
+    assert_converged(family)
+
+
+def test_acknowledgements_relay_so_a_spoke_can_trim(family):
+    """The other side of the rule: each member's own signed word, relayed by the hub, lets a
+    spoke that never hears from the other spokes trim what every member holds."""
+    three(family)
+    for i in range(4):
+        family.put("B", "t", f"b{i}", i)
+    for _ in range(3):
+        for spoke in ("B", "C"):
+            family.sync(spoke, "A")
+            family.sync("A", spoke)
+    r = run("scrub", site=family.path("C"), json_mode=True)
+    assert r.code == 0 and r.json["ops_removed"] > 0, r
+    with family.open("C") as s:
+        acks = s.conn.execute("SELECT count(*) FROM acks").fetchone()[0]
+    assert acks == 2                     # A's and B's own, B's relayed by A
+    family.full_exchange(2)
+    assert_converged(family)
+
+
+def test_a_packet_dated_years_ahead_is_refused_and_freezes_nothing(family, tmp_path):
+    three(family)
+    family.put("B", "t", "k", 1)
+    [pb] = family.export("B", "A")
+    later = pb.read_bytes()
+
+    def ahead(h):
+        h["created"] = int(time.time() * 1000) + 5 * YEAR_MS
+        h.pop("acks", None)
+    lie = write(tmp_path, "ahead.spk", rebuild(later, sign_key(family.path("B")), ahead))
+    err = refused(family, "A", lie, tmp_path)
+    assert "in the future" in err, err
+    # B's genuine reports still count
+    family.import_("A", [pb])
+    family.put("B", "t", "k2", 2)
+    family.sync("B", "A")
+    r = run("lsepoch", site=family.path("A"), json_mode=True)
+    assert r.json["peers"]["B"]["acked"]["B"] == raw_vector(family, "B")[site_id(family, "B")]
+
+
+def test_a_lying_claim_about_a_sites_own_history_delays_it_only_until_checked(family, tmp_path):
+    """B keeps claiming it holds 1000 more of A's ops than A has.  A stops writing while the
+    claim is unchecked, tells B it is behind, and when B's next packet still brings nothing,
+    A dismisses the claim and writes again."""
+    three(family)
+    a_id = site_id(family, "A")
+    held = raw_vector(family, "A")[a_id]
+    b_key = sign_key(family.path("B"))
+
+    def lie(p):
+        return write(tmp_path, f"lie-{p.name}", rebuild(p.read_bytes(), b_key,
+                                                         lambda h: set_vector(h, a_id, held + 1000)))
+    family.put("B", "t", "k", 1)
+    [pb] = family.export("B", "A")
+    family.import_("A", [lie(pb)])
+    assert status(family, "A")["state"] == "recovering"
+    r = run("put", "t", "x", "1", site=family.path("A"))
+    assert r.code == 1 and "recovering" in r.err, r
+    for _ in range(3):
+        family.sync("C", "A")
+        family.sync("A", "C")
+        paths = family.export("A", "B")
+        family.import_("B", paths)
+        family.put("B", "t", "k", 2)
+        family.import_("A", [lie(p) for p in family.export("B", "A")])
+    st = status(family, "A")
+    assert st["state"] == "normal", st
+    assert run("put", "t", "x", "1", site=family.path("A")).code == 0
+    family.full_exchange(3)
+    assert_converged(family)
+    assert_no_epoch_reuse(family)
+
+
+# --- 6. membership and identity ----------------------------------------------------------------
+
+def test_ops_of_an_origin_that_never_was_a_member_are_refused(family, tmp_path):
+    three(family)
+    family.put("B", "t", "k", 1)
+    [pb] = family.export("B", "A")
+    ghost = b"\x99" * 8
+    b_id = site_id(family, "B")
+
+    def relabel(h):
+        bi = h["origins"].index(b_id)
+        gi = origin_index(h, ghost)
+        h["ranges"] = [[gi if i == bi else i, 0, hi - lo] for i, lo, hi in h["ranges"]]
+        h.pop("anchors", None)
+        h.pop("acks", None)
+    from test_tamper import body_from, ops_of
+    ops = ops_of(pb.read_bytes())
+    h0 = codec.unpackb(codec.read_envelope(open(pb, "rb"), pb.stat().st_size).header_bytes)
+    bi = h0["origins"].index(b_id)
+    gi = len(h0["origins"])
+    lo = [r for r in h0["ranges"] if r[0] == bi][0][1]
+    new_ops = [[gi if o[0] == bi else o[0], o[1] - lo if o[0] == bi else o[1], *o[2:]]
+               for o in ops]
+    bad = write(tmp_path, "ghost.spk", rebuild(pb.read_bytes(), sign_key(family.path("B")),
+                                               relabel, body=body_from(new_ops)))
+    err = refused(family, "A", bad, tmp_path)
+    assert "never a member" in err, err
+
+
+def test_a_member_cannot_shadow_anothers_packet_by_reusing_its_id(family, tmp_path):
+    three(family)
+    family.put("C", "t", "c", 1)
+    [pc] = family.export("C", "A")
+    c_id = codec.read_envelope(open(pc, "rb"), pc.stat().st_size).header.packet_id
+    family.put("B", "t", "b", 1)
+    [pb] = family.export("B", "A")
+    stolen = write(tmp_path, "stolen.spk", rebuild(pb.read_bytes(), sign_key(family.path("B")),
+                                                  lambda h: h.update(id=c_id)))
+    family.import_("A", [stolen])
+    r = run("import", pc, site=family.path("A"), json_mode=True)
+    assert r.code == 0 and r.json["applied"] == [str(pc)], r
+    with family.open("A") as s:
+        assert s.get("t", "c") == 1
+
+
+def test_a_roster_op_cannot_replace_another_members_key(family, tmp_path):
+    three(family)
+    with family.open("B") as s:
+        c = s.roster()["C"]
+        b = s.roster()["B"]
+        evil = Member("C", c.site_id, b.ed25519, b.x25519, c.priority, c.base, False)
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "C", codec.encode_value(evil.to_value()))
+    [pb] = family.export("B", "A")
+    err = refused(family, "A", pb, tmp_path)
+    assert "roster entry of C" in err and "keys" in err, err
+    with family.open("A") as s:
+        assert s.roster()["C"].ed25519 == c.ed25519
+
+
+# --- 4. snapshots go through the same checks ---------------------------------------------------
+
+def test_a_resync_snapshot_stamped_years_ahead_is_refused(family, tmp_path):
+    three(family)
+    future = int(time.time() * 1000) + 3 * YEAR_MS
+    with Site.open(family.path("A"), clock=lambda: future) as s, s.transaction() as tx:
+        tx.put("t", "future", 1)
+    out = family.medium()
+    run("resync", "--to", "B", "--out", out, site=family.path("A"))
+    err = refused(family, "B", out, tmp_path)
+    assert "ahead of this site's clock" in err, err
+
+
+def test_an_old_resync_snapshot_never_rolls_a_site_back(family, tmp_path):
+    """A snapshot made before B moved on (and trimmed) would roll B back; it is refused, and
+    B's next write reuses no epoch."""
+    three(family)
+    old = family.medium()
+    assert run("resync", "--to", "B", "--out", old, site=family.path("A")).code == 0
+    for i in range(4):
+        family.put("A", "t", f"a{i}", i)
+        family.put("B", "t", f"b{i}", i)
+    for _ in range(3):
+        family.full_exchange(1)
+    for n in ("A", "B", "C"):
+        assert run("scrub", site=family.path(n)).code == 0
+    vec = raw_vector(family, "B")
+    err = refused(family, "B", old, tmp_path)
+    assert "roll" in err, err
+    assert all(raw_vector(family, "B")[o] >= e for o, e in vec.items())
+    family.put("B", "t", "after", 1)
+    family.full_exchange(2)
+    assert_converged(family)
+    assert_no_epoch_reuse(family)
+
+
+def test_an_old_snapshot_with_the_ops_still_held_keeps_them(family):
+    three(family)
+    old = family.medium()
+    assert run("resync", "--to", "B", "--out", old, site=family.path("A")).code == 0
+    family.put("B", "t", "mine", 1)
+    family.put("A", "t", "theirs", 1)
+    family.sync("A", "B")
+    vec = raw_vector(family, "B")
+    r = run("import", old, site=family.path("B"))
+    assert r.code == 0, r
+    after = raw_vector(family, "B")
+    assert all(after.get(o, 0) >= e for o, e in vec.items()), (vec, after)
+    with family.open("B") as s:
+        assert s.get("t", "mine") == 1 and s.get("t", "theirs") == 1
+    family.put("B", "t", "next", 1)
+    family.full_exchange(2)
+    assert_converged(family)
+    assert_no_epoch_reuse(family)
+
+
+# --- 8. a restored site always comes back --------------------------------------------------------
+
+def restore_from(family, name, backup):
+    p = family.path(name)
+    shutil.rmtree(p)
+    shutil.copytree(backup, p)
+    r = run("restore", site=p)
+    assert r.code == 0, r
+
+
+def rounds(family, n=4):
+    for _ in range(n):
+        family.full_exchange(1)
+
+
+@pytest.mark.parametrize("who", ["A", "B"])          # A is the founder
+@pytest.mark.parametrize("peers_write", [False, True])
+def test_a_restored_site_returns_to_normal_through_ordinary_rounds(family, tmp_path, who,
+                                                                   peers_write):
+    three(family)
+    backup = tmp_path / "backup"
+    shutil.copytree(family.path(who), backup)
+    for i in range(3):
+        family.put(who, "t", f"lost{i}", i)      # after the backup: peers hold them
+    family.full_exchange(2)
+    restore_from(family, who, backup)
+    assert status(family, who)["state"] == "recovering"
+    if peers_write:
+        for n in family.sites:
+            if n != who:
+                family.put(n, "t", f"new-{n}", 1)
+    rounds(family)
+    st = status(family, who)
+    assert st["state"] == "normal", st
+    with family.open(who) as s:
+        assert s.get("t", "lost2") == 2
+    family.put(who, "t", "after", 1)
+    rounds(family, 2)
+    assert_converged(family)
+    assert_no_epoch_reuse(family)
+
+
+def test_a_restored_site_with_nothing_new_at_its_peers_still_finishes(family, tmp_path):
+    three(family)
+    backup = tmp_path / "backup"
+    shutil.copytree(family.path("C"), backup)
+    restore_from(family, "C", backup)
+    assert status(family, "C")["state"] == "recovering"
+    rounds(family, 2)
+    assert status(family, "C")["state"] == "normal"
+    assert_converged(family)
+
+
+def test_a_restored_site_whose_lost_ops_every_peer_trimmed_is_told_what_to_run(family,
+                                                                                tmp_path):
+    """The one case ordinary rounds cannot mend: every peer trimmed the ops the backup lacks.
+    Status names the exact command and the site to run it at; that command finishes it."""
+    three(family)
+    backup = tmp_path / "backup"
+    shutil.copytree(family.path("A"), backup)
+    family.put("A", "t", "lost", 1)
+    rounds(family, 3)
+    for n in ("A", "B", "C"):
+        assert run("scrub", site=family.path(n)).code == 0
+    restore_from(family, "A", backup)
+    refused = set()
+    for _ in range(3):
+        media = {}
+        for n in family.sites:
+            media[n] = family.medium()
+            r = run("export", "--all", "--out", media[n], site=family.path(n), json_mode=True)
+            if r.code:         # once B and C know A is behind, they cannot send its lost op
+                assert n != "A" and [f["to"] for f in r.json["failed"]] == ["A"], r
+                refused.add(n)
+        for n in family.sites:
+            for m in family.sites:
+                if m != n:
+                    run("import", media[m] / n, site=family.path(n))
+    assert refused == {"B", "C"}
+    st = status(family, "A")
+    assert st["state"] == "recovering", st
+    step = st["recovery"]["next_step"]
+    assert "resync --to A" in step, st
+    peer = "B" if step.startswith("B") else "C"
+    out = family.medium()
+    assert run("resync", "--to", "A", "--out", out, site=family.path(peer)).code == 0
+    assert run("import", out, site=family.path("A")).code == 0
+    rounds(family, 2)
+    assert status(family, "A")["state"] == "normal"
+    with family.open("A") as s:
+        assert s.get("t", "lost") == 1
+    family.put("A", "t", "after", 1)
+    rounds(family, 2)
+    assert_converged(family)
+    assert_no_epoch_reuse(family)
+
+
+def test_every_claim_of_the_trust_model_names_a_test_that_exists():
+    """docs/trust.md backs each claim with a test: each one it names must exist."""
+    import re
+    from pathlib import Path
+    tests = Path(__file__).parent
+    doc = (tests.parent / "docs" / "trust.md").read_text()
+    files = set(re.findall(r"`(test_\w+\.py)(?:::\w+)?`", doc))
+    names = set(re.findall(r"`(?:test_\w+\.py::)?(test_\w+)`", doc)) - {f[:-3] for f in files}
+    assert files and names
+    sources = {f.name: f.read_text() for f in tests.glob("test_*.py")}
+    for f in files:
+        assert f in sources, f"docs/trust.md names {f}, which does not exist"
+    for n in names:
+        assert any(f"def {n}(" in src for src in sources.values()), \
+            f"docs/trust.md names the test {n}, which does not exist"

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""What a packet header costs in a large family: the sender's vector, its own signed
+acknowledgement, and the members' acknowledgements it relays (docs/design.md §4: O(sites), not
+O(sites²)).
+
+Builds one real site whose roster holds N members (each with its own Ed25519 key), whose vector
+holds an epoch of every member, and which holds every member's signed acknowledgement, as a hub
+does after a round; then plans a packet to one peer with the exporter's own code and reports
+the encoded header size, and how many packets it takes until the peer has had every member's
+newest acknowledgement.
+
+    python tools/bench_header.py --members 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+from cryptography.hazmat.primitives import serialization  # noqa: E402
+
+from syncpack import codec, keys, sync  # noqa: E402
+from syncpack.matrix import store_acknowledgements  # noqa: E402
+from syncpack.site import ROSTER, Member, Site  # noqa: E402
+
+
+def raw_pub(k: Ed25519PrivateKey) -> bytes:
+    return k.public_key().public_bytes(serialization.Encoding.Raw,
+                                       serialization.PublicFormat.Raw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--members", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    rnd = random.Random(args.seed)
+    n = args.members
+    with tempfile.TemporaryDirectory() as tmp:
+        hub = Site.init_family(Path(tmp) / "hub", "big", "hub")
+        others = []
+        with hub.transaction(_system=True) as tx:
+            for i in range(n - 1):
+                k = Ed25519PrivateKey.generate()
+                m = Member(f"s{i:04d}", rnd.randbytes(8), raw_pub(k), b"", 0, {}, False)
+                tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
+                others.append((m, k))
+        hub.invalidate()
+        # every member wrote a little; the hub holds all of it
+        vec = {m.site_id: rnd.randint(1_000, 5_000_000) for m, _k in others}
+        vec[hub.site_id] = hub.vector()[hub.site_id]
+        with hub.write_txn() as c:
+            c.executemany("INSERT OR REPLACE INTO vector(origin, epoch) VALUES (?, ?)",
+                          list(vec.items()))
+            now = int(time.time() * 1000)
+            acks = []
+            for m, k in others:
+                v = {o: max(0, e - rnd.randint(0, 500)) for o, e in vec.items()}
+                acks.append((m.site_id, now, v,
+                             k.sign(codec.ack_signed_bytes(hub.family_id, m.site_id, now, v))))
+            store_acknowledgements(hub, acks)
+        peer = others[0][0]
+        sign = keys.load_signing_key(hub.path).sign
+        sizes, relayed = [], set()
+        t0 = time.perf_counter()
+        while True:
+            [plan] = sync.plan_exports(hub, [peer.site_id], int(time.time() * 1000), sign=sign)
+            h = plan.template
+            wire = codec.packb(h.to_wire(h.origin_table()))
+            sizes.append(len(wire))
+            new = {m for m, _c, _v, _s in h.acks if m not in (hub.site_id, peer.site_id)}
+            relayed |= new
+            sync.record_exports(hub, [(plan, [])], int(time.time() * 1000))
+            if not new or len(relayed) >= n - 2:
+                break
+        dt = time.perf_counter() - t0
+        vec_only = len(codec.packb([[i, e] for i, e in enumerate(vec.values())]))
+        print(f"family of {n} members")
+        print(f"  header vector alone:              {vec_only / 1024:8.1f} KiB")
+        print(f"  first header (vector, own ack, relayed acks): {sizes[0] / 1024:8.1f} KiB")
+        print(f"  largest header:                   {max(sizes) / 1024:8.1f} KiB")
+        print(f"  packets until the peer has every member's newest acknowledgement: "
+              f"{len(sizes)} ({len(relayed)} relayed, {dt / len(sizes) * 1000:.0f} ms to plan each)")
+        print(f"  without a budget it would be one header of ~"
+              f"{(sizes[0] + (n - 2) * (96 + 9 * n)) / 1024 / 1024:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
