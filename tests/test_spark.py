@@ -373,6 +373,6 @@ def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(tmp_path, base
     assert [str(e) for e in failed_spark] == [str(e) for e in failed_local]
     assert len(failed_spark) == 1 and "invalid site name" in str(failed_spark[0])
     assert not (tmp_path / "evil").exists()
-    r = run("export", "--all", "--out", tmp_path / "usb", "--engine", "spark",
+    r = run("export", "--all", "--out", tmp_path / "usb", "--create-out", "--engine", "spark",
             "--spark-master", "local[2]", site=fs.path("hub"), json_mode=True)
     assert r.code == 1 and len(r.json["failed"]) == 1, r
