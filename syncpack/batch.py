@@ -11,7 +11,8 @@ A round, in this order:
 3. **scrub** (optional) — :func:`syncpack.recovery.scrub`, like ``syncpack scrub``.
 
 A failing action (a rejected packet, an unmounted required medium, a peer that needs a
-snapshot) is recorded and the round carries on with the next action; the outcome then says
+snapshot: with ``to = "all"`` that peer alone, the others still get their packets) is
+recorded and the round carries on with the next action; the outcome then says
 ``failed`` and the exit code is 1, so a scheduler can alert.  Parked packets are not failures:
 they wait, inside the site, for the packets they miss and apply by themselves in a later round.
 
@@ -141,7 +142,7 @@ from .apply import is_known
 from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
                      PacketError, SiteError, SyncpackError)
 from .packets import DEFAULT_MAX_SIZE, fsync_dir, parse_size, prepare_outbox
-from .verify import open_packet
+from .verify import find_packet_files, open_packet, printable
 from .site import Site
 
 BATCH_LOCK_FILE = "batch.lock"
@@ -389,11 +390,16 @@ def _ranges_text(waiting: dict) -> str:
 def remove_applied(site: Site, inbox: Path, shown: list[str]) -> list[str]:
     """Delete those of ``shown`` (paths an import reported applied or duplicate) that are files
     inside ``inbox`` holding a packet addressed to this site whose id the store records as
-    applied.  Checked again here, file by file, so nothing else is ever deleted."""
+    applied.  Checked again here, file by file, so nothing else is ever deleted.
+
+    An import reports file names escaped (``verify.printable``); the inbox's own files are
+    matched back by that same escaping, so a packet whose name holds a control character is
+    removed too (it is still checked like any other)."""
     root = Path(os.path.abspath(inbox))
+    real = {printable(f): f for f, _named in find_packet_files([root])}
     removed = []
     for s in dict.fromkeys(shown):
-        p = Path(os.path.abspath(s))
+        p = Path(os.path.abspath(real.get(s, s)))
         if p != root and root not in p.parents:
             continue  # e.g. a packet parked in an earlier round from another inbox
         if not p.is_file():
@@ -489,12 +495,18 @@ class _Round:
         except OutboxError as e:
             self.fail("export", str(spec.out), e.message, e.hint)
             return
+        # To all peers, as 'syncpack export --all': a peer that cannot be served (a resync
+        # needed, a roster name that cannot be a path) is one failure, the others still get
+        # their packets.
+        failed: list[SyncpackError] | None = [] if spec.to is None else None
         pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
                            max_size=spec.max_size, progress=self.progress,
-                           encrypt=spec.encrypt)
+                           encrypt=spec.encrypt, failed=failed)
         entry["packets"] = [p.to_json() for p in pkts]
         self.exported += entry["packets"]
         who = "all" if spec.to is None else ",".join(spec.to)
+        for e in failed or []:
+            self.fail("export", f"{spec.out} -> {getattr(e, 'peer', '?')}", e.message, e.hint)
         if pkts:
             peers = ", ".join(sorted({p.to for p in pkts}))
             self.log.line("export", f"{spec.out} -> {who}: {len(pkts)} packet(s) to {peers}, "

@@ -25,6 +25,15 @@ from . import (admin, batch as batch_mod, keys, conflicts as conflicts_mod, metr
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from .site import Site
+from .verify import printable
+
+
+def escaped(text: str) -> str:
+    """Human output with every control character escaped but the line breaks and tabs it was
+    built with (no carriage return or terminal escape from a name gets through).  Names that
+    may hold a line break are escaped where the lines are built (``verify.printable``)."""
+    return "\n".join("\t".join(printable(cell) for cell in line.split("\t"))
+                     for line in text.split("\n"))
 
 
 class Ctx:
@@ -47,12 +56,12 @@ class Ctx:
         if self.json:
             click.echo(json.dumps(doc, indent=2, sort_keys=False, default=_not_json))
         elif human is not None and human != "":
-            click.echo(human)
+            click.echo(escaped(human))
 
     def say(self, text: str) -> None:
         """Human remarks: stderr, and only when not quiet."""
         if not self.quiet:
-            click.echo(text, err=True)
+            click.echo(escaped(text), err=True)
 
     @contextmanager
     def progress(self, label: str, unit: str = "ops") -> Iterator[_Bar | None]:
@@ -112,12 +121,19 @@ class _Bar:
         self._bar.close()
 
 
+def echo_error(message: str, hint: str | None = None) -> None:
+    """One ``error:`` line, and a ``hint:`` line if any, on stderr.  Control characters are
+    escaped, so nothing a message quotes (a file name, a name from a packet) can break the
+    line or forge another."""
+    click.echo(f"error: {printable(message)}", err=True)
+    if hint:
+        click.echo(f"hint: {printable(hint)}", err=True)
+
+
 def fail(ctx_obj: Ctx | None, message: str, hint: str | None, code: int = 1):
     if ctx_obj is not None and ctx_obj.json:
         click.echo(json.dumps({"error": message, "hint": hint}))
-    click.echo(f"error: {message}", err=True)
-    if hint:
-        click.echo(f"hint: {hint}", err=True)
+    echo_error(message, hint)
     sys.exit(code)
 
 
@@ -440,7 +456,8 @@ def ls_(obj: Ctx, collection):
     s = obj.open()
     recs = [{"collection": c, "key": k, "value": v} for c, k, v in s.records(collection)]
     obj.emit({"records": recs},
-             "\n".join(f"{r['collection']}\t{r['key']}\t{_shown(r['value'])}" for r in recs))
+             "\n".join(f"{printable(r['collection'])}\t{printable(r['key'])}\t"
+                       f"{_shown(r['value'])}" for r in recs))
 
 
 @cli.command()
@@ -494,7 +511,7 @@ def fsck(obj: Ctx):
         obj.emit(doc)
     if not doc["ok"]:
         for p in doc["problems"]:
-            click.echo(f"error: {p}", err=True)
+            echo_error(p)
         click.echo("hint: restore the site from a backup, or re-seed it with a snapshot",
                    err=True)
         sys.exit(1)
@@ -543,19 +560,19 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     obj.on_interrupt("no packet was recorded as sent; the next export writes the same changes "
                      "again (packet files of this run may be left on the medium, harmless)",
                      "run the same export again")
+    # A peer that cannot be served (it needs a resync, or its roster name cannot be a
+    # directory) does not hold back the others' packets, whichever engine builds them (it
+    # gets our vector without ops where it can, and the command exits 1 naming it).
+    failed: list[SyncpackError] = []
     with obj.progress("export") as tick:
         if engine == "spark":
             from . import spark_engine
             pkts = spark_engine.export_spark(s, out, list(to), all_peers, max_size,
                                              master=spark_master, log_dir=log_dir,
-                                             progress=tick, encrypt=encrypt)
+                                             progress=tick, encrypt=encrypt, failed=failed)
         else:
-            # A peer that needs a resync does not hold back the others' packets (it gets our
-            # vector without ops, and the command exits 1 naming it).
-            failed = []
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
                                encrypt=encrypt, failed=failed)
-    failed = failed if engine != "spark" and failed else []
     doc = {"packets": [p.to_json() for p in pkts]}
     if failed:
         doc["failed"] = [{"to": e.peer, "error": e.message, "hint": e.hint} for e in failed]
@@ -563,8 +580,7 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     if not pkts and not failed:
         obj.say("nothing to send: every peer already holds our changes and our vector")
     for e in failed:
-        click.echo(f"error: {e.message}", err=True)
-        click.echo(f"hint: {e.hint}", err=True)
+        echo_error(e.message, e.hint)
     if failed:
         sys.exit(1)
 
@@ -590,7 +606,7 @@ def import_(obj: Ctx, paths):
     if obj.json:
         obj.emit(res.to_json())
     for r in res.rejected:
-        click.echo(f"error: {r['path']}: {r['error']}", err=True)
+        echo_error(f"{r['path']}: {r['error']}")
     if not obj.json:
         lines = []
         for p in res.parked:
@@ -655,7 +671,7 @@ def lspacket(obj: Ctx, paths):
                      f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}")
     obj.emit(doc, "\n".join(human))
     for e in doc["errors"]:
-        click.echo(f"error: {e['path']}: {e['error']}", err=True)
+        echo_error(f"{e['path']}: {e['error']}")
     if doc["errors"]:
         sys.exit(1)
 
@@ -675,6 +691,11 @@ def lsepoch(obj: Ctx):
 
 
 def _matrix_table(doc: dict) -> str:
+    # Site names come from the roster (an old store may hold any); escaped before laying out.
+    doc = {"site": printable(doc["site"]),
+           "vector": {printable(o): e for o, e in doc["vector"].items()},
+           "peers": {printable(p): {k: {printable(o): e for o, e in v.items()}
+                                    for k, v in d.items()} for p, d in doc["peers"].items()}}
     origins = list(doc["vector"])
     w = max([len(o) for o in origins] + [len("sent to ") + max(
         [len(p) for p in doc["peers"]] + [0]), 10]) + 2
@@ -729,18 +750,19 @@ def status(obj: Ctx, fmt):
     if fmt == "prometheus":
         click.echo(metrics.render(doc), nl=False)
         return
-    lines = [f"site {doc['site']} ({doc['state']}), family {doc['family']}, "
+    lines = [f"site {doc['site']} ({doc['state']}), family {printable(doc['family'])}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
     if doc["peers"]:
         lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}  "
                      f"{'last sent (UTC)':17}  last received (UTC)")
         for p, d in doc["peers"].items():
-            lines.append(f"{p:20} {d['lag_ops']:>10} {d['unacknowledged_ops']:>10} "
+            lines.append(f"{printable(p):20} {d['lag_ops']:>10} {d['unacknowledged_ops']:>10} "
                          f"{d['packets_sent']:>6} {d['packets_received']:>6}  "
                          f"{_utc(d['last_sent_ms']):17}  {_utc(d['last_received_ms'])}")
     for p in doc["parked"]:
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
-        lines.append(f"parked: packet {p['seq']}.{p['part']} from {p['from']} waits for {w}")
+        lines.append(f"parked: packet {p['seq']}.{p['part']} from {printable(p['from'])} "
+                     f"waits for {printable(w)}")
     obj.emit(doc, "\n".join(lines))
 
 
@@ -785,7 +807,7 @@ def conflicts(ctx):
     found = conflicts_mod.list_conflicts(s, collection)
     lines = []
     for c in found:
-        lines.append(f"{c['collection']}/{c['key']} ({c['policy']}):")
+        lines.append(f"{printable(c['collection'])}/{printable(c['key'])} ({c['policy']}):")
         for v in c["versions"]:
             shown = "<deleted>" if v["deleted"] else _shown(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
@@ -1011,11 +1033,9 @@ def batch(obj: Ctx, config):
     elif not obj.quiet:
         obj.emit(doc, batch_mod.format_summary(doc))
     for r in doc["imported"]["rejected"]:
-        click.echo(f"error: {r['path']}: {r['error']}", err=True)
+        echo_error(f"{r['path']}: {r['error']}")
     for e in doc["errors"]:
-        click.echo(f"error: {e['action']} {e['target']}: {e['error']}", err=True)
-        if e["hint"]:
-            click.echo(f"hint: {e['hint']}", err=True)
+        echo_error(f"{e['action']} {e['target']}: {e['error']}", e["hint"])
     sys.exit(doc["exit_code"])
 
 

@@ -483,7 +483,7 @@ def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
             return
         raise PacketBodyError("op stream ends inside an op")
     except seal.SealError as e:
-        raise PacketSealError(str(e)) from None
+        raise PacketSealError(str(e), hint=e.hint) from None
     except zstandard.ZstdError as e:
         raise PacketBodyError(f"body does not decompress: {e}") from None
     except msgpack.BufferFull:

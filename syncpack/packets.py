@@ -273,7 +273,11 @@ def prepare_outbox(out: str | os.PathLike, create: bool, how_to_create: str) -> 
     if not create:
         raise OutboxError(f"outbox {p} does not exist",
                           hint=f"mount the medium or correct the path, or {how_to_create}")
-    p.mkdir(parents=True, exist_ok=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:    # e.g. a file where a parent directory should be
+        raise OutboxError(f"cannot create outbox {p}: {e.strerror or e}",
+                          hint="name a directory on a writable medium") from None
     return p
 
 
@@ -282,10 +286,12 @@ def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
     crash or a full medium never leaves a partial packet under a packet's name."""
 
     def opener(part: int):
-        directory.mkdir(parents=True, exist_ok=True)
         final = directory / name_for(part)
         tmp = directory / f".{final.name}.{secrets.token_hex(4)}.tmp"
         try:
+            # A file where a directory should be (OUT itself, or OUT/<to>/<from>) is a typed
+            # export error naming the directory, like any other failure to write there.
+            directory.mkdir(parents=True, exist_ok=True)
             f = open(tmp, "wb")
         except OSError as e:
             raise _os_error(e, directory) from None

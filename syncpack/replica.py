@@ -20,7 +20,7 @@ from .errors import PacketError, PacketFormatError, SiteError, UsageError
 from .matrix import ensure_link, link, raise_matrix, vec_blob
 from .packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
 from .site import ROSTER, Member, Site, Transaction, wall_ms
-from .verify import find_packet_files, open_packet, verify
+from .verify import find_packet_files, open_packet, printable, verify
 from .progress import expect
 
 SnapshotPart = PartInfo
@@ -163,13 +163,14 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
                 pk = open_packet(path)
             except PacketError as e:
                 if named:
-                    errors.append(f"{path}: {e}")
+                    errors.append(f"{printable(path)}: {e}")
                 continue
             opened.append(pk)
             h = pk.header
             if h.kind != codec.KIND_SNAPSHOT or h.recipient != site.site_id:
                 if named:
-                    errors.append(f"{path}: not a replica-creation packet for {site.name}")
+                    errors.append(f"{printable(path)}: not a replica-creation packet for "
+                                  f"{site.name}")
                 continue
             groups.setdefault((h.sender, h.seq), []).append(pk)
         if not groups:

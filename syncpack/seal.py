@@ -28,7 +28,12 @@ INFO = b"syncpack seal v1"
 
 
 class SealError(Exception):
-    pass
+    """A sealed body cannot be opened; ``hint`` says what to do (the caller's default
+    otherwise)."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
 
 
 def _raw(pub: X25519PublicKey) -> bytes:
@@ -87,8 +92,12 @@ class SealWriter:
 def opener(recipient_key: X25519PrivateKey, recipient_pub: bytes, epk: bytes, packet_id: bytes):
     try:
         shared = recipient_key.exchange(X25519PublicKey.from_public_bytes(epk))
-    except ValueError as e:
-        raise SealError(f"bad ephemeral key: {e}") from None
+    except ValueError:
+        # X25519 refuses an all-zero shared secret: the key is zero or a low-order point.
+        raise SealError("sealed packet carries a malformed ephemeral key (zero or a "
+                        "low-order X25519 point); it cannot be opened",
+                        hint="the sender's software is broken or the packet was forged by "
+                             "a member; it was not applied") from None
     return ChaCha20Poly1305(_key(shared, epk, recipient_pub, packet_id))
 
 

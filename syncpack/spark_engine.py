@@ -350,8 +350,11 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                  master: str = DEFAULT_MASTER, log_dir: str | os.PathLike | None = None,
                  seed: bytes | None = None, progress: Callable[[int], None] | None = None, *,
                  now_ms: int | None = None, encrypt: bool = False, strategy: str | None = None,
-                 stats: dict | None = None) -> list[ExportedPacket]:
-    """Like :func:`syncpack.sync.export`, with the packets built by a Spark job.
+                 stats: dict | None = None,
+                 failed: list[SyncpackError] | None = None) -> list[ExportedPacket]:
+    """Like :func:`syncpack.sync.export`, with the packets built by a Spark job.  With
+    ``failed``, as there, a peer that cannot be served is reported in it and the others still
+    get their packets.
 
     ``log_dir`` None uses (and first brings up to date) the site's own log ``SITE/log``; any
     other log is only read and must hold every planned range.  ``stats``, when given, is filled
@@ -378,7 +381,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         starter: _SessionStarter | None = None
         conn.execute("BEGIN")  # one read snapshot: plan, log catch-up and coverage check
         try:
-            plans = plan_exports(site, peers, now, sign=signing_key.sign)
+            plans = plan_exports(site, peers, now, failed, sign=signing_key.sign)
             seal = [site.seal_key(p.peer, encrypt) for p in plans]
             if any(p.ranges for p in plans):
                 starter = _SessionStarter(master)  # the JVM starts while the log catches up

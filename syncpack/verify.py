@@ -60,17 +60,19 @@ def is_regular(path: Path) -> bool:
 
 
 def open_packet(path: str | os.PathLike) -> OpenPacket:
-    """Size, magic, version and header checks; raises PacketError subclasses."""
+    """Size, magic, version and header checks; raises PacketError subclasses (whose messages
+    do not repeat the path: every caller reports the file it named)."""
     path = Path(path)
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; the fstat below refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise PacketFormatError(f"cannot read {printable(path)}: {e.strerror}") from None
+        raise PacketFormatError(f"cannot read: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise PacketFormatError(f"{printable(path)} is not a regular file")
+            raise PacketFormatError("not a regular file (a FIFO, device or socket is never "
+                                    "read as a packet)")
         os.set_blocking(fd, True)
         f = os.fdopen(fd, "rb")
     except BaseException:

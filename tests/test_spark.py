@@ -95,6 +95,13 @@ def _both(tmp_path: Path, base: Path, **kw):
     return fl, fs, local, sparked
 
 
+def _import_at_now(f: Family, name: str, paths) -> sync.ImportResult:
+    """Import packets made at the fixed clock NOW (years ahead of the wall clock, which the
+    verifier's clock-skew check would refuse) as if it were NOW at the receiver too."""
+    with f.open(name) as s:
+        return sync.import_packets(s, paths, now_ms=NOW)
+
+
 def _assert_same_packets(local, sparked, tmp_path: Path) -> None:
     assert len(local) == len(sparked) > 0
     for a, b in zip(local, sparked):
@@ -198,9 +205,9 @@ def test_engines_write_identical_packets_and_records(tmp_path, base, spark, stra
 
     # The peers import the Spark packets and converge with the hub, as with local packets.
     for p in PEERS:
-        r = fs.import_(p, [tmp_path / "out_spark" / p])
+        r = _import_at_now(fs, p, [tmp_path / "out_spark" / p])
         assert not r.rejected and not r.parked, r
-        r = fl.import_(p, [tmp_path / "out_local" / p])
+        r = _import_at_now(fl, p, [tmp_path / "out_local" / p])
         assert not r.rejected and not r.parked, r
         assert fs.digest(p) == fl.digest(p) == fs.digest("hub")
 
@@ -228,7 +235,7 @@ def test_second_export_sends_only_the_new_ops(tmp_path, base, spark):
 def test_sealed_packets_are_identical_too(tmp_path, base, spark):
     fl, fs, local, sparked = _both(tmp_path, base, to=["p3"], max_size=8192, encrypt=True)
     _assert_same_packets(local, sparked, tmp_path)
-    r = fs.import_("p3", [tmp_path / "out_spark"])
+    r = _import_at_now(fs, "p3", [tmp_path / "out_spark"])
     assert not r.rejected and fs.digest("p3") == fs.digest("hub")
 
 
@@ -334,3 +341,38 @@ def test_missing_java_or_pyspark_is_a_clear_error(monkeypatch):
     with pytest.raises(SparkUnavailableError, match="needs pyspark") as e:
         spark_engine._import_pyspark()
     assert "pip install" in e.value.hint
+
+
+def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(tmp_path, base, spark):
+    """As with the local engine: a roster entry that cannot be a directory (an old store) is
+    one failed peer; the others get the same packets as the local engine writes, in --out."""
+    import os
+    from syncpack import codec
+    from syncpack.site import ROSTER, Member
+    for d in ("L", "S"):
+        shutil.copytree(base, tmp_path / "base" / d)
+    for d in ("L", "S"):
+        m = Member("../evil", b"\x01" * 8, b"\x02" * 32, b"\x03" * 32, 0, {}, False)
+        with Site.open(tmp_path / "base" / d / "hub") as s:
+            s.conn.execute("BEGIN IMMEDIATE")
+            s.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
+                           (ROSTER, "../evil", os.urandom(16), codec.encode_value(m.to_value())))
+            s.conn.execute("COMMIT")
+    fl, fs = _copy(tmp_path / "base" / "L", tmp_path / "L"), \
+        _copy(tmp_path / "base" / "S", tmp_path / "S")
+    failed_local: list = []
+    failed_spark: list = []
+    with fl.open("hub") as s:
+        local = sync.export(s, tmp_path / "out_local", all_peers=True, seed=SEED, now_ms=NOW,
+                            failed=failed_local)
+    with fs.open("hub") as s:
+        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", all_peers=True,
+                                            seed=SEED, now_ms=NOW, failed=failed_spark)
+    _assert_same_packets(local, sparked, tmp_path)
+    assert sorted({p.to for p in sparked}) == PEERS
+    assert [str(e) for e in failed_spark] == [str(e) for e in failed_local]
+    assert len(failed_spark) == 1 and "invalid site name" in str(failed_spark[0])
+    assert not (tmp_path / "evil").exists()
+    r = run("export", "--all", "--out", tmp_path / "usb", "--create-out", "--engine", "spark",
+            "--spark-master", "local[2]", site=fs.path("hub"), json_mode=True)
+    assert r.code == 1 and len(r.json["failed"]) == 1, r

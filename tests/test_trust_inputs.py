@@ -1,0 +1,792 @@
+"""Untrusted inputs, through the CLI (the Trust issue, classes 1, 2, 3 and 7).
+
+1. Names become paths: site names are one safe path component wherever they enter (the command
+   line, public-key files, roster entries arriving in packets), and no export leaves ``--out``.
+2. Files that are not files: FIFOs are never opened for reading (no hang while holding the site
+   lock), and file names with control characters cannot forge output lines.
+3. A poison packet (a sealed packet whose ephemeral key is malformed) is one rejected packet
+   with a packet error; the good packets beside it apply.
+7. ``mkreplica export`` is atomic: if its packets cannot be written, the member is not added.
+
+Every refusal is checked the same way: exit 1, a one-line ``error:`` naming what failed, no
+traceback, the store unchanged (digest, vector, members, ``fsck``), and the honest packets of
+the same import still applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import Family, run
+from syncpack import codec, keys, names
+from syncpack.errors import UsageError
+from syncpack.site import ROSTER, Member, Site
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def observe(site: Path) -> dict:
+    """What a refused input must leave exactly as it was (through the CLI)."""
+    d = run("digest", site=site, json_mode=True)
+    ep = run("lsepoch", site=site, json_mode=True)
+    cols = run("collection", "ls", site=site, json_mode=True)
+    st_ = run("status", site=site, json_mode=True)
+    assert d.code == ep.code == cols.code == st_.code == 0
+    assert run("fsck", site=site).code == 0
+    return {"digest": d.json["digest"], "records": d.json["records"],
+            "vector": d.json["vector"], "lsepoch": ep.json["vector"],
+            "members": sorted(ep.json["peers"]), "collections": cols.json["collections"],
+            "changelog_ops": st_.json["changelog_ops"]}
+
+
+def error_lines(r) -> list[str]:
+    return [ln for ln in r.err.splitlines() if ln.startswith("error:")]
+
+
+def refused(r, *needles: str) -> str:
+    """Exit 1, exactly one ``error:`` line (holding every needle), no traceback, no bug."""
+    assert r.code == 1, r
+    assert "Traceback" not in r.err + r.out, r
+    assert "internal error" not in r.err, r
+    errs = error_lines(r)
+    assert len(errs) == 1, r
+    for n in needles:
+        assert n in errs[0], (n, r)
+    return errs[0]
+
+
+def clean_lines(text: str, summary: tuple[str, ...] = ()) -> None:
+    """Every line is an ``error:``/``hint:`` line or one of the normal summary lines, and no
+    raw control character is printed."""
+    for ln in text.splitlines():
+        assert ln.isprintable(), repr(ln)
+        assert ln.startswith(("error:", "hint:", *summary)), repr(ln)
+
+
+def files_under(root: Path) -> set[Path]:
+    """Every path under ``root`` but SQLite's own journal files (they come and go)."""
+    return {p for p in root.rglob("*") if not p.name.endswith(("-wal", "-shm", "-journal"))}
+
+
+def syncpack_proc(*args, timeout: float = 60):
+    """The CLI in a child process, so a hang fails the test instead of blocking it."""
+    return subprocess.run([sys.executable, "-m", "syncpack", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def abc(family):
+    """a, b, c all knowing one another, with data at a."""
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=1)
+    family.put("a", "parts", "p1", {"qty": 1})
+    return family
+
+
+BAD_NAMES = [".", "..", "a/b", "/abs", "/tmp/evil", "../evil", "a\nb", "x" * 300, "-rf", ".hidden",
+             "a\\b", "", "a\x00b", "name."]
+
+
+# --- 1. names become paths --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+def test_init_and_keygen_refuse_unsafe_site_names(tmp_path, name):
+    for cmd in (["init", tmp_path / "s1", "--family", "f", "--site", name],
+                ["keygen", tmp_path / "s2", "--site", name]):
+        r = run(*cmd)
+        line = refused(r, "invalid site name")
+        assert line.isprintable()
+        # Nothing was created, anywhere.
+        assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists(), r
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_init_and_keygen_accept_safe_names(tmp_path):
+    for i, name in enumerate(["boston", "boston_hub", "site-2", "x.y", "_x", "A" * 64]):
+        assert run("init", tmp_path / f"i{i}", "--family", "f", "--site", name).code == 0
+        assert run("keygen", tmp_path / f"k{i}", "--site", name).code == 0
+
+
+ABS = "<absolute>"     # stands for an absolute path of the test's own, outside everything
+
+
+@pytest.mark.parametrize("evil", ["../evil", ABS, "a/../../evil", ".."], ids=repr)
+def test_public_key_file_naming_a_path_is_refused(family, tmp_path, evil):
+    abs_target = tmp_path.parent / f"{tmp_path.name}-evil-abs"
+    evil = str(abs_target) if evil == ABS else evil
+    a = family.init("a")
+    family.put("a", "parts", "p1", 1)
+    pub = Path(run("keygen", tmp_path / "n", "--site", "n", json_mode=True).json["public_key"])
+    doc = json.loads(pub.read_text())
+    doc["site"] = evil
+    pub.write_text(json.dumps(doc))
+    before = observe(a)
+    out = tmp_path / "usb" / "deep"
+    out.mkdir(parents=True)
+    files_before = files_under(tmp_path)
+    for site_arg in (evil, "n"):
+        r = run("mkreplica", "export", "--site", site_arg, "--pubkey", pub, "--out", out,
+                site=a)
+        refused(r, "invalid site name")
+    assert observe(a) == before
+    assert files_under(tmp_path) == files_before      # not a file written, in --out or outside
+    assert not abs_target.exists()
+
+
+def _bad_roster_op(fam: Family, at: str, bad_name: str) -> None:
+    """A member writes a roster entry under a name that cannot be a path (a buggy or hostile
+    member: the CLI would refuse it, the Python API writes it raw)."""
+    ident = keys.PublicIdentity(bad_name, os.urandom(8), os.urandom(32), os.urandom(32))
+    m = Member(bad_name, ident.site_id, ident.ed25519, ident.x25519, 0, {}, False)
+    with fam.open(at) as s, s.transaction(_system=True) as tx:
+        tx.write_raw(ROSTER, bad_name, codec.encode_value(m.to_value()))
+
+
+@pytest.mark.parametrize("bad", ["../evil", "/abs/evil", "x" * 300, "..", "a\nerror: forged"],
+                         ids=repr)
+def test_roster_op_with_a_bad_name_is_refused_at_the_importing_site(abc, tmp_path, bad):
+    fam = abc
+    _bad_roster_op(fam, "a", bad)
+    [poisoned] = fam.export("a", "b")
+    fam.put("c", "parts", "from-c", {"x": 1})
+    [honest] = fam.export("c", "b")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    shutil.copy(poisoned, inbox / "from-a.spk")
+    shutil.copy(honest, inbox / "from-c.spk")
+    b = fam.path("b")
+    before = observe(b)
+    r = run("import", inbox, site=b)
+    line = refused(r, "from-a.spk", "invalid site name")
+    assert line.isprintable()
+    clean_lines(r.err, ("import:",))
+    r2 = run("get", "parts", "from-c", site=b)
+    assert r2.code == 0 and json.loads(r2.out) == {"x": 1}      # the honest packet applied
+    after = observe(b)
+    assert after["members"] == before["members"]                # no member named `bad`
+    assert run("get", "parts", "p1", site=b).code == 1          # nothing of a's packet
+    assert after["vector"]["a"] == before["vector"]["a"]
+    assert after["vector"]["c"] == before["vector"].get("c", 0) + 1
+    # JSON mode: the same refusal, valid JSON.
+    r = run("import", inbox / "from-a.spk", site=b, json_mode=True)
+    assert r.code == 1 and len(r.json["rejected"]) == 1, r
+    assert "invalid site name" in r.json["rejected"][0]["error"]
+
+
+def _force_roster_entry(site: Path, bad: str) -> None:
+    """An old store (before names were checked) holding a roster entry that is not a safe
+    name: written straight into the versions table, as an old import would have."""
+    m = Member(bad, os.urandom(8), os.urandom(32), os.urandom(32), 0, {}, False)
+    with Site.open(site) as s:
+        csn = os.urandom(16)
+        s.conn.execute("BEGIN IMMEDIATE")
+        s.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
+                       (ROSTER, bad, csn, codec.encode_value(m.to_value())))
+        s.conn.execute("COMMIT")
+
+
+@pytest.mark.parametrize("bad", ["../evil", ABS, "x" * 300, "..", "n\nerror: forged"],
+                         ids=repr)
+def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(abc, tmp_path, bad):
+    abs_target = tmp_path.parent / f"{tmp_path.name}-evil-abs"
+    bad = str(abs_target) if bad == ABS else bad
+    fam = abc
+    a = fam.path("a")
+    _force_roster_entry(a, bad)
+    out = tmp_path / "box" / "usb"
+    out.mkdir(parents=True)
+    outside = files_under(tmp_path) - files_under(out)
+    r = run("export", "--all", "--out", out, "--create-out", site=a)
+    assert r.code == 1, r
+    errs = error_lines(r)
+    assert len(errs) == 1 and "invalid site name" in errs[0], r
+    clean_lines(r.err)
+    # Good peers got their packets, inside --out.
+    written = [Path(ln.split("\t")[0]) for ln in r.out.splitlines()]
+    assert {p.relative_to(out).parts[:2] for p in written} == {("b", "a"), ("c", "a")}, r
+    for p in files_under(tmp_path) - files_under(out):
+        assert p in outside, f"written outside --out: {p}"
+    assert not abs_target.exists()
+    # JSON: the failure is listed, the packets too.
+    fam.put("a", "parts", "p2", 2)
+    r = run("export", "--all", "--out", out, "--create-out", site=a, json_mode=True)
+    assert r.code == 1, r
+    assert len(r.json["packets"]) == 2 and len(r.json["failed"]) == 1, r
+    assert "invalid site name" in r.json["failed"][0]["error"]
+    # The packets are good: b imports them.
+    assert run("import", out / "b", site=fam.path("b")).code == 0
+    assert run("get", "parts", "p2", site=fam.path("b")).out.strip() == "2"
+
+
+# --- 2. files that are not files --------------------------------------------------------------
+
+@pytest.fixture
+def ab_packets(family):
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "parts", "p1", {"qty": 1})
+    family.put("a", "parts", "p2", {"qty": 2})
+    return family, family.export("a", "b")
+
+
+def test_fifo_in_an_import_directory_is_skipped(ab_packets):
+    fam, pkts = ab_packets
+    inbox = pkts[0].parent
+    os.mkfifo(inbox / "0000000099-0000.spk")
+    os.mkfifo(inbox / "zz-fifo")
+    os.symlink(inbox / "zz-fifo", inbox / "0000000098-0000.spk")     # a link to a FIFO
+    os.symlink("/dev/zero", inbox / "0000000097-0000.spk")           # a link to a device
+    r = syncpack_proc("--site", fam.path("b"), "import", inbox.parent.parent)
+    assert r.returncode == 0, r
+    assert "Traceback" not in r.stderr
+    clean_lines(r.stderr, ("import:",))
+    assert "1 packet(s) applied" in r.stderr, r
+    assert run("get", "parts", "p2", site=fam.path("b")).out.strip() == '{"qty": 2}'
+    # lspacket on the directory too: the FIFOs are not packets.
+    r = syncpack_proc("--site", fam.path("b"), "lspacket", inbox)
+    assert r.returncode == 0 and r.stdout.count("update a -> b") == 1, r
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "device"])
+@pytest.mark.parametrize("cmd", ["import", "lspacket", "mkreplica-import"])
+def test_fifo_named_on_the_command_line_is_rejected_quickly(ab_packets, tmp_path, cmd, kind):
+    fam, [good] = ab_packets
+    fifo = tmp_path / "fifo.spk"
+    if kind == "device":
+        os.symlink("/dev/zero", fifo)       # endless: reading it would never finish
+    else:
+        os.mkfifo(tmp_path / "the-fifo")
+        if kind == "fifo":
+            os.rename(tmp_path / "the-fifo", fifo)
+        else:
+            os.symlink(tmp_path / "the-fifo", fifo)
+    b = fam.path("b")
+    before = observe(b)
+    if cmd == "import":
+        r = syncpack_proc("--site", b, "import", fifo, good)
+    elif cmd == "lspacket":
+        r = syncpack_proc("--site", b, "lspacket", fifo, good)
+    else:
+        n = tmp_path / "n"
+        assert run("keygen", n, "--site", "n").code == 0
+        r = syncpack_proc("--site", n, "mkreplica", "import", fifo)
+    assert r.returncode == 1, r
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errs) == 1 and str(fifo) in errs[0] and "not a regular file" in errs[0], r
+    if cmd == "import":
+        assert "1 packet(s) applied" in r.stderr      # the real packet beside it applied
+        assert run("get", "parts", "p2", site=b).out.strip() == '{"qty": 2}'
+    else:
+        assert observe(b) == before
+    if cmd == "lspacket":
+        assert r.stdout.count("update a -> b") == 1, r
+
+
+FORGED = "x\nerror: forged line\x1b[2Khint: \rtrust me"
+
+
+def test_newline_in_a_packet_file_name_cannot_forge_lines(ab_packets, tmp_path):
+    fam, [good] = ab_packets
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    named_good = inbox / f"good{FORGED}.spk"
+    shutil.copy(good, named_good)
+    named_bad = inbox / f"bad{FORGED}.spk"
+    named_bad.write_bytes(codec.MAGIC + b"\0" * 200)         # a damaged packet
+    b = fam.path("b")
+    before = observe(b)
+    summary = ("import:", "parked ")
+
+    # lspacket, human and JSON
+    r = run("lspacket", named_bad, named_good, site=b)
+    assert r.code == 1, r
+    clean_lines(r.err)
+    assert len(error_lines(r)) == 1, r
+    for ln in r.out.splitlines():
+        assert ln.isprintable() and ": update a -> b" in ln, repr(ln)
+    r = run("lspacket", named_bad, named_good, site=b, json_mode=True)
+    assert r.code == 1 and len(r.json["packets"]) == 1 and len(r.json["errors"]) == 1, r
+
+    # import of the bad one alone, JSON then human: refused, store unchanged
+    r = run("import", named_bad, site=b, json_mode=True)
+    assert r.code == 1 and len(r.json["rejected"]) == 1 and not r.json["applied"], r
+    assert observe(b) == before
+    # import of both (named, and as a directory): the bad one refused, the good one applied
+    r = run("import", inbox, site=b)
+    assert r.code == 1, r
+    clean_lines(r.err, summary)
+    assert len(error_lines(r)) == 1 and "bad" in error_lines(r)[0], r
+    assert "1 packet(s) applied" in r.err
+    assert run("get", "parts", "p2", site=b).out.strip() == '{"qty": 2}'
+    r = run("import", named_bad, named_good, site=b, json_mode=True)
+    assert r.code == 1, r
+    assert len(r.json["rejected"]) == 1 and len(r.json["duplicates"]) == 1, r
+
+
+def test_control_characters_in_any_error_are_escaped(ab_packets, tmp_path):
+    """Errors that are not about packets (a missing file, a site directory, a JSON-lines
+    file) go through the same ``error:`` line, escaped."""
+    fam, _ = ab_packets
+    b = fam.path("b")
+    missing = tmp_path / f"missing{FORGED}"
+    for r in (run("import", missing, site=b), run("lspacket", missing),
+              run("digest", site=missing), run("load", missing, site=b),
+              run("mkreplica", "import", missing, site=b),
+              run("mkreplica", "export", "--site", "n", "--pubkey", missing, "--out",
+                  tmp_path / "o", site=fam.path("a")),
+              run("get", f"col{FORGED}", "k", site=b)):
+        assert r.code != 0, r
+        clean_lines(r.err, ("import:",))
+        assert error_lines(r), r
+
+
+def test_newline_in_an_mkreplica_import_path(family, tmp_path):
+    family.init("a")
+    family.put("a", "parts", "p1", 1)
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "usb"
+    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+               site=family.path("a")).code == 0
+    bad = tmp_path / f"junk{FORGED}.spk"
+    bad.write_bytes(codec.MAGIC + b"\0" * 200)
+    r = run("mkreplica", "import", bad, site=n)
+    refused(r, "junk")
+    clean_lines(r.err)
+    r = run("mkreplica", "import", bad, out, site=n)     # the good snapshot beside it
+    assert r.code == 0, r
+    assert run("get", "parts", "p1", site=n).out.strip() == "1"
+
+
+# --- 3. a poison packet -----------------------------------------------------------------------
+
+LOW_ORDER = [bytes(32),
+             bytes.fromhex("0100000000000000000000000000000000000000000000000000000000000000"),
+             bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"),
+             bytes.fromhex("5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157"),
+             bytes.fromhex("ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f")]
+
+
+def resealed_epk(raw: bytes, epk: bytes, sign) -> bytes:
+    """The same sealed packet with only its ephemeral key replaced, re-signed by its sender."""
+    env = codec.read_envelope(io.BytesIO(raw), len(raw))
+    assert env.header.sealed
+    hdr = dataclasses.replace(env.header, seal_epk=epk)
+    out = io.BytesIO()
+    out.write(raw[:env.body_offset + env.header.body_len])
+    codec.finish_packet(out, hdr, env.origins, sign)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("epk", LOW_ORDER, ids=lambda e: e.hex()[:8])
+def test_sealed_packet_with_a_malformed_ephemeral_key_is_one_rejected_packet(abc, tmp_path,
+                                                                           epk):
+    fam = abc
+    b = fam.path("b")
+    fam.put("c", "parts", "from-c", {"x": 1})
+    out_c = fam.medium()
+    r = run("export", "--to", "b", "--out", out_c, "--create-out", "--encrypt", site=fam.path("c"),
+            json_mode=True)
+    assert r.code == 0, r
+    [sealed] = [Path(p["path"]) for p in r.json["packets"]]
+    out_a = fam.medium()
+    r = run("export", "--to", "b", "--out", out_a, "--create-out", "--encrypt", site=fam.path("a"),
+            json_mode=True)
+    [good_a] = [Path(p["path"]) for p in r.json["packets"]]
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "0-poison.spk").write_bytes(
+        resealed_epk(sealed.read_bytes(), epk, keys.load_signing_key(fam.path("c")).sign))
+    shutil.copy(good_a, inbox / "1-good-a.spk")
+    before = observe(b)
+    r = run("import", inbox, site=b)
+    line = refused(r, "0-poison.spk")
+    assert "1 packet(s) applied" in r.err, r
+    assert run("get", "parts", "p1", site=b).out.strip() == '{"qty": 1}'   # a's packet
+    assert run("get", "parts", "from-c", site=b).code == 1
+    after = observe(b)
+    assert after["vector"].get("c", 0) == before["vector"].get("c", 0)
+    assert after["vector"]["a"] > before["vector"]["a"]
+    assert "malformed ephemeral key" in line, line
+    # JSON: the same, one rejected, valid JSON
+    r = run("import", inbox / "0-poison.spk", site=b, json_mode=True)
+    assert r.code == 1 and len(r.json["rejected"]) == 1, r
+    assert "internal error" not in r.json["rejected"][0]["error"]
+    assert observe(b) == after
+    # The genuine sealed packet still applies afterwards (the bad copy was not recorded).
+    r = run("import", sealed, site=b)
+    assert r.code == 0, r
+    assert run("get", "parts", "from-c", site=b).code == 0
+
+
+@pytest.mark.parametrize("epk", LOW_ORDER[:3], ids=lambda e: e.hex()[:8])
+def test_sealed_replica_snapshot_with_a_malformed_ephemeral_key(family, tmp_path, epk):
+    family.init("a")
+    family.put("a", "parts", "p1", 1)
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "usb"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        "--encrypt",
+            site=family.path("a"), json_mode=True)
+    [p] = [Path(x["path"]) for x in r.json["packets"]]
+    bad = tmp_path / "bad" / p.name
+    bad.parent.mkdir()
+    bad.write_bytes(resealed_epk(p.read_bytes(), epk,
+                                 keys.load_signing_key(family.path("a")).sign))
+    r = run("mkreplica", "import", bad, site=n)
+    refused(r, "malformed ephemeral key")
+    hints = [ln for ln in r.err.splitlines() if ln.startswith("hint:")]
+    assert hints and "recipient" not in hints[0], r     # not "import it at its recipient"
+    assert run("get", "parts", "p1", site=n).code == 1          # still not joined
+    assert run("mkreplica", "import", out, site=n).code == 0    # the genuine one applies
+    assert run("get", "parts", "p1", site=n).out.strip() == "1"
+
+
+# --- 7. mkreplica export is atomic ------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["out-under-a-file", "out-is-a-file", "peer-dir-is-a-file",
+                                 "packet-name-is-a-dir"])
+def test_mkreplica_export_to_an_unwritable_out_adds_nothing(family, tmp_path, how):
+    a = family.init("a")
+    family.add("b", via="a")
+    family.put("a", "parts", "p1", 1)
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    blocker = tmp_path / "blocker"
+    if how == "out-is-a-file":
+        blocker.write_text("x")
+        out = blocker
+    elif how == "out-under-a-file":
+        blocker.write_text("x")
+        out = blocker / "usb"
+    elif how == "peer-dir-is-a-file":
+        out = tmp_path / "usb"
+        (out / "n").mkdir(parents=True)
+        (out / "n" / "a").write_text("x")
+    else:
+        out = tmp_path / "usb"
+        # the final name of the first part is taken by a directory: the rename fails
+        (out / "n" / "a" / "0000000001-0000.snapshot.spk" / "x").mkdir(parents=True)
+    before = observe(a)
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        site=a)
+    if how == "out-is-a-file":
+        # click refuses the option itself: a usage error (exit 2), before anything is done
+        assert r.code == 2 and "is a file" in r.err, r
+    else:
+        line = refused(r, str(out))
+        assert "cannot write packets into" in line or "cannot create outbox" in line, r
+    assert observe(a) == before, "the member was added although its packets were not written"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        site=a,
+            json_mode=True)
+    if how != "out-is-a-file":
+        assert r.code == 1 and "error" in r.json, r
+    # No partial or temporary packet left on the medium.
+    if out.is_dir():
+        assert not [p for p in out.rglob("*") if p.is_file() and p.name != "a"
+                    and p.suffix in (".spk", ".tmp")]
+    # b, told by a, does not learn of n either.
+    family.sync("a", "b")
+    assert "n" not in run("lsepoch", site=family.path("b"), json_mode=True).json["peers"]
+    # A retry with a good --out succeeds, and n joins.
+    good = tmp_path / "good"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", good, "--create-out",
+        site=a)
+    assert r.code == 0, r
+    assert run("mkreplica", "import", good, site=n).code == 0
+    assert run("get", "parts", "p1", site=n).out.strip() == "1"
+    assert "n" in observe(a)["members"]
+
+
+# --- the one name rule ------------------------------------------------------------------------
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(max_size=80),
+                 st.text(alphabet="abAB09_.-/\\\n\x00 ", max_size=12),
+                 st.sampled_from(BAD_NAMES)))
+def test_every_accepted_site_name_is_one_plain_path_component(name):
+    try:
+        ok = names.check_site_name(name)
+    except UsageError:
+        return
+    assert ok == name
+    assert name not in (".", "..", "")
+    assert os.sep not in name and "/" not in name and "\\" not in name
+    assert (os.altsep or "/") not in name
+    assert os.path.normpath(name) == name
+    assert os.path.basename(name) == name and not os.path.isabs(name)
+    assert all(c.isprintable() and not c.isspace() for c in name)
+    assert not name.startswith(("-", ".")) and len(name) <= names.MAX_SITE_NAME
+    assert Path(name).name == name and len(Path(name).parts) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_-]", fullmatch=True))
+def test_plain_names_are_accepted(name):
+    assert names.check_site_name(name) == name
+
+
+def test_update_export_to_an_unwritable_out_records_nothing(abc, tmp_path):
+    """The same for update packets: nothing is recorded as sent, and a retry sends it all."""
+    fam = abc
+    a = fam.path("a")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    before = run("lsepoch", site=a, json_mode=True).json
+    r = run("export", "--to", "b", "--out", blocker / "usb", "--create-out", site=a)
+    line = refused(r, str(blocker / "usb"))
+    assert "cannot write packets into" in line or "cannot create outbox" in line, r
+    assert run("lsepoch", site=a, json_mode=True).json == before
+    assert blocker.read_text() == "x"
+    good = tmp_path / "good"
+    r = run("export", "--to", "b", "--out", good, "--create-out", site=a)
+    assert r.code == 0, r
+    assert run("import", good, site=fam.path("b")).code == 0
+    assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
+
+
+def _poison_inbox(fam: Family, tmp_path: Path, epk: bytes) -> Path:
+    """b's inbox: c's sealed packet with a bad ephemeral key, a FIFO, and a's good packet."""
+    fam.put("c", "parts", "from-c", {"x": 1})
+    r = run("export", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+            json_mode=True)
+    [sealed] = [Path(p["path"]) for p in r.json["packets"]]
+    [good_a] = fam.export("a", "b")
+    inbox = tmp_path / "inbox" / "b"
+    inbox.mkdir(parents=True)
+    (inbox / "0-poison.spk").write_bytes(
+        resealed_epk(sealed.read_bytes(), epk, keys.load_signing_key(fam.path("c")).sign))
+    os.mkfifo(inbox / "0-fifo.spk")
+    shutil.copy(good_a, inbox / "1-good-a.spk")
+    return inbox
+
+
+def test_poison_packet_does_not_stop_a_cron_inbox(abc, tmp_path):
+    """The issue's scenario: ``syncpack -q batch`` from cron over an inbox holding a poison
+    packet (and a FIFO): the round finishes, the good packet applies, exit 1 names the bad."""
+    fam = abc
+    inbox = _poison_inbox(fam, tmp_path, bytes(32))
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(f'site = "{fam.path("b")}"\n\n[[import]]\npath = "{inbox}"\n'
+                   f'remove_after_import = true\n')
+    r = syncpack_proc("-q", "batch", cfg)
+    assert r.returncode == 1, r
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errs) == 1 and "0-poison.spk" in errs[0], r
+    clean_lines(r.stderr)
+    assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
+    # the applied packet was removed, the rejected one and the FIFO left alone
+    assert sorted(p.name for p in inbox.iterdir()) == ["0-fifo.spk", "0-poison.spk"]
+    r = syncpack_proc("--json", "batch", cfg)
+    assert r.returncode == 1, r
+    doc = json.loads(r.stdout)
+    assert [x["path"] for x in doc["imported"]["rejected"]] == [str(inbox / "0-poison.spk")]
+
+
+@pytest.mark.parametrize("epk", LOW_ORDER[:2], ids=lambda e: e.hex()[:8])
+def test_poisoned_resync_snapshot_beside_good_packets(abc, tmp_path, epk):
+    """A hard-resync snapshot (sealed) with a bad ephemeral key: rejected as a packet, the
+    update packets beside it apply."""
+    fam = abc
+    b = fam.path("b")
+    r = run("resync", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+            json_mode=True)
+    assert r.code == 0, r
+    [snap] = [Path(p["path"]) for p in r.json["packets"]]
+    [good_a] = fam.export("a", "b")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "0-snap.spk").write_bytes(
+        resealed_epk(snap.read_bytes(), epk, keys.load_signing_key(fam.path("c")).sign))
+    shutil.copy(good_a, inbox / "1-good-a.spk")
+    r = run("import", inbox, site=b)
+    refused(r, "0-snap.spk")
+    assert run("get", "parts", "p1", site=b).out.strip() == '{"qty": 1}'
+    assert run("fsck", site=b).code == 0
+
+
+def test_bad_roster_entry_in_a_snapshot_is_refused_by_the_new_site(family, tmp_path):
+    """An old store holding a roster entry that cannot be a path seeds a new site: the new
+    site refuses the snapshot, names the entry, and stays unjoined."""
+    a = family.init("a")
+    family.put("a", "parts", "p1", 1)
+    _force_roster_entry(a, "../evil")
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "usb"
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+        site=a)
+    assert r.code == 0, r
+    r = run("mkreplica", "import", out, site=n)
+    refused(r, "invalid site name", "../evil")
+    r = run("get", "parts", "p1", site=n)
+    assert r.code == 1 and "not joined" in r.err, r
+
+
+def test_human_listings_escape_names_and_keys(abc):
+    """Names from an old store's roster and keys written by any member are data: listings
+    print them escaped, one line per entry."""
+    fam = abc
+    a = fam.path("a")
+    _force_roster_entry(a, "n\nerror: forged\x1b[2J")
+    assert run("put", "parts", "k\nerror: forged\r", "1", site=a).code == 0
+    for cmd in (["status"], ["lsepoch"], ["ls"], ["ls", "parts"], ["collection", "ls"]):
+        r = run(*cmd, site=a)
+        assert r.code == 0, r
+        for ln in (r.out + r.err).splitlines():
+            assert ln.isprintable() or "\t" in ln, repr(ln)
+            assert not ln.startswith("error:"), (cmd, r)
+    ls = run("ls", "parts", site=a).out.splitlines()
+    assert "parts\tk\\nerror: forged\\r\t1" in ls, ls
+    assert run("ls", "parts", site=a, json_mode=True).json["records"][0]["key"] in (
+        "k\nerror: forged\r", "p1")
+
+
+def test_mkreplica_export_onto_a_medium_that_fills_midway(family, tmp_path, monkeypatch):
+    """The medium fills while the second part of the snapshot is written: every part goes,
+    the member is not added, and a retry on a roomier medium succeeds."""
+    from syncpack import packets
+    a = family.init("a")
+    with family.open("a") as s, s.transaction() as tx:
+        for i in range(2000):
+            tx.put("parts", f"p{i:04d}", {"pad": os.urandom(40).hex()})
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "usb"
+    real_write = packets._GuardedFile.write
+    written = {"n": 0}
+
+    def write(self, b):
+        written["n"] += len(b)
+        if written["n"] > 40_000:
+            self._f.close()
+            self._tmp.unlink(missing_ok=True)
+            raise packets._os_error(OSError(28, "No space left on device"), self._dir)
+        return real_write(self, b)
+
+    before = observe(a)
+    monkeypatch.setattr(packets._GuardedFile, "write", write)
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+            "--max-size", "16K", site=a)
+    monkeypatch.setattr(packets._GuardedFile, "write", real_write)
+    refused(r, "is full")
+    assert observe(a) == before
+    assert not [p for p in out.rglob("*") if p.is_file()], list(out.rglob("*"))
+    r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+            "--max-size", "16K", site=a, json_mode=True)
+    assert r.code == 0 and len(r.json["packets"]) > 2, r
+    assert run("mkreplica", "import", out, site=n).code == 0
+    assert run("digest", site=n).out == run("digest", site=a).out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_mkreplica_export_into_a_read_only_directory(family, tmp_path):
+    a = family.init("a")
+    n = tmp_path / "n"
+    pub = run("keygen", n, "--site", "n", json_mode=True).json["public_key"]
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        before = observe(a)
+        refused(run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out,
+                    site=a), "cannot write packets into")
+        assert observe(a) == before
+    finally:
+        out.chmod(0o700)
+    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
+               site=a).code == 0
+
+
+def test_poisoned_packet_parked_behind_a_gap_is_rejected_when_the_gap_fills(abc, tmp_path):
+    """The malformed key is only found when the body is opened: a poisoned packet that first
+    waits for a gap is parked, then rejected alone (and dropped from the parking) once the
+    gap fills; the packet that filled it applies."""
+    fam = abc
+    b = fam.path("b")
+    fam.put("c", "parts", "c1", 1)
+    r1 = run("export", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+             json_mode=True)
+    fam.put("c", "parts", "c2", 2)
+    r2 = run("export", "--to", "b", "--out", fam.medium(), "--encrypt", site=fam.path("c"),
+             json_mode=True)
+    [first] = [Path(p["path"]) for p in r1.json["packets"]]
+    [second] = [Path(p["path"]) for p in r2.json["packets"]]
+    poisoned = tmp_path / "second.spk"
+    poisoned.write_bytes(resealed_epk(second.read_bytes(), bytes(32),
+                                      keys.load_signing_key(fam.path("c")).sign))
+    r = run("import", poisoned, site=b, json_mode=True)
+    assert r.code == 0 and len(r.json["parked"]) == 1, r
+    r = run("import", first, site=b)
+    line = refused(r, "second.spk")
+    assert "1 packet(s) applied" in r.err, r
+    assert "internal error" not in line
+    assert run("get", "parts", "c1", site=b).out.strip() == "1"
+    assert run("get", "parts", "c2", site=b).code == 1
+    st_ = run("status", site=b, json_mode=True).json
+    assert st_["parked"] == [], st_
+    assert run("fsck", site=b).code == 0
+    assert run("import", second, site=b).code == 0           # the genuine one still applies
+    assert run("get", "parts", "c2", site=b).out.strip() == "2"
+
+
+def test_batch_export_to_all_with_a_bad_roster_entry_writes_the_good_peers(abc, tmp_path):
+    """The scheduled round too: one bad roster entry does not hold back the other peers'
+    packets; the round fails (exit 1) naming the entry, the packets are on the medium."""
+    fam = abc
+    a = fam.path("a")
+    _force_roster_entry(a, "../evil")
+    out = tmp_path / "outbox" / "usb"
+    out.mkdir(parents=True)
+    cfg = tmp_path / "a.toml"
+    cfg.write_text(f'site = "{a}"\n\n[[export]]\nout = "{out}"\nto = "all"\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    errs = error_lines(r)
+    assert len(errs) == 1 and "invalid site name" in errs[0] and "../evil" in errs[0], r
+    clean_lines(r.err)
+    assert sorted(p.relative_to(out).parts[:2] for p in out.rglob("*.spk")) == \
+        [("b", "a"), ("c", "a")]
+    assert {p for p in (tmp_path / "outbox").rglob("*")} <= {out, *out.rglob("*")}
+    doc = run("batch", cfg, json_mode=True).json
+    assert doc["exit_code"] == 1 and len(doc["errors"]) == 1, doc
+    assert run("import", out / "b", site=fam.path("b")).code == 0
+    assert run("get", "parts", "p1", site=fam.path("b")).out.strip() == '{"qty": 1}'
+
+
+def test_batch_removes_an_applied_packet_whose_name_holds_a_newline(ab_packets, tmp_path):
+    """remove_after_import matches the import's escaped names back to the inbox's files: the
+    applied packet goes whatever its name, the damaged one beside it stays."""
+    fam, [good] = ab_packets
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    shutil.copy(good, inbox / f"good{FORGED}.spk")
+    (inbox / f"bad{FORGED}.spk").write_bytes(codec.MAGIC + b"\0" * 200)
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(f'site = "{fam.path("b")}"\n\n[[import]]\npath = "{inbox}"\n'
+                   f'remove_after_import = true\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    clean_lines(r.err)
+    assert len(error_lines(r)) == 1 and "bad" in error_lines(r)[0], r
+    for ln in r.out.splitlines():
+        assert ln.isprintable(), repr(ln)
+    assert [p.name for p in inbox.iterdir()] == [f"bad{FORGED}.spk"]
+    assert run("get", "parts", "p2", site=fam.path("b")).out.strip() == '{"qty": 2}'
