@@ -311,7 +311,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             verify(site, c.pk, now_ms=now_ms, skew_ms=skew_ms)
 
         for path, named in find_packet_files(paths):
-            shown = printable(path)
+            shown = str(path)       # the real name; human output escapes it when printed
             if not os.path.lexists(path):
                 res.rejected.append({"path": shown, "error": "no such file"})
                 continue
