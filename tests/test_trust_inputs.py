@@ -335,6 +335,9 @@ def test_newline_in_a_packet_file_name_cannot_forge_lines(ab_packets, tmp_path):
     r = run("import", named_bad, named_good, site=b, json_mode=True)
     assert r.code == 1, r
     assert len(r.json["rejected"]) == 1 and len(r.json["duplicates"]) == 1, r
+    # JSON carries the real names (JSON escapes them itself), so a script can act on them
+    assert r.json["rejected"][0]["path"] == str(named_bad), r
+    assert r.json["duplicates"] == [str(named_good)], r
 
 
 def test_control_characters_in_any_error_are_escaped(ab_packets, tmp_path):
