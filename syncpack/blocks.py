@@ -183,15 +183,16 @@ def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
     if not isinstance(raw, (bytes, memoryview)):
         raise TypeError("a block is bytes")
     n = len(raw)
+    # Name the origin the bytes claim in every error once they hold one, so an operator
+    # learns whose block was damaged even when the damage is in the first bytes.
+    claimed = bytes(raw[6:14]) if n >= 14 else None
+    if n >= 4 and bytes(raw[:4]) != MAGIC:
+        raise BlockError("not a syncpack block (bad magic)", claimed)
     if n < HEADER_LEN:
-        if n >= 4 and bytes(raw[:4]) != MAGIC:
-            raise BlockError("not a syncpack block (bad magic)")
-        raise BlockError(f"{n} bytes, too short for a block header ({HEADER_LEN})")
+        raise BlockError(f"{n} bytes, too short for a block header ({HEADER_LEN})", claimed)
     header = bytes(raw[:SIGNED_LEN])
     (magic, version, flags, origin, lo, hi, txns, hlc_first, hlc_last, prev_hash, body_hash_,
      raw_len, body_len) = _FIXED.unpack(header)
-    if magic != MAGIC:
-        raise BlockError("not a syncpack block (bad magic)")
     if version != VERSION:
         raise BlockVersionError(f"block format version {version} is not {VERSION}", origin)
     if flags:
