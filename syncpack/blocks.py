@@ -69,7 +69,8 @@ ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
     ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
-_HLC_ORIGIN = struct.Struct(">Q8s")       # the first 16 bytes of every CSN of a transaction
+_HLC_ORIGIN = struct.Struct(">Q8s")
+_tuple_new = tuple.__new__       # the first 16 bytes of every CSN of a transaction
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -438,8 +439,11 @@ class BlockColumns(NamedTuple):
         """The same ops as :class:`syncpack.codec.Op`, in epoch (= CSN) order."""
         hlcs = chain.from_iterable(map(repeat, self.txn_hlcs, self.txn_lens))
         seqs = chain.from_iterable(map(range, self.txn_lens))
-        return map(Op, repeat(self.origin), range(self.lo + 1, self.hi + 1), hlcs, seqs,
-                   self.collections, self.keys, self.values, self.replaced)
+        # tuple.__new__ over zipped columns builds each Op in C; Op(...) would run the
+        # namedtuple's Python-level __new__ once per op (2.3x slower at 1M ops)
+        return map(_tuple_new, repeat(Op), zip(
+            repeat(self.origin), range(self.lo + 1, self.hi + 1), hlcs, seqs,
+            self.collections, self.keys, self.values, self.replaced))
 
 
 def _only(col, types: tuple) -> bool:
