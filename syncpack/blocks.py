@@ -24,7 +24,7 @@ import hashlib
 import struct
 from dataclasses import dataclass, field
 from contextlib import contextmanager
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from typing import Callable, Iterator, NamedTuple
 
 import msgpack
@@ -70,6 +70,7 @@ ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 _HLC_ORIGIN = struct.Struct(">Q8s")
+_CSN_PACK = struct.Struct(">Q8sI").pack
 _tuple_new = tuple.__new__       # the first 16 bytes of every CSN of a transaction
 
 
@@ -205,7 +206,8 @@ def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
     if not 1 <= txns <= hi - lo:
         raise BlockError(f"{txns} transactions for {hi - lo} ops", origin, lo, hi)
     # hlcs of one origin strictly ascend from transaction to transaction
-    if not (hlc_first <= hlc_last < HLC_LIMIT and hlc_last - hlc_first >= txns - 1):
+    if not (hlc_first <= hlc_last < HLC_LIMIT and hlc_last - hlc_first >= txns - 1
+            and (txns > 1 or hlc_first == hlc_last)):
         raise BlockError("bad clock range", origin, lo, hi)
     if lo == 0 and prev_hash != ZERO_HASH:
         raise BlockError("the first block of an origin has no predecessor", origin, lo, hi)
@@ -420,13 +422,23 @@ class BlockColumns(NamedTuple):
     replaced: list[bytes]     # per op, b"" for most
 
     def csns(self) -> list[bytes]:
-        """The 20-byte CSN of every op: per transaction one 16-byte prefix plus cached seqs."""
+        """The 20-byte CSN of every op.  Three shapes, measured (tools/bench_blocks.py, ns per
+        op): one-op transactions take a 16-byte prefix plus 4 zero bytes (184 against 764 for
+        the per-transaction loop); short ones a struct pack per op (413); long ones one prefix
+        per transaction plus cached seq suffixes (108, against 122 packing per op)."""
+        origin, hlcs, lens = self.origin, self.txn_hlcs, self.txn_lens
+        n = self.hi - self.lo
+        if len(lens) == n:
+            return list(map(bytes.__add__, map(_HLC_ORIGIN.pack, hlcs, repeat(origin)),
+                            repeat(b"\0\0\0\0")))
+        if n < 8 * len(lens):
+            return list(map(_CSN_PACK, chain.from_iterable(map(repeat, hlcs, lens)),
+                            repeat(origin), chain.from_iterable(map(range, lens))))
         out: list[bytes] = []
         ext = out.extend
         pack = _HLC_ORIGIN.pack
-        origin = self.origin
-        for h, n in zip(self.txn_hlcs, self.txn_lens):
-            ext(map(pack(h, origin).__add__, _seq_suffixes(n)))
+        for h, k in zip(hlcs, lens):
+            ext(map(pack(h, origin).__add__, _seq_suffixes(k)))
         return out
 
     def rows(self) -> list[tuple]:
@@ -540,9 +552,7 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
             and all(r and _csn_ok(r) for r in rep)):
         raise bad("bad replaced-versions column")
 
-    hlcs = [info.hlc_first]
-    for dlt in hlc_deltas:
-        hlcs.append(hlcs[-1] + dlt)
+    hlcs = list(accumulate(hlc_deltas, initial=info.hlc_first))
     collections = list(chain.from_iterable(map(repeat, map(names.__getitem__, run_coll),
                                                run_len)))
     replaced = [b""] * n

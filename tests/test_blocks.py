@@ -528,7 +528,8 @@ def test_header_limits():
         blocks.read_block_header(reseal(good, lo=0, hi=blocks.MAX_BLOCK_OPS + 1))
     for kw, words in ((dict(lo=3, hi=3), "epoch range"), (dict(hi=1 << 63), "epoch range"),
                       (dict(txns=0), "transactions"), (dict(txns=2), "transactions"),
-                      (dict(hlc=(6, 5)), "clock range"), (dict(hlc=(0, 1 << 63)), "clock")):
+                      (dict(hlc=(6, 5)), "clock range"), (dict(hlc=(0, 1 << 63)), "clock"),
+                      (dict(hlc=(5, 6)), "clock range")):    # one transaction, two clocks
         with pytest.raises(BlockError, match=words):
             blocks.read_block_header(reseal(good, **kw))
 

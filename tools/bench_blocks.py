@@ -7,7 +7,9 @@ Workloads (as in the issue):
 * ``bulk``: ``--ops`` puts (default 1,000,000) in transactions of 10,000; values are msgpack
   strings of 100 characters (50 random hex + 50 repeated), keys ``key000000000``..., one
   collection;
-* ``small``: ``--small-ops`` puts (default 100,000), one op per transaction, same values.
+* ``small``: ``--small-ops`` puts (default 100,000), one op per transaction, same values;
+* ``records``: ``--records-ops`` (default 20,000) JSON-like order records in transactions of
+  100, to check the zstd setting on text-like values.
 
 Figures, each a median of ``--runs`` runs (default 5):
 
@@ -80,6 +82,29 @@ def workload(n: int, txn_ops: int, us_per_op: float = 5.0) -> list[Op]:
 
 
 CPU: dict[str, float] = {}
+
+
+WORDS = ("alpha beta gamma delta order customer shipped pending invoice total amount street "
+         "city berlin paris london note urgent").split()
+
+
+def records_workload(n: int, txn_ops: int = 100) -> list[Op]:
+    """Text-like values (JSON-ish order records), to check that the zstd setting chosen on the
+    issue's half-random values does not hurt ordinary data."""
+    rnd = random.Random(SEED)
+    ops, hlc = [], 0
+    for i in range(n):
+        seq = i % txn_ops
+        if seq == 0:
+            hlc = next_hlc(hlc, T0_MS + i // 10)
+        value = codec.encode_value({
+            "id": i, "name": f"user{rnd.randrange(10**6)}",
+            "email": f"u{rnd.randrange(10**6)}@example.com",
+            "status": rnd.choice(["open", "closed", "pending"]),
+            "amount": round(rnd.random() * 1000, 2),
+            "note": " ".join(rnd.choice(WORDS) for _ in range(rnd.randrange(3, 12)))})
+        ops.append(Op(ORIGIN, i + 1, hlc, seq, "orders", f"order/{i:08d}", value, b""))
+    return ops
 
 
 def median_time(fn, runs: int, label: str = "") -> tuple[float, object]:
@@ -329,6 +354,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=1_000_000)
     ap.add_argument("--small-ops", type=int, default=100_000)
+    ap.add_argument("--records-ops", type=int, default=20_000,
+                    help="text-like records in transactions of 100 (0: skip)")
     ap.add_argument("--txn-ops", type=int, default=10_000)
     ap.add_argument("--block-ops", type=int, default=10_000,
                     help="seal a block at the first transaction end after this many ops")
@@ -340,9 +367,11 @@ def main(argv=None) -> int:
            "runs": a.runs, "block_ops": a.block_ops}
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        for name, n, txn in (("bulk", a.ops, a.txn_ops), ("small", a.small_ops, 1)):
+        for name, n, make in (("bulk", a.ops, lambda n: workload(n, a.txn_ops)),
+                              ("small", a.small_ops, lambda n: workload(n, 1)),
+                              ("records", a.records_ops, records_workload)):
             if n:
-                out[name] = run(name, workload(n, txn), a.block_ops, a.runs, tmp)
+                out[name] = run(name, make(n), a.block_ops, a.runs, tmp)
                 if not a.json:
                     report(name, out[name])
     if a.json:
