@@ -1,0 +1,566 @@
+"""Change blocks (format v2 draft): a run of whole transactions of one origin, encoded once by
+that origin, signed by it and hash-chained to its previous block.
+
+A block is self-describing and self-delimiting: a fixed 186-byte header (everything a relay or
+a planner needs, readable without touching the body), then one zstd frame holding the ops as
+columns.  Relays pass blocks on byte for byte; any reader verifies a block against its origin's
+Ed25519 key, whoever handed it over.  The byte layout is specified in ``formats/BLOCKS.md``;
+``formats/vectors/v2-block-*`` are its golden vectors (``tools/make_block_vectors.py``).
+
+Everything here is pure apart from the signature check; ``sign`` is a callable the caller
+provides (``Ed25519PrivateKey.sign``), so no key material passes through this module.
+
+Reading is for untrusted input: every size is bounded before anything is allocated, the
+decompressor's output is bounded by the signed ``raw_len``, and every failure is a
+:class:`syncpack.errors.PacketError` subclass whose message names the origin when the header
+could be read.  Not yet used by packets or the store (step 2 of the Blocks issue).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from contextlib import contextmanager
+from itertools import accumulate, chain, repeat
+from typing import Callable, Iterator, NamedTuple
+
+import msgpack
+import zstandard
+
+from .codec import MAX_VALUE_BYTES, ZSTD_MAX_WINDOW, Op
+from .csn import CSN_LEN, SITE_ID_LEN
+from .errors import (EpochCollisionError, PacketBodyError, PacketLimitError,
+                     PacketSignatureError, PacketVersionError)
+
+# --- constants (formats/BLOCKS.md section 3) ---------------------------------------------------
+
+MAGIC = b"SPKB"
+VERSION = 2
+FAMILY_LEN = 16
+HASH_LEN = 32
+SIG_LEN = 64
+ZERO_HASH = bytes(HASH_LEN)
+SIGNING_CONTEXT = b"syncpack block signature v2\x00"
+
+# magic, version, flags, origin, lo, hi, txns, hlc_first, hlc_last, prev_hash, body_hash,
+# raw_len, body_len -- then the signature.  Fixed width so a relay reads it with one unpack.
+_FIXED = struct.Struct(">4sBB8sQQIQQ32s32sII")
+SIGNED_LEN = _FIXED.size                  # 122: the header bytes the signature covers
+HEADER_LEN = SIGNED_LEN + SIG_LEN         # 186: the body starts here
+
+MAX_BLOCK_OPS = 1 << 20                   # ops (= epochs) in one block
+MAX_BLOCK_RAW = 256 * 1024 * 1024         # decompressed body; bounds the one allocation
+MAX_BLOCK_BODY = MAX_BLOCK_RAW + (MAX_BLOCK_RAW >> 7) + 1024   # zstd's worst-case expansion
+MAX_STR_BYTES = 1024 * 1024               # a key or collection name (as codec's v1 reader)
+HLC_LIMIT = 1 << 63                       # clocks and epochs are SQLite INTEGERs (signed 64)
+SEQ_LIMIT = 1 << 32                       # seq is the u32 at the end of a CSN
+N_COLUMNS = 9
+
+# Writers' zstd setting (readers accept any frame within the limits): level 3 with a minimum
+# match of 7 bytes instead of level 3's 5.  Measured by tools/bench_blocks.py: on the issue's
+# bulk workload 27.7 bytes/op against 29.1 at plain level 3 (26.9 at level 1), on the small one
+# 28.3 against 32.9 (27.7), on JSON-like records 32.6 against 32.8 (34.4 at level 1): 5-byte
+# matches inside random text cost more than the literals they replace.
+ZSTD_LEVEL = 3
+ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
+    ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0)
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+_HLC_ORIGIN = struct.Struct(">Q8s")
+_CSN_PACK = struct.Struct(">Q8sI").pack
+_tuple_new = tuple.__new__       # the first 16 bytes of every CSN of a transaction
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+def _who(origin: bytes | None, lo: int | None = None, hi: int | None = None) -> str:
+    if origin is None:
+        return "block"
+    if lo is None:
+        return f"block of origin {origin.hex()}"
+    return f"block of origin {origin.hex()} (epochs {lo + 1}..{hi})"
+
+
+class BlockError(PacketBodyError):
+    """A block is malformed, damaged or does not match its own header."""
+
+    default_hint = "the block is damaged or forged; get a fresh copy from its origin or a peer"
+
+    def __init__(self, message: str, origin: bytes | None = None, lo: int | None = None,
+                 hi: int | None = None):
+        super().__init__(f"{_who(origin, lo, hi)}: {message}")
+        self.origin = origin
+
+
+class BlockLimitError(BlockError, PacketLimitError):
+    """The block asks for more than an untrusted input may (ops, bytes, window)."""
+
+
+class BlockVersionError(BlockError, PacketVersionError):
+    default_hint = "upgrade syncpack at this site to read blocks made by a newer version"
+
+
+class BlockSignatureError(PacketSignatureError):
+    """The origin's key does not verify the block: altered, spliced or not made by it."""
+
+    default_hint = ("a relay or carrier altered the block, or it was not made by its origin; "
+                    "get a fresh copy")
+
+    def __init__(self, message: str, origin: bytes | None = None, lo: int | None = None,
+                 hi: int | None = None):
+        super().__init__(f"{_who(origin, lo, hi)}: {message}")
+        self.origin = origin
+
+
+class BlockChainError(BlockError, EpochCollisionError):
+    """A correctly signed block does not continue the chain we hold: its origin forked its
+    history (restored from a backup and wrote again) or reused an epoch."""
+
+    default_hint = ("the origin reused epochs (restored from a backup without 'syncpack "
+                    "restore'?); nothing was applied")
+
+
+class BlockEncodeError(ValueError):
+    """encode_block was given ops that cannot form one block (a caller's bug, not input)."""
+
+
+# --- header ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """The header of one block, read without decompressing its body."""
+    origin: bytes
+    lo: int                   # the block holds epochs lo+1 ..= hi
+    hi: int
+    txns: int
+    hlc_first: int
+    hlc_last: int
+    prev_hash: bytes
+    body_hash: bytes
+    raw_len: int
+    body_len: int
+    signature: bytes
+    block_hash: bytes | None = field(repr=False)   # None unless the family was given
+    header: bytes = field(repr=False)       # the 122 signed header bytes
+    raw: bytes | memoryview = field(repr=False, compare=False)   # the whole block
+    body_checked: bool = field(default=False, repr=False, compare=False)  # by verify_block
+
+    @property
+    def count(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def size(self) -> int:
+        return HEADER_LEN + self.body_len
+
+    @property
+    def body(self) -> bytes | memoryview:
+        return self.raw[HEADER_LEN:HEADER_LEN + self.body_len]
+
+
+def signed_bytes(family: bytes, header: bytes) -> bytes:
+    """What the origin signs: a context string, the family, and the 122 header bytes (which
+    hold origin, lo, hi, the clock range, prev_hash and the hash of the body as stored)."""
+    return SIGNING_CONTEXT + family + header
+
+
+def block_hash(family: bytes, header: bytes) -> bytes:
+    """The chain link: BLAKE2b-256 of the signed message.  It commits to the body through
+    body_hash and to the whole past through prev_hash, and not to the signature bytes (a
+    different valid signature over the same block is the same block)."""
+    return hashlib.blake2b(signed_bytes(family, header), digest_size=HASH_LEN).digest()
+
+
+def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
+                      exact: bool = True) -> BlockInfo:
+    """Parse and sanity-check the fixed header; the body is neither hashed nor decoded.
+
+    ``exact``: ``raw`` must be exactly one block (else it may continue with further blocks, see
+    :func:`iter_blocks`).  ``family`` fills in ``block_hash`` (None without it)."""
+    if isinstance(raw, bytearray):
+        raw = bytes(raw)
+    if not isinstance(raw, (bytes, memoryview)):
+        raise TypeError("a block is bytes")
+    n = len(raw)
+    # Name the origin the bytes claim in every error once they hold one, so an operator
+    # learns whose block was damaged even when the damage is in the first bytes.
+    claimed = bytes(raw[6:14]) if n >= 14 else None
+    if n >= 4 and bytes(raw[:4]) != MAGIC:
+        raise BlockError("not a syncpack block (bad magic)", claimed)
+    if n < HEADER_LEN:
+        raise BlockError(f"{n} bytes, too short for a block header ({HEADER_LEN})", claimed)
+    header = bytes(raw[:SIGNED_LEN])
+    (magic, version, flags, origin, lo, hi, txns, hlc_first, hlc_last, prev_hash, body_hash_,
+     raw_len, body_len) = _FIXED.unpack(header)
+    if version != VERSION:
+        raise BlockVersionError(f"block format version {version} is not {VERSION}", origin)
+    if flags:
+        raise BlockVersionError(f"unknown block flags {flags:#04x}", origin)
+    if not lo < hi < HLC_LIMIT:
+        raise BlockError(f"bad epoch range ({lo}, {hi}]", origin)
+    if hi - lo > MAX_BLOCK_OPS:
+        raise BlockLimitError(f"{hi - lo} ops exceed the limit of {MAX_BLOCK_OPS}", origin, lo, hi)
+    if not 1 <= txns <= hi - lo:
+        raise BlockError(f"{txns} transactions for {hi - lo} ops", origin, lo, hi)
+    # hlcs of one origin strictly ascend from transaction to transaction
+    if not (hlc_first <= hlc_last < HLC_LIMIT and hlc_last - hlc_first >= txns - 1
+            and (txns > 1 or hlc_first == hlc_last)):
+        raise BlockError("bad clock range", origin, lo, hi)
+    if lo == 0 and prev_hash != ZERO_HASH:
+        raise BlockError("the first block of an origin has no predecessor", origin, lo, hi)
+    if raw_len > MAX_BLOCK_RAW:
+        raise BlockLimitError(f"body of {raw_len} bytes decompressed exceeds the limit of "
+                              f"{MAX_BLOCK_RAW}", origin, lo, hi)
+    if body_len > MAX_BLOCK_BODY:
+        raise BlockLimitError(f"body of {body_len} bytes exceeds the limit", origin, lo, hi)
+    end = HEADER_LEN + body_len
+    if n < end:
+        raise BlockError(f"truncated: {n} bytes of {end}", origin, lo, hi)
+    if exact and n != end:
+        raise BlockError(f"{n - end} bytes after the end of the block", origin, lo, hi)
+    raw_ = raw if n == end else raw[:end]
+    return BlockInfo(origin, lo, hi, txns, hlc_first, hlc_last, prev_hash, body_hash_, raw_len,
+                     body_len, bytes(raw[SIGNED_LEN:HEADER_LEN]),
+                     block_hash(family, header) if family is not None else None,
+                     header, raw_)
+
+
+def iter_blocks(data: bytes | memoryview, family: bytes | None = None) -> Iterator[BlockInfo]:
+    """Headers of a concatenation of blocks (as a relay or a packet body holds them)."""
+    mv = memoryview(data)
+    off = 0
+    while off < len(mv):
+        info = read_block_header(mv[off:], family, exact=False)
+        off += info.size
+        yield info
+
+
+# --- verification ------------------------------------------------------------------------------
+
+def verify_block(block: bytes | memoryview | BlockInfo, public_key: bytes, family: bytes,
+                 expected_prev: bytes | None) -> BlockInfo:
+    """Check a block in this order: header, origin's signature, body hash, then the chain.
+
+    ``expected_prev``: the block_hash of the block this reader holds that ends at epoch ``lo``
+    of the origin (``ZERO_HASH`` when lo is 0), or None when it holds none (the chain cannot be
+    checked there).  The chain is checked last, so a :class:`BlockChainError` is the origin's
+    own signed word that its history forked, never a relay's tampering.  Returns the header
+    with ``block_hash`` filled in.  The body is not decoded (see :func:`decode_block`)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if len(family) != FAMILY_LEN:
+        raise ValueError("a family id is 16 bytes")
+    info = block if isinstance(block, BlockInfo) else read_block_header(block)
+    who = (info.origin, info.lo, info.hi)
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(
+            info.signature, signed_bytes(family, info.header))
+    except (InvalidSignature, ValueError):
+        raise BlockSignatureError("signature does not verify with the origin's key",
+                                  *who) from None
+    if hashlib.blake2b(info.body, digest_size=HASH_LEN).digest() != info.body_hash:
+        raise BlockError("body does not match its signed hash", *who)
+    bh = block_hash(family, info.header)
+    if expected_prev is not None and info.prev_hash != expected_prev:
+        raise BlockChainError(
+            f"does not continue the chain held here at epoch {info.lo} (prev "
+            f"{info.prev_hash.hex()[:16]}…, held {expected_prev.hex()[:16]}…): the origin "
+            f"forked its history or reused an epoch", *who)
+    return dataclasses.replace(info, block_hash=bh, body_checked=True)
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+def _csn_ok(replaced: bytes) -> bool:
+    # whole CSNs, each clock below 2**63 (SQLite's signed INTEGER)
+    return not (len(replaced) % CSN_LEN or any(b >= 0x80 for b in replaced[::CSN_LEN]))
+
+
+def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
+                 sign: Callable[[bytes], bytes],
+                 level: int | zstandard.ZstdCompressionParameters | None = None) -> bytes:
+    """One block of ``ops``: all of ``origin``, consecutive epochs from the first, whole
+    transactions in CSN order (each starts at seq 0, its ops share one hlc and count up;
+    transactions' hlcs strictly ascend).  The caller guarantees that the last transaction is
+    complete (the origin's next op, if any, has seq 0): nothing in the ops can show it.
+
+    The body columns (formats/BLOCKS.md section 4) carry no epoch, hlc per op or seq: epochs
+    follow from lo, seqs from transaction lengths, hlcs are one delta per transaction."""
+    if len(family) != FAMILY_LEN or len(origin) != SITE_ID_LEN or len(prev_hash) != HASH_LEN:
+        raise BlockEncodeError("family, origin and prev_hash are 16, 8 and 32 bytes")
+    n = len(ops)
+    if not 1 <= n <= MAX_BLOCK_OPS:
+        raise BlockEncodeError(f"a block holds 1..{MAX_BLOCK_OPS} ops, not {n}")
+    lo = ops[0].epoch - 1
+    hi = lo + n
+    if lo < 0 or hi >= HLC_LIMIT:
+        raise BlockEncodeError(f"epochs must lie in 1..2^63-1, not from {lo + 1}")
+    if lo == 0 and prev_hash != ZERO_HASH:
+        raise BlockEncodeError("the block holding epoch 1 has no predecessor: prev_hash 0")
+    txn_lens: list[int] = []
+    hlcs: list[int] = []
+    names: dict[str, int] = {}
+    run_coll: list[int] = []
+    run_len: list[int] = []
+    rep_at: list[int] = []
+    rep: list[bytes] = []
+    prev_hlc = -1
+    cur = -1
+    for i, op in enumerate(ops):
+        if op.origin != origin:
+            raise BlockEncodeError(f"op {i} is of origin {op.origin.hex()}, the block's is "
+                                   f"{origin.hex()}")
+        if op.epoch != lo + 1 + i:
+            raise BlockEncodeError(f"op {i} has epoch {op.epoch}, expected {lo + 1 + i}: "
+                                   f"epochs must be consecutive")
+        if op.seq == 0:
+            if not prev_hlc < op.hlc < HLC_LIMIT:
+                raise BlockEncodeError(f"op {i} (epoch {op.epoch}) starts a transaction whose "
+                                       f"hlc {op.hlc} does not ascend past {prev_hlc}")
+            txn_lens.append(1)
+            hlcs.append(op.hlc)
+            prev_hlc = op.hlc
+        else:
+            if not txn_lens:
+                raise BlockEncodeError("the first op must start a transaction (seq 0): a "
+                                       "block holds whole transactions")
+            if op.hlc != prev_hlc or op.seq != txn_lens[-1] or op.seq >= SEQ_LIMIT:
+                raise BlockEncodeError(f"op {i} (epoch {op.epoch}) does not continue its "
+                                       f"transaction (hlc {op.hlc}, seq {op.seq})")
+            txn_lens[-1] += 1
+        if type(op.collection) is not str or type(op.key) is not str:
+            raise BlockEncodeError(f"op {i}: collection and key are str")
+        if op.value is not None and (type(op.value) is not bytes
+                                     or len(op.value) > MAX_VALUE_BYTES):
+            raise BlockEncodeError(f"op {i}: value is None or bytes of at most "
+                                   f"{MAX_VALUE_BYTES}")
+        if type(op.replaced) is not bytes or not _csn_ok(op.replaced):
+            raise BlockEncodeError(f"op {i}: replaced must be whole CSNs")
+        c = names.setdefault(op.collection, len(names))
+        if c == cur:
+            run_len[-1] += 1
+        else:
+            run_coll.append(c)
+            run_len.append(1)
+            cur = c
+        if op.replaced:
+            rep_at.append(i)
+            rep.append(op.replaced)
+    hlc_deltas = [b - a for a, b in zip(hlcs, hlcs[1:])]
+    # why not a delta of 0 coded as 1: deltas stay the plain differences, easier to check by hand
+    columns = [txn_lens, hlc_deltas, list(names), run_coll, run_len,
+               [op.key for op in ops], [op.value for op in ops], rep_at, rep]
+    try:
+        raw = msgpack.packb(columns, use_bin_type=True)
+    except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
+        raise BlockEncodeError(f"ops cannot be encoded: {e}") from None
+    if len(raw) > MAX_BLOCK_RAW:
+        raise BlockEncodeError(f"{len(raw)} bytes of ops exceed a block ({MAX_BLOCK_RAW})")
+    # Content size in the frame header: the reader checks it equals raw_len, which bounds the
+    # decompressor's output before it allocates.  No zstd checksum: body_hash covers the body.
+    if level is None:
+        zc = zstandard.ZstdCompressor(compression_params=ZSTD_PARAMS)
+    elif isinstance(level, zstandard.ZstdCompressionParameters):     # tools/bench_blocks.py
+        zc = zstandard.ZstdCompressor(compression_params=level)
+    else:
+        zc = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+    body = zc.compress(raw)
+    header = _FIXED.pack(MAGIC, VERSION, 0, origin, lo, hi, len(txn_lens), hlcs[0], hlcs[-1],
+                         prev_hash, hashlib.blake2b(body, digest_size=HASH_LEN).digest(),
+                         len(raw), len(body))
+    sig = sign(signed_bytes(family, header))
+    if len(sig) != SIG_LEN:
+        raise BlockEncodeError("sign must return a 64-byte Ed25519 signature")
+    return header + sig + body
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+@contextmanager
+def _gc_paused():
+    """Decoding a block allocates ~3 objects per op, none of them cyclic; each allocation burst
+    would trigger the cyclic collector, which then walks every live object of the process.
+    Pausing it (as msgpack's docs advise for large unpacks) cut decoding 1M ops by ~30% in
+    tools/bench_blocks.py.  The previous state is restored, whatever happens."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+_SEQ4: list[bytes] = [i.to_bytes(4, "big") for i in range(1024)]
+_SEQ4_CACHE_MAX = 1 << 16
+
+
+def _seq_suffixes(n: int) -> list[bytes]:
+    """The 4-byte seq ends of CSNs 0..n-1, from a small cache (a transaction is mostly short)."""
+    if n > len(_SEQ4):
+        if n <= _SEQ4_CACHE_MAX:
+            _SEQ4.extend(i.to_bytes(4, "big") for i in range(len(_SEQ4), n))
+        else:
+            return [i.to_bytes(4, "big") for i in range(n)]
+    return _SEQ4[:n] if n < len(_SEQ4) else _SEQ4
+
+
+class BlockColumns(NamedTuple):
+    """The ops of one block as columns, checked; row i is the op of epoch lo+1+i."""
+    origin: bytes
+    lo: int
+    hi: int
+    txn_lens: list[int]       # ops per transaction, in order
+    txn_hlcs: list[int]       # the hlc of each transaction
+    collections: list[str]    # per op
+    keys: list[str]
+    values: list[bytes | None]
+    replaced: list[bytes]     # per op, b"" for most
+
+    def csns(self) -> list[bytes]:
+        """The 20-byte CSN of every op.  Three shapes, measured (tools/bench_blocks.py, ns per
+        op): one-op transactions take a 16-byte prefix plus 4 zero bytes (184 against 764 for
+        the per-transaction loop); short ones a struct pack per op (413); long ones one prefix
+        per transaction plus cached seq suffixes (108, against 122 packing per op)."""
+        origin, hlcs, lens = self.origin, self.txn_hlcs, self.txn_lens
+        n = self.hi - self.lo
+        if len(lens) == n:
+            return list(map(bytes.__add__, map(_HLC_ORIGIN.pack, hlcs, repeat(origin)),
+                            repeat(b"\0\0\0\0")))
+        if n < 8 * len(lens):
+            return list(map(_CSN_PACK, chain.from_iterable(map(repeat, hlcs, lens)),
+                            repeat(origin), chain.from_iterable(map(range, lens))))
+        out: list[bytes] = []
+        ext = out.extend
+        pack = _HLC_ORIGIN.pack
+        for h, k in zip(hlcs, lens):
+            ext(map(pack(h, origin).__add__, _seq_suffixes(k)))
+        return out
+
+    def rows(self) -> list[tuple]:
+        """``(collection, key, csn, value)`` per op, ready for ``executemany`` (which may
+        also take the ``zip`` lazily; the list is what the bench measures)."""
+        with _gc_paused():
+            return list(zip(self.collections, self.keys, self.csns(), self.values))
+
+    def ops(self) -> Iterator[Op]:
+        """The same ops as :class:`syncpack.codec.Op`, in epoch (= CSN) order."""
+        hlcs = chain.from_iterable(map(repeat, self.txn_hlcs, self.txn_lens))
+        seqs = chain.from_iterable(map(range, self.txn_lens))
+        # tuple.__new__ over zipped columns builds each Op in C; Op(...) would run the
+        # namedtuple's Python-level __new__ once per op (2.3x slower at 1M ops)
+        return map(_tuple_new, repeat(Op), zip(
+            repeat(self.origin), range(self.lo + 1, self.hi + 1), hlcs, seqs,
+            self.collections, self.keys, self.values, self.replaced))
+
+
+def _only(col, types: tuple) -> bool:
+    return type(col) is list and set(map(type, col)) <= set(types)
+
+
+def decode_block(block: bytes | memoryview | BlockInfo) -> BlockColumns:
+    with _gc_paused():
+        return _decode(block)
+
+
+def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
+    """Decompress and decode a block's body with limits, checking every column against the
+    (signed) header.  Checks the body hash (unless ``block`` is the BlockInfo verify_block
+    returned), not the signature: call :func:`verify_block` first for anything that came
+    from another site."""
+    info = block if isinstance(block, BlockInfo) else read_block_header(block)
+    origin, lo, hi, n = info.origin, info.lo, info.hi, info.count
+
+    def bad(msg: str) -> BlockError:
+        return BlockError(msg, origin, lo, hi)
+
+    body = bytes(info.body)
+    if not info.body_checked and \
+            hashlib.blake2b(body, digest_size=HASH_LEN).digest() != info.body_hash:
+        raise bad("body does not match its signed hash")
+    # The zstd frame header must declare exactly raw_len (bounded above) before any output is
+    # produced: a frame without a content size could expand without bound.
+    if body[:4] != _ZSTD_MAGIC:
+        raise bad("body is not a zstd frame")
+    try:
+        params = zstandard.get_frame_parameters(body)
+        if params.content_size != info.raw_len:
+            raise bad(f"compressed frame declares {params.content_size} bytes, the header "
+                      f"{info.raw_len}")
+        if params.window_size > ZSTD_MAX_WINDOW:
+            raise BlockLimitError(f"zstd window of {params.window_size} bytes exceeds the limit",
+                                  origin, lo, hi)
+        d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
+        raw = d.decompress(body)
+    except zstandard.ZstdError as e:
+        raise bad(f"body does not decompress: {e}") from None
+    if not d.eof:
+        raise bad("body ends inside its compressed frame")
+    if d.unused_data:
+        raise bad("bytes after the end of the compressed body")
+    if len(raw) != info.raw_len:
+        raise bad(f"body decompresses to {len(raw)} bytes, the header says {info.raw_len}")
+
+    # One C-level unpack of the whole body.  Amplification is bounded: no array is longer
+    # than the op count, maps and ext are refused, and the hook refuses a tenth array (the
+    # body is exactly one array of nine flat columns), so nested arrays cannot multiply.
+    lists = [N_COLUMNS + 1]
+
+    def hook(obj):
+        lists[0] -= 1
+        if lists[0] < 0:
+            raise ValueError("nested array in a column")
+        return obj
+    try:
+        cols = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False,
+                               max_str_len=MAX_STR_BYTES, max_bin_len=MAX_VALUE_BYTES,
+                               max_array_len=max(n, N_COLUMNS), max_map_len=0, max_ext_len=0,
+                               list_hook=hook)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
+            ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise bad(f"malformed columns: {e}") from None
+    if type(cols) is not list or len(cols) != N_COLUMNS:
+        raise bad(f"body is not an array of {N_COLUMNS} columns")
+    txn_lens, hlc_deltas, names, run_coll, run_len, keys, values, rep_at, rep = cols
+
+    T = info.txns
+    if not (_only(txn_lens, (int,)) and len(txn_lens) == T and min(txn_lens) >= 1
+            and max(txn_lens) < SEQ_LIMIT and sum(txn_lens) == n):
+        raise bad(f"transaction lengths do not add up to {n} ops in {T} transactions")
+    if not (_only(hlc_deltas, (int,)) and len(hlc_deltas) == T - 1
+            and (T == 1 or min(hlc_deltas) >= 1)
+            and info.hlc_first + sum(hlc_deltas) == info.hlc_last):
+        raise bad("transaction clocks do not ascend from hlc_first to hlc_last")
+    if not (_only(names, (str,)) and 1 <= len(names) <= n and len(set(names)) == len(names)):
+        raise bad("bad collection dictionary")
+    if not (_only(run_coll, (int,)) and _only(run_len, (int,)) and run_coll
+            and len(run_coll) == len(run_len) and min(run_coll) >= 0
+            and max(run_coll) < len(names) and min(run_len) >= 1 and sum(run_len) == n
+            and all(a != b for a, b in zip(run_coll, run_coll[1:]))):
+        raise bad("collection runs do not cover the ops")
+    if not (_only(keys, (str,)) and len(keys) == n):
+        raise bad(f"key column does not hold {n} keys")
+    if not (_only(values, (bytes, type(None))) and len(values) == n):
+        raise bad(f"value column does not hold {n} values")
+    if not (_only(rep_at, (int,)) and _only(rep, (bytes,)) and len(rep_at) == len(rep)
+            and all(0 <= a < b for a, b in zip(rep_at, rep_at[1:]))
+            and (not rep_at or 0 <= rep_at[0] and rep_at[-1] < n)
+            and all(r and _csn_ok(r) for r in rep)):
+        raise bad("bad replaced-versions column")
+
+    hlcs = list(accumulate(hlc_deltas, initial=info.hlc_first))
+    collections = list(chain.from_iterable(map(repeat, map(names.__getitem__, run_coll),
+                                               run_len)))
+    replaced = [b""] * n
+    for a, r in zip(rep_at, rep):
+        replaced[a] = r
+    return BlockColumns(origin, lo, hi, txn_lens, hlcs, collections, keys, values, replaced)
+
+
+def decode_ops(block: bytes | memoryview | BlockInfo) -> Iterator[Op]:
+    """The ops of a block, in epoch order (decoded and checked in full before the first)."""
+    return decode_block(block).ops()

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Regenerate the golden blocks of format v2 (draft) in ``formats/vectors/v2-block-*``.
+
+Deterministic: the keys, site ids, family id and clocks are those of the v1 vectors
+(``tools/make_vectors.py``), the ops are written by hand, Ed25519 (RFC 8032) is deterministic and
+the body is compressed with the writers' zstd setting (``blocks.ZSTD_PARAMS``; the zstd library
+version is recorded as ``zstd_library``).  Each vector is ``NAME.bin`` (one block, exactly as an
+origin writes it) and ``NAME.json`` (what a reader must find in it: layout, every header field,
+the signed message, the block hash, the decompressed columns and the ops).
+``formats/BLOCKS.md`` is the specification; ``tests/test_blocks.py`` reads these files and
+reproduces them byte for byte by calling :func:`write_vectors`.
+
+Usage::
+
+    python tools/make_block_vectors.py                  # rewrite formats/vectors/v2-block-*
+    python tools/make_block_vectors.py --out DIR        # write elsewhere (e.g. to compare)
+    python tools/make_block_vectors.py --hexdump NAME   # print the dump used in BLOCKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import msgpack  # noqa: E402
+import zstandard  # noqa: E402
+
+from syncpack import blocks  # noqa: E402
+from syncpack.codec import Op  # noqa: E402
+from syncpack.csn import pack_csn  # noqa: E402
+
+
+def _v1_generator():
+    # The identities and clocks of the v1 vectors, so both formats show the same sites.
+    spec = importlib.util.spec_from_file_location("make_vectors", ROOT / "tools" / "make_vectors.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_vectors", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+v1 = _v1_generator()
+A, C = v1.A, v1.C
+FAMILY_ID = v1.FAMILY_ID
+VECTOR_DIR = ROOT / "formats" / "vectors"
+PREFIX = "v2-block-"
+signing_key, public_key, hlc, val = v1.signing_key, v1.public_key, v1.hlc, v1.val
+
+
+# --- the hand-made ops ------------------------------------------------------------------------
+
+T1, T2, T3, T4 = hlc(1_000), hlc(2_000), hlc(2_000, 1), hlc(3_000)
+T5, T6 = hlc(9_000), hlc(9_500)
+
+
+def basic_ops() -> list[Op]:
+    """alpha's first block, epochs 1..6 in three transactions: a two-op transaction in two
+    collections, an overwrite naming the version it replaced and a delete in one transaction
+    one logical tick later, then a unicode key with an empty value."""
+    return [
+        Op(A, 1, T1, 0, "notes", "n1", val({"text": "hello"}), b""),
+        Op(A, 2, T1, 1, "tasks", "t1", val({"done": False}), b""),
+        Op(A, 3, T3, 0, "notes", "n1", val({"text": "hello, world"}), pack_csn(T1, A, 0)),
+        Op(A, 4, T3, 1, "notes", "n2", None, b""),
+        Op(A, 5, T3, 2, "tasks", "t1", val({"done": True}), pack_csn(T1, A, 1)),
+        Op(A, 6, T4, 0, "notes", "ключ-κλειδί-鍵", b"", b""),
+    ]
+
+
+def next_ops() -> list[Op]:
+    """alpha's second block, epochs 7..8 (one transaction), chained to the first."""
+    return [
+        Op(A, 7, T5, 0, "notes", "n3", val("second block"), b""),
+        Op(A, 8, T5, 1, "notes", "n1", None, pack_csn(T3, A, 0)),
+    ]
+
+
+def charlie_ops() -> list[Op]:
+    """charlie's first block: one op, the smallest block there is."""
+    return [Op(C, 1, T6, 0, "notes", "c1", val(1), b"")]
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+def _hex(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, (list, tuple)):
+        return [_hex(v) for v in obj]
+    return obj
+
+
+def _op_json(op: Op) -> dict:
+    return {"epoch": op.epoch, "hlc": op.hlc, "seq": op.seq, "csn": op.csn.hex(),
+            "collection": op.collection, "key": op.key,
+            "value": None if op.value is None else op.value.hex(),
+            "replaced": [op.replaced[i:i + 20].hex() for i in range(0, len(op.replaced), 20)]}
+
+
+def _describe(name: str, raw: bytes, signer: str, description: str, ops: list[Op]) -> dict:
+    info = blocks.verify_block(raw, public_key(signer), FAMILY_ID,
+                               None if raw[14:22] != bytes(8) else blocks.ZERO_HASH)
+    columns = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(bytes(info.body)),
+                              raw=False)
+    return {
+        "file": f"{name}.bin",
+        "description": description,
+        "format": "v2 draft (formats/BLOCKS.md), not yet used by packets",
+        "zstd_library": ".".join(map(str, zstandard.ZSTD_VERSION)),
+        "zstd_params": {"level": blocks.ZSTD_LEVEL, "min_match": blocks.ZSTD_PARAMS.min_match},
+        "signer": signer,
+        "signer_ed25519": public_key(signer).hex(),
+        "family": FAMILY_ID.hex(),
+        "layout": {"size": len(raw), "header_len": blocks.SIGNED_LEN,
+                   "signature_offset": blocks.SIGNED_LEN, "body_offset": blocks.HEADER_LEN,
+                   "body_len": info.body_len},
+        "header": {"magic": blocks.MAGIC.hex(), "version": blocks.VERSION, "flags": 0,
+                   "origin": info.origin.hex(), "lo": info.lo, "hi": info.hi,
+                   "txns": info.txns, "hlc_first": info.hlc_first, "hlc_last": info.hlc_last,
+                   "prev_hash": info.prev_hash.hex(), "body_hash": info.body_hash.hex(),
+                   "raw_len": info.raw_len, "body_len": info.body_len},
+        "signed_message": blocks.signed_bytes(FAMILY_ID, info.header).hex(),
+        "signature": info.signature.hex(),
+        "block_hash": info.block_hash.hex(),
+        "columns": _hex(columns),
+        "ops": [_op_json(op) for op in ops],
+    }
+
+
+def write_vectors(directory: Path) -> list[str]:
+    """Write every vector into ``directory``; returns the names (without extension)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sign_a, sign_c = signing_key("alpha").sign, signing_key("charlie").sign
+    docs: dict[str, dict] = {}
+    out: dict[str, bytes] = {}
+
+    name = PREFIX + "basic"
+    ops = basic_ops()
+    out[name] = blocks.encode_block(FAMILY_ID, A, blocks.ZERO_HASH, ops, sign_a)
+    docs[name] = _describe(name, out[name], "alpha", "alpha's first block: epochs 1..6 in 3 "
+                           "transactions, 2 collections, replaced CSNs, a delete, a unicode key "
+                           "with an empty value; prev_hash zero", ops)
+
+    name = PREFIX + "next"
+    prev = bytes.fromhex(docs[PREFIX + "basic"]["block_hash"])
+    ops = next_ops()
+    out[name] = blocks.encode_block(FAMILY_ID, A, prev, ops, sign_a)
+    docs[name] = _describe(name, out[name], "alpha", "alpha's second block: epochs 7..8, one "
+                           "transaction; prev_hash is the block hash of v2-block-basic", ops)
+
+    name = PREFIX + "charlie"
+    ops = charlie_ops()
+    out[name] = blocks.encode_block(FAMILY_ID, C, blocks.ZERO_HASH, ops, sign_c)
+    docs[name] = _describe(name, out[name], "charlie", "charlie's first block: one op", ops)
+
+    for n in docs:
+        (directory / f"{n}.bin").write_bytes(out[n])
+        (directory / f"{n}.json").write_text(json.dumps(docs[n], indent=1, ensure_ascii=False)
+                                             + "\n")
+    return sorted(docs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=VECTOR_DIR)
+    ap.add_argument("--hexdump", metavar="NAME", help="print the dump of vector NAME")
+    args = ap.parse_args(argv)
+    if args.hexdump:
+        data = (args.out / f"{args.hexdump}.bin").read_bytes()
+        print(v1.hexdump(data, 0, len(data)))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for old in args.out.glob(PREFIX + "*"):
+        old.unlink()
+    for n in write_vectors(args.out):
+        print(f"wrote {n}.bin and {n}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
