@@ -60,10 +60,23 @@ def note_report(site: Site, h, applied: bool) -> None:
     me = site.site_id
     claim = h.vector.get(me, 0)
     held = site.vector().get(me, 0)
-    # Our own signed acknowledgement, relayed back: proof of how much of our history we held.
-    proven = max((v.get(me, 0) for m, _c, v, _s in resolved_acks(h) if m == me), default=0)
+    if h.tip is not None and h.tip[0] > held:
+        held = _unstash_through(site, *h.tip) or held
+    # Our own signed acknowledgement, relayed back: proof of how much of our history we held
+    # (kept: the member that relays it does so once).
+    proven = max([int(site.meta("own_proven", 0)),
+                  *(v.get(me, 0) for m, _c, v, _s in resolved_acks(h) if m == me)])
+    site.set_meta("own_proven", proven)
+    tip_differs = False
+    if h.tip is not None and h.tip[0] <= held:
+        e, csn = h.tip
+        row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                                (me, e)).fetchone()
+        tip_differs = row is not None and pack_csn(row[0], me, row[1]) != csn
     dismissed = _id_map(site, "recover_dismissed")
-    if h.sender in dismissed and claim <= held:
+    if h.sender in dismissed and claim <= held and not tip_differs:
+        # Its word agrees with our history again (a tip that still differs after the family
+        # returned our ops to us is the same unbacked claim: it stays dismissed).
         del dismissed[h.sender]
         _set_id_map(site, "recover_dismissed", dismissed)
     believed = h.sender not in dismissed
@@ -71,13 +84,24 @@ def note_report(site: Site, h, applied: bool) -> None:
         if claim > held:
             enter_recovering(site, f"{site.name_of(h.sender)} holds epoch {claim} of this "
                                    f"site's own changes, this site only {held}")
-        elif h.tip is not None and h.tip[0] <= held:
-            e, csn = h.tip
-            row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                                    (me, e)).fetchone()
-            if row is not None and pack_csn(row[0], me, row[1]) != csn:
-                stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch {e} "
-                                f"of this site (restored from a backup, then written to?)")
+        elif tip_differs:
+            tips = _id_map(site, "recover_tip_claims")
+            if h.sender in tips:
+                # The family already returned our history once on this member's word, and it
+                # still names another op: its word is not believed again.
+                dismissed[h.sender] = h.tip[0]
+                _set_id_map(site, "recover_dismissed", dismissed)
+                believed = False
+            else:
+                tips[h.sender] = h.tip[0]
+                _set_id_map(site, "recover_tip_claims", tips)
+                stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch "
+                                f"{h.tip[0]} of this site (restored from a backup, then "
+                                f"written to?)")
+    if h.tip is not None and not tip_differs and h.tip[0] <= held:
+        tips = _id_map(site, "recover_tip_claims")
+        if tips.pop(h.sender, None) is not None:
+            _set_id_map(site, "recover_tip_claims", tips)
     if site.state == RECOVERING and h.created_ms >= int(site.meta("restore_ms", 0)):
         reps = _id_map(site, "recover_reports")
         saw = h.recv_seq >= _id_map(site, "recover_asked").get(h.sender, 1)
@@ -89,6 +113,23 @@ def note_report(site: Site, h, applied: bool) -> None:
         reps[h.sender] = claim if believed else max(held, min(claim, proven))
         _set_id_map(site, "recover_reports", reps)
     maybe_finish(site)
+
+
+def _unstash_through(site: Site, epoch: int, csn: bytes) -> int:
+    """A member's tip names, as our epoch ``epoch``, the very op we set aside under it: our
+    history up to there is the family's (a fork changes every CSN from the fork on), so our
+    own ops up to it return to the changelog at once, including the ones peers hold only
+    inside snapshots and so can never send back.  Returns the new own epoch, or 0."""
+    me = site.site_id
+    c = site.conn
+    row = c.execute("SELECT hlc, seq FROM stash WHERE origin=? AND epoch=?", (me, epoch)).fetchone()
+    if row is None or pack_csn(row[0], me, row[1]) != csn:
+        return 0
+    c.execute("INSERT INTO changelog SELECT origin, epoch, hlc, seq, collection, key, value, "
+              "replaced FROM stash WHERE origin=? AND epoch<=?", (me, epoch))
+    c.execute("DELETE FROM stash WHERE origin=? AND epoch<=?", (me, epoch))
+    c.execute("UPDATE vector SET epoch=max(epoch, ?) WHERE origin=?", (epoch, me))
+    return epoch
 
 
 def recovery_status(site: Site) -> dict:

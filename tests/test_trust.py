@@ -433,3 +433,35 @@ def test_every_claim_of_the_trust_model_names_a_test_that_exists():
     for n in names:
         assert any(f"def {n}(" in src for src in sources.values()), \
             f"docs/trust.md names the test {n}, which does not exist"
+
+
+def test_a_lying_tip_about_a_sites_own_history_costs_it_one_recovery_at_most(family, tmp_path):
+    """B keeps saying it holds another op as one of A's epochs.  The first time, A sets its
+    own ops aside and takes the family's back; the family's ops say B was wrong, and from then
+    on B's tip is not believed: A stays normal and writes."""
+    three(family)
+    family.put("A", "t", "a1", 1)
+    family.full_exchange(2)
+    a_id = site_id(family, "A")
+    held = raw_vector(family, "A")[a_id]
+    b_key = sign_key(family.path("B"))
+    fake = b"\x00" * 8 + a_id + b"\x00\x00\x00\x07"
+
+    def lie(p):
+        return write(tmp_path, f"tip-{time.monotonic_ns()}.spk",
+                     rebuild(p.read_bytes(), b_key, lambda h: h.update(tip=[held, fake])))
+    states = []
+    for i in range(5):
+        family.put("B", "t", f"b{i}", i)
+        family.import_("A", [lie(p) for p in family.export("B", "A")])
+        states.append(status(family, "A")["state"])
+        for n in ("A", "C"):
+            family.sync("A", n if n != "A" else "B")
+        family.sync("C", "A")
+        family.sync("A", "C")
+    assert states[0] == "recovering" and states[-1] == "normal", states
+    assert states.count("recovering") <= 2, states
+    assert run("put", "t", "x", "1", site=family.path("A")).code == 0
+    family.full_exchange(3)
+    assert_converged(family)
+    assert_no_epoch_reuse(family)
