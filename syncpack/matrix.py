@@ -4,8 +4,6 @@ functions in :mod:`syncpack.planning`; this module only reads and writes them.""
 
 from __future__ import annotations
 
-import hashlib
-
 from . import codec, planning
 from .site import Site
 
@@ -80,10 +78,6 @@ def waiting_gaps(site: Site, sender: bytes | None = None) -> dict[bytes, tuple[i
             out[o] = (lo, max(hi, cur[1])) if cur else (lo, hi)
     v = site.vector()
     return {o: (v.get(o, 0), hi) for o, (lo, hi) in out.items() if hi > v.get(o, 0)}
-
-
-def member_set_hash(site: Site) -> bytes:
-    return hashlib.blake2b(b"".join(sorted(site.members_by_id())), digest_size=8).digest()
 
 
 def acknowledgements(site: Site) -> dict[bytes, tuple[int, dict[bytes, int], bytes]]:
