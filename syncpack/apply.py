@@ -108,10 +108,17 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
     if raw is None:
         raise error(f"roster entry of {name} is deleted; members are retired, never removed")
     try:
-        new = Member.from_value(name, codec.decode_value(raw))
+        value = codec.decode_value(raw)
+        new = Member.from_value(name, value)
+        # Every field is used later (planning reads 'base', conflicts read 'priority'): a
+        # malformed one would fail some other site's export, not just this import.
         ok = (isinstance(new.site_id, bytes) and len(new.site_id) == 8
               and isinstance(new.ed25519, bytes) and len(new.ed25519) == 32
-              and isinstance(new.x25519, bytes) and len(new.x25519) in (0, 32))
+              and isinstance(new.x25519, bytes) and len(new.x25519) in (0, 32)
+              and type(value.get("priority", 0)) is int and -(1 << 31) <= new.priority < 1 << 31
+              and isinstance(value.get("retired", False), bool)
+              and all(isinstance(o, bytes) and len(o) == 8 and type(e) is int
+                      and 0 <= e < 1 << 63 for o, e in new.base.items()))
     except (KeyError, TypeError, ValueError, AttributeError):
         ok = False
     if not ok:

@@ -466,3 +466,23 @@ def test_a_lying_tip_about_a_sites_own_history_costs_it_one_recovery_at_most(fam
     family.full_exchange(3)
     assert_converged(family)
     assert_no_epoch_reuse(family)
+
+
+@pytest.mark.parametrize("field,bad", [("base", [[b"12345678", "lots"]]), ("base", [[1, 2]]),
+                                       ("priority", "5"), ("retired", 1),
+                                       ("x25519", b"short")])
+def test_a_malformed_roster_entry_is_refused_before_it_can_break_other_sites(family, tmp_path,
+                                                                           field, bad):
+    """A member writes a new roster entry whose fields other sites would trip over later
+    (planning reads 'base', conflict rules read 'priority'): refused at import."""
+    three(family)
+    with family.open("B") as s:
+        b = s.roster()["B"]
+        v = Member("D", b"\x42" * 8, b"\x01" * 32, b"", 0, {}, False).to_value()
+        v[field] = bad
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "D", codec.encode_value(v))
+    [pb] = family.export("B", "A")
+    err = refused(family, "A", pb, tmp_path)
+    assert "roster entry of D is malformed" in err, err
+    assert run("export", "--all", "--out", family.medium(), site=family.path("A")).code == 0
