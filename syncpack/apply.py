@@ -23,7 +23,8 @@ from .matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
 from .packets import PACKET_SUFFIX, fsync_dir
 from .progress import expect
 from .names import check_site_name
-from .site import ROSTER, SYS_PREFIX, Member, Site, wall_ms
+from .conflict import POLICIES
+from .site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member, Site, wall_ms
 from .verify import OpenPacket, resolved_acks
 
 APPLY_BATCH = 20_000
@@ -136,6 +137,31 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
                         f"refused")
 
 
+def check_system_entry(site: Site, collection: str, key: str, raw: bytes | None,
+                       roster: dict[str, Member] | None = None) -> None:
+    """syncpack's own replicated collections hold what every site reads on every import (the
+    roster, the family settings, the conflict policies): an entry another site could not read
+    would stop that site, so it is refused where it arrives."""
+    if collection == ROSTER:
+        return check_roster_entry(site, key, raw, roster=roster)
+    try:
+        value = None if raw is None else codec.decode_value(raw)
+    except ValueError:
+        value = ...
+    if collection == FAMILY:
+        ok = (key == FAMILY_KEY and isinstance(value, dict) and isinstance(value.get("name"), str)
+              and value.get("policy") in POLICIES
+              and isinstance(value.get("require_sealed", False), bool))
+    elif collection == COLLECTIONS:
+        ok = (isinstance(key, str) and bool(key) and not key.startswith(SYS_PREFIX)
+              and (value is None or isinstance(value, dict) and value.get("policy") in POLICIES))
+    else:
+        ok = False
+    if not ok:
+        raise PacketBodyError(f"entry {key!r} of syncpack's own collection {collection!r} is "
+                              f"malformed or unknown; refused")
+
+
 def _check_members(site: Site, origins, what: str) -> None:
     site.invalidate()
     members = site.members_by_id(include_retired=True)
@@ -199,8 +225,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                         continue
                 if op.collection.startswith(SYS_PREFIX):
                     flush()
-                    if op.collection == ROSTER:
-                        check_roster_entry(site, op.key, op.value)
+                    check_system_entry(site, op.collection, op.key, op.value)
                     system = True
                     site.apply_version(op, op.csn)
                     site.invalidate()
@@ -312,8 +337,8 @@ def _check_record(site: Site, rec, vector: dict[bytes, int],
     if vector.get(origin, 0) <= 0 and origin != site.site_id:
         raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
                               f"origin its vector does not cover")
-    if rec.collection == ROSTER:
-        check_roster_entry(site, rec.key, rec.value, roster=roster)
+    if rec.collection.startswith(SYS_PREFIX):
+        check_system_entry(site, rec.collection, rec.key, rec.value, roster=roster)
 
 
 def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:

@@ -264,7 +264,9 @@ class Site:
     def family_settings(self) -> dict:
         """The family's replicated settings (name, policy, sealing rule)."""
         v = pick(self._versions(FAMILY, FAMILY_KEY), "lww", {})
-        return codec.decode_value(v.value) if v is not None and v.value is not None else {}
+        settings = codec.decode_value(v.value) if v is not None and v.value is not None else {}
+        # Imports refuse malformed settings; a store that holds some anyway still opens.
+        return settings if isinstance(settings, dict) else {}
 
     def requires_sealing(self) -> bool:
         """Whether the family requires every packet to be sealed to its recipient."""

@@ -486,3 +486,20 @@ def test_a_malformed_roster_entry_is_refused_before_it_can_break_other_sites(fam
     err = refused(family, "A", pb, tmp_path)
     assert "roster entry of D is malformed" in err, err
     assert run("export", "--all", "--out", family.medium(), site=family.path("A")).code == 0
+
+
+@pytest.mark.parametrize("collection,key,value", [
+    ("$family", "settings", ["not", "a", "map"]), ("$family", "settings", {"name": "x"}),
+    ("$family", "settings", {"name": "x", "policy": "lww", "require_sealed": "yes"}),
+    ("$collections", "parts", {"policy": "coin-toss"}), ("$whatever", "k", 1)])
+def test_a_malformed_system_entry_is_refused_before_it_can_stop_other_sites(
+        family, tmp_path, collection, key, value):
+    """Every import reads the family settings (sealing policy) and conflict policies: an entry
+    no site can read would stop every site it reached.  Refused where it arrives."""
+    three(family)
+    with family.open("B") as s, s.transaction(_system=True) as tx:
+        tx.write_raw(collection, key, codec.encode_value(value))
+    [pb] = family.export("B", "A")
+    err = refused(family, "A", pb, tmp_path)
+    assert "malformed or unknown" in err, err
+    assert run("status", site=family.path("A")).code == 0
