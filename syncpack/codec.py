@@ -155,6 +155,21 @@ def ack_signed_bytes(family: bytes, member: bytes, created_ms: int,
             + packb(sorted([o, e] for o, e in vector.items() if e)))
 
 
+def ack_delta(base: dict[bytes, int], vec: dict[bytes, int]) -> dict[bytes, int]:
+    """A relayed acknowledgement travels as its differences from the header's vector (the
+    members of a family that syncs hold nearly the same vectors): the entries that differ,
+    0 for an origin the header has and the acknowledgement lacks."""
+    out = {o: e for o, e in vec.items() if e and base.get(o, 0) != e}
+    out.update({o: 0 for o in base if not vec.get(o, 0)})
+    return out
+
+
+def apply_ack_delta(base: dict[bytes, int], delta: dict[bytes, int]) -> dict[bytes, int]:
+    vec = dict(base)
+    vec.update(delta)
+    return {o: e for o, e in vec.items() if e}
+
+
 def signed_bytes(version: int, header_bytes: bytes) -> bytes:
     """What the signature covers: the version byte and the header, which holds the body hash."""
     return SIGNING_CONTEXT + _PREFIX.pack(MAGIC, version) + header_bytes
@@ -241,8 +256,8 @@ class Header:
             h["ack_set"] = self.ack_set
         if self.acks:
             h["acks"] = [[ix[m], created, None if vec is None else
-                          [[ix[o], e] for o, e in sorted(vec.items())], sig]
-                         for m, created, vec, sig in self.acks]
+                          [[ix[o], e] for o, e in sorted(ack_delta(self.vector, vec).items())],
+                          sig] for m, created, vec, sig in self.acks]
         if self.kind == KIND_SNAPSHOT:
             h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
                            for m in self.roster]
@@ -360,7 +375,8 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
         _need((a[2] is None) == (m == hdr.sender), "only the sender's own acknowledgement "
               "takes the header's vector")
         members.add(m)
-        vec = None if a[2] is None else _pairs({"v": a[2]}, "v", origins)
+        vec = None if a[2] is None else apply_ack_delta(hdr.vector,
+                                                        _pairs({"v": a[2]}, "v", origins))
         hdr.acks.append((m, a[1], vec, a[3]))
     if hdr.sealed:
         seal = h.get("seal")

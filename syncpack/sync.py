@@ -108,21 +108,23 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
     own = own_acknowledgement(site, peer)
     if own is not None and own[0] > told.get(peer, 0):
         out.append((peer, *own))
-    # Decode only the acknowledgements that go: a hub of a thousand members holds a thousand
-    # vectors of a thousand entries.  The stored form is about twice the wire form (full ids
-    # instead of indexes), which the cost estimate allows for.
-    fresh = sorted((told.get(m, 0), m, c, n) for m, c, n in site.conn.execute(
-        "SELECT member, created_ms, length(vector) FROM acks")
+    # The longest-waiting first.  Only the ones that go are decoded (a hub of a thousand
+    # members holds a thousand vectors of a thousand entries); each costs its differences from
+    # our own vector on the wire (codec.ack_delta), about 8 bytes an entry.
+    fresh = sorted((told.get(m, 0), m, c) for m, c in site.conn.execute(
+        "SELECT member, created_ms FROM acks")
         if m != peer and m in members and c > told.get(m, 0))
     budget = RELAY_ACK_BUDGET
-    for _t, m, c, n in fresh:
-        cost = 96 + n // 2
+    header_vec = {o: e for o, e in vec.items() if e}
+    for _t, m, c in fresh:
+        v, sig = site.conn.execute("SELECT vector, signature FROM acks WHERE member=?",
+                                   (m,)).fetchone()
+        v = vec_from_blob(v)
+        cost = 96 + 8 * len(codec.ack_delta(header_vec, v))
         if cost > budget:
             break
         budget -= cost
-        v, sig = site.conn.execute("SELECT vector, signature FROM acks WHERE member=?",
-                                   (m,)).fetchone()
-        out.append((m, c, vec_from_blob(v), sig))
+        out.append((m, c, v, sig))
     return out
 
 

@@ -93,3 +93,13 @@ def test_an_own_claim_is_dismissed_only_when_unproven_unanswered_and_undelivered
         assert not d             # our own signed word always stands
     if claim > max(held, proven) and saw and not delivered:
         assert d                 # a liar delays us for one exchange, not for good
+
+
+@given(vectors, vectors)
+def test_a_relayed_acknowledgement_survives_its_delta_encoding(header, ack):
+    from syncpack import codec
+    nonzero = {o: e for o, e in ack.items() if e}
+    delta = codec.ack_delta({o: e for o, e in header.items() if e}, ack)
+    assert codec.apply_ack_delta({o: e for o, e in header.items() if e}, delta) == nonzero
+    # only what differs travels
+    assert all(header.get(o, 0) != nonzero.get(o, 0) for o in delta)
