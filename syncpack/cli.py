@@ -763,6 +763,15 @@ def status(obj: Ctx, fmt):
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
         lines.append(f"parked: packet {p['seq']}.{p['part']} from {printable(p['from'])} "
                      f"waits for {printable(w)}")
+    rec = doc["recovery"]
+    if rec["state"] == "recovering":
+        lines.append(f"recovering ({printable(rec['reason'])}): holds epoch {rec['own_epoch']} of "
+                     f"its own history, peers reported {rec['needed_epoch']}; local writes wait")
+        if rec.get("claims_dismissed"):
+            lines.append("claims not believed: " + ", ".join(map(printable,
+                                                                 rec["claims_dismissed"])))
+        if rec.get("next_step"):
+            lines.append(f"next: {printable(rec['next_step'])}")
     obj.emit(doc, "\n".join(lines))
 
 

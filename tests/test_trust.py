@@ -405,6 +405,8 @@ def test_a_restored_site_whose_lost_ops_every_peer_trimmed_is_told_what_to_run(f
     assert st["state"] == "recovering", st
     step = st["recovery"]["next_step"]
     assert "resync --to A" in step, st
+    human = run("status", site=family.path("A")).out
+    assert "recovering (" in human and "next: " in human and "resync --to A" in human, human
     peer = "B" if step.startswith("B") else "C"
     out = family.medium()
     assert run("resync", "--to", "A", "--out", out, site=family.path(peer)).code == 0
