@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 from pathlib import Path
 
-from . import codec, keys, planning, recovery
+from . import codec, keys, planning, recovery, store
 from .codec import Header, Op
 from .csn import pack_csn
 from .errors import EpochCollisionError, PacketBodyError, PacketSenderError
@@ -251,7 +250,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
             if parked_file is not None:
                 conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?",
                              (h.sender, h.packet_id))
-    except sqlite3.IntegrityError:
+    except store.IntegrityError:
         raise PacketBodyError("packet carries an op this site already holds under another "
                               "epoch; nothing was applied") from None
     if system:
@@ -425,7 +424,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
         if seeding:
             site.joined, site.family_id = False, None
         site.invalidate()
-        if isinstance(e, sqlite3.IntegrityError):
+        if isinstance(e, store.IntegrityError):
             raise PacketBodyError("snapshot holds the same version twice; nothing was "
                                   "changed") from None
         raise

@@ -128,7 +128,6 @@ from __future__ import annotations
 import difflib
 import fcntl
 import os
-import sqlite3
 import secrets
 import time
 import tomllib
@@ -137,7 +136,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import admin, metrics, recovery, sync
+from . import admin, metrics, recovery, store, sync
 from .apply import is_known
 from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
                      PacketError, SiteError, SyncpackError)
@@ -446,7 +445,7 @@ class _Round:
             fn()
         except SyncpackError as e:
             self.fail(action, target, e.message, e.hint)
-        except sqlite3.DatabaseError as e:
+        except store.DatabaseError as e:
             self.fail(action, target, f"the site store cannot be used: {e}",
                       "check the disk and run 'syncpack fsck'")
         except OSError as e:
@@ -604,7 +603,7 @@ def write_metrics(path: Path, site: Site, summary: dict, t0: float,
     """Write the site's metrics and the round's to ``path`` (see "Metrics" above)."""
     try:
         status = admin.status(site)
-    except (SyncpackError, sqlite3.DatabaseError):
+    except (SyncpackError, store.DatabaseError):
         # The store failed the round; the batch metrics still tell the alert so.
         status = {"site": site.name, "family": site.family_name}
     ok = summary["outcome"] == "ok" and not aborted

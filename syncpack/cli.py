@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import signal
-import sqlite3
 import sys
 import traceback
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from . import (admin, batch as batch_mod, keys, conflicts as conflicts_mod, metrics, recovery,
-               replica, sync)
+               replica, store, sync)
 from .errors import RecordNotFound, SyncpackError
 from .packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from .site import Site
@@ -145,7 +144,7 @@ class Group(click.Group):
             return super().invoke(ctx)
         except SyncpackError as e:
             fail(ctx.obj, e.message, e.hint, e.exit_code)
-        except sqlite3.DatabaseError as e:
+        except store.DatabaseError as e:
             fail(ctx.obj, f"the site store cannot be used: {e}",
                  "check the disk and run 'syncpack fsck'; restore from a backup if it fails")
         except KeyboardInterrupt:

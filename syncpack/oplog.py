@@ -25,7 +25,7 @@ import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import repeat
+from itertools import islice, repeat
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -443,7 +443,7 @@ def _write_origin(site: Site, loc: LogLocation, origin: bytes, ent: OriginLog, t
 
     try:
         while True:
-            rows = cur.fetchmany(BATCH_ROWS)
+            rows = list(islice(cur, BATCH_ROWS))     # the store's cursors have no fetchmany
             if not rows:
                 break
             cols = list(zip(*rows))

@@ -186,7 +186,8 @@ def stash_own(site: Site, reason: str) -> int:
     floor = site.floors().get(me, 0)
     c.execute("INSERT OR REPLACE INTO stash SELECT origin, epoch, hlc, seq, collection, "
               "key, value, replaced FROM changelog WHERE origin=?", (me,))
-    n = c.execute("DELETE FROM changelog WHERE origin=?", (me,)).rowcount
+    c.execute("DELETE FROM changelog WHERE origin=?", (me,))
+    n = c.changes()
     c.execute("UPDATE vector SET epoch=? WHERE origin=?", (floor, me))
     site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
     enter_recovering(site, reason)
@@ -277,8 +278,9 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
             for o, (lo, hi) in plan.items():
                 # In steps, so a long trim shows progress; still one transaction.
                 for top in range(lo + SCRUB_STEP, hi + SCRUB_STEP, SCRUB_STEP):
-                    n = c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?",
-                                  (o, min(top, hi))).rowcount
+                    c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?",
+                              (o, min(top, hi)))
+                    n = c.changes()
                     if progress:
                         progress(n)
                 c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))

@@ -19,7 +19,6 @@ import fcntl
 import hashlib
 import os
 import secrets
-import sqlite3
 import time
 from contextlib import contextmanager
 from functools import partial
@@ -93,7 +92,7 @@ def _check_key(key: str) -> None:
 class Site:
     """An open site directory.  Not thread-safe; open one per thread or process."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, clock: Callable[[], int] = wall_ms):
+    def __init__(self, path: Path, conn: store.Connection, clock: Callable[[], int] = wall_ms):
         self.path = Path(path)
         self.conn = conn
         self.clock = clock
@@ -127,7 +126,7 @@ class Site:
         conn = store.open_existing(db)
         try:
             site = cls(p, conn, clock)
-        except sqlite3.DatabaseError as e:
+        except store.DatabaseError as e:
             conn.close()
             raise SiteError(f"{db} is not a readable syncpack store ({e})") from None
         if require_joined and not site.joined:
@@ -136,7 +135,7 @@ class Site:
         return site
 
     @classmethod
-    def _create_dir(cls, path: Path, site: str) -> tuple[Path, sqlite3.Connection, keys.PublicIdentity]:
+    def _create_dir(cls, path: Path, site: str) -> tuple[Path, store.Connection, keys.PublicIdentity]:
         check_site_name(site)
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
@@ -404,7 +403,7 @@ class Site:
             self.invalidate()
 
     @contextmanager
-    def write_txn(self) -> Iterator[sqlite3.Connection]:
+    def write_txn(self) -> Iterator[store.Connection]:
         """:func:`store.write_txn`, dropping cached roster and policies on rollback."""
         try:
             with store.write_txn(self.conn) as c:
@@ -436,11 +435,13 @@ class Site:
         if op.replaced:
             for i in range(0, len(op.replaced), CSN_LEN):
                 r = op.replaced[i:i + CSN_LEN]
-                n = cur.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
-                                (op.collection, op.key, r)).rowcount
+                cur.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
+                            (op.collection, op.key, r))
+                n = cur.changes()
                 if n == 0 and not self._op_known(r):
                     cur.execute("INSERT OR IGNORE INTO superseded VALUES (?)", (r,))
-        if cur.execute("DELETE FROM superseded WHERE csn=?", (csn,)).rowcount:
+        cur.execute("DELETE FROM superseded WHERE csn=?", (csn,))
+        if cur.changes():
             return
         cur.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
                     (op.collection, op.key, csn, op.value))
@@ -483,7 +484,7 @@ class Site:
 
 class _ClosedStore:
     """Stands in for the connection of a closed site, so any use says so clearly (instead of
-    sqlite3's ProgrammingError)."""
+    the driver's closed-connection error)."""
 
     def __init__(self, name: str):
         self._name = name

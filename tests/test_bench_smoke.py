@@ -53,3 +53,21 @@ def test_bench_smoke(tmp_path):
         else:
             assert isinstance(v["met"], bool), k
     assert list(tmp_path.iterdir()) == []       # the temporary sites are removed
+
+
+def test_bench_driver_smoke(tmp_path):
+    """tools/bench_driver.py measures both drivers and the changeset apply at a tiny size."""
+    tool = BENCH.parent / "bench_driver.py"
+    r = subprocess.run([sys.executable, str(tool), "--ops", "3000", "--txn-ops", "1000",
+                        "--runs", "2", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert (res["ops"], res["txn_ops"], res["runs"]) == (3000, 1000, 2)
+    for name in ("changeset_apply", "sqlite3", "apsw"):
+        for k in ("wall_s", "cpu_s", "ops_per_s"):
+            assert res["median"][name][k] > 0, (name, k)
+    for name in ("sqlite3", "apsw"):
+        assert set(res["ratio_to_changeset_apply"][name]) == {"wall", "cpu"}
+    assert len(res["rounds"]) == 2
+    assert list(tmp_path.iterdir()) == []       # the temporary databases are removed

@@ -283,6 +283,21 @@ def test_a_corrupt_database_file(site_dir, cmd):
         Site.open(site_dir)
 
 
+def test_an_sqlite_database_of_another_program_is_refused_untouched(tmp_path):
+    """Refused before any pragma: switching it to WAL would already write to it."""
+    d = tmp_path / "other"
+    d.mkdir()
+    c = sqlite3.connect(str(d / DB_NAME), isolation_level=None)
+    c.execute("CREATE TABLE notes(t TEXT)")
+    c.execute("INSERT INTO notes VALUES ('hello')")
+    c.close()
+    before = (d / DB_NAME).read_bytes()
+    for cmd in (["ls"], ["put", "c", "k", "1"], ["fsck"]):
+        _assert_site_error(run(*cmd, site=d), "an SQLite database of something else")
+    assert (d / DB_NAME).read_bytes() == before
+    assert sorted(os.listdir(d)) == [DB_NAME]        # no -wal or -shm beside it
+
+
 def test_a_store_from_a_newer_syncpack(site_dir):
     sql(site_dir, ("PRAGMA user_version=99",))
     for cmd in (["ls"], ["put", "c", "k", "1"], ["fsck"]):
