@@ -479,7 +479,6 @@ def test_a_malformed_roster_entry_is_refused_before_it_can_break_other_sites(fam
     (planning reads 'base', conflict rules read 'priority'): refused at import."""
     three(family)
     with family.open("B") as s:
-        b = s.roster()["B"]
         v = Member("D", b"\x42" * 8, b"\x01" * 32, b"", 0, {}, False).to_value()
         v[field] = bad
         with s.transaction(_system=True) as tx:
