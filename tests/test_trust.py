@@ -14,20 +14,13 @@ import time
 import pytest
 
 from conftest import run
-from test_recovery import assert_converged, assert_no_epoch_reuse, raw_vector, site_id, status
+from test_recovery import (assert_converged, assert_no_epoch_reuse, raw_vector, site_id, status,
+                           three_sites as three)
 from test_tamper import rebuild, sign_key, state, write
 from syncpack import codec
 from syncpack.site import ROSTER, Member, Site
 
 YEAR_MS = 365 * 24 * 3600 * 1000
-
-
-def three(family):
-    family.init("A")
-    family.add("B", via="A")
-    family.add("C", via="A")
-    family.full_exchange(2)
-    return family
 
 
 def fsck_ok(family, name) -> bool:
