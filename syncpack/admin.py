@@ -6,10 +6,11 @@ import json
 import os
 from pathlib import Path
 
-from . import codec, planning, store
+from . import blocks, chain, codec, planning, store
+from .codec import Op
 from .conflict import Version
 from .csn import CSN_LEN, pack_csn
-from .errors import LoadError, PacketError, UsageError
+from .errors import LoadError, PacketError, SyncpackError, UsageError
 from .site import Site, check_collection
 from .matrix import believed, link, matrix, ranges_from_blob
 from .verify import find_packet_files, open_packet, printable, signature_state
@@ -89,7 +90,7 @@ def status(site: Site) -> dict:
     conflicts = site.conn.execute(
         "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
         "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
-    changelog = site.conn.execute("SELECT count(*) FROM changelog").fetchone()[0]
+    changelog = chain.count(site.conn)
     from .recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
@@ -116,8 +117,14 @@ def digest(site: Site) -> dict:
             "vector": site.named({o: e for o, e in site.vector().items() if e})}
 
 
+# A load commits in one store transaction, and travels as replication transactions of at most
+# this many changes or bytes: each becomes one block, which an importer decodes whole.
+LOAD_TXN_OPS = 100_000
+LOAD_TXN_BYTES = 32 * 1024 * 1024
+
+
 def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
-    """JSON lines, all in one transaction; a bad line rejects the whole file."""
+    """JSON lines, all in one store transaction; a bad line rejects the whole file."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -159,7 +166,12 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
                             hint="nothing was loaded; fix the line and load the file again") from None
     expect(progress, len(items))
     with site.transaction() as tx:
+        size = 0
         for n, (coll, key, value, is_delete) in enumerate(items, 1):
+            if tx.seq >= LOAD_TXN_OPS or size >= LOAD_TXN_BYTES:
+                tx.split()
+                size = 0
+            size += len(key) + (0 if value is None else len(str(value)))
             if is_delete:
                 tx.delete(coll, key)
             else:
@@ -186,14 +198,13 @@ def fsck(site: Site) -> dict:
                 problems.append("sqlite integrity_check: " + "; ".join(r[0] for r in ic[:5]))
         except Exception as e:  # a damaged file can fail the check itself
             problems.append(f"sqlite integrity_check failed: {e}")
-        stats = {o: (lo, hi, n) for o, lo, hi, n in c.execute(
-            "SELECT origin, min(epoch), max(epoch), count(*) FROM changelog GROUP BY origin")}
+        stats = chain.held_ranges(c)
         for o in set(stats) | set(vec):
             nm = names.get(o, o.hex())
             floor = floors.get(o, 0)
             lo, hi, n = stats.get(o, (None, None, 0))
             if n:
-                if lo != floor + 1 or hi - lo + 1 != n:
+                if lo > floor + 1 or chain.count_range(c, o, floor, hi) != hi - floor:
                     problems.append(f"changelog of {nm} is not contiguous: {n} ops between "
                                     f"epochs {lo} and {hi}, floor {floor}")
                 if vec.get(o) != hi:
@@ -202,7 +213,9 @@ def fsck(site: Site) -> dict:
             elif vec.get(o, 0) != floor:
                 problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog holds "
                                 f"nothing above floor {floor}")
-        max_hlc = c.execute("SELECT max(hlc) FROM changelog").fetchone()[0] or 0
+        problems += _block_check(site)
+        max_hlc = max(c.execute("SELECT max(hlc) FROM changelog").fetchone()[0] or 0,
+                      c.execute("SELECT max(hlc_last) FROM blocks").fetchone()[0] or 0)
         if max_hlc > int(site.meta("hlc", 0)):
             problems.append("clock is behind a CSN in the changelog")
         problems += _replay_check(site)
@@ -210,15 +223,37 @@ def fsck(site: Site) -> dict:
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
 
 
+def _block_check(site: Site) -> list[str]:
+    """Every stored block still verifies with its origin's key and continues the block
+    before it where we hold that one (a damaged or swapped row shows here)."""
+    c = site.conn
+    members = site.members_by_id(include_retired=True)
+    problems = []
+    for origin, lo, hi, data in c.execute("SELECT origin, lo, hi, data FROM blocks "
+                                          "ORDER BY origin, hi"):
+        m = members.get(origin)
+        who = f"block of {site.name_of(origin)} (epochs {lo + 1}..{hi})"
+        if m is None:
+            problems.append(f"{who} is of an origin that is not a member")
+            continue
+        try:
+            info = blocks.read_block_header(data, site.family_id)
+            prev = None if info.prev_hash == blocks.ZERO_HASH and lo else \
+                chain.expected_prev(c, origin, lo)
+            blocks.verify_block(info, m.ed25519, site.family_id, prev)
+        except SyncpackError as e:
+            problems.append(f"{who}: {e}")
+    return problems
+
+
 def _replay_check(site: Site) -> list[str]:
     """Record state must equal a replay of the changelog on top of the snapshot base."""
     c = site.conn
     state: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
-    logged = set()
-    for coll, key, hlc, origin, seq in c.execute(
-            "SELECT collection, key, hlc, origin, seq FROM changelog UNION ALL "
-            "SELECT collection, key, hlc, origin, seq FROM stash"):
-        logged.add(pack_csn(hlc, origin, seq))
+    ops = list(chain.iter_all(c)) + [Op(*row) for row in c.execute(
+        "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM stash")]
+    ops.sort(key=lambda op: (op.hlc, op.origin, op.seq))
+    logged = {op.csn for op in ops}
     floors = site.floors()
     problems = []
     actual: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
@@ -229,11 +264,8 @@ def _replay_check(site: Site) -> list[str]:
                 problems.append(f"version {csn.hex()} of {coll}/{key} has no changelog op")
             state.setdefault((coll, key), {})[csn] = value   # from a snapshot or trimmed
     superseded: set[bytes] = set()
-    for coll, key, hlc, origin, seq, value, replaced in c.execute(
-            "SELECT collection, key, hlc, origin, seq, value, replaced FROM changelog "
-            "UNION ALL SELECT collection, key, hlc, origin, seq, value, replaced FROM stash "
-            "ORDER BY 3, 4, 5"):
-        csn = pack_csn(hlc, origin, seq)
+    for _o, _e, _h, _s, coll, key, value, replaced in ops:
+        csn = pack_csn(_h, _o, _s)
         vs = state.setdefault((coll, key), {})
         for i in range(0, len(replaced), CSN_LEN):
             r = replaced[i:i + CSN_LEN]

@@ -9,11 +9,13 @@ verifier); claims about our own history go through :func:`syncpack.recovery.note
 
 from __future__ import annotations
 
+import heapq
 import os
 import shutil
 from pathlib import Path
+from typing import Iterable
 
-from . import codec, keys, planning, recovery, store
+from . import blocks, chain, codec, keys, planning, recovery, store
 from .codec import Header, Op
 from .csn import pack_csn
 from .errors import EpochCollisionError, PacketBodyError, PacketSenderError
@@ -24,7 +26,7 @@ from .progress import expect
 from .names import check_site_name
 from .conflict import POLICIES
 from .site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member, Site, wall_ms
-from .verify import OpenPacket, resolved_acks
+from .verify import OpenPacket, packet_blocks, resolved_acks, verify_block
 
 APPLY_BATCH = 20_000
 
@@ -172,72 +174,177 @@ def _check_members(site: Site, origins, what: str) -> None:
 
 # --- update packets ---------------------------------------------------------------------------
 
+# Blocks whose clock ranges overlap are merged op by op into CSN order; at most this many are
+# held decoded at once (a packet that interleaves more is applied window by window: the
+# outcome does not depend on the order, see Site.apply_version).
+MERGE_WINDOW = 64
+
+
+class _Applier:
+    """Applies the decoded blocks of one packet, inside the caller's transaction."""
+
+    def __init__(self, site: Site, vec: dict[bytes, int], progress):
+        self.site, self.vec, self.progress = site, vec, progress
+        c = site.conn
+        self.superseded_any = c.execute("SELECT 1 FROM superseded LIMIT 1").fetchone() is not None
+        self.stashed_any = c.execute("SELECT 1 FROM stash LIMIT 1").fetchone() is not None
+        self.applied = 0
+        self.system = False
+        self.rows: list[tuple] = []
+
+    def flush(self) -> None:
+        if self.rows:
+            self.site.conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", self.rows)
+            self.rows = []
+
+    def window(self, win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]]) -> None:
+        site = self.site
+        for info, cols in win:
+            if info.hi > self.vec.get(info.origin, 0):
+                # We keep what extends our history, byte for byte, to pass on.
+                chain.store_block(site.conn, info, cols.txn_lens[-1] - 1)
+        if len(win) == 1:
+            info, cols = win[0]
+            if self._clean(info, cols):
+                rows = cols.rows()
+                for k in range(0, len(rows), APPLY_BATCH):
+                    site.conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)",
+                                          rows[k:k + APPLY_BATCH])
+                    self._count(min(APPLY_BATCH, len(rows) - k))
+                return
+            ops: Iterable[Op] = cols.ops()
+        else:
+            ops = heapq.merge(*(c.ops() for _i, c in win),
+                              key=lambda op: (op.hlc, op.origin, op.seq))
+        n = 0
+        for op in ops:
+            n += self._op(op)
+            if n >= APPLY_BATCH:
+                self.flush()
+                self._count(n)
+                n = 0
+        self.flush()
+        self._count(n)
+
+    def _count(self, n: int) -> None:
+        self.applied += n
+        if self.progress and n:
+            self.progress(n)
+
+    def _clean(self, info: blocks.BlockInfo, cols: blocks.BlockColumns) -> bool:
+        """Nothing in the block needs more than an insert: all of it new, no earlier version
+        replaced, none of syncpack's own collections, nothing set aside or superseded."""
+        return (info.lo >= self.vec.get(info.origin, 0) and not self.superseded_any
+                and not self.stashed_any and not any(cols.replaced)
+                and not any(c.startswith(SYS_PREFIX) for c in set(cols.collections)))
+
+    def _op(self, op: Op) -> int:
+        site = self.site
+        if op.epoch <= self.vec.get(op.origin, 0):
+            held = chain.op_id_at(site.conn, op.origin, op.epoch)
+            if held is not None and held != (op.hlc, op.seq):
+                if op.origin == site.site_id:
+                    raise ForkDetected(op.epoch)
+                e = EpochCollisionError(
+                    f"epoch collision: this site holds a different op as epoch {op.epoch} of "
+                    f"{site.name_of(op.origin)}; packet refused")
+                e.origin, e.epoch = op.origin, op.epoch
+                raise e
+            return 0
+        if self.stashed_any and op.origin == site.site_id:
+            self.flush()
+            if _unstash(site, op):
+                return 1
+        if op.collection.startswith(SYS_PREFIX):
+            self.flush()
+            check_system_entry(site, op.collection, op.key, op.value)
+            self.system = True
+            site.apply_version(op, op.csn)
+            site.invalidate()
+        elif op.replaced or self.superseded_any or self.stashed_any:
+            self.flush()     # the slow path reads versions and the changelog
+            site.apply_version(op, op.csn)
+        else:
+            self.rows.append((op.collection, op.key, op.csn, op.value))
+        return 1
+
+
+def _check_anchors(site: Site, h: Header) -> None:
+    for o, csn in h.anchors.items():
+        lo = h.ranges[o][0]
+        held = chain.op_id_at(site.conn, o, lo)
+        if held is not None and pack_csn(held[0], o, held[1]) != csn:
+            if o == site.site_id:
+                raise ForkDetected(lo)
+            e = EpochCollisionError(
+                f"epoch collision: this site holds a different op as epoch {lo} of "
+                f"{site.name_of(o)} than the one the packet's range continues; refused")
+            e.origin, e.epoch = o, lo
+            raise e
+
+
 def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                  parked_file: Path | None = None) -> int:
-    """Apply one verified, gap-free packet in one transaction; returns ops applied."""
+    """Apply one verified, gap-free packet in one transaction; returns ops applied.
+
+    Each block is checked against its origin's key and our chain as it is reached (after the
+    blocks before it applied, so a member added earlier in the packet is known), must continue
+    its origin's range in the header, and the blocks must come in travelling order
+    (:func:`syncpack.packets.order_blocks`); blocks whose clocks overlap are merged into CSN
+    order.  Any failure rolls the whole packet back."""
     h = pk.header
     now = wall_ms()
     conn = site.conn
-    system = False
+    sender = site.name_of(h.sender)
     try:
         with site.write_txn():
             vec = site.vector()
             for o in h.ranges:
                 conn.execute("INSERT OR IGNORE INTO vector(origin, epoch) VALUES (?, 0)", (o,))
-            applied = 0
-            batch: list[Op] = []
-            rows: list[tuple] = []     # versions of ops that supersede nothing: bulk inserts
-            superseded_any = conn.execute("SELECT 1 FROM superseded LIMIT 1").fetchone() \
-                is not None
-
-            def flush() -> None:
-                nonlocal batch, rows, applied
-                conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
-                site.record_ops(batch)
-                applied += len(batch)
-                if progress and batch:
-                    progress(len(batch))
-                batch, rows = [], []
-
-            for o, csn in h.anchors.items():
-                lo = h.ranges[o][0]
-                row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                                   (o, lo)).fetchone()
-                if row is not None and pack_csn(row[0], o, row[1]) != csn:
-                    if o == site.site_id:
-                        raise ForkDetected(lo)
-                    e = EpochCollisionError(
-                        f"epoch collision: this site holds a different op as epoch {lo} of "
-                        f"{site.name_of(o)} than the one the packet's range continues; refused")
-                    e.origin, e.epoch = o, lo
-                    raise e
-            stashed_any = conn.execute("SELECT 1 FROM stash LIMIT 1").fetchone() is not None
-            for op in codec.iter_ops(pk.f, pk.env, keys.unsealer(site.path)):
-                if op.epoch <= vec.get(op.origin, 0):
-                    if op.origin == site.site_id and _differs(site, op):
-                        raise ForkDetected(op.epoch)
-                    _check_collision(site, op)
-                    continue
-                if stashed_any and op.origin == site.site_id:
-                    flush()
-                    if _unstash(site, op):
-                        continue
-                if op.collection.startswith(SYS_PREFIX):
-                    flush()
-                    check_system_entry(site, op.collection, op.key, op.value)
-                    system = True
-                    site.apply_version(op, op.csn)
-                    site.invalidate()
-                elif op.replaced or superseded_any or stashed_any:
-                    flush()     # the slow path reads versions and the changelog
-                    site.apply_version(op, op.csn)
-                else:
-                    rows.append((op.collection, op.key, op.csn, op.value))
-                batch.append(op)
-                if len(batch) >= APPLY_BATCH:
-                    flush()
-            flush()
-            _check_members(site, h.ranges, f"packet from {site.name_of(h.sender)}")
+            _check_anchors(site, h)
+            ap = _Applier(site, vec, progress)
+            cursor = {o: lo for o, (lo, _hi) in h.ranges.items()}
+            win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]] = []
+            win_hlc = -1
+            last_key: tuple | None = None
+            for raw in packet_blocks(site, pk):
+                try:
+                    info = verify_block(site, raw, sender)
+                except PacketSenderError:
+                    if not win:
+                        raise
+                    ap.window(win)      # a roster change in them may add this origin
+                    win, win_hlc = [], -1
+                    info = verify_block(site, raw, sender)
+                o = info.origin
+                if cursor.get(o) != info.lo or info.hi > h.ranges[o][1]:
+                    raise PacketBodyError(
+                        f"block of {site.name_of(o)} (epochs {info.lo + 1}..{info.hi}) does not "
+                        f"continue the packet's declared range of that origin")
+                cursor[o] = info.hi
+                if info.hlc_last > h.hlc_max:
+                    raise PacketBodyError("ops carry a clock beyond the header's hlc_max")
+                key = (info.hlc_first, o, info.lo)
+                if last_key is not None and key < last_key:
+                    raise PacketBodyError("blocks are not in the order packets carry them")
+                last_key = key
+                if info.hi <= vec.get(o, 0):
+                    mine = chain.block_ending_at(conn, o, info.hi)
+                    if mine is not None and mine.lo == info.lo and mine.hash == info.block_hash:
+                        continue        # the very block we hold (relayed to us twice)
+                if win and (info.hlc_first > win_hlc or len(win) >= MERGE_WINDOW):
+                    ap.window(win)
+                    win, win_hlc = [], -1
+                win.append((info, blocks.decode_block(info)))
+                win_hlc = max(win_hlc, info.hlc_last)
+            if win:
+                ap.window(win)
+            short = [o for o, (_lo, hi) in h.ranges.items() if cursor[o] != hi]
+            if short:
+                raise PacketBodyError(
+                    f"packet declares {h.count} ops in its ranges but its blocks of "
+                    f"{site.name_of(short[0])} end at epoch {cursor[short[0]]}, not "
+                    f"{h.ranges[short[0]][1]}")
             for o, (lo, hi) in h.ranges.items():
                 conn.execute("UPDATE vector SET epoch=max(epoch, ?) WHERE origin=?", (hi, o))
             if h.hlc_max > int(site.meta("hlc", 0)):
@@ -245,47 +352,31 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
             note_header(site, h, applied=True)
             conn.execute("INSERT INTO packets_in(sender, packet_id, seq, part, kind, ops, path, "
                          "at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (h.sender, h.packet_id, h.seq, h.part, h.kind, applied, str(pk.path),
-                          now))
+                         (h.sender, h.packet_id, h.seq, h.part, h.kind, ap.applied,
+                          str(pk.path), now))
             if parked_file is not None:
                 conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?",
                              (h.sender, h.packet_id))
     except store.IntegrityError:
         raise PacketBodyError("packet carries an op this site already holds under another "
                               "epoch; nothing was applied") from None
-    if system:
+    if ap.system:
         site.invalidate()
     if parked_file is not None:
         parked_file.unlink(missing_ok=True)
-    return applied
-
-
-def _check_collision(site: Site, op: Op) -> None:
-    if _differs(site, op):
-        e = EpochCollisionError(
-            f"epoch collision: this site holds a different op as epoch {op.epoch} of "
-            f"{site.name_of(op.origin)}; packet refused")
-        e.origin, e.epoch = op.origin, op.epoch
-        raise e
+    return ap.applied
 
 
 def _unstash(site: Site, op: Op) -> bool:
-    """One of our own set-aside ops came back from a peer: it is genuine, and its effect on
-    the records is already here, so it only returns to the changelog."""
+    """One of our own set-aside ops came back from a peer, inside our own signed block (which
+    is now kept): it is genuine, and its effect on the records is already here."""
     c = site.conn
     row = c.execute("SELECT epoch FROM stash WHERE origin=? AND hlc=? AND seq=?",
                     (op.origin, op.hlc, op.seq)).fetchone()
     if row is None:
         return False
     c.execute("DELETE FROM stash WHERE origin=? AND epoch=?", (op.origin, row[0]))
-    site.record_ops([op])
     return True
-
-
-def _differs(site: Site, op: Op) -> bool:
-    row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                            (op.origin, op.epoch)).fetchone()
-    return row is not None and (row[0], row[1]) != (op.hlc, op.seq)
 
 
 def is_known(site: Site, h: Header) -> bool:
@@ -365,11 +456,13 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                     f"applying it would roll changes back", hint="ask for a fresh snapshot "
                     "('syncpack resync') made after this site's last packets reached the sender")
             before = dict(site.roster()) if not seeding else {}
-            kept = [codec.Op(*row) for row in c.execute(
-                "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog "
-                "ORDER BY hlc, origin, seq") if row[1] > snap.get(row[0], 0)]
-            for table in ("versions", "superseded", "tomb_pending", "changelog"):
+            kept = sorted((op for o, (_lo, hi, _n) in chain.held_ranges(c).items()
+                           for op in chain.iter_ops(c, o, snap.get(o, 0), hi)),
+                          key=lambda op: (op.hlc, op.origin, op.seq))
+            for table in ("versions", "superseded", "tomb_pending"):
                 c.execute(f"DELETE FROM {table}")
+            for o, e in snap.items():
+                chain.trim(c, o, e)     # the snapshot holds their effect; kept ops stay
             n = 0
             for pk in pks:
                 rows = []
@@ -405,7 +498,6 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 site.joined, site.family_id = True, first.family
             site.invalidate()
             _check_members(site, [o for o, e in snap.items() if e], "snapshot")
-            site.record_ops(kept)
             for op in kept:
                 site.apply_version(op, op.csn)
             for o, e in snap.items():

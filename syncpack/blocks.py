@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass, field
 from contextlib import contextmanager
 from itertools import accumulate, chain, repeat
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import msgpack
 import zstandard
@@ -564,3 +564,43 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
 def decode_ops(block: bytes | memoryview | BlockInfo) -> Iterator[Op]:
     """The ops of a block, in epoch order (decoded and checked in full before the first)."""
     return decode_block(block).ops()
+
+
+
+_BODY_LEN = struct.Struct(">I")
+
+
+def split_blocks(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Whole blocks out of a byte stream that concatenates them (a packet body read in
+    chunks).  The header's length field is bounded before the body is awaited, so a lying
+    length cannot make the reader hold more than one block's limit; the caller reads each
+    block's header in full (:func:`read_block_header`)."""
+    buf = bytearray()
+    pos = 0
+    for chunk in chunks:
+        if pos:
+            del buf[:pos]       # once per chunk: many small blocks cost no quadratic copying
+            pos = 0
+        buf += chunk
+        while len(buf) - pos >= HEADER_LEN:
+            body_len = _BODY_LEN.unpack_from(buf, pos + SIGNED_LEN - 4)[0]
+            if body_len > MAX_BLOCK_BODY:
+                raise BlockLimitError(f"body of {body_len} bytes exceeds the limit",
+                                      bytes(buf[pos + 6:pos + 14]))
+            end = pos + HEADER_LEN + body_len
+            if len(buf) < end:
+                break
+            yield bytes(buf[pos:end])
+            pos = end
+    if len(buf) > pos:
+        claimed = bytes(buf[pos + 6:pos + 14]) if len(buf) - pos >= 14 else None
+        raise BlockError(f"body ends inside a block ({len(buf) - pos} bytes left over)", claimed)
+
+
+def packet_ops(f, env, unsealer=None) -> Iterator[Op]:
+    """Every op of an update packet's body, block after block, for inspection (lspacket,
+    tools, tests).  Checks each block's header, body hash and columns, but not signatures or
+    chains: the importer's path is :func:`syncpack.verify.verify_block`."""
+    from .codec import body_chunks
+    for raw in split_blocks(body_chunks(f, env, unsealer)):
+        yield from decode_ops(raw)

@@ -129,8 +129,9 @@ class Record(NamedTuple):
 # --- packet framing ---------------------------------------------------------------------------
 
 MAGIC = b"\x89SYNCPK\n"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (2,)
+OLDER_VERSIONS = (1,)   # known, no longer read: their ops carry no origin's signature
 END_MAGIC = b"SPKE"
 SIG_LEN = 64
 _PREFIX = struct.Struct(">8sB")           # magic, version
@@ -140,7 +141,8 @@ SIGNING_CONTEXT = b"syncpack packet signature v1\x00"
 
 KIND_UPDATE = "update"
 KIND_SNAPSHOT = "snapshot"
-KNOWN_MANDATORY = frozenset({"zstd", "seal-x25519-chacha20poly1305"})
+FEATURE_BLOCKS = "blocks"       # the body of an update packet: origin-signed blocks
+KNOWN_MANDATORY = frozenset({"zstd", FEATURE_BLOCKS, "seal-x25519-chacha20poly1305"})
 FEATURE_SEAL = "seal-x25519-chacha20poly1305"
 KNOWN_ADVISORY: frozenset[str] = frozenset()
 
@@ -319,9 +321,10 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
     unknown = [f for f in req if f not in KNOWN_MANDATORY]
     if unknown:
         raise PacketFeatureError(f"packet needs unknown mandatory feature(s): {', '.join(unknown)}")
-    _need("zstd" in req, "the body encoding 'zstd' must be listed in 'req'")
     kind = h.get("kind")
     _need(kind in (KIND_UPDATE, KIND_SNAPSHOT), "field 'kind' must be 'update' or 'snapshot'")
+    encoding = FEATURE_BLOCKS if kind == KIND_UPDATE else "zstd"
+    _need(encoding in req, f"the body encoding {encoding!r} must be listed in 'req'")
     origins = h.get("origins")
     _need(isinstance(origins, list) and len(origins) <= MAX_ORIGINS
           and all(isinstance(o, bytes) and len(o) == SITE_ID_LEN for o in origins)
@@ -424,6 +427,12 @@ def read_envelope(f: BinaryIO, size: int) -> Envelope:
     if magic != MAGIC:
         raise PacketFormatError("not a syncpack packet (bad magic)")
     if version not in SUPPORTED_VERSIONS:
+        if version in OLDER_VERSIONS:
+            raise PacketVersionError(
+                f"packet format version {version} was made by an older syncpack; this one "
+                f"reads format {FORMAT_VERSION} (changes signed by their origin)",
+                hint="upgrade syncpack at the sending site and export again; the changes "
+                     "this packet carried are sent again by the next export")
         if version > FORMAT_VERSION:
             raise PacketVersionError(f"packet format version {version} is newer than this "
                                      f"syncpack reads (up to {FORMAT_VERSION})")
@@ -462,6 +471,22 @@ def body_hash_matches(f: BinaryIO, env: Envelope) -> bool:
     for b in _read_body_chunks(f, env):
         h.update(b)
     return h.digest() == env.header.body_hash
+
+
+def body_chunks(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[bytes]:
+    """The body's bytes as the sender wrote them before sealing (an update packet's blocks),
+    in chunks; the unsealer's failures are :class:`PacketSealError`."""
+    from . import seal
+    chunks: Iterator[bytes] = _read_body_chunks(f, env)
+    if not env.header.sealed:
+        yield from chunks
+        return
+    if unsealer is None:
+        raise PacketSealError("packet is sealed to its recipient; this site cannot open it")
+    try:
+        yield from seal.unseal(chunks, unsealer(env.header))
+    except seal.SealError as e:
+        raise PacketSealError(str(e), hint=e.hint) from None
 
 
 def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
@@ -642,6 +667,37 @@ class BodyWriter:
 
     def finish(self) -> tuple[int, bytes]:
         self._emit(self._c.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
+        if self._sealer:
+            self._sealer.close_stream()
+        return self._sink.n, self._sink.h.digest()
+
+
+class RawBodyWriter:
+    """An update packet's body: stored blocks copied as they are (each is compressed already),
+    through the sealer for sealed packets, hashed as they land in the file."""
+
+    def __init__(self, f: BinaryIO, budget: int, sealer=None):
+        from . import seal
+        self._sink = _HashingSink(f)
+        self._sealer = sealer(self._sink) if sealer else None
+        self._out = self._sealer or self._sink
+        self.epk = self._sealer.epk if self._sealer else b""
+        self.budget = budget - (seal.overhead(budget) if sealer else 0)
+        self.out = 0
+        self.items = 0
+
+    def room_needed(self, n: int) -> int:
+        return self.out + n
+
+    def would_fit(self, n: int) -> bool:
+        return self.out + n <= self.budget
+
+    def write(self, raw: bytes, items: int = 1) -> None:
+        self._out.write(raw)
+        self.out += len(raw)
+        self.items += items
+
+    def finish(self) -> tuple[int, bytes]:
         if self._sealer:
             self._sealer.close_stream()
         return self._sink.n, self._sink.h.digest()

@@ -165,6 +165,11 @@ class InvalidValueError(UsageError):
                     "numbers, true/false/null")
 
 
+class TransactionTooLargeError(UsageError):
+    """One transaction holds more than one block can (formats/BLOCKS.md: 2^20 changes, 256 MiB
+    encoded); it is refused whole at commit, nothing written."""
+
+
 class SiteClosedError(SiteError):
     """A :class:`~syncpack.Site` was used after :meth:`~syncpack.Site.close`."""
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from . import chain
 from .codec import Op
 from .errors import ExportError
 from .packets import fsync_dir
@@ -401,9 +402,7 @@ def append_log(site: Site, loc: LogLocation,
 
 
 def _csn_at(site: Site, origin: bytes, epoch: int) -> tuple[int, int] | None:
-    row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                            (origin, epoch)).fetchone()
-    return (row[0], row[1]) if row else None
+    return chain.op_id_at(site.conn, origin, epoch)
 
 
 def _remove_leftovers(loc: LogLocation, man: Manifest) -> None:
@@ -424,9 +423,7 @@ def _write_origin(site: Site, loc: LogLocation, origin: bytes, ent: OriginLog, t
     """Stream epochs (ent.top, top] of ``origin`` into new segments; updates ``ent``."""
     d = origin_dir(origin)
     loc.makedirs(d)
-    cur = site.conn.execute(
-        "SELECT epoch, hlc, seq, collection, key, value, replaced FROM changelog "
-        "WHERE origin=? AND epoch>? AND epoch<=? ORDER BY epoch", (origin, ent.top, top))
+    cur = (op[1:] for op in chain.iter_ops(site.conn, origin, ent.top, top))
     nxt = ent.top + 1
     written = segments = 0
     seg: dict | None = None

@@ -1,9 +1,8 @@
-"""Cutting an op stream into signed packets, and writing packet files safely.
+"""Cutting a stream of blocks into signed packets, and writing packet files safely.
 
 :func:`build_update_packets` is the one cutting rule: both the local exporter and the Spark job
-call it with the same ops in the same order and get the same bytes.  Ops arrive in CSN order;
-the unit of cutting is a transaction (a run of ops sharing hlc and origin), split only when one
-transaction alone is larger than a packet.
+call it with the same blocks in the same order (:func:`order_blocks`) and get the same bytes.
+The unit of cutting is a block (origin-signed, never altered or split by anyone else).
 """
 
 from __future__ import annotations
@@ -16,8 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
-from . import codec
-from .codec import Header, Op
+from . import blocks, codec
+from .codec import Header
+from .csn import pack_csn
 from .errors import ExportError, MediumFullError, OutboxError
 from .names import check_site_name
 
@@ -97,20 +97,6 @@ class PartInfo:
 Opener = Callable[[int], tuple[BinaryIO, Callable[[bool], Path]]]
 
 
-def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
-    txn: list[Op] = []
-    key = None
-    for op in ops:
-        k = (op.hlc, op.origin)
-        if k != key and txn:
-            yield txn
-            txn = []
-        key = k
-        txn.append(op)
-    if txn:
-        yield txn
-
-
 class PartSeries:
     """The consecutive parts of one export (or snapshot) to one peer.
 
@@ -120,8 +106,10 @@ class PartSeries:
     recorded, so its finished parts go too and the next export writes the same ranges again."""
 
     def __init__(self, template: Header, sign: Callable[[bytes], bytes], max_size: int,
-                 opener: Opener, seed: bytes | None = None, seal_to: bytes | None = None):
+                 opener: Opener, seed: bytes | None = None, seal_to: bytes | None = None,
+                 raw_body: bool = False):
         self.template, self.sign, self.opener = template, sign, opener
+        self.raw_body = raw_body
         self.seed, self.seal_to, self.max_size = seed, seal_to, max_size
         self.origins = template.origin_table()
         self.budget = (max_size - codec.framing_overhead()
@@ -140,8 +128,9 @@ class PartSeries:
         self.f, self._commit = self.opener(self.part)
         codec.start_packet(self.f)
         self.pid = packet_id(self.seed, t.sender, t.recipient, t.seq, self.part)
-        self.body = codec.BodyWriter(self.f, self.budget,
-                                     sealer=sealer_for(self.seal_to, self.pid, self.seed))
+        sealer = sealer_for(self.seal_to, self.pid, self.seed)
+        self.body = (codec.RawBodyWriter(self.f, self.budget, sealer=sealer) if self.raw_body
+                     else codec.BodyWriter(self.f, self.budget, sealer=sealer))
         self.count = 0
 
     def fits(self, n: int) -> bool:
@@ -155,8 +144,8 @@ class PartSeries:
         need = self.max_size - self.budget + self.body.room_needed(n)
         return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
                            f"{self.max_size} allows; --max-size {size_text(need)} or more "
-                           f"would do", hint="a transaction is split between packets, a "
-                                             "single op or record never is")
+                           f"would do", hint="packets are cut between blocks and between "
+                                             "records, never inside one")
 
     def finish(self, final: bool, **fields) -> PartInfo:
         length, digest = self.body.finish()
@@ -180,25 +169,57 @@ class PartSeries:
             p.path.unlink(missing_ok=True)
 
 
-def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[bytes], bytes],
-                         max_size: int, opener: Opener, seed: bytes | None = None,
+@dataclass(frozen=True)
+class BlockRef:
+    """One stored block as a packet writer needs it: where it sits in its origin's history,
+    its newest op (for the next part's anchor) and its bytes, copied as they are."""
+    origin: bytes
+    lo: int
+    hi: int
+    hlc_first: int
+    hlc_last: int
+    last_seq: int
+    data: bytes
+
+    @classmethod
+    def of(cls, raw: bytes) -> "BlockRef":
+        """A block's bytes as a writer takes them (decodes it once for its newest op)."""
+        cols = blocks.decode_block(raw)
+        info = blocks.read_block_header(raw)
+        return cls(info.origin, info.lo, info.hi, info.hlc_first, info.hlc_last,
+                   cols.txn_lens[-1] - 1, raw)
+
+
+def order_blocks(per_origin: Iterable[list[BlockRef]]) -> list[BlockRef]:
+    """The order blocks travel in: by their first clock (so an importer merging them by CSN
+    holds few at a time), each origin's in epoch order.  One rule for every engine."""
+    return sorted((b for bs in per_origin for b in bs),
+                  key=lambda b: (b.hlc_first, b.origin, b.lo))
+
+
+def build_update_packets(blocks: Iterable[BlockRef], template: Header,
+                         sign: Callable[[bytes], bytes], max_size: int, opener: Opener,
+                         seed: bytes | None = None,
                          progress: Callable[[int], None] | None = None,
                          seal_to: bytes | None = None) -> list[PartInfo]:
-    """Write ``ops`` (CSN order) as one or more packets of at most ``max_size`` bytes.
+    """Write ``blocks`` (in :func:`order_blocks` order) as one or more packets of at most
+    ``max_size`` bytes, cutting only between blocks.  The blocks are copied, never decoded.
 
     ``opener(part)`` returns a writable file and a ``commit(ok)`` callable that makes the file
     durable under its final name and returns that name (or discards it when ``ok`` is false).
     The template gives every header field except the per-part ones.  With ``seal_to`` (the
     recipient's X25519 public key) every body is sealed so only the recipient can read it."""
-    series = PartSeries(template, sign, max_size, opener, seed, seal_to)
-    ix = {o: i for i, o in enumerate(series.origins)}
+    # The body is blocks, whatever the template says (they are compressed one by one).
+    template = replace(template, mandatory=[codec.FEATURE_BLOCKS] + [
+        f for f in template.mandatory if f not in ("zstd", codec.FEATURE_BLOCKS)])
+    series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
     # CSN of the op just below each part's range, per origin: the receiver checks it against
     # its own op of that epoch, so a range never lands on a history it does not continue.
     carry: dict[bytes, bytes] = dict(template.anchors)
     state: dict = {}
 
     def begin_part() -> None:
-        state.update(enc=codec.OpEncoder(ix), ranges={}, hlc_max=0, anchors=dict(carry))
+        state.update(ranges={}, hlc_max=0, anchors=dict(carry))
 
     def fields() -> dict:
         ranges = dict(state["ranges"])
@@ -206,53 +227,24 @@ def build_update_packets(ops: Iterable[Op], template: Header, sign: Callable[[by
                 "anchors": {o: state["anchors"][o] for o, (lo, _hi) in ranges.items()
                             if lo > 0 and o in state["anchors"]}}
 
-    def cut() -> None:
-        series.cut(**fields())
-        begin_part()
-
-    def add(op_list: list[Op], raw: bytes) -> None:
-        series.write(raw, len(op_list))
-        ranges = state["ranges"]
-        # A transaction has one origin and consecutive epochs.
-        first, last = op_list[0], op_list[-1]
-        lo_hi = ranges.get(first.origin)
-        ranges[first.origin] = (lo_hi[0] if lo_hi else first.epoch - 1, last.epoch)
-        carry[last.origin] = last.csn
-        # ops ascend by CSN, so the last op carries the highest clock
-        if last.hlc > state["hlc_max"]:
-            state["hlc_max"] = last.hlc
-        if progress:
-            progress(len(op_list))
-
-    def encode(op_list: list[Op]) -> bytes:
-        return state["enc"].encode_many(op_list)
-
     begin_part()
     try:
-        for txn in _txns(ops):
-            before = state["enc"].hlc
-            raw = encode(txn)
-            if series.fits(len(raw)):
-                add(txn, raw)
-                continue
-            state["enc"].hlc = before
-            if series.count:
-                cut()
-                raw = encode(txn)
-                if series.fits(len(raw)):
-                    add(txn, raw)
-                    continue
-                state["enc"].hlc = 0
-            # One transaction alone is larger than a packet: split it op by op.
-            for op in txn:
-                raw = encode([op])
-                if not series.fits(len(raw)):
-                    if series.count:
-                        cut()
-                        raw = encode([op])
-                    if not series.fits(len(raw)):
-                        raise series.too_big(len(raw), "op")
-                add([op], raw)
+        for b in blocks:
+            n = len(b.data)
+            if not series.fits(n) and series.count:
+                series.cut(**fields())
+                begin_part()
+            if not series.fits(n):
+                raise series.too_big(n, "block")
+            series.write(b.data, b.hi - b.lo)
+            ranges = state["ranges"]
+            lo_hi = ranges.get(b.origin)
+            ranges[b.origin] = (lo_hi[0] if lo_hi else b.lo, b.hi)
+            carry[b.origin] = pack_csn(b.hlc_last, b.origin, b.last_seq)
+            if b.hlc_last > state["hlc_max"]:
+                state["hlc_max"] = b.hlc_last
+            if progress:
+                progress(b.hi - b.lo)
         series.finish(True, **fields())
     except BaseException:
         series.abort()

@@ -7,7 +7,7 @@ member's summary of others.
 
 from __future__ import annotations
 
-from . import codec, planning
+from . import chain, codec, planning
 from .csn import CSN_LEN, next_hlc, pack_csn
 from .errors import UsageError
 from .matrix import ack_floor
@@ -70,9 +70,8 @@ def note_report(site: Site, h, applied: bool) -> None:
     tip_differs = False
     if h.tip is not None and h.tip[0] <= held:
         e, csn = h.tip
-        row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                                (me, e)).fetchone()
-        tip_differs = row is not None and pack_csn(row[0], me, row[1]) != csn
+        ours = chain.op_id_at(site.conn, me, e)
+        tip_differs = ours is not None and pack_csn(ours[0], me, ours[1]) != csn
     dismissed = _id_map(site, "recover_dismissed")
     if h.sender in dismissed and claim <= held and not tip_differs:
         # Its word agrees with our history again (a tip that still differs after the family
@@ -184,10 +183,9 @@ def stash_own(site: Site, reason: str) -> int:
     c = site.conn
     me = site.site_id
     floor = site.floors().get(me, 0)
-    c.execute("INSERT OR REPLACE INTO stash SELECT origin, epoch, hlc, seq, collection, "
-              "key, value, replaced FROM changelog WHERE origin=?", (me,))
-    c.execute("DELETE FROM changelog WHERE origin=?", (me,))
-    n = c.changes()
+    ops = chain.take_all(c, me)
+    c.executemany("INSERT OR REPLACE INTO stash VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ops)
+    n = len(ops)
     c.execute("UPDATE vector SET epoch=? WHERE origin=?", (floor, me))
     site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
     enter_recovering(site, reason)
@@ -261,26 +259,21 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
         if min_age_ms:
             # Keep ops younger than the minimum age, whatever was acknowledged.
             for o, e in acked.items():
-                row = c.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND "
-                                "epoch>? AND epoch<=? AND hlc>=?",
-                                (o, floors.get(o, 0), e,
-                                 (now - min_age_ms) << 16)).fetchone()
-                if row[0] is not None:
-                    young[o] = row[0]
+                first = chain.first_epoch_since(c, o, floors.get(o, 0), e,
+                                                (now - min_age_ms) << 16)
+                if first is not None:
+                    young[o] = first
         plan = planning.scrub_floors(acked, floors, vec, young)
         n_ops = 0
         for o, (lo, hi) in plan.items():
-            n_ops += c.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? "
-                               "AND epoch<=?", (o, lo, hi)).fetchone()[0]
+            n_ops += chain.count_range(c, o, lo, hi)
         tombs, pending = _tombstones(site, acked, vec, dry_run)
         if not dry_run:
             expect(progress, n_ops)
             for o, (lo, hi) in plan.items():
                 # In steps, so a long trim shows progress; still one transaction.
                 for top in range(lo + SCRUB_STEP, hi + SCRUB_STEP, SCRUB_STEP):
-                    c.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?",
-                              (o, min(top, hi)))
-                    n = c.changes()
+                    n = chain.trim(c, o, min(top, hi))
                     if progress:
                         progress(n)
                 c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
@@ -322,10 +315,9 @@ def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
             "w.key=v.key AND w.csn<>v.csn) AND NOT EXISTS (SELECT 1 FROM tomb_pending t "
             "WHERE t.collection=v.collection AND t.key=v.key AND t.csn=v.csn)").fetchall():
         origin = csn[8:16]
-        row = c.execute("SELECT epoch FROM changelog WHERE hlc=? AND origin=? AND seq=?",
-                        (int.from_bytes(csn[:8], "big"), origin,
-                         int.from_bytes(csn[16:], "big"))).fetchone()
-        epoch = row[0] if row else site.floors().get(origin, 0)
+        held = chain.epoch_of(c, int.from_bytes(csn[:8], "big"), origin,
+                              int.from_bytes(csn[16:], "big"))
+        epoch = held if held is not None else site.floors().get(origin, 0)
         if acked.get(origin, 0) >= epoch:
             pending += 1
             if not dry_run:

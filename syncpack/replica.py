@@ -39,7 +39,10 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
                         f"complete enough to seed another site",
                         hint="finish the recovery first, or make the snapshot at another member")
     now = wall_ms() if now_ms is None else now_ms
-    sign = keys.load_signing_key(site.path).sign
+    sign = site.signer()
+    # Our unsealed ops become blocks first, so the snapshot's vector of our own origin ends
+    # where a block does: the recipient is then sent whole blocks from there on.
+    site.seal_pending()
     conn = site.conn
     vec = {o: e for o, e in site.vector().items() if e}
     roster = [{"name": m.name, "id": m.site_id, "ed25519": m.ed25519, "x25519": m.x25519,

@@ -21,17 +21,17 @@ import os
 import secrets
 import time
 from contextlib import contextmanager
-from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import codec, keys, store
+from . import chain, codec, keys, store
 from .codec import Op, Record
 from .conflict import POLICIES, Version, pick
 from .csn import CSN_LEN, next_hlc, pack_csn
 from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
-                     RecoveringError, SiteClosedError, SiteError, UsageError)
+                     RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
+                     UsageError)
 from .names import check_site_name
 from .values import check_json_value
 
@@ -106,6 +106,7 @@ class Site:
         self.family_id: bytes | None = m.get("family_id")
         self._roster: dict[str, Member] | None = None
         self._policies: dict[str, str] | None = None
+        self._sign: Callable[[bytes], bytes] | None = None
 
     # -- opening and creating ------------------------------------------------------------------
 
@@ -448,26 +449,31 @@ class Site:
 
     def _op_known(self, csn: bytes) -> bool:
         hlc, origin, seq = int.from_bytes(csn[:8], "big"), csn[8:16], int.from_bytes(csn[16:], "big")
-        if self.conn.execute("SELECT 1 FROM changelog WHERE hlc=? AND origin=? AND seq=?",
-                             (hlc, origin, seq)).fetchone():
-            return True
         # An op trimmed from the changelog was applied before; it can never arrive again.
-        return False
+        return chain.epoch_of(self.conn, hlc, origin, seq) is not None
+
+    def signer(self) -> Callable[[bytes], bytes]:
+        """This site's Ed25519 signing function (read from its key file once)."""
+        if self._sign is None:
+            self._sign = keys.load_signing_key(self.path).sign
+        return self._sign
+
+    def seal_pending(self) -> int:
+        """Seal our unsealed ops into blocks (before they leave in a packet or a snapshot
+        counts on them); the caller holds a write transaction."""
+        return chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer())
 
     def record_ops(self, ops: list[Op]) -> None:
-        """Append ops to the changelog; the caller holds a write transaction."""
+        """Append our own ops to the changelog (sealed later); the caller holds a write
+        transaction."""
         self.conn.executemany(
             "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
              for o in ops])
 
     def iter_changelog(self, origin: bytes, lo: int, hi: int) -> Iterator[Op]:
-        """Ops of ``origin`` with epochs in (lo, hi], in epoch (= CSN) order."""
-        cur = self.conn.execute(
-            "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog "
-            "WHERE origin=? AND epoch>? AND epoch<=? ORDER BY epoch", (origin, lo, hi))
-        # Rows are already in Op's field order: build the tuples without a Python call each.
-        return map(partial(tuple.__new__, Op), cur)
+        """Ops of ``origin`` with epochs in (lo, hi] we hold, in epoch (= CSN) order."""
+        return chain.iter_ops(self.conn, origin, lo, hi)
 
     def iter_versions(self) -> Iterator[Record]:
         """Every surviving version of every key, in (collection, key, CSN) order."""
@@ -572,13 +578,35 @@ class Transaction:
         site.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, raw))
         self.ops.append(op)
 
+    def split(self) -> None:
+        """End this replication transaction and begin the next one inside the same store
+        transaction: what was written so far travels as one unit, the rest as another (a
+        block never cuts a transaction, and a block has limits)."""
+        self.flush()
+        self.hlc = next_hlc(self.hlc, self.site.clock())
+        self.seq = 0
+
     def flush(self) -> None:
         """Record the ops written so far (changelog, vector, clock) inside the still-open
         transaction, so a snapshot cut in the same transaction sees them."""
         if not self.ops:
             return
         site = self.site
-        site.record_ops(self.ops)
+        n_bytes = sum(len(o.key) + len(o.value or b"") for o in self.ops)
+        if len(self.ops) > chain.MAX_TXN_OPS or n_bytes > chain.MAX_TXN_BYTES:
+            raise TransactionTooLargeError(
+                f"one transaction is limited to {chain.MAX_TXN_OPS} changes and "
+                f"{chain.MAX_TXN_BYTES} bytes of keys and values (this one: {len(self.ops)} "
+                f"changes, {n_bytes} bytes); nothing was written",
+                hint="split the work into several transactions ('syncpack load' does so "
+                     "itself)")
+        if len(self.ops) >= chain.SEAL_AT_COMMIT:
+            # A large transaction becomes its own block now: one row instead of one per op,
+            # and an export later only copies it.  Older unsealed ops go first (the chain).
+            site.seal_pending()
+            chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer())
+        else:
+            site.record_ops(self.ops)
         site.conn.execute("UPDATE vector SET epoch=? WHERE origin=?", (self.epoch, site.site_id))
         site.set_meta("hlc", self.hlc)
         self.ops = []

@@ -32,7 +32,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -122,6 +122,21 @@ MIGRATIONS: list[str] = [
     CREATE TABLE acks_told(peer BLOB NOT NULL, member BLOB NOT NULL,
                            created_ms INTEGER NOT NULL, PRIMARY KEY(peer, member)) WITHOUT ROWID;
     DELETE FROM meta WHERE key IN ('ack_floor_gossip', 'ack_floor_set');
+    """,
+    # 3: format v2.  Ops travel and are kept as blocks signed by their origin (syncpack/chain.py);
+    # the changelog keeps only our own ops not sealed yet.  Relayed ops of other origins came
+    # without their origin's signature and no one but the origin can sign them: they count as
+    # trimmed (a peer that still lacks them is sent a snapshot, as after a scrub).
+    """
+    CREATE TABLE blocks(origin BLOB NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL,
+                        hlc_first INTEGER NOT NULL, hlc_last INTEGER NOT NULL,
+                        last_seq INTEGER NOT NULL, hash BLOB NOT NULL, data BLOB NOT NULL);
+    CREATE UNIQUE INDEX blocks_by_epoch ON blocks(origin, hi);
+    CREATE INDEX blocks_by_clock ON blocks(origin, hlc_first);
+    UPDATE vector SET floor=max(floor, epoch)
+        WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id')
+        AND EXISTS (SELECT 1 FROM meta WHERE key='site_id');
+    DELETE FROM changelog WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id');
     """,
 ]
 

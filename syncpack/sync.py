@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from . import codec, keys, planning
+from . import chain, codec, keys, planning
 from .apply import ForkDetected, apply_packet, apply_snapshot, drop_parked, is_known, park
 from .codec import Header, Op
 from .csn import pack_csn
-from .errors import (PacketError, PacketSenderError, ScrubbedError, SyncpackError,
-                     UsageError)
+from .errors import (ExportError, PacketError, PacketSenderError, ScrubbedError,
+                     SyncpackError, UsageError)
 from .matrix import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
                      ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
-from .packets import (DEFAULT_MAX_SIZE, PartInfo, atomic_opener, build_update_packets,
-                      packet_dir, packet_name)
+from .packets import (DEFAULT_MAX_SIZE, BlockRef, PartInfo, atomic_opener,
+                      build_update_packets, order_blocks, packet_dir, packet_name)
 from .progress import expect
 from .recovery import RECOVERING, stash_own
 from .site import Site, wall_ms
@@ -59,6 +59,7 @@ class PeerPlan:
     name: str
     ranges: dict[bytes, tuple[int, int]]
     template: Header
+    blocks: list[chain.StoredBlock] = field(default_factory=list)   # in the order they go
 
 
 def _anchors(site: Site, ranges: dict[bytes, tuple[int, int]]) -> dict[bytes, bytes]:
@@ -66,11 +67,37 @@ def _anchors(site: Site, ranges: dict[bytes, tuple[int, int]]) -> dict[bytes, by
     out = {}
     for o, (lo, _hi) in ranges.items():
         if lo:
-            row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                                    (o, lo)).fetchone()
-            if row:
-                out[o] = pack_csn(row[0], o, row[1])
+            held = chain.op_id_at(site.conn, o, lo)
+            if held:
+                out[o] = pack_csn(held[0], o, held[1])
     return out
+
+
+def cover_ranges(site: Site, ranges: dict[bytes, tuple[int, int]]
+                 ) -> tuple[dict[bytes, tuple[int, int]], list[chain.StoredBlock]]:
+    """The stored blocks that carry ``ranges``, in the order they travel, and the ranges they
+    actually span: a block is never cut, so a range may start below what the peer lacks
+    (the peer skips epochs it holds)."""
+    spans: dict[bytes, tuple[int, int]] = {}
+    per_origin = []
+    for o, (lo, hi) in ranges.items():
+        cov = chain.covering(site.conn, o, lo, hi)
+        if not cov or cov[0].lo > lo or cov[-1].hi < hi or \
+                any(a.hi < b.lo for a, b in zip(cov, cov[1:])):
+            raise ExportError(f"this site's store lacks some of epochs {lo + 1}..{hi} of "
+                              f"{site.name_of(o)}; nothing was written",
+                              hint="run 'syncpack fsck' and restore the site from a backup "
+                                   "if it reports damage")
+        spans[o] = (cov[0].lo, cov[-1].hi)
+        per_origin.append(cov)
+    return spans, order_blocks(per_origin)
+
+
+def block_stream(site: Site, metas: Iterable[chain.StoredBlock]) -> Iterator[BlockRef]:
+    """The blocks' bytes, fetched one at a time as the writer needs them."""
+    for m in metas:
+        yield BlockRef(m.origin, m.lo, m.hi, m.hlc_first, m.hlc_last, m.last_seq,
+                       chain.block_bytes(site.conn, m))
 
 
 def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes] | None:
@@ -79,9 +106,8 @@ def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes]
     e = vec.get(peer, 0)
     if not e:
         return None
-    row = site.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
-                            (peer, e)).fetchone()
-    return (e, pack_csn(row[0], peer, row[1])) if row else None
+    held = chain.op_id_at(site.conn, peer, e)
+    return (e, pack_csn(held[0], peer, held[1])) if held else None
 
 
 def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]:
@@ -164,19 +190,28 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                 raise
             failed.append(err)
             continue
+        try:
+            ranges, metas = cover_ranges(site, ranges)
+        except SyncpackError as err:
+            err.peer = printable(name)
+            if failed is None:
+                raise
+            failed.append(err)
+            continue
         lk = link(site, peer)
         sent, acked = matrix(site, peer)
         unconfirmed = any(e > acked.get(o, 0) for o, e in sent.items())
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering):
             continue
-        tmpl = Header(kind=codec.KIND_UPDATE, family=site.family_id, sender=site.site_id,
+        tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
+                      family=site.family_id, sender=site.site_id,
                       recipient=peer, packet_id=b"", seq=lk["out_seq"] + 1, part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),
                       tip=tip_for(site, peer, vec), anchors=_anchors(site, ranges),
                       reply=bool(ranges) or unconfirmed or recovering, recovering=recovering,
                       acks=_acks_for(site, peer, vec, now_ms, sign))
-        plans.append(PeerPlan(peer, name, ranges, tmpl))
+        plans.append(PeerPlan(peer, name, ranges, tmpl, metas))
     return plans
 
 
@@ -208,7 +243,10 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
     with site.lock():
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
-        sign = keys.load_signing_key(site.path).sign
+        sign = site.signer()
+        if chain.has_pending(site.conn, site.site_id):
+            with site.write_txn():
+                site.seal_pending()     # our small transactions become blocks now, once
         written: list[tuple[PeerPlan, list[PartInfo]]] = []
         conn = site.conn
         conn.execute("BEGIN")  # one read snapshot for plan and ops alike
@@ -218,7 +256,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
                 opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part))
-                parts = build_update_packets(merged_ops(site, plan.ranges), plan.template, sign,
+                parts = build_update_packets(block_stream(site, plan.blocks), plan.template, sign,
                                              max_size, opener, seed, progress,
                                              seal_to=site.seal_key(plan.peer, encrypt))
                 written.append((plan, parts))

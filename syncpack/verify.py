@@ -16,9 +16,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Iterator
 
-from . import codec, keys
+from . import blocks, chain, codec, keys
 from .codec import Envelope, Header
 from .csn import hlc_from_ms
 from .errors import (ClockSkewError, PacketBodyError, PacketFamilyError, PacketFormatError,
@@ -233,3 +233,36 @@ def signature_state(site: Site | None, pk: OpenPacket) -> str:
     if public is None:
         return "unchecked"
     return "valid" if check_signature(pk, public) else "invalid"
+
+
+# --- the blocks of an update packet ------------------------------------------------------------
+
+def packet_blocks(site: Site, pk: OpenPacket) -> Iterator[bytes]:
+    """The raw blocks of a verified update packet's body, unsealed, one at a time."""
+    return blocks.split_blocks(codec.body_chunks(pk.f, pk.env, keys.unsealer(site.path)))
+
+
+def verify_block(site: Site, raw: bytes, sender: str) -> blocks.BlockInfo:
+    """One block of a packet from ``sender``, against its **origin's** key (whoever relayed
+    it) and the chain we hold; errors name the origin.  Called as the block is reached, after
+    the blocks before it applied, so an origin added by a roster change earlier in the same
+    packet is known by then."""
+    origin = bytes(raw[6:14]) if len(raw) >= 14 else b""
+    member = site.members_by_id(include_retired=True).get(origin)
+    try:
+        info = blocks.read_block_header(raw, site.family_id)
+        if member is None:
+            raise PacketSenderError(f"packet from {sender} carries changes of origin "
+                                    f"{origin.hex()}, which was never a member of family "
+                                    f"{site.family_name!r}; refused")
+        prev = None if info.prev_hash == blocks.ZERO_HASH and info.lo else \
+            chain.expected_prev(site.conn, origin, info.lo)
+        return blocks.verify_block(info, member.ed25519, site.family_id, prev)
+    except (blocks.BlockError, blocks.BlockSignatureError) as e:
+        if member is not None:
+            # An operator knows members by name: say whose block it was.
+            e.message = e.message.replace(f"origin {origin.hex()}",
+                                          f"origin {member.name} ({origin.hex()})", 1)
+            e.message += f" (in a packet from {sender})"
+            e.args = (e.message,)
+        raise

@@ -42,6 +42,7 @@ from hypothesis.errors import InvalidArgument
 
 from conftest import Family
 
+from syncpack import blocks
 from syncpack import admin, codec, keys, replica, sync, verify
 from syncpack.errors import PacketBodyError, PacketError, PacketLimitError
 from syncpack.site import Site
@@ -162,7 +163,7 @@ def read_all(path: Path, site: Site | None = None) -> str:
             for _ in codec.iter_records(pk.f, pk.env):
                 pass
         else:
-            for _ in codec.iter_ops(pk.f, pk.env):
+            for _ in blocks.packet_ops(pk.f, pk.env):
                 pass
         return "ok"
     except PacketError as e:
@@ -692,7 +693,7 @@ def bomb_import(w: World, data: bytes):
         try:
             verify.verify(s, pk)
             with pytest.raises(PacketError) as ei:
-                assert_bounded(lambda: [None for _ in codec.iter_ops(pk.f, pk.env)])
+                assert_bounded(lambda: [None for _ in blocks.packet_ops(pk.f, pk.env)])
         finally:
             pk.close()
     return res.rejected[0]["error"], ei.value

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from syncpack import blocks
 from syncpack import codec, keys, seal
 from syncpack.errors import (PacketBodyError, PacketError, PacketFeatureError, PacketFormatError,
                              PacketLimitError, PacketSealError, PacketSignatureError,
@@ -81,7 +82,7 @@ def full_check(data: bytes, public: bytes, unseal=None) -> list:
     if not codec.body_hash_matches(f, env):
         raise PacketBodyError("packet body does not match the hash in its signed header")
     if env.header.kind == codec.KIND_UPDATE:
-        return list(codec.iter_ops(f, env, unseal))
+        return list(blocks.packet_ops(f, env, unseal))
     return list(codec.iter_records(f, env, unseal))
 
 
@@ -267,7 +268,7 @@ def test_sealed_body_needs_the_recipient_key():
     env = codec.read_envelope(io.BytesIO(data), len(data))
     assert env.header.sealed and env.header.seal_epk.hex() == doc["seal"]["epk"]
     with pytest.raises(PacketSealError):           # a site without an unsealer
-        list(codec.iter_ops(io.BytesIO(data), env))
+        list(blocks.packet_ops(io.BytesIO(data), env))
     with pytest.raises(PacketSealError):           # the wrong recipient key
         full_check(data, public, unsealer("charlie"))
     # the plaintext is not visible in the file

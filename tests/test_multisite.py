@@ -20,6 +20,7 @@ from pathlib import Path
 
 from conftest import run
 
+from syncpack import blocks
 from syncpack import codec
 from syncpack.site import Site
 from syncpack.sync import open_packet
@@ -78,7 +79,7 @@ def keys_in(path: str) -> list[tuple[str, int, str]]:
     """(origin id hex, epoch, key) of every op in a packet, in the order carried."""
     pk = open_packet(Path(path))
     try:
-        return [(op.origin.hex(), op.epoch, op.key) for op in codec.iter_ops(pk.f, pk.env)]
+        return [(op.origin.hex(), op.epoch, op.key) for op in blocks.packet_ops(pk.f, pk.env)]
     finally:
         pk.close()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import run
 
+from syncpack import blocks
 from syncpack import codec
 from syncpack.sync import open_packet
 
@@ -189,7 +190,7 @@ TXNS, OPS_PER_TXN = 40, 10
 def _ops_of(path: str) -> list[codec.Op]:
     pk = open_packet(Path(path))
     try:
-        return list(codec.iter_ops(pk.f, pk.env))
+        return list(blocks.packet_ops(pk.f, pk.env))
     finally:
         pk.close()
 

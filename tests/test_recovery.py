@@ -25,7 +25,8 @@ from syncpack import apply, codec, keys, sync, verify
 from syncpack.codec import Header, Op
 from syncpack.errors import (ClockSkewError, EpochCollisionError, PacketSenderError,
                              ScrubbedError)
-from syncpack.packets import atomic_opener, build_update_packets
+from syncpack import blocks
+from syncpack.packets import BlockRef, atomic_opener, build_update_packets
 from syncpack.site import Site
 
 DAY_MS = 24 * 3600 * 1000
@@ -376,7 +377,9 @@ def test_forged_epoch_collision_is_refused_and_data_kept(family):
                   vector={**{o: e for o, e in a_vec.items() if e}, b: held + 1})
     sign = keys.load_signing_key(fam.path("B")).sign
     media = fam.medium()
-    (part,) = build_update_packets(iter(forged), tmpl, sign, 1 << 20,
+    # B itself signs the block (a relay could not): the reuse is B's own signed word.
+    block = blocks.encode_block(family_id, b, blocks.ZERO_HASH, forged, sign)
+    (part,) = build_update_packets([BlockRef.of(block)], tmpl, sign, 1 << 20,
                                    atomic_opener(media, lambda n: f"forged-{n}.spk"))
 
     r = run("import", part.path, site=fam.path("A"))

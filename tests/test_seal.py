@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run
+from syncpack import blocks
 from syncpack import codec, keys, sync
 from syncpack.errors import PacketSealError
 from syncpack.site import Site
@@ -49,9 +50,9 @@ def test_a_third_member_cannot_read_it(trio):
         import os
         env = codec.read_envelope(f, os.fstat(f.fileno()).st_size)
         with pytest.raises(PacketSealError):
-            list(codec.iter_ops(f, env, keys.unsealer(c.path)))
+            list(blocks.packet_ops(f, env, keys.unsealer(c.path)))
         with pytest.raises(PacketSealError):
-            list(codec.iter_ops(f, env))     # no key at all
+            list(blocks.packet_ops(f, env))     # no key at all
     # lspacket at c still checks who sent it.
     ls = run("lspacket", p, site=trio.path("c"), json_mode=True)
     assert ls.json["packets"][0]["signature"] == "valid"

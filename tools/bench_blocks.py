@@ -158,7 +158,7 @@ def v1_packet(ops: list[Op], tmp: Path) -> bytes:
 def v1_decode(data: bytes) -> list[Op]:
     f = io.BytesIO(data)
     env = codec.read_envelope(f, len(data))
-    return list(codec.iter_ops(f, env))
+    return list(blocks.packet_ops(f, env))
 
 
 # --- v2 blocks ----------------------------------------------------------------------------------

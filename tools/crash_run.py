@@ -284,7 +284,7 @@ def _one_txn_size(a: Path, work: Path) -> int:
         pk = open_packet(p)
         try:
             last = 0
-            for op in codec.iter_ops(pk.f, pk.env):
+            for op in blocks.packet_ops(pk.f, pk.env):
                 sizes[op.hlc] += len(msgpack.packb([0, op.hlc - last, op.seq, op.collection,
                                                     op.key, op.value, op.replaced]))
                 last = op.hlc
@@ -414,7 +414,7 @@ def check_medium(w: World, tr: Trial) -> list[str]:
             if not codec.body_hash_matches(pk.f, pk.env):
                 problems.append(f"{p.name}: body does not match its hash")
             else:
-                n = sum(1 for _ in codec.iter_ops(pk.f, pk.env))
+                n = sum(1 for _ in blocks.packet_ops(pk.f, pk.env))
                 if n != pk.header.count:
                     problems.append(f"{p.name}: {n} ops, header says {pk.header.count}")
         except Exception as e:  # noqa: BLE001

@@ -67,7 +67,7 @@ def main() -> None:
                 for _ in codec.iter_records(f, env):
                     pass
             else:
-                for _ in codec.iter_ops(f, env):
+                for _ in blocks.packet_ops(f, env):
                     pass
         except PacketError:
             pass

@@ -1,0 +1,315 @@
+"""Each origin's history as the store keeps it: signed blocks, plus our own not yet sealed ops.
+
+Format v2 (formats/BLOCKS.md): an origin encodes, signs and hash-chains its ops into blocks
+once; every other site keeps those blocks byte for byte (one row per block in ``blocks``) and
+passes them on unchanged, so a relay can neither alter nor reorder another origin's ops.  The
+per-op ``changelog`` table now holds only this site's own ops that are not sealed yet (small
+transactions, gathered until the next export) and nothing of any other origin.
+
+Sealing: a transaction of :data:`SEAL_AT_COMMIT` ops or more is sealed when it commits (its ops
+never touch the changelog: a bulk load writes one row, not a million); smaller ones wait in the
+changelog and are gathered into blocks of about :data:`BLOCK_OPS` ops when an export (or a
+snapshot) needs them.  A block never cuts a transaction.
+
+Everything here runs inside the caller's transaction on ``conn``; nothing commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import Callable, Iterable, Iterator
+
+from . import blocks
+from .blocks import ZERO_HASH, BlockInfo
+from .codec import Op
+
+SEAL_AT_COMMIT = 1_000          # ops: a transaction this large becomes a block at commit
+BLOCK_OPS = 10_000              # ops: pending small transactions are gathered up to this
+BLOCK_RAW = 16 * 1024 * 1024    # bytes of keys and values: ... or this, whichever first
+MAX_TXN_OPS = blocks.MAX_BLOCK_OPS
+MAX_TXN_BYTES = blocks.MAX_BLOCK_RAW // 2   # keys and values of one transaction (with room
+                                            # for the columns' own bytes in the block limit)
+
+_OP_NEW = partial(tuple.__new__, Op)
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    origin: bytes
+    lo: int
+    hi: int
+    hlc_first: int
+    hlc_last: int
+    last_seq: int
+    hash: bytes
+
+    @property
+    def last_csn(self) -> tuple[int, int]:
+        return self.hlc_last, self.last_seq
+
+
+_COLS = "origin, lo, hi, hlc_first, hlc_last, last_seq, hash"
+
+
+def _stored(row) -> StoredBlock:
+    return StoredBlock(*row)
+
+
+# --- what is held ------------------------------------------------------------------------------
+
+def top(conn, origin: bytes) -> StoredBlock | None:
+    """The origin's block with the highest epochs we hold."""
+    row = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? ORDER BY hi DESC LIMIT 1",
+                       (origin,)).fetchone()
+    return _stored(row) if row else None
+
+
+def block_ending_at(conn, origin: bytes, epoch: int) -> StoredBlock | None:
+    row = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hi=?",
+                       (origin, epoch)).fetchone()
+    return _stored(row) if row else None
+
+
+def expected_prev(conn, origin: bytes, lo: int) -> bytes | None:
+    """What a block starting after epoch ``lo`` must name as its predecessor, if we can tell:
+    the hash of our block of that origin ending at ``lo`` (zero at the origin's start)."""
+    if lo == 0:
+        return ZERO_HASH
+    b = block_ending_at(conn, origin, lo)
+    return b.hash if b else None
+
+
+def covering(conn, origin: bytes, lo: int, hi: int) -> list[StoredBlock]:
+    """Stored blocks that together hold epochs ``(lo, hi]`` of ``origin``, in epoch order:
+    fewest blocks, each extending the cover (blocks of one origin may overlap after a
+    re-seal).  Stops where the cover has a hole; the caller compares the reach with ``hi``."""
+    rows = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hi>? AND lo<? "
+                        f"ORDER BY lo, hi DESC", (origin, lo, hi)).fetchall()
+    out: list[StoredBlock] = []
+    reach = lo
+    best: StoredBlock | None = None
+    for r in map(_stored, rows):
+        if r.lo > reach:
+            if best is None:
+                break
+            out.append(best)
+            reach, best = best.hi, None
+            if r.lo > reach or reach >= hi:
+                break
+        if r.hi > reach and (best is None or r.hi > best.hi):
+            best = r
+    if best is not None and reach < hi:
+        out.append(best)
+    return out
+
+
+def block_bytes(conn, b: StoredBlock) -> bytes:
+    return conn.execute("SELECT data FROM blocks WHERE origin=? AND hi=? AND lo=?",
+                        (b.origin, b.hi, b.lo)).fetchone()[0]
+
+
+@lru_cache(maxsize=4)
+def _decoded(data: bytes) -> list[Op]:
+    return list(blocks.decode_ops(data))
+
+
+def _block_ops(conn, b: StoredBlock) -> list[Op]:
+    return _decoded(block_bytes(conn, b))
+
+
+def iter_ops(conn, origin: bytes, lo: int, hi: int) -> Iterator[Op]:
+    """Ops of ``origin`` with epochs in ``(lo, hi]`` we hold, in epoch (= CSN) order: from
+    its blocks, then from the changelog (our own unsealed ops).  Each epoch once."""
+    nxt = lo + 1
+    for b in covering(conn, origin, lo, hi):
+        for op in blocks.decode_ops(block_bytes(conn, b)):
+            if nxt <= op.epoch <= hi:
+                nxt = op.epoch + 1
+                yield op
+    if nxt <= hi:
+        cur = conn.execute(
+            "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog "
+            "WHERE origin=? AND epoch>=? AND epoch<=? ORDER BY epoch", (origin, nxt, hi))
+        yield from map(_OP_NEW, cur)
+
+
+def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
+    """``(hlc, seq)`` of the op we hold as ``epoch`` of ``origin``, or None."""
+    row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                       (origin, epoch)).fetchone()
+    if row:
+        return row[0], row[1]
+    b = block_ending_at(conn, origin, epoch)
+    if b:
+        return b.last_csn       # no decoding: the common case (ranges start at a block's end)
+    row = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND lo<? AND hi>? "
+                       f"LIMIT 1", (origin, epoch, epoch)).fetchone()
+    if row is None:
+        return None
+    op = _block_ops(conn, _stored(row))[epoch - row[1] - 1]
+    return op.hlc, op.seq
+
+
+def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
+    """The epoch of the op with CSN ``(hlc, origin, seq)`` if we hold it, else None."""
+    row = conn.execute("SELECT epoch FROM changelog WHERE hlc=? AND origin=? AND seq=?",
+                       (hlc, origin, seq)).fetchone()
+    if row:
+        return row[0]
+    for r in conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hlc_first<=? AND "
+                          f"hlc_last>=?", (origin, hlc, hlc)).fetchall():
+        b = _stored(r)
+        if b.hlc_last == hlc and b.last_seq == seq:
+            return b.hi
+        for op in _block_ops(conn, b):
+            if op.hlc == hlc and op.seq == seq:
+                return op.epoch
+    return None
+
+
+def held_ranges(conn) -> dict[bytes, tuple[int, int, int]]:
+    """Per origin: (lowest epoch, highest epoch, count) of the ops we hold (fsck, status)."""
+    out: dict[bytes, list[int]] = {}
+    for o, lo, hi in conn.execute("SELECT origin, lo, hi FROM blocks ORDER BY origin, lo"):
+        cur = out.setdefault(o, [lo + 1, hi, 0, 0])
+        cur[0] = min(cur[0], lo + 1)
+        cur[2] += max(0, hi - max(lo, cur[3]))
+        cur[1] = max(cur[1], hi)
+        cur[3] = max(cur[3], hi)
+    for o, lo, hi, n in conn.execute("SELECT origin, min(epoch), max(epoch), count(*) FROM "
+                                     "changelog GROUP BY origin"):
+        cur = out.setdefault(o, [lo, hi, 0, 0])
+        cur[0], cur[1], cur[2] = min(cur[0], lo), max(cur[1], hi), cur[2] + n
+    return {o: (v[0], v[1], v[2]) for o, v in out.items()}
+
+
+def count(conn) -> int:
+    return sum(n for _lo, _hi, n in held_ranges(conn).values())
+
+
+def iter_all(conn) -> Iterator[Op]:
+    """Every op we hold, origin by origin (fsck's replay)."""
+    for o, (lo, hi, _n) in sorted(held_ranges(conn).items()):
+        yield from iter_ops(conn, o, lo - 1, hi)
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+def store_block(conn, info: BlockInfo, last_seq: int) -> None:
+    """Keep a verified block (its ``block_hash`` filled in) as it arrived."""
+    conn.execute("INSERT OR IGNORE INTO blocks(origin, lo, hi, hlc_first, hlc_last, last_seq, "
+                 "hash, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 (info.origin, info.lo, info.hi, info.hlc_first, info.hlc_last, last_seq,
+                  info.block_hash, bytes(info.raw)))
+
+
+def trim(conn, origin: bytes, floor: int) -> int:
+    """Forget what is at or below ``floor``: unsealed ops, and blocks wholly below it (a block
+    that straddles the floor stays whole; its older ops count as trimmed).  Returns ops gone."""
+    n = 0
+    for lo, hi in conn.execute("SELECT lo, hi FROM blocks WHERE origin=? AND hi<=?",
+                               (origin, floor)).fetchall():
+        n += hi - lo
+    conn.execute("DELETE FROM blocks WHERE origin=? AND hi<=?", (origin, floor))
+    conn.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (origin, floor))
+    return n + conn.changes()
+
+
+def take_all(conn, origin: bytes) -> list[Op]:
+    """Remove and return every op of ``origin`` we hold (a restore's set-aside)."""
+    ops = list(iter_ops(conn, origin, 0, (1 << 63) - 1))
+    conn.execute("DELETE FROM blocks WHERE origin=?", (origin,))
+    conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
+    return ops
+
+
+def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
+    txn: list[Op] = []
+    for op in ops:
+        if op.seq == 0 and txn:
+            yield txn
+            txn = []
+        txn.append(op)
+    if txn:
+        yield txn
+
+
+def _op_bytes(op: Op) -> int:
+    return len(op.key) + len(op.value or b"") + len(op.collection) + len(op.replaced) + 8
+
+
+def seal(conn, family: bytes, origin: bytes, ops: list[Op],
+         sign: Callable[[bytes], bytes]) -> list[StoredBlock]:
+    """Seal our own ``ops`` (whole transactions, consecutive epochs continuing what we hold)
+    into blocks and store them; chained to our block ending just below, else a chain root."""
+    out = []
+    prev = expected_prev(conn, origin, ops[0].epoch - 1) if ops else None
+    group: list[Op] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal group, size, prev
+        raw = blocks.encode_block(family, origin, prev or ZERO_HASH, group, sign)
+        info = blocks.read_block_header(raw, family)
+        store_block(conn, info, group[-1].seq)
+        out.append(StoredBlock(origin, info.lo, info.hi, info.hlc_first, info.hlc_last,
+                               group[-1].seq, info.block_hash))
+        prev = info.block_hash
+        group, size = [], 0
+
+    for txn in _txns(ops):
+        tb = sum(map(_op_bytes, txn))
+        if group and (len(group) + len(txn) > BLOCK_OPS or size + tb > BLOCK_RAW):
+            flush()
+        group.extend(txn)
+        size += tb
+        if len(group) >= BLOCK_OPS or size >= BLOCK_RAW:
+            flush()
+    if group:
+        flush()
+    return out
+
+
+def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], bytes]) -> int:
+    """Seal every unsealed op of ours; returns how many.  The caller holds a write
+    transaction."""
+    ops = list(map(_OP_NEW, conn.execute(
+        "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog "
+        "WHERE origin=? ORDER BY epoch", (origin,))))
+    if not ops:
+        return 0
+    seal(conn, family, origin, ops, sign)
+    conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
+    return len(ops)
+
+
+def has_pending(conn, origin: bytes) -> bool:
+    return conn.execute("SELECT 1 FROM changelog WHERE origin=? LIMIT 1",
+                        (origin,)).fetchone() is not None
+
+
+def count_range(conn, origin: bytes, lo: int, hi: int) -> int:
+    """How many ops of ``origin`` in ``(lo, hi]`` we hold."""
+    n = 0
+    reach = lo
+    for b in covering(conn, origin, lo, hi):
+        n += max(0, min(hi, b.hi) - max(reach, b.lo))
+        reach = max(reach, b.hi)
+    row = conn.execute("SELECT count(*) FROM changelog WHERE origin=? AND epoch>? AND epoch<=?",
+                       (origin, max(lo, reach), hi)).fetchone()
+    return n + row[0]
+
+
+def first_epoch_since(conn, origin: bytes, lo: int, hi: int, hlc: int) -> int | None:
+    """The lowest epoch in ``(lo, hi]`` we hold whose op was written at clock ``hlc`` or
+    later (scrub keeps young ops), or None."""
+    for b in covering(conn, origin, lo, hi):
+        if b.hlc_last < hlc:
+            continue
+        for op in _block_ops(conn, b):
+            if lo < op.epoch <= hi and op.hlc >= hlc:
+                return op.epoch
+    row = conn.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND epoch>? AND "
+                       "epoch<=? AND hlc>=?", (origin, lo, hi, hlc)).fetchone()
+    return row[0]
