@@ -224,8 +224,8 @@ def fsck(site: Site) -> dict:
 
 
 def _block_check(site: Site) -> list[str]:
-    """Every stored block still verifies with its origin's key and continues the block
-    before it where we hold that one (a damaged or swapped row shows here)."""
+    """Every stored block still verifies with its origin's key and matches its signed body
+    hash (a damaged or swapped row shows here)."""
     c = site.conn
     members = site.members_by_id(include_retired=True)
     problems = []
@@ -238,9 +238,9 @@ def _block_check(site: Site) -> list[str]:
             continue
         try:
             info = blocks.read_block_header(data, site.family_id)
-            prev = None if info.prev_hash == blocks.ZERO_HASH and lo else \
-                chain.expected_prev(c, origin, lo)
-            blocks.verify_block(info, m.ed25519, site.family_id, prev)
+            # The chain was checked on import; an origin that sealed again after a restore
+            # legitimately leaves two links that differ here.
+            blocks.verify_block(info, m.ed25519, site.family_id, None)
         except SyncpackError as e:
             problems.append(f"{who}: {e}")
     return problems

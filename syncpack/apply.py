@@ -269,10 +269,17 @@ class _Applier:
         return 1
 
 
-def _check_anchors(site: Site, h: Header) -> None:
+def _check_anchors(site: Site, h: Header) -> set[bytes]:
+    """Each range's anchor (the CSN of the op just below it) against ours.  Returns the
+    origins whose anchor we confirmed: their histories agree with ours up to the range (a fork
+    changes every CSN from where it happens), so a first block that does not chain onto our
+    block there was sealed again by its origin after a restore, not forked."""
+    confirmed = set()
     for o, csn in h.anchors.items():
         lo = h.ranges[o][0]
         held = chain.op_id_at(site.conn, o, lo)
+        if held is not None and pack_csn(held[0], o, held[1]) == csn:
+            confirmed.add(o)
         if held is not None and pack_csn(held[0], o, held[1]) != csn:
             if o == site.site_id:
                 raise ForkDetected(lo)
@@ -281,6 +288,7 @@ def _check_anchors(site: Site, h: Header) -> None:
                 f"{site.name_of(o)} than the one the packet's range continues; refused")
             e.origin, e.epoch = o, lo
             raise e
+    return confirmed
 
 
 def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
@@ -301,21 +309,23 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
             vec = site.vector()
             for o in h.ranges:
                 conn.execute("INSERT OR IGNORE INTO vector(origin, epoch) VALUES (?, 0)", (o,))
-            _check_anchors(site, h)
+            anchored = _check_anchors(site, h)
             ap = _Applier(site, vec, progress)
             cursor = {o: lo for o, (lo, _hi) in h.ranges.items()}
             win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]] = []
             win_hlc = -1
             last_key: tuple | None = None
             for raw in packet_blocks(site, pk):
+                origin = raw[6:14]
+                chained = not (origin in anchored and cursor.get(origin) == h.ranges[origin][0])
                 try:
-                    info = verify_block(site, raw, sender)
+                    info = verify_block(site, raw, sender, chained)
                 except PacketSenderError:
                     if not win:
                         raise
                     ap.window(win)      # a roster change in them may add this origin
                     win, win_hlc = [], -1
-                    info = verify_block(site, raw, sender)
+                    info = verify_block(site, raw, sender, chained)
                 o = info.origin
                 if cursor.get(o) != info.lo or info.hi > h.ranges[o][1]:
                     raise PacketBodyError(

@@ -500,7 +500,8 @@ class _Round:
         failed: list[SyncpackError] | None = [] if spec.to is None else None
         pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
                            max_size=spec.max_size, progress=self.progress,
-                           encrypt=spec.encrypt, failed=failed)
+                           encrypt=spec.encrypt, failed=failed,
+                           seal_max=min(e.max_size for e in self.cfg.exports) // 2)
         entry["packets"] = [p.to_json() for p in pkts]
         self.exported += entry["packets"]
         who = "all" if spec.to is None else ",".join(spec.to)

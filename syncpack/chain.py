@@ -239,39 +239,47 @@ def _op_bytes(op: Op) -> int:
     return len(op.key) + len(op.value or b"") + len(op.collection) + len(op.replaced) + 8
 
 
-def seal(conn, family: bytes, origin: bytes, ops: list[Op],
-         sign: Callable[[bytes], bytes]) -> list[StoredBlock]:
+def seal(conn, family: bytes, origin: bytes, ops: list[Op], sign: Callable[[bytes], bytes],
+         max_block: int | None = None) -> list[StoredBlock]:
     """Seal our own ``ops`` (whole transactions, consecutive epochs continuing what we hold)
-    into blocks and store them; chained to our block ending just below, else a chain root."""
-    out = []
-    prev = expected_prev(conn, origin, ops[0].epoch - 1) if ops else None
-    group: list[Op] = []
-    size = 0
+    into blocks and store them; chained to our block ending just below, else a chain root.
+    ``max_block`` bounds a block's bytes where whole transactions allow (an export's
+    --max-size: packets are cut between blocks only)."""
+    out: list[StoredBlock] = []
+    prev = [expected_prev(conn, origin, ops[0].epoch - 1) if ops else None]
+    raw_cap = BLOCK_RAW if max_block is None else max(1, min(BLOCK_RAW, max_block - 2048))
 
-    def flush() -> None:
-        nonlocal group, size, prev
-        raw = blocks.encode_block(family, origin, prev or ZERO_HASH, group, sign)
+    def emit(txns: list[list[Op]]) -> None:
+        group = [op for t in txns for op in t]
+        raw = blocks.encode_block(family, origin, prev[0] or ZERO_HASH, group, sign)
+        if max_block is not None and len(raw) > max_block and len(txns) > 1:
+            half = len(txns) // 2      # compression guessed wrong: two smaller blocks
+            emit(txns[:half])
+            emit(txns[half:])
+            return
         info = blocks.read_block_header(raw, family)
         store_block(conn, info, group[-1].seq)
         out.append(StoredBlock(origin, info.lo, info.hi, info.hlc_first, info.hlc_last,
                                group[-1].seq, info.block_hash))
-        prev = info.block_hash
-        group, size = [], 0
+        prev[0] = info.block_hash
 
+    txns: list[list[Op]] = []
+    n = size = 0
     for txn in _txns(ops):
         tb = sum(map(_op_bytes, txn))
-        if group and (len(group) + len(txn) > BLOCK_OPS or size + tb > BLOCK_RAW):
-            flush()
-        group.extend(txn)
+        if txns and (n + len(txn) > BLOCK_OPS or size + tb > raw_cap):
+            emit(txns)
+            txns, n, size = [], 0, 0
+        txns.append(txn)
+        n += len(txn)
         size += tb
-        if len(group) >= BLOCK_OPS or size >= BLOCK_RAW:
-            flush()
-    if group:
-        flush()
+    if txns:
+        emit(txns)
     return out
 
 
-def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], bytes]) -> int:
+def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], bytes],
+                 max_block: int | None = None) -> int:
     """Seal every unsealed op of ours; returns how many.  The caller holds a write
     transaction."""
     ops = list(map(_OP_NEW, conn.execute(
@@ -279,7 +287,7 @@ def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], byt
         "WHERE origin=? ORDER BY epoch", (origin,))))
     if not ops:
         return 0
-    seal(conn, family, origin, ops, sign)
+    seal(conn, family, origin, ops, sign, max_block)
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return len(ops)
 

@@ -458,10 +458,12 @@ class Site:
             self._sign = keys.load_signing_key(self.path).sign
         return self._sign
 
-    def seal_pending(self) -> int:
+    def seal_pending(self, max_block: int | None = None) -> int:
         """Seal our unsealed ops into blocks (before they leave in a packet or a snapshot
-        counts on them); the caller holds a write transaction."""
-        return chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer())
+        counts on them), of at most ``max_block`` bytes where whole transactions allow; the
+        caller holds a write transaction."""
+        return chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer(),
+                                  max_block)
 
     def record_ops(self, ops: list[Op]) -> None:
         """Append our own ops to the changelog (sealed later); the caller holds a write

@@ -126,14 +126,15 @@ MIGRATIONS: list[str] = [
     # 3: format v2.  Ops travel and are kept as blocks signed by their origin (syncpack/chain.py);
     # the changelog keeps only our own ops not sealed yet.  Relayed ops of other origins came
     # without their origin's signature and no one but the origin can sign them: they count as
-    # trimmed (a peer that still lacks them is sent a snapshot, as after a scrub).
+    # held as if received inside a snapshot: a peer that lacks them is left to their origin
+    # (and to the sites it sends them to), as after seeding.
     """
     CREATE TABLE blocks(origin BLOB NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL,
                         hlc_first INTEGER NOT NULL, hlc_last INTEGER NOT NULL,
                         last_seq INTEGER NOT NULL, hash BLOB NOT NULL, data BLOB NOT NULL);
     CREATE UNIQUE INDEX blocks_by_epoch ON blocks(origin, hi);
     CREATE INDEX blocks_by_clock ON blocks(origin, hlc_first);
-    UPDATE vector SET floor=max(floor, epoch)
+    UPDATE vector SET floor=max(floor, epoch), seeded=max(seeded, epoch)
         WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id')
         AND EXISTS (SELECT 1 FROM meta WHERE key='site_id');
     DELETE FROM changelog WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id');

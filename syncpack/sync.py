@@ -234,9 +234,12 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
            seed: bytes | None = None, now_ms: int | None = None,
            progress: Callable[[int], None] | None = None,
            encrypt: bool = False,
-           failed: list[SyncpackError] | None = None) -> list[ExportedPacket]:
+           failed: list[SyncpackError] | None = None,
+           seal_max: int | None = None) -> list[ExportedPacket]:
     """Write packets for the named peers (or all).  With ``failed``, peers that cannot be
-    served (a resync needed, say) are reported there and the others still get their packets."""
+    served (a resync needed, say) are reported there and the others still get their packets.
+    ``seal_max`` bounds the blocks our unsealed ops become (default: half of ``max_size``;
+    a caller exporting to several media passes half of the smallest)."""
     out = Path(out_dir)
     if not to and not all_peers:
         raise UsageError("name the peers with --to PEER (repeatable) or use --all")
@@ -246,7 +249,9 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         sign = site.signer()
         if chain.has_pending(site.conn, site.site_id):
             with site.write_txn():
-                site.seal_pending()     # our small transactions become blocks now, once
+                # Our small transactions become blocks now, once, each small enough for a
+                # packet of this export (packets are cut between blocks only).
+                site.seal_pending(max_block=seal_max or max_size // 2)
         written: list[tuple[PeerPlan, list[PartInfo]]] = []
         conn = site.conn
         conn.execute("BEGIN")  # one read snapshot for plan and ops alike

@@ -242,9 +242,9 @@ def packet_blocks(site: Site, pk: OpenPacket) -> Iterator[bytes]:
     return blocks.split_blocks(codec.body_chunks(pk.f, pk.env, keys.unsealer(site.path)))
 
 
-def verify_block(site: Site, raw: bytes, sender: str) -> blocks.BlockInfo:
+def verify_block(site: Site, raw: bytes, sender: str, chained: bool = True) -> blocks.BlockInfo:
     """One block of a packet from ``sender``, against its **origin's** key (whoever relayed
-    it) and the chain we hold; errors name the origin.  Called as the block is reached, after
+    it) and, if ``chained``, the chain we hold; errors name the origin.  Called as the block is reached, after
     the blocks before it applied, so an origin added by a roster change earlier in the same
     packet is known by then."""
     origin = bytes(raw[6:14]) if len(raw) >= 14 else b""
@@ -255,7 +255,7 @@ def verify_block(site: Site, raw: bytes, sender: str) -> blocks.BlockInfo:
             raise PacketSenderError(f"packet from {sender} carries changes of origin "
                                     f"{origin.hex()}, which was never a member of family "
                                     f"{site.family_name!r}; refused")
-        prev = None if info.prev_hash == blocks.ZERO_HASH and info.lo else \
+        prev = None if not chained or info.prev_hash == blocks.ZERO_HASH and info.lo else \
             chain.expected_prev(site.conn, origin, info.lo)
         return blocks.verify_block(info, member.ed25519, site.family_id, prev)
     except (blocks.BlockError, blocks.BlockSignatureError) as e:

@@ -179,7 +179,7 @@ def test_a_site_whose_clock_is_behind_writes_above_what_it_imported(family):
         tx.put("c", "k", "from a")
     family.sync("a", "b")
     with Site.open(family.path("b"), clock=lambda: 1_000) as b:   # b's clock says 1970
-        a_max = b.conn.execute("SELECT max(hlc) FROM changelog WHERE origin!=?",
+        a_max = b.conn.execute("SELECT max(hlc_last) FROM blocks WHERE origin!=?",
                                (b.site_id,)).fetchone()[0]
         assert a_max >= hlc_from_ms(ahead)
         with b.transaction() as tx:

@@ -265,13 +265,13 @@ def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
 
 def test_max_size_too_small_says_which_size_would_do(ab, tmp_path):
     import random
-    text = "".join(random.Random(1).choice("0123456789abcdef") for _ in range(20_000))
+    text = random.Random(1).randbytes(10_000).hex()     # ~10 KB even compressed
     ab.put("a", "parts", "big", {"blob": text})
     usb = tmp_path / "usb"
     usb.mkdir()
     r = run("export", "--to", "b", "--out", usb, "--max-size", "8K", site=ab.path("a"))
     assert r.code == 1, r
-    m = re.search(r"one op \((\d+) bytes\) is larger than --max-size 8192 allows; "
+    m = re.search(r"one block \((\d+) bytes\) is larger than --max-size 8192 allows; "
                   r"--max-size (\d+)K or more would do", r.err)
     assert m and "hint: " in r.err, r
     assert not list(usb.rglob("*.spk"))

@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from syncpack.errors import ExportError
 from conftest import run
 
 from syncpack import blocks
@@ -259,17 +261,20 @@ def test_max_size_cuts_whole_transactions_that_apply_part_by_part(family):
     assert state(tokyo) == state(family.path("boston"))
 
 
-def test_one_transaction_larger_than_max_size_is_split(family):
+def test_one_transaction_larger_than_max_size_is_never_split(family):
+    """A transaction is one block, and a block is never cut: a peer sees all of it or none.
+    Too small a --max-size is refused, naming the size that would do, and nothing is sent."""
     family.init("boston")
     family.add("sanfran", via="boston")
     rng = random.Random(3)
     with family.open("boston") as s, s.transaction() as tx:
         for j in range(60):
             tx.put("blobs", f"k{j}", rng.randbytes(400).hex())
-    pks = family.export("boston", "sanfran", max_size=8 * 1024)
-    assert len(pks) >= 3
-    assert all(p.stat().st_size <= 8 * 1024 for p in pks)
-    for p in pks:
-        r = family.import_("sanfran", [p])
-        assert r.applied and not r.parked
+    with pytest.raises(ExportError, match=r"one block \(\d+ bytes\) is larger than --max-size "
+                                          r"8192 allows; --max-size \d+K or more would do"):
+        family.export("boston", "sanfran", max_size=8 * 1024)
+    pks = family.export("boston", "sanfran", max_size=64 * 1024)
+    assert len(pks) == 1
+    r = family.import_("sanfran", pks)
+    assert r.applied and not r.parked
     assert family.digest("sanfran") == family.digest("boston")

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import Family, run
-from syncpack import apply, codec, keys, sync, verify
+from syncpack import apply, chain, codec, keys, sync, verify
 from syncpack.codec import Header, Op
 from syncpack.errors import (ClockSkewError, EpochCollisionError, PacketSenderError,
                              ScrubbedError)
@@ -50,20 +50,13 @@ def db(fam: Family, name: str) -> sqlite3.Connection:
 
 def changelog(fam: Family, name: str) -> dict[tuple[bytes, int], tuple[int, int]]:
     """(origin, epoch) -> (hlc, seq): the identity of the op each epoch names at this site."""
-    c = db(fam, name)
-    try:
-        return {(o, e): (h, s) for o, e, h, s in
-                c.execute("SELECT origin, epoch, hlc, seq FROM changelog")}
-    finally:
-        c.close()
+    with fam.open(name) as s:
+        return {(op.origin, op.epoch): (op.hlc, op.seq) for op in chain.iter_all(s.conn)}
 
 
 def changelog_count(fam: Family, name: str) -> int:
-    c = db(fam, name)
-    try:
-        return c.execute("SELECT count(*) FROM changelog").fetchone()[0]
-    finally:
-        c.close()
+    with fam.open(name) as s:
+        return chain.count(s.conn)
 
 
 def meta(fam: Family, name: str, key: str):

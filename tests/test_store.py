@@ -14,7 +14,7 @@ from syncpack import codec
 from syncpack.csn import pack_csn
 from syncpack.errors import SiteError, UsageError
 from syncpack.site import Site
-from syncpack.store import DB_NAME
+from syncpack.store import DB_NAME, SCHEMA_VERSION
 
 
 class Boom(Exception):
@@ -331,15 +331,24 @@ def test_bench_api_script_runs_small(tmp_path):
     assert list(tmp_path.iterdir()) == []               # the temporary site was removed
 
 
-def test_a_store_made_by_the_previous_release_migrates_and_keeps_syncing(tmp_path):
-    """tests/data/store-v1: two sites made by syncpack 0.1.0 (schema 1), each with changes the
-    other has not imported, and the packets carrying them, made by that release too."""
+@pytest.mark.parametrize("release, sites, records", [
+    ("store-v1", ("boston", "sanfran"), 3),                # syncpack 0.1.0, schema 1
+    ("store-v2", ("boston", "sanfran", "chicago"), 5),     # format 1 with signed acks, schema 2
+])
+def test_a_store_made_by_an_older_release_migrates_and_keeps_syncing(tmp_path, release, sites,
+                                                                       records):
+    """tests/data/store-v1 and store-v2: sites made by the releases before format 2, each with
+    changes the others have not imported, and format-1 packets carrying them in flight.  After
+    the migration (schema 3): the records are unchanged and fsck passes; the old packets are
+    refused as made by an older syncpack, with nothing changed; and ordinary rounds bring
+    every change to every site, each from its origin (relayed ops of format 1 carried no
+    origin signature, so they are never passed on)."""
     import json
     import shutil
-    src = Path(__file__).parent / "data" / "store-v1"
+    src = Path(__file__).parent / "data" / release
     root = tmp_path / "fam"
     shutil.copytree(src, root)
-    for site in ("boston", "sanfran"):
+    for site in sites:
         os.chmod(root / site / "keys", 0o700)
         for k in (root / site / "keys").iterdir():
             os.chmod(k, 0o600)
@@ -348,18 +357,24 @@ def test_a_store_made_by_the_previous_release_migrates_and_keeps_syncing(tmp_pat
         assert r.json == json.loads((root / f"{site}.digest.json").read_text()), site
         assert run("fsck", site=root / site).code == 0
         with sqlite3.connect(root / site / "syncpack.db") as c:
-            assert c.execute("PRAGMA user_version").fetchone()[0] == 2
-    r = run("import", root / "pending", site=root / "sanfran", json_mode=True)
-    assert r.code == 0 and len(r.json["applied"]) == 1, r
-    r = run("import", root / "to-boston", site=root / "boston", json_mode=True)
-    assert r.code == 0 and len(r.json["applied"]) == 1, r
-    r = run("import", root / "to-boston", site=root / "boston", json_mode=True)
-    assert r.json["duplicates"], r               # packets_in survived the migration
-    for _ in range(2):
-        for a, b in (("boston", "sanfran"), ("sanfran", "boston")):
-            out = tmp_path / f"m-{a}-{b}-{_}"
-            out.mkdir()
-            assert run("export", "--to", b, "--out", out, site=root / a).code == 0
-            assert run("import", out, site=root / b).code == 0
-    d = [run("digest", site=root / s, json_mode=True).json for s in ("boston", "sanfran")]
-    assert d[0] == d[1] and d[0]["records"] == 3
+            assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    for medium, site in (("pending", "sanfran"), ("to-boston", "boston")):
+        before = run("digest", site=root / site, json_mode=True).json
+        r = run("import", root / medium, site=root / site, json_mode=True)
+        assert r.code == 1 and not r.json["applied"], r
+        assert "made by an older syncpack" in r.json["rejected"][0]["error"], r
+        assert run("digest", site=root / site, json_mode=True).json == before
+    for _ in range(3):
+        for a in sites:
+            for b in sites:
+                if a == b:
+                    continue
+                out = tmp_path / f"m-{a}-{b}-{_}"
+                out.mkdir()
+                r = run("export", "--to", b, "--out", out, site=root / a)
+                assert r.code == 0, r
+                assert run("import", out, site=root / b).code == 0
+    d = [run("digest", site=root / s, json_mode=True).json for s in sites]
+    assert all(x == d[0] for x in d) and d[0]["records"] == records, d
+    for site in sites:
+        assert run("fsck", site=root / site).code == 0

@@ -79,8 +79,10 @@ class Terminal:
         return self.p.returncode, out.decode(), self.err
 
 
-BAR = re.compile(r"(\w+): +(\d+)%\|[^|\r]*\| (\d+)/(\d+) \[(\d\d:\d\d)<(\d\d:\d\d), "
-                 r"([\d.]+) (ops|records)/s\]")
+# Time left and rate are '?' on the first draw; an export that only copies blocks can finish
+# before a second one.
+BAR = re.compile(r"(\w+): +(\d+)%\|[^|\r]*\| (\d+)/(\d+) \[(\d\d:\d\d)<(\d\d:\d\d|\?), "
+                 r"([\d.]+|\?) (ops|records)/s\]")
 
 
 def bars(text: str, label: str) -> list[tuple[int, int, int]]:

@@ -109,6 +109,7 @@ def _open(path: Path, joined: bool = True):
 
 def state_of(path: Path) -> dict:
     """Digest, vector (named, zeros dropped), changelog size, floors, parked, packets in."""
+    from syncpack import chain
     with _open(path) as s:
         d, n = s.digest()
         c = s.conn
@@ -116,7 +117,8 @@ def state_of(path: Path) -> dict:
             "digest": d, "records": n,
             "vector": {k: v for k, v in s.named(s.vector()).items() if v},
             "floors": {k: v for k, v in s.named(s.floors()).items() if v},
-            "changelog": c.execute("SELECT count(*) FROM changelog").fetchone()[0],
+            # ops held, sealed or not (an export seals first, in its own transaction)
+            "changelog": chain.count(c),
             "parked": c.execute("SELECT count(*) FROM parked").fetchone()[0],
             "packets_in": c.execute("SELECT count(*) FROM packets_in").fetchone()[0],
         }
@@ -271,27 +273,24 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
 
 def _one_txn_size(a: Path, work: Path) -> int:
     """A --max-size that holds one load but not two, so each load travels in a packet of its
-    own.  The exporter cuts on a bound of the raw (uncompressed) op bytes, so start just above
-    the largest transaction's raw size and check by exporting from copies of ``a``."""
-    import msgpack
-    from syncpack import codec
+    own.  Each load is one block and packets are cut between blocks: start just above the
+    largest block plus the packet's own framing and header, and check by exporting from
+    copies of ``a``."""
+    from syncpack import blocks, codec
     from syncpack.verify import open_packet
     probe = work / "probe"
     copy(a, work / "probe_site")
     sp("export", "--to", "b", "--create-out", "--out", probe, site=work / "probe_site")
-    sizes: dict[int, int] = collections.Counter()
+    largest = overhead = 0
     for p in spk_files(probe):
         pk = open_packet(p)
         try:
-            last = 0
-            for op in blocks.packet_ops(pk.f, pk.env):
-                sizes[op.hlc] += len(msgpack.packb([0, op.hlc - last, op.seq, op.collection,
-                                                    op.key, op.value, op.replaced]))
-                last = op.hlc
+            sizes = [len(b) for b in blocks.split_blocks(codec.body_chunks(pk.f, pk.env))]
+            largest = max([largest, *sizes])
+            overhead = max(overhead, p.stat().st_size - sum(sizes))
         finally:
             pk.close()
-    r = max(sizes.values())
-    base = r + (r >> 7) + 64
+    base = largest + overhead
     try:
         for slack in (2048, 1024, 3072, 512, 4096, 1536, 256, 6144, 8192):
             size = base + slack
@@ -379,7 +378,7 @@ def landed(w: World, cmd: str, tr: Trial) -> str:
 
 def check_medium(w: World, tr: Trial) -> list[str]:
     """No half-written packet under a packet's name; temporaries are hidden .*.tmp files."""
-    from syncpack import codec
+    from syncpack import blocks, codec
     from syncpack.verify import open_packet
     problems = []
     if not tr.out.exists():
@@ -426,6 +425,7 @@ def check_medium(w: World, tr: Trial) -> list[str]:
 
 def check_write_whole(w: World, site: Path) -> list[str]:
     """Every committed transaction of the write loop is whole, the changelog contiguous."""
+    from syncpack import chain
     problems = []
     with _open(site) as s:
         c = s.get("w", "counter", None)
@@ -442,9 +442,11 @@ def check_write_whole(w: World, site: Path) -> list[str]:
         expect = w.ref["write_base"] + n * (w.write_width + 1)
         if own != expect:
             problems.append(f"own epoch {own}, expected {expect} after {n} transactions")
-        groups = s.conn.execute(
-            "SELECT hlc, count(*), min(epoch), max(epoch) FROM changelog WHERE origin=? AND "
-            "collection='w' GROUP BY hlc ORDER BY hlc", (s.site_id,)).fetchall()
+        by_hlc: dict[int, list[int]] = {}
+        for op in chain.iter_ops(s.conn, s.site_id, 0, own):
+            if op.collection == "w":
+                by_hlc.setdefault(op.hlc, []).append(op.epoch)
+        groups = [(h, len(es), min(es), max(es)) for h, es in sorted(by_hlc.items())]
         if len(groups) != n:
             problems.append(f"changelog holds {len(groups)} write transactions, counter says {n}")
         prev = w.ref["write_base"]

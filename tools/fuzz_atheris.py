@@ -55,7 +55,7 @@ def main() -> None:
         sys.exit("atheris is not installed: /work/venv/bin/pip install atheris")
 
     with atheris.instrument_imports():
-        from syncpack import codec
+        from syncpack import blocks, codec
         from syncpack.errors import PacketError
 
     def test_one_input(data: bytes) -> None:
