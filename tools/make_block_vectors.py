@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Regenerate the golden blocks of format v2 (draft) in ``formats/vectors/v2-block-*``.
+"""Regenerate the golden blocks of format v2 in ``formats/vectors/v2-block-*``.
 
-Deterministic: the keys, site ids, family id and clocks are those of the v1 vectors
+Deterministic: the keys, site ids, family id and clocks are those of the packet vectors
 (``tools/make_vectors.py``), the ops are written by hand, Ed25519 (RFC 8032) is deterministic and
 the body is compressed with the writers' zstd setting (``blocks.ZSTD_PARAMS``; the zstd library
 version is recorded as ``zstd_library``).  Each vector is ``NAME.bin`` (one block, exactly as an
@@ -38,8 +38,8 @@ from syncpack.codec import Op  # noqa: E402
 from syncpack.csn import pack_csn  # noqa: E402
 
 
-def _v1_generator():
-    # The identities and clocks of the v1 vectors, so both formats show the same sites.
+def _packet_generator():
+    # The identities and clocks of the packet vectors, so blocks and packets show the same sites.
     spec = importlib.util.spec_from_file_location("make_vectors", ROOT / "tools" / "make_vectors.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("make_vectors", mod)
@@ -47,12 +47,12 @@ def _v1_generator():
     return mod
 
 
-v1 = _v1_generator()
-A, C = v1.A, v1.C
-FAMILY_ID = v1.FAMILY_ID
+pv = _packet_generator()
+A, C = pv.A, pv.C
+FAMILY_ID = pv.FAMILY_ID
 VECTOR_DIR = ROOT / "formats" / "vectors"
 PREFIX = "v2-block-"
-signing_key, public_key, hlc, val = v1.signing_key, v1.public_key, v1.hlc, v1.val
+signing_key, public_key, hlc, val = pv.signing_key, pv.public_key, pv.hlc, pv.val
 
 
 # --- the hand-made ops ------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _describe(name: str, raw: bytes, signer: str, description: str, ops: list[Op
     return {
         "file": f"{name}.bin",
         "description": description,
-        "format": "v2 draft (formats/BLOCKS.md), not yet used by packets",
+        "format": "v2 (formats/BLOCKS.md): what update packets carry and the store keeps",
         "zstd_library": ".".join(map(str, zstandard.ZSTD_VERSION)),
         "zstd_params": {"level": blocks.ZSTD_LEVEL, "min_match": blocks.ZSTD_PARAMS.min_match},
         "signer": signer,
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.hexdump:
         data = (args.out / f"{args.hexdump}.bin").read_bytes()
-        print(v1.hexdump(data, 0, len(data)))
+        print(pv.hexdump(data, 0, len(data)))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     for old in args.out.glob(PREFIX + "*"):

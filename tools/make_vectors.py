@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
-"""Regenerate the golden packets of format v1 in ``formats/vectors/``, deterministically.
+"""Regenerate the golden packets of format v2 in ``formats/vectors/``, deterministically.
 
 No site store is involved: keys come from fixed seeds, site ids, family id, clocks and the
 packet-id seed are constants, and the ops and snapshot records are written by hand.  The packets
-are produced by the same code the exporter uses (``packets.build_update_packets`` for update
-packets; for the snapshot the steps of ``replica.write_snapshot``, with ``codec.BodyWriter`` and
-``codec.finish_packet``), so a change to the encoder that changes bytes shows up as a diff here.
+are produced by the same code the exporter uses: each origin's ops are sealed into blocks by
+``blocks.encode_block`` (chained as ``chain.seal`` chains them), put in travelling order by
+``packets.order_blocks`` and written by ``packets.build_update_packets``; the snapshot follows the
+steps of ``replica.write_snapshot`` (``packets.PartSeries``, ``codec.encode_record``).  A change
+to the encoder that changes bytes shows up as a diff here.
 
 Each vector is ``NAME.spk`` (the packet) and ``NAME.json`` (what a reader must decode from it:
-layout, header map as on the wire with bytes in hex, signer's public key, ops or records).
+layout, header map as on the wire with bytes in hex, signer's public key, the acknowledgements'
+signed messages, and for update packets every block with its ops, for snapshots the records).
 ``formats/PACKET.md`` is the specification; ``tests/test_golden.py`` reads these files and
 reproduces them byte for byte by calling :func:`write_vectors`.
 
+``v1-update-legacy.spk`` is not made here: it is a packet of format 1, written by the syncpack
+that preceded format 2, kept as it was so that the refusal of version 1 stays tested against a
+real one.  The golden blocks ``v2-block-*`` are ``tools/make_block_vectors.py``'s.
+
 Usage::
 
-    python tools/make_vectors.py                  # rewrite formats/vectors/
+    python tools/make_vectors.py                  # rewrite the packet vectors in formats/vectors/
     python tools/make_vectors.py --out DIR        # write elsewhere (e.g. to compare)
     python tools/make_vectors.py --hexdump NAME   # print the dump used in PACKET.md
 
-The compressed body depends on the zstd library (level 3); the version used is recorded in each
-``.json`` as ``zstd_library``.  Ed25519 (RFC 8032) and msgpack encoding are deterministic.
+The compressed bytes depend on the zstd library (blocks and the snapshot body); the version used
+is recorded in each ``.json`` as ``zstd_library``.  Ed25519 (RFC 8032) and msgpack encoding are
+deterministic.
 """
 
 from __future__ import annotations
@@ -40,13 +48,16 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey  # noqa: E402
 
-from syncpack import codec, packets  # noqa: E402
+from syncpack import blocks, codec, packets  # noqa: E402
 from syncpack.codec import Header, Op, Record  # noqa: E402
 from syncpack.csn import hlc_from_ms, pack_csn  # noqa: E402
 from syncpack.site import FAMILY, FAMILY_KEY, ROSTER, Member  # noqa: E402
 
 VECTOR_DIR = ROOT / "formats" / "vectors"
-PREFIX = "v1-"   # vectors of a later format version get their own prefix, side by side
+PREFIX = "v2-"
+# What write_vectors owns in VECTOR_DIR; v2-block-* belong to make_block_vectors.py.
+OWN_PATTERNS = (PREFIX + "update-*", PREFIX + "snapshot*")
+LEGACY = "v1-update-legacy"
 
 # --- fixed identities -------------------------------------------------------------------------
 
@@ -75,7 +86,7 @@ A, B, C, D, E = (SITE_IDS[n] for n in ("alpha", "bravo", "charlie", "delta", "ec
 
 FAMILY_ID = b"golden-family-01"                 # 16 bytes
 FAMILY_NAME = "golden"
-PACKET_ID_SEED = b"syncpack golden vectors v1"
+PACKET_ID_SEED = b"syncpack golden vectors v2"
 T0_MS = 1_700_000_000_000                       # 2023-11-14T22:13:20Z
 CREATED_MS = T0_MS + 60_000
 
@@ -111,24 +122,27 @@ def noise(label: str, n: int) -> bytes:
     return hashlib.shake_256(b"golden noise " + label.encode()).digest(n)
 
 
-# --- the hand-made ops ------------------------------------------------------------------------
+# --- the hand-made ops, as their origins sealed them into blocks --------------------------------
 
 T1, T2, T3, T4, T5 = hlc(1_000), hlc(2_000), hlc(2_000, 1), hlc(3_000), hlc(4_000)
 
 
-def basic_ops() -> list[Op]:
-    """Seven ops of two origins in CSN order: a two-op transaction, an overwrite that names the
-    version it replaced, a delete, two concurrent writes with the same hlc (two transactions:
-    a transaction is identified by hlc *and* origin), and a resolution that supersedes both."""
+def basic_blocks() -> list[list[Op]]:
+    """Seven ops of two origins, as three blocks: alpha's epochs 1..3 (a two-op transaction,
+    then a delete naming the version it replaced), charlie's epochs 1..2 (an overwrite of
+    alpha's first op; a write with the same hlc as alpha's next one: a transaction is
+    identified by hlc *and* origin), and alpha's epochs 4..5 (a resolution that supersedes both
+    concurrent writes), chained to alpha's first block.  The three clock ranges overlap, so an
+    importer merges their ops into CSN order."""
     return [
-        Op(A, 1, T1, 0, "notes", "n1", val({"text": "hello"}), b""),
-        Op(A, 2, T1, 1, "notes", "n2", val([1, 2, 3]), b""),
-        Op(C, 1, T2, 0, "notes", "n1", val({"text": "hello, world"}), pack_csn(T1, A, 0)),
-        Op(A, 3, T3, 0, "notes", "n2", None, pack_csn(T1, A, 1)),
-        Op(A, 4, T4, 0, "tasks", "t1", val({"done": False, "n": 7}), b""),
-        Op(C, 2, T4, 0, "tasks", "t1", val({"done": True, "n": 7}), b""),
-        Op(A, 5, T5, 0, "tasks", "t1", val({"done": True, "n": 8}),
-           pack_csn(T4, A, 0) + pack_csn(T4, C, 0)),
+        [Op(A, 1, T1, 0, "notes", "n1", val({"text": "hello"}), b""),
+         Op(A, 2, T1, 1, "notes", "n2", val([1, 2, 3]), b""),
+         Op(A, 3, T3, 0, "notes", "n2", None, pack_csn(T1, A, 1))],
+        [Op(C, 1, T2, 0, "notes", "n1", val({"text": "hello, world"}), pack_csn(T1, A, 0)),
+         Op(C, 2, T4, 0, "tasks", "t1", val({"done": True, "n": 7}), b"")],
+        [Op(A, 4, T4, 0, "tasks", "t1", val({"done": False, "n": 7}), b""),
+         Op(A, 5, T5, 0, "tasks", "t1", val({"done": True, "n": 8}),
+            pack_csn(T4, A, 0) + pack_csn(T4, C, 0))],
     ]
 
 
@@ -136,24 +150,40 @@ T6, T7, T8, T9 = hlc(5_000), hlc(6_000), hlc(7_000), hlc(8_000)
 SPLIT_MAX_SIZE = 4096      # the smallest --max-size the CLI accepts
 
 
-def split_ops() -> list[Op]:
-    """Epochs 6..9 of alpha: a 1500-byte value, then one transaction of two 1000-byte values
-    (the first of them alone would still fit the first part; the transaction as a whole does
-    not, so it moves to part 1 whole), then a small op."""
+def split_blocks() -> list[list[Op]]:
+    """alpha's epochs 6..9 as three blocks: a 1500-byte value; one transaction of two
+    1000-byte values (which does not fit beside the first block, so part 1 starts with it);
+    a delete, small enough to follow it in part 1."""
     return [
-        Op(A, 6, T6, 0, "blobs", "b1", val(noise("b1", 1500)), b""),
-        Op(A, 7, T7, 0, "blobs", "b2", val(noise("b2", 1000)), b""),
-        Op(A, 8, T7, 1, "blobs", "b3", val(noise("b3", 1000)), b""),
-        Op(A, 9, T8, 0, "blobs", "b1", None, pack_csn(T6, A, 0)),
+        [Op(A, 6, T6, 0, "blobs", "b1", val(noise("b1", 1500)), b"")],
+        [Op(A, 7, T7, 0, "blobs", "b2", val(noise("b2", 1000)), b""),
+         Op(A, 8, T7, 1, "blobs", "b3", val(noise("b3", 1000)), b"")],
+        [Op(A, 9, T8, 0, "blobs", "b1", None, pack_csn(T6, A, 0))],
     ]
 
 
-def sealed_ops() -> list[Op]:
-    """Epochs 10 and 11 of alpha, one transaction, sent sealed to bravo."""
+def sealed_blocks() -> list[list[Op]]:
+    """alpha's epochs 10 and 11, one transaction in one block, sent sealed to bravo."""
     return [
-        Op(A, 10, T9, 0, "secrets", "s1", val({"pin": "0000"}), b""),
-        Op(A, 11, T9, 1, "secrets", "s2", val("attack at dawn"), b""),
+        [Op(A, 10, T9, 0, "secrets", "s1", val({"pin": "0000"}), b""),
+         Op(A, 11, T9, 1, "secrets", "s2", val("attack at dawn"), b"")],
     ]
+
+
+class Chains:
+    """Each origin's chain across all vectors: one history of alpha, epochs 1..11, whatever
+    packet a block travels in, so every prev_hash names a block of another vector or of the
+    same one."""
+
+    def __init__(self) -> None:
+        self.last: dict[bytes, bytes] = {}
+
+    def seal(self, ops: list[Op]) -> bytes:
+        origin = ops[0].origin
+        raw = blocks.encode_block(FAMILY_ID, origin, self.last.get(origin, blocks.ZERO_HASH),
+                                  ops, signing_key(name_of(origin)).sign)
+        self.last[origin] = blocks.read_block_header(raw, FAMILY_ID).block_hash
+        return raw
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -176,33 +206,52 @@ def file_opener(directory: Path, name_for: Callable[[int], str]) -> packets.Open
     return opener
 
 
+def own_ack(member: str, created_ms: int, vector: dict[bytes, int]) -> tuple:
+    """A member's signed acknowledgement of ``vector``, as sync._acks_for makes it."""
+    sid = SITE_IDS[member]
+    return (sid, created_ms, vector,
+            signing_key(member).sign(codec.ack_signed_bytes(FAMILY_ID, sid, created_ms, vector)))
+
+
 def update_template(sender: bytes, recipient: bytes, seq: int, created_ms: int,
                     vector: dict[bytes, int], recv_seq: int = 0,
                     waiting: dict[bytes, tuple[int, int]] | None = None,
-                    ack_floor: dict[bytes, int] | None = None) -> Header:
+                    relayed: list[tuple] | None = None, **extra) -> Header:
     """The header template sync.plan_exports builds (ranges and per-part fields are left to
-    build_update_packets)."""
-    return Header(kind=codec.KIND_UPDATE, family=FAMILY_ID, sender=sender, recipient=recipient,
-                  packet_id=b"", seq=seq, part=0, final=True, created_ms=created_ms,
-                  vector=vector, recv_seq=recv_seq, waiting=waiting or {},
-                  ack_floor=ack_floor or {})
+    build_update_packets): the sender's own acknowledgement first, with the header's vector."""
+    own = own_ack(name_of(sender), created_ms, vector)
+    return Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS], family=FAMILY_ID,
+                  sender=sender, recipient=recipient, packet_id=b"", seq=seq, part=0,
+                  final=True, created_ms=created_ms, vector=vector, recv_seq=recv_seq,
+                  waiting=waiting or {}, acks=[(own[0], own[1], None, own[3]), *(relayed or [])],
+                  **extra)
 
 
-def write_update(directory: Path, name: str, ops: list[Op], template: Header, signer: str,
-                 max_size: int = packets.DEFAULT_MAX_SIZE,
-                 seal_to: bytes | None = None) -> list[packets.PartInfo]:
-    """One export: part 0 is NAME.spk when it is the only part, else NAME-pN.spk."""
+def write_update(directory: Path, name: str, raws: list[bytes], template: Header, signer: str,
+                 max_size: int = packets.DEFAULT_MAX_SIZE, seal_to: bytes | None = None
+                 ) -> list[tuple[packets.PartInfo, list[bytes]]]:
+    """One export: part 0 is NAME.spk when it is the only part, else NAME-pN.spk.  Returns
+    each part with the blocks it holds, in the order it holds them."""
     staged = directory / f".{name}"
     staged.mkdir(parents=True, exist_ok=True)
-    parts = packets.build_update_packets(ops, template, signing_key(signer).sign, max_size,
+    per_origin: dict[bytes, list[packets.BlockRef]] = {}
+    for raw in raws:
+        ref = packets.BlockRef.of(raw)
+        per_origin.setdefault(ref.origin, []).append(ref)
+    ordered = packets.order_blocks(per_origin.values())
+    parts = packets.build_update_packets(ordered, template, signing_key(signer).sign, max_size,
                                          file_opener(staged, lambda p: f"{p}.spk"),
                                          seed=PACKET_ID_SEED, seal_to=seal_to)
+    out = []
     for p in parts:
         final = directory / (f"{name}.spk" if len(parts) == 1 else f"{name}-p{p.header.part}.spk")
         p.path.replace(final)
         p.path = final
+        held = [b.data for b in ordered if b.origin in p.header.ranges
+                and p.header.ranges[b.origin][0] <= b.lo < p.header.ranges[b.origin][1]]
+        out.append((p, held))
     staged.rmdir()
-    return parts
+    return out
 
 
 def snapshot_roster() -> list[dict]:
@@ -233,46 +282,24 @@ def snapshot_records() -> list[Record]:
 def write_snapshot(directory: Path, name: str, records: list[Record], *, sender: bytes,
                    recipient: bytes, seq: int, created_ms: int, vector: dict[bytes, int],
                    hlc_max: int, signer: str,
-                   max_size: int = packets.DEFAULT_MAX_SIZE) -> list[tuple[Path, Header, int]]:
-    """replica.write_snapshot without a store: same template, budget, cutting and finishing."""
-    roster = snapshot_roster()
+                   max_size: int = packets.DEFAULT_MAX_SIZE) -> list[packets.PartInfo]:
+    """replica.write_snapshot without a store: same template, series, cutting and finishing."""
     tmpl = Header(kind=codec.KIND_SNAPSHOT, family=FAMILY_ID, sender=sender, recipient=recipient,
                   packet_id=b"", seq=seq, part=0, final=False, created_ms=created_ms,
-                  vector=vector, roster=roster, hlc_max=hlc_max)
-    origins = tmpl.origin_table()
-    budget = max_size - codec.framing_overhead() - codec.header_reserve(tmpl, origins)
-    sign = signing_key(signer).sign
-    out: list[tuple[Path, Header, int]] = []
-    state: dict = {}
-
-    def start(part: int) -> None:
-        path = directory / (f"{name}.spk" if part == 0 else f"{name}-p{part}.spk")
-        f = open(path, "wb")
-        codec.start_packet(f)
-        state.update(f=f, path=path, part=part, body=codec.BodyWriter(f, budget), n=0)
-
-    def finish(final: bool) -> None:
-        length, digest = state["body"].finish()
-        h = Header(**{**tmpl.__dict__, "part": state["part"], "final": final,
-                      "packet_id": packets.packet_id(PACKET_ID_SEED, sender, recipient, seq,
-                                                     state["part"]),
-                      "count": state["n"], "body_len": length, "body_hash": digest})
-        size = codec.finish_packet(state["f"], h, origins, sign)
-        state["f"].close()
-        out.append((state["path"], h, size))
-
-    start(0)
+                  vector=vector, roster=snapshot_roster(), hlc_max=hlc_max)
+    opener = file_opener(directory, lambda p: f"{name}.spk" if p == 0 else f"{name}-p{p}.spk")
+    series = packets.PartSeries(tmpl, signing_key(signer).sign, max_size, opener,
+                                PACKET_ID_SEED)
     for rec in records:
         raw = codec.encode_record(rec)
-        if not state["body"].would_fit(len(raw)):
-            if not state["n"]:
-                raise ValueError("one record is larger than max_size allows")
-            finish(False)
-            start(state["part"] + 1)
-        state["body"].write(raw)
-        state["n"] += 1
-    finish(True)
-    return out
+        if not series.fits(len(raw)):
+            if series.count:
+                series.cut()
+            if not series.fits(len(raw)):
+                raise series.too_big(len(raw), "record")
+        series.write(raw, 1)
+    series.finish(True)
+    return series.parts
 
 
 # --- the vectors ------------------------------------------------------------------------------
@@ -288,12 +315,11 @@ def _hex(obj: Any) -> Any:
     return obj
 
 
-def _op_json(op: Op, wire: list) -> dict:
+def _op_json(op: Op) -> dict:
     return {"origin": op.origin.hex(), "epoch": op.epoch, "hlc": op.hlc, "seq": op.seq,
             "csn": op.csn.hex(), "collection": op.collection, "key": op.key,
             "value": None if op.value is None else op.value.hex(),
-            "replaced": [op.replaced[i:i + 20].hex() for i in range(0, len(op.replaced), 20)],
-            "wire": _hex(wire)}
+            "replaced": [op.replaced[i:i + 20].hex() for i in range(0, len(op.replaced), 20)]}
 
 
 def _record_json(rec: Record) -> dict:
@@ -302,8 +328,20 @@ def _record_json(rec: Record) -> dict:
                 [rec.collection, rec.key, rec.csn, rec.value])}
 
 
+def _block_json(raw: bytes, offset: int) -> dict:
+    info = blocks.read_block_header(raw, FAMILY_ID)
+    signer = name_of(info.origin)
+    return {"offset_in_body": offset, "size": len(raw), "origin": info.origin.hex(),
+            "signer": signer, "signer_ed25519": public_key(signer).hex(), "lo": info.lo,
+            "hi": info.hi, "txns": info.txns, "hlc_first": info.hlc_first,
+            "hlc_last": info.hlc_last, "prev_hash": info.prev_hash.hex(),
+            "body_hash": info.body_hash.hex(), "raw_len": info.raw_len,
+            "body_len": info.body_len, "block_hash": info.block_hash.hex(),
+            "ops": [_op_json(op) for op in blocks.decode_ops(raw)]}
+
+
 def _describe(path: Path, header: Header, origins: list[bytes], signer: str, description: str,
-              ops: list[Op] | None = None, records: list[Record] | None = None) -> dict:
+              raws: list[bytes] | None = None, records: list[Record] | None = None) -> dict:
     data = path.read_bytes()
     hlen = int.from_bytes(data[-72:-68], "big")
     doc: dict[str, Any] = {
@@ -319,13 +357,21 @@ def _describe(path: Path, header: Header, origins: list[bytes], signer: str, des
         "signature": data[-68:-4].hex(),
         "header": _hex(header.to_wire(origins)),
     }
-    if ops is not None:
-        wires, prev = [], 0     # the clock delta restarts at 0 in every part
-        for op in ops:
-            wires.append([origins.index(op.origin), op.hlc - prev, op.seq, op.collection,
-                          op.key, op.value, op.replaced])
-            prev = op.hlc
-        doc["ops"] = [_op_json(op, w) for op, w in zip(ops, wires)]
+    if header.acks:
+        doc["acks"] = [{"member": m.hex(), "signer": name_of(m), "created": c,
+                        "vector": {o.hex(): e for o, e in sorted(
+                            (header.vector if v is None else v).items())},
+                        "signed_message": codec.ack_signed_bytes(
+                            FAMILY_ID, m, c, header.vector if v is None else v).hex()}
+                       for m, c, v, _sig in header.acks]
+    if raws is not None:
+        doc["blocks"], off = [], 0
+        for raw in raws:
+            doc["blocks"].append(_block_json(raw, off))
+            off += len(raw)
+        # What the importer applies: the ops of blocks whose clocks overlap, merged.
+        ops = [op for b in doc["blocks"] for op in b["ops"]]
+        doc["ops"] = sorted(ops, key=lambda op: op["csn"])
     if records is not None:
         doc["records"] = [_record_json(r) for r in records]
     return doc
@@ -361,68 +407,81 @@ def write_vectors(directory: Path) -> list[str]:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     docs: dict[str, dict] = {}
+    chains = Chains()
 
-    # 1. An update packet alpha -> bravo with ops of two origins.  The origin table also holds
-    #    delta, which appears only in 'waiting' (alpha holds parked packets that wait for it).
+    # 1. An update packet alpha -> bravo carrying blocks of two origins: alpha's own and
+    #    charlie's, relayed (each verifies with its origin's key, not alpha's).  The origin
+    #    table also holds delta, which appears only in 'waiting' (alpha holds parked packets
+    #    that wait for it); 'acks' holds alpha's own acknowledgement and charlie's, relayed.
     name = PREFIX + "update-basic"
-    ops = basic_ops()
+    raws = [chains.seal(ops) for ops in basic_blocks()]
     tmpl = update_template(A, B, seq=3, created_ms=CREATED_MS, vector={A: 5, C: 2},
-                           recv_seq=2, waiting={D: (0, 3)}, ack_floor={A: 2, C: 1})
-    (part,) = write_update(directory, name, ops, tmpl, "alpha")
+                           recv_seq=2, waiting={D: (0, 3)}, reply=True,
+                           relayed=[own_ack("charlie", CREATED_MS - 30_000, {A: 3, C: 2})])
+    ((part, held),) = write_update(directory, name, raws, tmpl, "alpha")
     docs[name] = _describe(part.path, part.header, tmpl.origin_table(), "alpha",
-                           "update alpha->bravo: 7 ops of alpha and charlie (puts, a delete, "
-                           "replaced CSNs, a two-op transaction), one part", ops=ops)
+                           "update alpha->bravo: 3 blocks, two of alpha (chained) and one of "
+                           "charlie (relayed), 7 ops whose clocks interleave; one part",
+                           raws=held)
 
-    # 2. Ack-only: bravo -> alpha, no ops, only bravo's vector and what it received.
+    # 2. Ack-only: bravo -> alpha, no blocks (an empty body), only bravo's vector, what it
+    #    received, its acknowledgement and the newest op of alpha's own origin it holds.
     name = PREFIX + "update-ack-only"
-    tmpl = update_template(B, A, seq=1, created_ms=CREATED_MS + 60_000, vector={A: 5, C: 2},
-                           recv_seq=3, ack_floor={A: 2, C: 1})
-    (part,) = write_update(directory, name, [], tmpl, "bravo")
+    created = CREATED_MS + 60_000
+    tmpl = update_template(B, A, seq=1, created_ms=created, vector={A: 5, C: 2},
+                           recv_seq=3, tip=(5, pack_csn(T5, A, 0)))
+    ((part, _held),) = write_update(directory, name, [], tmpl, "bravo")
     docs[name] = _describe(part.path, part.header, tmpl.origin_table(), "bravo",
-                           "update bravo->alpha without ops: an acknowledgement (count 0, empty "
-                           "zstd frame)", ops=[])
+                           "update bravo->alpha without blocks: an acknowledgement (count 0, "
+                           "empty body) with a tip", raws=[])
 
-    # 3. One export cut into two parts by --max-size 4096.
+    # 3. One export cut into two parts by --max-size 4096, between blocks.  The template's
+    #    anchor is the op at epoch 5 that the first range continues (as sync._anchors finds
+    #    it); the second part's is the last op of the first part.
     name = PREFIX + "update-split"
-    ops = split_ops()
+    raws = [chains.seal(ops) for ops in split_blocks()]
     tmpl = update_template(A, B, seq=4, created_ms=CREATED_MS + 120_000, vector={A: 9, C: 2},
-                           recv_seq=1, ack_floor={A: 5, C: 2})
-    parts = write_update(directory, name, ops, tmpl, "alpha", max_size=SPLIT_MAX_SIZE)
-    expect = [ops[:1], ops[1:]]   # the two-op transaction is not split across parts
-    if [(p.header.part, p.header.count) for p in parts] != [(0, 1), (1, 3)]:
+                           recv_seq=1, reply=True, anchors={A: pack_csn(T5, A, 0)})
+    parts = write_update(directory, name, raws, tmpl, "alpha", max_size=SPLIT_MAX_SIZE)
+    if [(p.header.part, p.header.count) for p, _held in parts] != [(0, 1), (1, 3)]:
         raise RuntimeError(f"the cutting rule changed: parts "
-                           f"{[(p.header.part, p.header.count) for p in parts]}")
-    for p, part_ops in zip(parts, expect):
+                           f"{[(p.header.part, p.header.count) for p, _held in parts]}")
+    for p, held in parts:
         n = f"{name}-p{p.header.part}"
         docs[n] = _describe(p.path, p.header, tmpl.origin_table(), "alpha",
-                            f"update alpha->bravo, part {p.header.part} of an export cut into "
-                            f"2 parts by max_size {SPLIT_MAX_SIZE}", ops=part_ops)
+                            f"update alpha->bravo, part {p.header.part} of an export cut "
+                            f"between blocks into 2 parts by max_size {SPLIT_MAX_SIZE}",
+                            raws=held)
 
-    # 4. A sealed update alpha -> bravo: the body is encrypted to bravo's X25519 key.  The
-    #    ephemeral key derives from the packet-id seed (reproducible; random in real exports).
+    # 4. A sealed update alpha -> bravo: the body (one block) is encrypted to bravo's X25519
+    #    key.  The ephemeral key derives from the packet-id seed (reproducible; random in real
+    #    exports).
     name = PREFIX + "update-sealed"
-    ops = sealed_ops()
+    raws = [chains.seal(ops) for ops in sealed_blocks()]
     tmpl = update_template(A, B, seq=5, created_ms=CREATED_MS + 150_000, vector={A: 11, C: 2},
-                           recv_seq=1, ack_floor={A: 9, C: 2})
-    (part,) = write_update(directory, name, ops, tmpl, "alpha", seal_to=x25519_public("bravo"))
+                           recv_seq=1, reply=True, anchors={A: pack_csn(T8, A, 0)})
+    ((part, held),) = write_update(directory, name, raws, tmpl, "alpha",
+                                   seal_to=x25519_public("bravo"))
     doc = _describe(part.path, part.header, tmpl.origin_table(), "alpha",
                     "update alpha->bravo sealed to bravo (seal-x25519-chacha20poly1305): "
-                    "2 ops, one sealed chunk", ops=ops)
+                    "one block of 2 ops, one sealed chunk", raws=held)
     doc["seal"] = _seal_json(part.path, part.header, "bravo")
     docs[name] = doc
 
-    # 5. A snapshot packet alpha -> echo (replica creation), one part.
+    # 5. A snapshot packet alpha -> echo (replica creation), one part: records in one zstd
+    #    frame, as in format 1.
     name = PREFIX + "snapshot"
     records = snapshot_records()
-    ((path, hdr, _size),) = write_snapshot(directory, name, records, sender=A, recipient=E,
-                                           seq=1, created_ms=CREATED_MS + 180_000,
-                                           vector={A: 4, C: 2}, hlc_max=T4, signer="alpha")
-    docs[name] = _describe(path, hdr, hdr.origin_table(), "alpha",
+    (part,) = write_snapshot(directory, name, records, sender=A, recipient=E, seq=1,
+                             created_ms=CREATED_MS + 180_000, vector={A: 4, C: 2}, hlc_max=T4,
+                             signer="alpha")
+    docs[name] = _describe(part.path, part.header, part.header.origin_table(), "alpha",
                            "snapshot alpha->echo (mkreplica): roster of 5, 10 records incl. a "
                            "tombstone and a two-version conflict", records=records)
 
     for n, doc in docs.items():
-        (directory / f"{n}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (directory / f"{n}.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False)
+                                             + "\n")
     return sorted(docs)
 
 
@@ -451,13 +510,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.hexdump:
         data = (args.out / f"{args.hexdump}.spk").read_bytes()
         hlen = int.from_bytes(data[-72:-68], "big")
-        print(hexdump(data, 0, 64))
+        # An update packet's first block header is readable as it is: show all of it.
+        head = 9 + blocks.HEADER_LEN if data[9:13] == blocks.MAGIC else 64
+        print(hexdump(data, 0, head))
         print("...")
         print(hexdump(data, len(data) - 72 - hlen, hlen + 72))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    for old in args.out.glob(PREFIX + "*"):
-        old.unlink()
+    for pattern in OWN_PATTERNS:
+        for old in args.out.glob(pattern):
+            old.unlink()
     for n in write_vectors(args.out):
         print(f"{args.out / n}.spk")
     return 0
