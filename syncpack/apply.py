@@ -315,22 +315,32 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
             win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]] = []
             win_hlc = -1
             last_key: tuple | None = None
+            last_hash: dict[bytes, bytes] = {}     # per origin, the packet's previous block
             for raw in packet_blocks(site, pk):
-                origin = raw[6:14]
-                chained = not (origin in anchored and cursor.get(origin) == h.ranges[origin][0])
+                # Where the block sits first (its header, not yet trusted): a block missing,
+                # repeated or moved by whoever assembled the packet shows as such, before any
+                # chain comparison could blame its origin.
+                peek = blocks.read_block_header(raw)
+                origin = peek.origin
+                if cursor.get(origin) != peek.lo or peek.hi > h.ranges[origin][1]:
+                    raise PacketBodyError(
+                        f"block of {site.name_of(origin)} (epochs {peek.lo + 1}..{peek.hi}) "
+                        f"does not continue the packet's declared range of that origin")
+                first = cursor.get(origin) == h.ranges[origin][0]
+                # After a packet's first block of an origin, the chain continues inside the
+                # packet; before it, in our store (unless the anchor vouched, see above).
+                prev = last_hash.get(origin) if not first else None
+                chained = not first or origin not in anchored
                 try:
-                    info = verify_block(site, raw, sender, chained)
+                    info = verify_block(site, raw, sender, chained, prev)
                 except PacketSenderError:
                     if not win:
                         raise
                     ap.window(win)      # a roster change in them may add this origin
                     win, win_hlc = [], -1
-                    info = verify_block(site, raw, sender, chained)
+                    info = verify_block(site, raw, sender, chained, prev)
+                last_hash[origin] = info.block_hash
                 o = info.origin
-                if cursor.get(o) != info.lo or info.hi > h.ranges[o][1]:
-                    raise PacketBodyError(
-                        f"block of {site.name_of(o)} (epochs {info.lo + 1}..{info.hi}) does not "
-                        f"continue the packet's declared range of that origin")
                 cursor[o] = info.hi
                 if info.hlc_last > h.hlc_max:
                     raise PacketBodyError("ops carry a clock beyond the header's hlc_max")

@@ -1,4 +1,4 @@
-"""Change blocks (format v2 draft): a run of whole transactions of one origin, encoded once by
+"""Change blocks (format 2): a run of whole transactions of one origin, encoded once by
 that origin, signed by it and hash-chained to its previous block.
 
 A block is self-describing and self-delimiting: a fixed 186-byte header (everything a relay or
@@ -13,7 +13,8 @@ provides (``Ed25519PrivateKey.sign``), so no key material passes through this mo
 Reading is for untrusted input: every size is bounded before anything is allocated, the
 decompressor's output is bounded by the signed ``raw_len``, and every failure is a
 :class:`syncpack.errors.PacketError` subclass whose message names the origin when the header
-could be read.  Not yet used by packets or the store (step 2 of the Blocks issue).
+could be read.  Update packets carry blocks (``formats/PACKET.md``) and the store keeps them
+(:mod:`syncpack.chain`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reading packet files and the one verifier every packet kind goes through.
 
 Update packets, replica-creation snapshots, resync snapshots and ``lspacket`` all use
-:func:`verify`, in the fixed order written in ``formats/PACKET.md`` §6: (framing, in
+:func:`verify`, in the fixed order written in ``formats/PACKET.md`` §9: (framing, in
 :func:`open_packet`) size, magic, version, header; then family, recipient, sender membership,
 signature, body hash, sealing policy, clock skew.  Each failure raises a :class:`PacketError`
 subclass naming the check; nothing here writes to the store.
@@ -242,9 +242,11 @@ def packet_blocks(site: Site, pk: OpenPacket) -> Iterator[bytes]:
     return blocks.split_blocks(codec.body_chunks(pk.f, pk.env, keys.unsealer(site.path)))
 
 
-def verify_block(site: Site, raw: bytes, sender: str, chained: bool = True) -> blocks.BlockInfo:
+def verify_block(site: Site, raw: bytes, sender: str, chained: bool = True,
+                 prev_in_packet: bytes | None = None) -> blocks.BlockInfo:
     """One block of a packet from ``sender``, against its **origin's** key (whoever relayed
-    it) and, if ``chained``, the chain we hold; errors name the origin.  Called as the block is reached, after
+    it) and, if ``chained``, the chain: onto ``prev_in_packet`` (the origin's block just before
+    it in the same packet) or else onto the block we hold; errors name the origin.  Called as the block is reached, after
     the blocks before it applied, so an origin added by a roster change earlier in the same
     packet is known by then."""
     origin = bytes(raw[6:14]) if len(raw) >= 14 else b""
@@ -255,8 +257,14 @@ def verify_block(site: Site, raw: bytes, sender: str, chained: bool = True) -> b
             raise PacketSenderError(f"packet from {sender} carries changes of origin "
                                     f"{origin.hex()}, which was never a member of family "
                                     f"{site.family_name!r}; refused")
-        prev = None if not chained or info.prev_hash == blocks.ZERO_HASH and info.lo else \
-            chain.expected_prev(site.conn, origin, info.lo)
+        if not chained:
+            prev = None
+        elif prev_in_packet is not None:
+            prev = prev_in_packet       # a root cannot follow a block in the same packet
+        elif info.prev_hash == blocks.ZERO_HASH and info.lo:
+            prev = None                 # a chain root: its origin no longer held the block before
+        else:
+            prev = chain.expected_prev(site.conn, origin, info.lo)
         return blocks.verify_block(info, member.ed25519, site.family_id, prev)
     except (blocks.BlockError, blocks.BlockSignatureError) as e:
         if member is not None:

@@ -164,3 +164,20 @@ def test_ops_of_the_relayed_packet_are_the_origins_own(relay):
     assert len(ops) == 3600 and ops[0].key == "p0-0"
     _prefix, _body, h, version = parts_of(raw)
     assert version == codec.FORMAT_VERSION == 2 and "blocks" in h["req"]
+
+
+def test_a_block_that_does_not_chain_onto_the_one_before_it_in_the_packet_is_refused(relay,
+                                                                                     tmp_path):
+    """Even the origin itself cannot continue its blocks in one packet from another past: the
+    second block names a predecessor other than the first (a fork), signed with A's own key."""
+    family, raw, a_id = relay
+    a_key = sign_key(family.path("A"))
+
+    def edit(bs):
+        i = a_blocks(bs, a_id)[1]
+        ops = list(blocks.decode_ops(bs[i]))
+        family_id = codec.read_envelope(__import__("io").BytesIO(raw), len(raw)).header.family
+        bs[i] = blocks.encode_block(family_id, a_id, b"\x42" * 32, ops, a_key.sign)
+        return bs
+    err = refused(family, tmp_path, "forked.spk", forged_body(raw, edit))
+    assert "block of origin A" in err and "does not continue the chain" in err, err
