@@ -174,10 +174,11 @@ def _check_members(site: Site, origins, what: str) -> None:
 
 # --- update packets ---------------------------------------------------------------------------
 
-# Blocks whose clock ranges overlap are merged op by op into CSN order; at most this many are
-# held decoded at once (a packet that interleaves more is applied window by window: the
-# outcome does not depend on the order, see Site.apply_version).
-MERGE_WINDOW = 64
+# Blocks whose clock ranges overlap are merged op by op into CSN order; at most this many ops
+# are held decoded at once (a packet that interleaves more is applied window by window: the
+# outcome does not depend on the order, see Site.apply_version), which bounds the memory an
+# import takes whatever the packet's size.
+MERGE_WINDOW_OPS = 200_000
 
 
 class _Applier:
@@ -313,7 +314,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
             ap = _Applier(site, vec, progress)
             cursor = {o: lo for o, (lo, _hi) in h.ranges.items()}
             win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]] = []
-            win_hlc = -1
+            win_hlc, win_ops = -1, 0
             last_key: tuple | None = None
             last_hash: dict[bytes, bytes] = {}     # per origin, the packet's previous block
             for raw in packet_blocks(site, pk):
@@ -337,7 +338,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                     if not win:
                         raise
                     ap.window(win)      # a roster change in them may add this origin
-                    win, win_hlc = [], -1
+                    win, win_hlc, win_ops = [], -1, 0
                     info = verify_block(site, raw, sender, chained, prev)
                 last_hash[origin] = info.block_hash
                 o = info.origin
@@ -352,11 +353,13 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                     mine = chain.block_ending_at(conn, o, info.hi)
                     if mine is not None and mine.lo == info.lo and mine.hash == info.block_hash:
                         continue        # the very block we hold (relayed to us twice)
-                if win and (info.hlc_first > win_hlc or len(win) >= MERGE_WINDOW):
+                if win and (info.hlc_first > win_hlc or
+                            win_ops + info.count > MERGE_WINDOW_OPS):
                     ap.window(win)
-                    win, win_hlc = [], -1
+                    win, win_hlc, win_ops = [], -1, 0
                 win.append((info, blocks.decode_block(info)))
                 win_hlc = max(win_hlc, info.hlc_last)
+                win_ops += info.count
             if win:
                 ap.window(win)
             short = [o for o, (_lo, hi) in h.ranges.items() if cursor[o] != hi]
