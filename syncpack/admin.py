@@ -263,15 +263,15 @@ def _replay_check(site: Site) -> list[str]:
             if floors.get(csn[8:16], 0) == 0:
                 problems.append(f"version {csn.hex()} of {coll}/{key} has no changelog op")
             state.setdefault((coll, key), {})[csn] = value   # from a snapshot or trimmed
-    superseded: set[bytes] = set()
+    superseded: set[tuple[str, str, bytes]] = set()
     for _o, _e, _h, _s, coll, key, value, replaced in ops:
         csn = pack_csn(_h, _o, _s)
         vs = state.setdefault((coll, key), {})
         for i in range(0, len(replaced), CSN_LEN):
             r = replaced[i:i + CSN_LEN]
             if vs.pop(r, 0) == 0 and r not in logged:
-                superseded.add(r)
-        if csn in superseded:
+                superseded.add((coll, key, r))
+        if (coll, key, csn) in superseded:
             continue
         vs[csn] = value
     state = {k: v for k, v in state.items() if v}

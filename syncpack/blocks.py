@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+from bisect import bisect_right
 import hashlib
 import struct
 from dataclasses import dataclass, field
@@ -554,6 +555,15 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
         raise bad("bad replaced-versions column")
 
     hlcs = list(accumulate(hlc_deltas, initial=info.hlc_first))
+    if rep_at:
+        # An op can only have seen versions older than itself: a CSN from its own future would
+        # be superseded before it exists, at some sites and not others.
+        ends = list(accumulate(txn_lens))
+        for a, r in zip(rep_at, rep):
+            t = bisect_right(ends, a)
+            own = _CSN_PACK(hlcs[t], origin, a - (ends[t - 1] if t else 0))
+            if max(r[i:i + CSN_LEN] for i in range(0, len(r), CSN_LEN)) >= own:
+                raise bad("an op lists as replaced a version not older than itself")
     collections = list(chain.from_iterable(map(repeat, map(names.__getitem__, run_coll),
                                                run_len)))
     replaced = [b""] * n

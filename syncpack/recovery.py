@@ -219,7 +219,8 @@ def reissue_stash(site: Site) -> int:
         new_ops.append(codec.Op(me, epoch, hlc, seq, coll, key, value, repl))
         c.execute("UPDATE versions SET csn=? WHERE collection=? AND key=? AND csn=?",
                   (new, coll, key, old))
-        c.execute("UPDATE superseded SET csn=? WHERE csn=?", (new, old))
+        c.execute("UPDATE superseded SET csn=? WHERE collection=? AND key=? AND csn=?",
+                  (new, coll, key, old))
     site.record_ops(new_ops)
     c.execute("UPDATE vector SET epoch=? WHERE origin=?", (epoch, me))
     site.set_meta("hlc", hlc)

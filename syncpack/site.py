@@ -320,9 +320,11 @@ class Site:
             cur = self.conn.execute("SELECT collection, key, csn, value FROM versions "
                                     "WHERE collection=? ORDER BY key", (collection,))
         for coll, key, vs in group_versions(cur):
-            policy = "lww" if coll.startswith(SYS_PREFIX) else None
+            # syncpack's own collections are lww whatever the family says: the priorities come
+            # from the roster, which is read through here
+            policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(coll)
             v = vs[0] if len(vs) == 1 else pick(
-                vs, policy or self.policy_of(coll), self.priorities())
+                vs, policy, self.priorities() if policy == "priority" else {})
             if v is not None and v.value is not None:
                 yield coll, key, v.value
 
@@ -440,8 +442,12 @@ class Site:
                             (op.collection, op.key, r))
                 n = cur.changes()
                 if n == 0 and not self._op_known(r):
-                    cur.execute("INSERT OR IGNORE INTO superseded VALUES (?)", (r,))
-        cur.execute("DELETE FROM superseded WHERE csn=?", (csn,))
+                    # Keyed by the key too: an op can only supersede versions of its own key,
+                    # whatever CSNs it lists (a member listing another key's must not hide it).
+                    cur.execute("INSERT OR IGNORE INTO superseded VALUES (?, ?, ?)",
+                                (op.collection, op.key, r))
+        cur.execute("DELETE FROM superseded WHERE collection=? AND key=? AND csn=?",
+                    (op.collection, op.key, csn))
         if cur.changes():
             return
         cur.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",

@@ -137,6 +137,19 @@ MIGRATIONS: list[str] = [
     UPDATE vector SET floor=max(floor, epoch), seeded=max(seeded, epoch)
         WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id')
         AND EXISTS (SELECT 1 FROM meta WHERE key='site_id');
+    -- superseded-in-advance versions are known by their key too (an op supersedes only
+    -- versions of its own key): each takes the key of the op that listed it
+    CREATE TABLE superseded_v3(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
+                               PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
+    WITH RECURSIVE listed(collection, key, rest, csn) AS (
+        SELECT collection, key, replaced, NULL FROM changelog WHERE length(replaced) > 0
+        UNION ALL
+        SELECT collection, key, substr(rest, 21), substr(rest, 1, 20) FROM listed
+            WHERE length(rest) > 0)
+    INSERT OR IGNORE INTO superseded_v3 SELECT l.collection, l.key, l.csn FROM listed l
+        JOIN superseded s ON s.csn = l.csn;
+    DROP TABLE superseded;
+    ALTER TABLE superseded_v3 RENAME TO superseded;
     DELETE FROM changelog WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id');
     """,
 ]

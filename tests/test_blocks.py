@@ -182,13 +182,17 @@ def test_spec_hexdumps_match_the_vectors():
 
 # --- round trips ---------------------------------------------------------------------------------
 
-CSN = st.builds(lambda h, o, s: pack_csn(h, o, s), st.integers(0, (1 << 63) - 1),
-                st.binary(min_size=8, max_size=8), st.integers(0, (1 << 32) - 1))
+def older_csns(hlc: int):
+    """Replaced versions: CSNs older than an op written at ``hlc`` (what its writer saw)."""
+    csn = st.builds(lambda h, o, s: pack_csn(h, o, s), st.integers(0, hlc - 1),
+                    st.binary(min_size=8, max_size=8), st.integers(0, (1 << 32) - 1))
+    return st.lists(csn, max_size=3).map(b"".join)
+
+
 OP_BODY = st.tuples(
     st.sampled_from(["notes", "tasks", "ñ", "日本", ""]),
     st.text(max_size=20),
-    st.one_of(st.none(), st.binary(max_size=40)),
-    st.lists(CSN, max_size=3).map(b"".join))
+    st.one_of(st.none(), st.binary(max_size=40)))
 
 
 @st.composite
@@ -204,7 +208,8 @@ def op_lists(draw):
     for n in sizes:
         hlc += draw(st.sampled_from([1, 2, 1 << 16, 12345 << 16]))
         for seq in range(n):
-            coll, key, value, rep = draw(OP_BODY)
+            coll, key, value = draw(OP_BODY)
+            rep = draw(older_csns(hlc))
             epoch += 1
             ops.append(Op(origin, epoch, hlc, seq, coll, key, value, rep))
     return ops

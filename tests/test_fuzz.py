@@ -481,17 +481,8 @@ def judge(w: World, name: str, data: bytes, exact: bool, expect: str = "any",
 # Library bugs this fuzzing found, each with its xfail(strict=True) test: an input that runs
 # into one is counted under the bug's name instead of failing every run.  When the library is
 # fixed the xfail test passes, fails as strict, and its entry here goes.
-KNOWN_CRASHES = {
-    # test_concurrent_edits_of_one_roster_entry_leave_the_site_readable
-    "roster recursion": lambda e, tb: isinstance(e, RecursionError) and "in roster" in tb
-    and "in priorities" in tb,
-}
-KNOWN_FINDINGS = {
-    # test_a_replaced_csn_from_the_ops_future_is_refused_or_replayed_alike
-    "replaced from the future": lambda findings, data: all(
-        "differs from a replay" in p or p.startswith("... and") for p in findings)
-    and replaces_its_future(data),
-}
+KNOWN_CRASHES: dict = {}     # none open: roster recursion was fixed in Site._visible_rows
+KNOWN_FINDINGS: dict = {}    # none open: blocks now refuse a replaced CSN from the op's future
 
 
 class KnownBug(Exception):
@@ -1415,12 +1406,6 @@ def _a_op_replacing(w: World, key: str, victim) -> tuple[list[bytes], bytes]:
     return bl, csn
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "an op whose replaced list names a CSN from its own future (a later op of its origin: no "
-    "honest writer can have seen it) is applied: Site.apply_version marks that CSN superseded "
-    "in advance, so the later op is dropped on arrival, while fsck's replay (which knows every "
-    "op it holds) applies it: fsck then reports 'record ... differs from a replay' on a store "
-    "that imported a validly signed block"))
 def test_a_replaced_csn_from_the_ops_future_is_refused_or_replayed_alike(world):
     bl, _ = _a_op_replacing(world, "p008", lambda op: op.key == "p002" and op.value is None)
     body = b"".join(bl)
@@ -1429,11 +1414,6 @@ def test_a_replaced_csn_from_the_ops_future_is_refused_or_replayed_alike(world):
     assert try_import(world, "update", mutant, exact=False) in ("rejected", "applied")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the superseded table holds bare CSNs: an op of key K listing a version of another key as "
-    "replaced suppresses that version at every site where it arrives first (superseded in "
-    "advance), and not where the version arrived before it; a member can so make another "
-    "origin's write vanish at some sites only, and the family never converges"))
 def test_a_replaced_csn_of_another_key_does_not_split_the_family(world):
     bl, csn = _a_op_replacing(world, "p003", lambda op: op.key == "n1")
     r = world.ids["r"]
@@ -1463,12 +1443,6 @@ def test_a_replaced_csn_of_another_key_does_not_split_the_family(world):
     assert digests[0] == digests[1], "two sites holding the same ops show different records"
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason=(
-    "Site._visible_rows computes self.priorities() for every key with several surviving "
-    "versions, even under lww where pick() ignores them; for $roster that calls roster() "
-    "while roster() is being built, so it recurses until RecursionError: two members that "
-    "edit one roster entry concurrently (set_priority, rmreplica; or a member's own valid "
-    "block) leave every site that receives both unable to read its roster"))
 def test_concurrent_edits_of_one_roster_entry_leave_the_site_readable(family):
     family.init("a")
     family.add("b", via="a")
