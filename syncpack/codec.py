@@ -535,56 +535,7 @@ def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
 
 
 def _bad(msg: str) -> PacketBodyError:
-    return PacketBodyError(f"malformed op stream: {msg}")
-
-
-_OP_SHAPES = frozenset({(int, int, int, str, str, bytes, bytes),
-                        (int, int, int, str, str, type(None), bytes)})
-
-
-def iter_ops(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Op]:
-    """Ops of an update packet in the order sent, checked against the header's ranges.
-
-    Per origin, ops must carry exactly the epochs of the declared range in order, and CSNs must
-    ascend; a packet whose ranges lie about its body fails here (the caller holds the apply in
-    one transaction, so nothing it did survives)."""
-    hdr, origins = env.header, env.origins
-    nxt = {o: lo + 1 for o, (lo, hi) in hdr.ranges.items()}
-    top = {o: hi for o, (lo, hi) in hdr.ranges.items()}
-    hlc = 0
-    last = (-1, b"", 0)   # CSN order is (hlc, origin, seq) order: compare without packing
-    n = 0
-    n_origins = len(origins)
-    for obj in _decoded_stream(f, env, unsealer):
-        # One C-level look at all seven field types; ranges are checked below.
-        if type(obj) is not list or tuple(map(type, obj)) not in _OP_SHAPES:
-            raise _bad("an op is not [int, int, int, str, str, bin|nil, bin]")
-        oi, dh, seq, coll, key, val, repl = obj
-        if not 0 <= oi < n_origins:
-            raise _bad("origin index out of range")
-        if dh < 0 or not 0 <= seq < (1 << 32):
-            raise _bad("bad clock fields")
-        # a CSN's clock is stored as a signed 64-bit SQLite INTEGER: its top bit is clear
-        if repl and (len(repl) % CSN_LEN or any(b >= 0x80 for b in repl[::CSN_LEN])):
-            raise _bad("replaced versions must be whole CSNs")
-        hlc += dh
-        if hlc > hdr.hlc_max:
-            raise PacketBodyError("ops carry a clock beyond the header's hlc_max")
-        origin = origins[oi]
-        epoch = nxt.get(origin)
-        if epoch is None or epoch > top[origin]:
-            raise PacketBodyError("packet holds an op outside its declared ranges")
-        nxt[origin] = epoch + 1
-        key_ = (hlc, origin, seq)
-        if key_ <= last:
-            raise PacketBodyError("ops are not in ascending CSN order")
-        last = key_
-        n += 1
-        yield Op(origin, epoch, hlc, seq, coll, key, val, repl)
-    if n != hdr.count or any(nxt[o] != hi + 1 for o, (lo, hi) in hdr.ranges.items()):
-        raise PacketBodyError(f"packet declares {hdr.count} ops in its ranges but holds {n}")
-    if hlc > hdr.hlc_max:
-        raise PacketBodyError("ops carry a clock beyond the header's hlc_max")
+    return PacketBodyError(f"malformed record stream: {msg}")
 
 
 def iter_records(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Record]:
@@ -701,31 +652,6 @@ class RawBodyWriter:
         if self._sealer:
             self._sealer.close_stream()
         return self._sink.n, self._sink.h.digest()
-
-
-class OpEncoder:
-    """Encodes ops of one packet: origin as a table index, the clock as a delta (ops ascend by
-    CSN, so deltas are small and non-negative)."""
-
-    def __init__(self, origin_index: dict[bytes, int]):
-        self.ix = origin_index
-        self.hlc = 0
-        # One packer reused for every op: the bytes equal packb() of each op, concatenated.
-        self._p = msgpack.Packer(use_bin_type=True, autoreset=False)
-
-    def encode(self, op: Op) -> bytes:
-        return self.encode_many([op])
-
-    def encode_many(self, ops: list[Op]) -> bytes:
-        p, ix, hlc = self._p, self.ix, self.hlc
-        for op in ops:
-            p.pack([ix[op.origin], op.hlc - hlc, op.seq, op.collection, op.key, op.value,
-                    op.replaced])
-            hlc = op.hlc
-        self.hlc = hlc
-        raw = p.bytes()
-        p.reset()
-        return raw
 
 
 def finish_packet(f: BinaryIO, header: Header, origins: list[bytes],

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Block codec benchmark (Blocks issue, step 1): bytes per op and decode cost of v2 blocks
-against today's v1 op stream and SQLite's session patchset, on the same ops.
+"""Block codec benchmark: bytes per op and decode cost of format 2 blocks against Arrow IPC and
+SQLite's session patchset, on the same ops.  (The format 1 op stream it was first compared
+with is no longer written; formats/BLOCKS.md section 7 keeps the figures of that run.)
 
 Workloads (as in the issue):
 
@@ -13,8 +14,6 @@ Workloads (as in the issue):
 
 Figures, each a median of ``--runs`` runs (default 5):
 
-* v1: the body and the whole packet as ``packets.build_update_packets`` writes it (one part);
-  ``codec.iter_ops`` over it (decompress, check, build ``Op`` objects);
 * v2 blocks (``syncpack/blocks.py``), sealed every ``--block-ops`` ops at transaction ends:
   bytes, encode time, verify (signature + body hash), ``decode_block`` into columns, into rows
   ``(collection, key, csn, value)`` for ``executemany``, and into ``Op`` objects;
@@ -50,8 +49,8 @@ import zstandard  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
-from syncpack import blocks, codec, packets  # noqa: E402
-from syncpack.codec import Header, Op  # noqa: E402
+from syncpack import blocks, codec  # noqa: E402
+from syncpack.codec import Op  # noqa: E402
 from syncpack.csn import next_hlc  # noqa: E402
 
 ORIGIN = b"BENCH-OR"
@@ -131,34 +130,6 @@ def seal_points(ops: list[Op], block_ops: int) -> list[tuple[int, int]]:
             cuts.append((start, i))
             start = i
     return cuts
-
-
-# --- v1 -----------------------------------------------------------------------------------------
-
-def v1_packet(ops: list[Op], tmp: Path) -> bytes:
-    template = Header(kind=codec.KIND_UPDATE, family=FAMILY, sender=ORIGIN, recipient=PEER,
-                      packet_id=b"", seq=1, part=0, final=True, created_ms=T0_MS,
-                      vector={ORIGIN: len(ops)})
-
-    def opener(part: int):
-        path = tmp / f"v1-{part}.spk"
-        f = open(path, "wb")
-
-        def commit(ok: bool) -> Path:
-            f.close()
-            return path
-        return f, commit
-
-    parts = packets.build_update_packets(iter(ops), template, KEY.sign, 1 << 40, opener,
-                                         seed=b"bench")
-    assert len(parts) == 1
-    return parts[0].path.read_bytes()
-
-
-def v1_decode(data: bytes) -> list[Op]:
-    f = io.BytesIO(data)
-    env = codec.read_envelope(f, len(data))
-    return list(blocks.packet_ops(f, env))
 
 
 # --- v2 blocks ----------------------------------------------------------------------------------
@@ -262,13 +233,6 @@ def session_sizes(ops: list[Op], tmp: Path) -> dict:
 def run(name: str, ops: list[Op], block_ops: int, runs: int, tmp: Path) -> dict:
     n = len(ops)
     res: dict = {"ops": n, "transactions": sum(1 for o in ops if o.seq == 0)}
-    v1 = v1_packet(ops, tmp)
-    env = codec.read_envelope(io.BytesIO(v1), len(v1))
-    res["v1_packet_bytes"] = len(v1)
-    res["v1_body_bytes"] = env.header.body_len
-    assert v1_decode(v1) == ops
-    res["v1_iter_ops_s"], _ = median_time(lambda: len(v1_decode(v1)), runs, "v1_iter_ops")
-
     cuts = seal_points(ops, block_ops)
     t, bl = median_time(lambda: encode_blocks(ops, cuts), runs, "v2_encode")
     res["blocks"] = len(bl)
@@ -308,14 +272,8 @@ def run(name: str, ops: list[Op], block_ops: int, runs: int, tmp: Path) -> dict:
     res["session"] = session_sizes(ops, tmp)
     pz = res["session"]["patchset_zstd3_bytes"]
     res["ratios"] = {
-        "v2_bytes_vs_v1_packet": res["v2_bytes"] / res["v1_packet_bytes"],
         "v2_bytes_vs_patchset_zstd3": res["v2_bytes"] / pz,
-        "v1_packet_vs_patchset_zstd3": res["v1_packet_bytes"] / pz,
-        "v2_rows_vs_v1_iter_ops": res["v2_decode_rows_s"] / res["v1_iter_ops_s"],
-        "v2_ops_vs_v1_iter_ops": res["v2_decode_ops_s"] / res["v1_iter_ops_s"],
         "arrow_bytes_vs_v2": res["arrow_ipc_zstd3_bytes"] / res["v2_bytes"],
-        "v2_rows_vs_v1_iter_ops_cpu": res["cpu_s"]["v2_decode_rows"] / res["cpu_s"]["v1_iter_ops"],
-        "v2_ops_vs_v1_iter_ops_cpu": res["cpu_s"]["v2_decode_ops"] / res["cpu_s"]["v1_iter_ops"],
     }
     return res
 
@@ -327,16 +285,13 @@ def report(name: str, r: dict) -> None:
     cpu = r["cpu_s"]
     s = r["session"]
     print(f"\n== {name}: {n:,} ops in {r['transactions']:,} transactions, {r['blocks']} blocks")
-    print(f"  v1 packet (whole file)       {per(r['v1_packet_bytes'])}")
-    print(f"  v1 body                      {per(r['v1_body_bytes'])}")
     print(f"  v2 blocks (whole)            {per(r['v2_bytes'])}")
     print(f"  v2 bodies (raw {r['v2_raw_bytes'] / n:.1f} B/op)     {per(r['v2_body_bytes'])}")
     print(f"  Arrow IPC, zstd-3 buffers    {per(r['arrow_ipc_zstd3_bytes'])}")
     print(f"  session patchset raw         {per(s['patchset_bytes'])}")
     print(f"  session patchset zstd-3      {per(s['patchset_zstd3_bytes'])}")
     print(f"  session changeset zstd-3     {per(s['changeset_zstd3_bytes'])}")
-    for label, key in (("v1 codec.iter_ops", "v1_iter_ops"),
-                       ("v2 encode (incl. signing)", "v2_encode"),
+    for label, key in (("v2 encode (incl. signing)", "v2_encode"),
                        ("v2 verify (sig + body hash)", "v2_verify"),
                        ("v2 decode -> columns", "v2_decode_columns"),
                        ("v2 decode -> rows", "v2_decode_rows"),
