@@ -1,14 +1,18 @@
-"""The changelog kept as Parquet segments, for the Spark engine (docs/design.md §9).
+"""The site's blocks kept as Parquet segments, for the Spark engine (docs/design.md §9).
 
 The layout, schema, manifest and append rules are ``formats/LOG.md``; change the two together.
-In short: ``LOG/origin_hex=<hex>/ep-<first>-<last>.parquet`` segments, one origin per file in
-contiguous epoch order, listed by ``LOG/_syncpack_log.json`` (the commit point of an append).
+In short: ``LOG/origin_hex=<hex>/ep-<first>-<last>.parquet`` segments, one origin per file, one
+row per stored block (formats/BLOCKS.md) in epoch order, listed by ``LOG/_syncpack_log.json``
+(the commit point of an append).
 
-Writing (:func:`log_export`, :func:`append_log`) streams the store's changelog in bounded
-batches into Parquet writers; reading (:func:`iter_origin_ops`, :func:`merged_log_ops`) streams
-Arrow record batches back into :class:`~syncpack.codec.Op` tuples, checking contiguity, in the
-same CSN order as :func:`syncpack.sync.merged_ops`.  The Spark executors and the tests both read
-through these functions.
+The log holds blocks, not ops, because only an origin can sign its ops: a packet carries each
+origin's blocks byte for byte (:func:`syncpack.packets.build_update_packets`), so whoever builds
+packets from the log needs those very bytes.  Writing (:func:`log_export`, :func:`append_log`)
+copies the store's blocks (:func:`syncpack.chain.covering`, :func:`syncpack.chain.block_bytes`)
+in bounded row groups; reading gives :class:`~syncpack.packets.BlockRef` objects, either the
+log's cover of given per-origin ranges (:func:`iter_origin_blocks`) or exactly the blocks an
+export plan names, checked against it (:func:`planned_blocks`), which is what the Spark
+executors use.
 
 The log may live on a local path or at any URI pyarrow opens (``hdfs://``, ``s3://``...); only
 local logs get fsync and a writer lock file.
@@ -17,56 +21,59 @@ local logs get fsync and a writer lock file.
 from __future__ import annotations
 
 import fcntl
-import heapq
+import hashlib
 import json
 import os
 import re
 import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
-from itertools import islice, repeat
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import chain
+from . import blocks, chain
 from .codec import Op
 from .errors import ExportError
-from .packets import fsync_dir
+from .packets import BlockRef, fsync_dir
 from .progress import expect
 from .site import Site, wall_ms
 
 FORMAT = "syncpack-log"
-VERSION = 1
+VERSION = 2                         # 1 kept one row per op, before packets carried blocks
 MANIFEST = "_syncpack_log.json"
 LOCK_FILE = "_lock"
 DEFAULT_DIR = "log"                 # SITE/log: the site's own log
-BATCH_ROWS = 65_536                 # rows per SQLite fetch, Arrow batch and Parquet row group
-SEGMENT_ROWS = 16 * BATCH_ROWS      # rows per segment file at most
 PARTITION = "origin_hex"
+# Blocks run from a few hundred bytes to hundreds of megabytes, so row groups and segments are
+# bounded by bytes, not rows: a reader holds about one row group per origin it reads.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
+SEGMENT_BYTES = 256 * 1024 * 1024
+READ_BATCH = 16                     # blocks per Arrow batch when reading back (and in Spark)
 
 SCHEMA = pa.schema([
     pa.field("origin", pa.binary(), nullable=False),
-    pa.field("epoch", pa.int64(), nullable=False),
-    pa.field("hlc", pa.int64(), nullable=False),
-    pa.field("seq", pa.int32(), nullable=False),
-    pa.field("collection", pa.string(), nullable=False),
-    pa.field("key", pa.string(), nullable=False),
-    pa.field("value", pa.binary(), nullable=True),
-    pa.field("replaced", pa.binary(), nullable=False),
+    pa.field("lo", pa.int64(), nullable=False),
+    pa.field("hi", pa.int64(), nullable=False),
+    pa.field("hlc_first", pa.int64(), nullable=False),
+    pa.field("hlc_last", pa.int64(), nullable=False),
+    pa.field("last_seq", pa.int64(), nullable=False),
+    pa.field("hash", pa.binary(), nullable=False),
+    pa.field("data", pa.binary(), nullable=False),
 ])
 # The same schema as Spark DDL (ad-hoc readers, and the shuffle strategy of the Spark engine).
-SPARK_DDL = ("origin binary, epoch long, hlc long, seq int, collection string, key string, "
-             "value binary, replaced binary")
-_READ_COLUMNS = ["epoch", "hlc", "seq", "collection", "key", "value", "replaced"]
+SPARK_DDL = ("origin binary, lo long, hi long, hlc_first long, hlc_last long, last_seq long, "
+             "hash binary, data binary")
+# A block is already a zstd frame: compressing it again costs time and gains nothing.
+_COMPRESSION = {**{f.name: "zstd" for f in SCHEMA}, "data": "none"}
+# Statistics only where readers prune by them; min/max of megabyte binaries would be waste.
+_STATISTICS = ["lo", "hi", "hlc_first", "hlc_last"]
 _SEGMENT_RE = re.compile(r"^ep-(\d{20})-(\d{20})\.parquet$")
-# Op from an 8-tuple of column values: tuple.__new__ skips the Python-level __new__ of a
-# NamedTuple, which is a third of the cost of turning Arrow batches into ops.
-new_op = partial(tuple.__new__, Op)
+_SEGMENT_REL_RE = re.compile(r"^origin_hex=[0-9a-f]{16}/ep-\d{20}-\d{20}\.parquet$")
+_REBUILD_HINT = "rebuild it: remove the directory and run 'syncpack log export DIR'"
 
 
 # --- where the log lives ----------------------------------------------------------------------
@@ -216,28 +223,27 @@ def segment_path(origin: bytes, first: int, last: int) -> str:
 @dataclass
 class Segment:
     path: str           # relative to the log directory
-    first: int
+    first: int          # epochs first..last: lo+1 of its first block, hi of its last
     last: int
-    rows: int
+    blocks: int
     bytes: int
 
     def to_json(self) -> dict:
-        return {"path": self.path, "first": self.first, "last": self.last, "rows": self.rows,
-                "bytes": self.bytes}
+        return {"path": self.path, "first": self.first, "last": self.last,
+                "blocks": self.blocks, "bytes": self.bytes}
 
 
 @dataclass
 class OriginLog:
     name: str
-    floor: int
-    top: int
-    top_hlc: int | None = None
-    top_seq: int | None = None
+    floor: int                      # lo of the first block logged: epochs <= floor are not here
+    top: int                        # hi of the last block logged
+    top_hash: bytes | None = None   # its block hash: how an append tells the history went on
     segments: list[Segment] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"name": self.name, "floor": self.floor, "top": self.top,
-                "top_hlc": self.top_hlc, "top_seq": self.top_seq,
+                "top_hash": self.top_hash.hex() if self.top_hash else None,
                 "segments": [s.to_json() for s in self.segments]}
 
     def overlapping(self, lo: int, hi: int) -> list[Segment]:
@@ -252,6 +258,8 @@ class Manifest:
     producer_name: str
     updated_ms: int = 0
     origins: dict[bytes, OriginLog] = field(default_factory=dict)
+    # Segments of an older-version log at this place, which the next append replaces.
+    superseded: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "family_id": self.family_id.hex(),
@@ -260,11 +268,12 @@ class Manifest:
                 "origins": {o.hex(): e.to_json() for o, e in sorted(self.origins.items())}}
 
     @classmethod
-    def from_json(cls, d, where: str) -> "Manifest":
+    def from_json(cls, d, where: str, upgrade: bool = False) -> "Manifest":
+        """``upgrade``: an older-version log comes back empty, its segments in ``superseded``
+        (for its producer's append, which rewrites it); otherwise it is refused."""
         def bad(what: str) -> ExportError:
             return ExportError(f"the log at {where} has a bad manifest: {what}",
-                               hint="rebuild it: remove the directory and run "
-                                    "'syncpack log export DIR'")
+                               hint=_REBUILD_HINT)
 
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise bad(f"not a {FORMAT} manifest")
@@ -278,27 +287,58 @@ class Manifest:
         try:
             man = cls(bytes.fromhex(d["family_id"]), bytes.fromhex(d["producer"]["site_id"]),
                       str(d["producer"]["site"]), int(d.get("updated_ms", 0)))
+            if v < VERSION:
+                if not upgrade:
+                    raise ExportError(
+                        f"the log at {where} has format version {v}, which kept single ops; "
+                        f"packets now carry the blocks their origins signed, which this "
+                        f"syncpack keeps in log version {VERSION}",
+                        hint=f"re-export the log: 'syncpack log export {where}' at "
+                             f"{man.producer_name}, the site that keeps it, rewrites it")
+                man.superseded = _old_segments(d)
+                return man
             for ohex, e in d["origins"].items():
                 o = bytes.fromhex(ohex)
+                th = e.get("top_hash")
                 ent = OriginLog(str(e["name"]), int(e["floor"]), int(e["top"]),
-                                e.get("top_hlc"), e.get("top_seq"),
+                                bytes.fromhex(th) if th is not None else None,
                                 [Segment(str(s["path"]), int(s["first"]), int(s["last"]),
-                                         int(s["rows"]), int(s["bytes"]))
+                                         int(s["blocks"]), int(s["bytes"]))
                                  for s in e["segments"]])
-                nxt = ent.floor + 1
-                for s in ent.segments:
-                    if s.first != nxt or s.last < s.first or s.rows != s.last - s.first + 1:
-                        raise bad(f"segments of origin {ohex} are not contiguous at epoch {nxt}")
-                    nxt = s.last + 1
-                if nxt != ent.top + 1:
-                    raise bad(f"segments of origin {ohex} end at {nxt - 1}, top is {ent.top}")
+                reach = ent.floor
+                for k, s in enumerate(ent.segments):
+                    # Blocks never leave a hole; a re-sealed block may start below where the
+                    # one before it ended, never above.
+                    if (s.first != reach + 1 if k == 0 else s.first > reach + 1) \
+                            or s.last <= reach or s.blocks < 1:
+                        raise bad(f"segments of origin {ohex} do not continue each other at "
+                                  f"epoch {reach + 1}")
+                    reach = s.last
+                if reach != ent.top:
+                    raise bad(f"segments of origin {ohex} end at {reach}, top is {ent.top}")
+                if ent.segments and (ent.top_hash is None
+                                     or len(ent.top_hash) != blocks.HASH_LEN):
+                    raise bad(f"origin {ohex} has no hash of its top block")
                 man.origins[o] = ent
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise bad(f"{type(e).__name__}: {e}") from None
         return man
 
 
-def read_manifest(loc: LogLocation) -> Manifest | None:
+def _old_segments(d: dict) -> list[str]:
+    """The segment files an older-version manifest lists (only names a log of ours can have:
+    they are deleted)."""
+    out = []
+    try:
+        for e in d["origins"].values():
+            out += [s["path"] for s in e["segments"]
+                    if isinstance(s["path"], str) and _SEGMENT_REL_RE.match(s["path"])]
+    except (KeyError, TypeError, AttributeError):
+        pass
+    return out
+
+
+def read_manifest(loc: LogLocation, upgrade: bool = False) -> Manifest | None:
     raw = loc.read_bytes(MANIFEST)
     if raw is None:
         return None
@@ -306,9 +346,8 @@ def read_manifest(loc: LogLocation) -> Manifest | None:
         d = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ExportError(f"the log at {loc} has an unreadable manifest ({e})",
-                          hint="rebuild it: remove the directory and run "
-                               "'syncpack log export DIR'") from None
-    return Manifest.from_json(d, loc.text)
+                          hint=_REBUILD_HINT) from None
+    return Manifest.from_json(d, loc.text, upgrade)
 
 
 def load_manifest(loc: LogLocation) -> Manifest:
@@ -324,13 +363,18 @@ def load_manifest(loc: LogLocation) -> Manifest:
 
 def log_export(site: Site, log_dir: str | os.PathLike | None = None,
                progress: Callable[[int], None] | None = None) -> dict:
-    """Bring a Parquet log of ``site``'s changelog up to date (default: ``SITE/log``).
+    """Bring a Parquet log of ``site``'s blocks up to date (default: ``SITE/log``).
 
-    Appends only epochs above what the log holds per origin, under the site lock and in one
-    read snapshot of the store.  Returns counts (see :func:`append_log`)."""
+    Our own unsealed ops are sealed into blocks first (as an export would: they are sealed
+    once, and these very blocks are what every packet carries).  Then appends only blocks
+    above what the log holds per origin, under the site lock and in one read snapshot of the
+    store.  Returns counts (see :func:`append_log`)."""
     loc = LogLocation(default_log_dir(site) if log_dir is None else log_dir)
     with site.lock():
         conn = site.conn
+        if chain.has_pending(conn, site.site_id):
+            with site.write_txn():
+                site.seal_pending()
         conn.execute("BEGIN")
         try:
             _man, stats = append_log(site, loc, progress)
@@ -341,15 +385,17 @@ def log_export(site: Site, log_dir: str | os.PathLike | None = None,
 
 def append_log(site: Site, loc: LogLocation,
                progress: Callable[[int], None] | None = None) -> tuple[Manifest, dict]:
-    """Append to the log what the store holds beyond it.
+    """Append to the log the blocks the store holds beyond it.
 
     The caller holds the site lock and has an open transaction on ``site.conn``: everything is
     read in that one snapshot, so a caller that plans an export in the same snapshot sees a log
-    that matches its plan exactly.  Returns the new manifest and counts:
-    ``{"log", "ops_written", "segments_written", "origins": {NAME: [FROM_EXCL, TO_INCL]},
-    "rebuilt": [NAME...], "ops_held"}``."""
+    that matches its plan exactly.  Our own ops not sealed yet are not blocks and are not
+    logged: a caller that wants them in seals them first (:meth:`Site.seal_pending`, in a write
+    transaction of its own).  A log of an older format version is rewritten.  Returns the new
+    manifest and counts: ``{"log", "ops_written", "blocks_written", "segments_written",
+    "origins": {NAME: [FROM_EXCL, TO_INCL]}, "rebuilt": [NAME...], "ops_held"}``."""
     with loc.writer_lock():
-        man = read_manifest(loc)
+        man = read_manifest(loc, upgrade=True)
         if man is None:
             man = Manifest(site.family_id, site.site_id, site.name)
         elif man.family_id != site.family_id:
@@ -361,53 +407,93 @@ def append_log(site: Site, loc: LogLocation,
                               f"site appends to it",
                               hint="read it with 'export --engine spark --log DIR', or keep "
                                    "this site's own log elsewhere (default SITE/log)")
-        _remove_leftovers(loc, man)
+        dropped, man.superseded = man.superseded, []
+        _remove_leftovers(loc, man, keep=set(dropped))
+        conn = site.conn
         vec = site.vector()
         floors = site.floors()
         names = site.names()
-        stats = {"log": loc.text, "ops_written": 0, "segments_written": 0, "origins": {},
-                 "rebuilt": []}
-        dropped: list[str] = []
+        stats = {"log": loc.text, "ops_written": 0, "blocks_written": 0, "segments_written": 0,
+                 "origins": {}, "rebuilt": []}
         for o in sorted(vec):
             top, floor = vec[o], floors.get(o, 0)
             name = names.get(o, o.hex())
             ent = man.origins.get(o)
+            new: list[chain.StoredBlock] | None = None
             if ent is not None:
-                diverged = ent.top > top or (
-                    ent.top > max(floor, ent.floor) and ent.top_hlc is not None
-                    and _csn_at(site, o, ent.top) != (ent.top_hlc, ent.top_seq))
-                if diverged or floor > ent.top:
+                new = _extension(conn, o, ent, floor, top)
+                if new is None:
                     # A restored producer, or a hole the store has trimmed: start over.
                     dropped += [s.path for s in ent.segments]
                     stats["rebuilt"].append(name)
+                    del man.origins[o]
                     ent = None
             if ent is None:
                 if not top:
                     continue
-                ent = OriginLog(name, floor, floor)   # records the floor even when empty
+                new = chain.covering(conn, o, floor, top) if top > floor else []
+                start = new[0].lo if new else floor
+                if start > floor:
+                    raise _store_lacks(name, floor, start)
+                ent = OriginLog(name, start, start)   # records the floor even when empty
             ent.name = name
             man.origins[o] = ent
-            if top > ent.top:
-                stats["origins"][name] = [ent.top, top]
-                expect(progress, top - ent.top)
-                n, k = _write_origin(site, loc, o, ent, top, progress)
+            if new and not ent.segments:
+                ent.floor = ent.top = new[0].lo   # an empty entry starts at its first block
+            reach = new[-1].hi if new else ent.top
+            if reach < top and not (o == site.site_id and chain.has_pending(conn, o)):
+                raise _store_lacks(name, reach, top)
+            if new:
+                stats["origins"][name] = [ent.top, reach]
+                expect(progress, reach - ent.top)
+                n, k, s = _write_blocks(conn, loc, o, ent, new, progress)
                 stats["ops_written"] += n
-                stats["segments_written"] += k
+                stats["blocks_written"] += k
+                stats["segments_written"] += s
         man.updated_ms = wall_ms()
         loc.write_atomic(MANIFEST, json.dumps(man.to_json(), indent=1).encode() + b"\n")
+        listed = {s.path for e in man.origins.values() for s in e.segments}
         for rel in dropped:
-            loc.delete(rel)
+            if rel not in listed:   # a new segment may have taken an old one's name
+                loc.delete(rel)
         stats["ops_held"] = {e.name: [e.floor, e.top] for e in man.origins.values()}
         return man, stats
 
 
-def _csn_at(site: Site, origin: bytes, epoch: int) -> tuple[int, int] | None:
-    return chain.op_id_at(site.conn, origin, epoch)
+def _store_lacks(name: str, lo: int, hi: int) -> ExportError:
+    return ExportError(f"this site's store lacks epochs {lo + 1}..{hi} of {name}; the log was "
+                       f"not extended", hint="run 'syncpack fsck'")
 
 
-def _remove_leftovers(loc: LogLocation, man: Manifest) -> None:
-    """Segments of an interrupted append: in an origin directory, but not in the manifest."""
-    listed = {s.path for e in man.origins.values() for s in e.segments}
+def _extension(conn, origin: bytes, ent: OriginLog, floor: int,
+               top: int) -> list[chain.StoredBlock] | None:
+    """The store's blocks above the log's top that continue the history the log holds, or
+    None when the log must start over (the producer's history went another way, or the store
+    trimmed past the log's top)."""
+    if ent.top > top:
+        return None                     # the producer went back in time: a restore
+    held = chain.block_ending_at(conn, origin, ent.top) if ent.top > ent.floor else None
+    if held is not None and held.hash != ent.top_hash:
+        return None                     # the same epochs, another block: another history
+    new = chain.covering(conn, origin, ent.top, top) if top > ent.top else []
+    if not new:
+        # Nothing above the top: all trimmed (the log restarts at the new floor), or our own
+        # ops not sealed yet, or damage (the caller compares the reach with the vector).
+        return None if floor > ent.top else []
+    if new[0].lo > ent.top:
+        return None                     # a hole between the log and the store
+    if held is None and ent.top > ent.floor and new[0].lo == ent.top:
+        # The log's top block was trimmed here; the next block names its predecessor.
+        prev = blocks.read_block_header(chain.block_bytes(conn, new[0])).prev_hash
+        if prev != ent.top_hash:
+            return None
+    return new
+
+
+def _remove_leftovers(loc: LogLocation, man: Manifest, keep: set[str]) -> None:
+    """Segments of an interrupted append: in an origin directory, but not in the manifest
+    (nor in ``keep``: an older log's segments, deleted once the new manifest is in place)."""
+    listed = {s.path for e in man.origins.values() for s in e.segments} | keep
     for d in loc.list_names(""):
         if not d.startswith(PARTITION + "="):
             continue
@@ -418,160 +504,246 @@ def _remove_leftovers(loc: LogLocation, man: Manifest) -> None:
                 loc.delete(rel)
 
 
-def _write_origin(site: Site, loc: LogLocation, origin: bytes, ent: OriginLog, top: int,
-                  progress) -> tuple[int, int]:
-    """Stream epochs (ent.top, top] of ``origin`` into new segments; updates ``ent``."""
+class _SegmentWriter:
+    """One segment being written under a temporary name, one row group per flush."""
+
+    def __init__(self, loc: LogLocation, origin: bytes, first: int):
+        self.loc, self.origin, self.first = loc, origin, first
+        self.tmp = _tmp_name(f"{origin_dir(origin)}/ep-{first:020d}")
+        self.writer = pq.ParquetWriter(loc.path(self.tmp), SCHEMA, filesystem=loc.fs,
+                                       compression=_COMPRESSION, use_dictionary=["origin"],
+                                       write_statistics=_STATISTICS)
+        self.blocks = self.bytes = 0
+        self.last = first - 1
+
+    def write(self, rows: list[tuple]) -> None:
+        cols = list(zip(*rows))
+        n = len(rows)
+        table = pa.Table.from_arrays([
+            pa.repeat(pa.scalar(self.origin, pa.binary()), n),
+            *(pa.array(c, pa.int64()) for c in cols[:5]),
+            pa.array(cols[5], pa.binary()), pa.array(cols[6], pa.binary())], schema=SCHEMA)
+        self.writer.write_table(table, row_group_size=n)     # one row group
+        self.blocks += n
+        self.bytes += sum(map(len, cols[6]))
+        self.last = cols[1][-1]
+
+    def commit(self) -> Segment:
+        self.writer.close()
+        rel = segment_path(self.origin, self.first, self.last)
+        self.loc.commit_file(self.tmp, rel)
+        size = self.loc.fs.get_file_info(self.loc.path(rel)).size
+        return Segment(rel, self.first, self.last, self.blocks, size)
+
+    def discard(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.loc.delete(self.tmp)
+
+
+def _write_blocks(conn, loc: LogLocation, origin: bytes, ent: OriginLog,
+                  new: list[chain.StoredBlock], progress) -> tuple[int, int, int]:
+    """Copy the store's blocks ``new`` (continuing the log's chain) into new segments, byte
+    for byte; updates ``ent``.  Returns (ops, blocks, segments) written."""
     d = origin_dir(origin)
     loc.makedirs(d)
-    cur = (op[1:] for op in chain.iter_ops(site.conn, origin, ent.top, top))
-    nxt = ent.top + 1
-    written = segments = 0
-    seg: dict | None = None
+    seg: _SegmentWriter | None = None
+    rows: list[tuple] = []
+    size = ops = segments = 0
 
-    def close_segment() -> None:
-        nonlocal seg, segments
-        seg["writer"].close()
-        rel = segment_path(origin, seg["first"], nxt - 1)
-        loc.commit_file(seg["tmp"], rel)
-        size = loc.fs.get_file_info(loc.path(rel)).size
-        ent.segments.append(Segment(rel, seg["first"], nxt - 1, nxt - seg["first"], size))
-        segments += 1
-        seg = None
+    def flush() -> None:
+        nonlocal seg, rows, size, segments
+        if seg is None:
+            seg = _SegmentWriter(loc, origin, rows[0][0] + 1)
+        seg.write(rows)
+        rows, size = [], 0
+        if seg.bytes >= SEGMENT_BYTES:
+            ent.segments.append(seg.commit())
+            seg = None
+            segments += 1
 
     try:
-        while True:
-            rows = list(islice(cur, BATCH_ROWS))     # the store's cursors have no fetchmany
-            if not rows:
-                break
-            cols = list(zip(*rows))
-            n = len(rows)
-            if cols[0][0] != nxt or cols[0][-1] != nxt + n - 1 \
-                    or list(cols[0]) != list(range(nxt, nxt + n)):
-                raise ExportError(f"the changelog of {ent.name} is not contiguous after epoch "
-                                  f"{nxt - 1}; the log was not extended",
+        for b in new:
+            if b.lo > ent.top or b.hi <= ent.top:
+                raise ExportError(f"the blocks of {ent.name} this site holds do not continue "
+                                  f"each other at epoch {ent.top}; the log was not extended",
                                   hint="run 'syncpack fsck'")
-            try:
-                batch = pa.RecordBatch.from_arrays([
-                    pa.repeat(pa.scalar(origin, pa.binary()), n),
-                    pa.array(cols[0], pa.int64()), pa.array(cols[1], pa.int64()),
-                    pa.array(cols[2], pa.int32()), pa.array(cols[3], pa.string()),
-                    pa.array(cols[4], pa.string()), pa.array(cols[5], pa.binary()),
-                    pa.array(cols[6], pa.binary())], schema=SCHEMA)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-                raise ExportError(f"an op of {ent.name} after epoch {nxt - 1} does not fit the "
-                                  f"log schema: {e}") from None
-            if seg is None:
-                tmp = _tmp_name(f"{d}/ep-{nxt:020d}")
-                w = pq.ParquetWriter(loc.path(tmp), SCHEMA, filesystem=loc.fs,
-                                     compression="zstd", use_dictionary=["origin", "collection"],
-                                     write_statistics=True)
-                seg = {"writer": w, "tmp": tmp, "first": nxt, "rows": 0}
-            seg["writer"].write_batch(batch, row_group_size=BATCH_ROWS)
-            seg["rows"] += n
-            nxt += n
-            written += n
-            ent.top, ent.top_hlc, ent.top_seq = nxt - 1, cols[1][-1], cols[2][-1]
+            data = chain.block_bytes(conn, b)
+            if rows and size + len(data) > ROW_GROUP_BYTES:
+                flush()             # so a large block sits alone in its row group
+            rows.append((b.lo, b.hi, b.hlc_first, b.hlc_last, b.last_seq, b.hash, data))
+            size += len(data)
+            n = b.hi - ent.top      # the epochs it adds (a re-sealed block may overlap)
+            ops += n
+            ent.top, ent.top_hash = b.hi, b.hash
             if progress:
                 progress(n)
-            if seg["rows"] >= SEGMENT_ROWS:
-                close_segment()
+        if rows:
+            flush()
         if seg is not None:
-            close_segment()
+            ent.segments.append(seg.commit())
+            seg = None
+            segments += 1
     except BaseException:
         if seg is not None:
-            try:
-                seg["writer"].close()
-            finally:
-                loc.delete(seg["tmp"])
+            seg.discard()
         raise
-    if nxt != top + 1:
-        raise ExportError(f"the changelog of {ent.name} ends at epoch {nxt - 1}, the vector "
-                          f"says {top}; the log was not extended", hint="run 'syncpack fsck'")
     loc.sync_dir(d)
-    return written, segments
+    return ops, len(new), segments
 
 
 # --- reading ----------------------------------------------------------------------------------
 
 def _row_groups(pf: pq.ParquetFile, lo: int, hi: int) -> list[int]:
-    """Row groups that may hold epochs in (lo, hi], by their statistics."""
+    """Row groups that may hold blocks overlapping epochs (lo, hi], by their statistics."""
     md = pf.metadata
-    col = pf.schema_arrow.get_field_index("epoch")
+    names = pf.schema_arrow.names
+    c_lo, c_hi = names.index("lo"), names.index("hi")
     out = []
     for i in range(md.num_row_groups):
-        st = md.row_group(i).column(col).statistics
-        if st is not None and st.has_min_max and (st.max <= lo or st.min > hi):
+        rg = md.row_group(i)
+        s_lo, s_hi = rg.column(c_lo).statistics, rg.column(c_hi).statistics
+        if s_hi is not None and s_hi.has_min_max and s_hi.max <= lo:
+            continue
+        if s_lo is not None and s_lo.has_min_max and s_lo.min >= hi:
             continue
         out.append(i)
     return out
 
 
-def iter_origin_ops(loc: LogLocation, origin: bytes, ent: OriginLog, lo: int, hi: int,
-                    batch_rows: int = BATCH_ROWS) -> Iterator[Op]:
-    """Ops of ``origin`` with epochs in (lo, hi], in epoch (= CSN) order, from Arrow batches.
+def _rows(loc: LogLocation, ent: OriginLog, lo: int, hi: int,
+          columns: list[str]) -> Iterator[tuple]:
+    """Rows of one origin's blocks that may overlap (lo, hi], in the log's order (ascending
+    ``hi``, which is checked), a few blocks at a time."""
+    prev = None
+    for seg in ent.overlapping(lo, hi):
+        pf = loc.open_parquet(seg.path)
+        try:
+            groups = _row_groups(pf, lo, hi)
+            batches = pf.iter_batches(batch_size=READ_BATCH, row_groups=groups,
+                                      columns=["hi", *columns]) if groups else ()
+            for batch in batches:
+                cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+                for row in zip(*cols):
+                    if prev is not None and row[0] <= prev:
+                        raise ExportError(f"log segment {loc.path(seg.path)} is not in epoch "
+                                          f"order", hint=_REBUILD_HINT)
+                    prev = row[0]
+                    yield row
+        except (OSError, pa.ArrowException) as e:
+            raise ExportError(f"cannot read log segment {loc.path(seg.path)}: {e}") from None
 
-    Checks that the log holds each epoch exactly once, in order; raises :class:`ExportError`
-    naming the first epoch it lacks otherwise."""
+
+def _check_range(loc: LogLocation, ent: OriginLog, lo: int, hi: int) -> None:
     if lo < ent.floor or hi > ent.top:
         raise ExportError(f"the log at {loc} holds epochs {ent.floor + 1}-{ent.top} of "
                           f"{ent.name}, not {lo + 1}-{hi}")
-    expect = lo + 1
-    for seg in ent.overlapping(lo, hi):
-        pf = loc.open_parquet(seg.path)
-        groups = _row_groups(pf, lo, hi)
-        if not groups:
-            continue
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups,
-                                     columns=_READ_COLUMNS):
-            n = batch.num_rows
-            if not n:
-                continue
-            epochs = batch.column(0).to_pylist()
-            first = epochs[0]
-            if epochs != list(range(first, first + n)):
-                raise ExportError(f"log segment {loc.path(seg.path)} is not in contiguous "
-                                  f"epoch order")
-            if first + n <= expect:
-                continue        # wholly before the range
-            if first > expect:
+
+
+def iter_origin_blocks(loc: LogLocation, origin: bytes, ent: OriginLog, lo: int,
+                       hi: int) -> Iterator[BlockRef]:
+    """The log's blocks of ``origin`` that together hold epochs (lo, hi], in epoch order.
+
+    A block is never cut, so the first may start below ``lo`` and the last end above ``hi``.
+    Raises :class:`ExportError` naming the first epoch the log lacks."""
+    _check_range(loc, ent, lo, hi)
+    reach = lo
+    if reach < hi:
+        for bhi, blo, h1, h2, seq, data in _rows(
+                loc, ent, lo, hi, ["lo", "hlc_first", "hlc_last", "last_seq", "data"]):
+            if bhi <= reach:
+                continue        # wholly below, or within what the blocks before it hold
+            if blo > reach:
                 break           # a hole: reported below
-            a, b = expect - first, min(n, hi - first + 1)
-            if a or b != n:
-                batch = batch.slice(a, b - a)
-                epochs = epochs[a:b]
-            cols = [batch.column(i).to_pylist() for i in range(1, 7)]
-            yield from map(new_op, zip(repeat(origin), epochs, *cols))
-            expect = first + b
-            if expect > hi:
+            yield BlockRef(origin, blo, bhi, h1, h2, seq, data)
+            reach = bhi
+            if reach >= hi:
                 return
-        else:
+    if reach < hi:
+        raise ExportError(f"the log at {loc} lacks epoch {reach + 1} of {ent.name} "
+                          f"(needed up to {hi})", hint=_REBUILD_HINT)
+
+
+def checked_block(data: bytes, want: chain.StoredBlock, family: bytes, where: str,
+                  name: str) -> BlockRef:
+    """``data`` as the block ``want`` (from an export plan), if it is that block, whole.
+
+    The header must name the same origin, epochs, clocks and block hash as the plan, and the
+    body must match its hash: so a log from anywhere can only supply the bytes the plan means,
+    and a damaged one fails the export before any packet is recorded as sent."""
+    what = f"the block of epochs {want.lo + 1}-{want.hi} of {name} in the log at {where}"
+    try:
+        info = blocks.read_block_header(data, family)
+    except blocks.BlockError as e:
+        raise ExportError(f"{what} is damaged: {e}", hint=_REBUILD_HINT) from None
+    if (info.origin, info.lo, info.hi, info.hlc_first, info.hlc_last, info.block_hash) != \
+            (want.origin, want.lo, want.hi, want.hlc_first, want.hlc_last, want.hash):
+        raise ExportError(f"{what} is not the block this site holds for those epochs: the "
+                          f"log continues another history",
+                          hint="export from the site's own log (omit --log), or rebuild this "
+                               "one at the site that keeps it")
+    if hashlib.blake2b(info.body, digest_size=blocks.HASH_LEN).digest() != info.body_hash:
+        raise ExportError(f"{what} is damaged: its body does not match its hash",
+                          hint=_REBUILD_HINT)
+    return BlockRef(want.origin, want.lo, want.hi, want.hlc_first, want.hlc_last, want.last_seq,
+                    data)
+
+
+def select_blocks(loc: LogLocation, origin: bytes, ent: OriginLog,
+                  want: list[chain.StoredBlock], family: bytes) -> Iterator[BlockRef]:
+    """The blocks ``want`` of ``origin`` (in epoch order) with their bytes from the log, each
+    checked by :func:`checked_block`; one pass over the segments that hold them."""
+    if not want:
+        return
+    _check_range(loc, ent, want[0].lo, want[-1].hi)
+    k = 0
+    for bhi, data in _rows(loc, ent, want[0].lo, want[-1].hi, ["data"]):
+        w = want[k]
+        if bhi < w.hi:
             continue
-        break
-    if expect <= hi:
-        raise ExportError(f"the log at {loc} lacks epoch {expect} of {ent.name} "
-                          f"(needed up to {hi})",
-                          hint="rebuild it: remove the directory and run 'syncpack log export'")
+        if bhi > w.hi:
+            break               # the log has no block ending where the planned one does
+        yield checked_block(data, w, family, loc.text, ent.name)
+        k += 1
+        if k == len(want):
+            return
+    w = want[k]
+    raise ExportError(f"the log at {loc} lacks the block of epochs {w.lo + 1}-{w.hi} of "
+                      f"{ent.name}", hint=_REBUILD_HINT)
 
 
-def merged_log_ops(loc: LogLocation, man: Manifest,
-                   ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]:
-    """Ops of all ranges in CSN order, as :func:`syncpack.sync.merged_ops` gives them from the
-    store: each origin's stream is already in CSN order, so a k-way merge suffices."""
-    its = []
-    for o, (lo, hi) in ranges.items():
+def planned_blocks(loc: LogLocation, man: Manifest, want: Iterable[chain.StoredBlock],
+                   family: bytes) -> Iterator[BlockRef]:
+    """The blocks of an export plan (:attr:`syncpack.sync.PeerPlan.blocks`, in the order they
+    travel) with their bytes from the log.  Each origin's blocks are read in one pass over its
+    segments, the origins' readers side by side, so memory stays at a few row groups per
+    origin, whatever the number of blocks."""
+    want = list(want)
+    per: dict[bytes, list[chain.StoredBlock]] = {}
+    for b in want:
+        per.setdefault(b.origin, []).append(b)
+    readers = {}
+    for o, bs in per.items():
         ent = man.origins.get(o)
         if ent is None:
-            raise ExportError(f"the log at {loc} holds no ops of origin {o.hex()}")
-        its.append(iter_origin_ops(loc, o, ent, lo, hi))
-    if len(its) == 1:
-        return its[0]
-    return heapq.merge(*its, key=lambda op: (op.hlc, op.origin, op.seq))
+            raise ExportError(f"the log at {loc} holds no blocks of origin {o.hex()}")
+        readers[o] = select_blocks(loc, o, ent, bs, family)
+    for b in want:
+        yield next(readers[b.origin])
 
 
 def iter_log(log_dir: str | os.PathLike) -> Iterator[Op]:
-    """Every op of a log, origin by origin in epoch order (for tests and inspection)."""
+    """Every op of a log, origin by origin in epoch order, each epoch once (for tests and
+    inspection: the blocks are decoded, not verified)."""
     loc = LogLocation(log_dir)
     man = load_manifest(loc)
     for o, ent in sorted(man.origins.items()):
-        if ent.top > ent.floor:
-            yield from iter_origin_ops(loc, o, ent, ent.floor, ent.top)
+        if ent.top <= ent.floor:
+            continue
+        nxt = ent.floor + 1
+        for ref in iter_origin_blocks(loc, o, ent, ent.floor, ent.top):
+            for op in blocks.decode_ops(ref.data):
+                if op.epoch >= nxt:
+                    nxt = op.epoch + 1
+                    yield op

@@ -3,41 +3,49 @@
 :func:`export_spark` gives the same packets, byte for byte, as :func:`syncpack.sync.export` for
 the same site state and parameters, and records them in the store the same way:
 
-1. Under the site lock and inside one read snapshot of the store: bring the site's own log up to
-   date (unless ``log_dir`` names another log), plan every peer's ranges with
-   :func:`syncpack.sync.plan_exports` (so a peer below the floor gets the same
-   :class:`ScrubbedError`), and check that the log holds every planned range.
-2. A Spark job builds each peer's packets inside the executors: the per-peer ranges and header
-   templates are broadcast, each task filters the log to its peer's ranges, orders the ops by
-   CSN ``(hlc, origin, seq)``, and encodes, signs and writes them with
-   :func:`syncpack.packets.build_update_packets` through :func:`syncpack.packets.atomic_opener`
-   into the local engine's media layout.  Only packet metadata comes back to the driver.
+1. Under the site lock: our own unsealed ops are sealed into blocks by the local engine's rule
+   (each block at most half of ``max_size``, in a write transaction of its own).  Then inside
+   one read snapshot of the store: bring the site's own log up to date (unless ``log_dir``
+   names another log), plan every peer's blocks with :func:`syncpack.sync.plan_exports` (so a
+   peer below the floor gets the same :class:`ScrubbedError`, and the blocks and their order
+   are the local engine's), and check that the log holds every planned range.
+2. A Spark job builds each peer's packets inside the executors: the per-peer plans (block
+   lists, ranges, header templates) are broadcast, each task fetches its peer's planned blocks
+   from the log, checks each against the plan (same origin, epochs, clocks and block hash, body
+   intact: :func:`syncpack.oplog.checked_block`), and cuts, signs and writes them in the plan's
+   order with :func:`syncpack.packets.build_update_packets` through
+   :func:`syncpack.packets.atomic_opener` into the local engine's media layout.  Blocks are
+   copied, never decoded or re-encoded: only an origin can sign its blocks.  Only packet
+   metadata comes back to the driver.
 3. The driver records the exports with :func:`syncpack.sync.record_exports`.
 
 Cutting a peer's stream into packets is sequential by nature (where part *k* ends depends on the
-compressed size of everything before it), so a peer's stream is one task; the parallelism is
-across peers.  Two strategies move the ops to the tasks, both over Arrow, never pickled rows:
+size of everything before it), so a peer's stream is one task; the parallelism is across peers.
+Two strategies move the blocks to the tasks, both over Arrow, never pickled rows:
 
 ``merge`` (default)
-    Each task reads its peer's ranges straight from the segment files with pyarrow (only the
-    segments and row groups that overlap, pruned by the manifest and the ``epoch`` statistics)
-    and merges the per-origin streams, which the log keeps in epoch = CSN order, so no sort and
-    no shuffle are needed.  Works for logs on any filesystem pyarrow opens.
+    Each task reads its peer's blocks straight from the segment files with pyarrow (only the
+    segments and row groups that hold them, pruned by the manifest and the ``lo``/``hi``
+    statistics), one reader per origin side by side, taking them in the plan's order (the
+    order of :func:`syncpack.packets.order_blocks`); no sort and no shuffle.  Works for logs
+    on any filesystem pyarrow opens.
 ``shuffle``
     Spark SQL does the data movement: the needed segments are read as a DataFrame, joined with
-    the broadcast range table, hash-partitioned one peer per partition, sorted within partitions
-    by ``(hlc, origin, seq)``, and handed to the encoder with ``mapInArrow``.  This is the path
-    for logs written by other producers to storage only the JVM can read; it pays a shuffle and
-    a sort of every (peer, op) pair.
+    the broadcast table of planned blocks (``origin``, ``hi``, and each block's position in its
+    peer's plan), hash-partitioned one peer per partition, sorted within partitions by that
+    position, and handed to the writer with ``mapInArrow``.  With blocks the data is already
+    grouped and the order comes from the plan, so this is a plain join, no sort of ops; it is
+    kept for logs written by other producers to storage only the JVM can read, and pays a
+    shuffle of every (peer, block) pair.
 
 The strategy is the ``strategy`` argument, or ``SYNCPACK_SPARK_STRATEGY`` in the environment.
 
 Spark is started once per command (or reused when the caller already has a session), with its
 UI, console progress bar and INFO/WARN logging off, and with the JVM's own output sent to a log
-file so that nothing reaches the terminal or a ``--json`` document.  The signing key goes to the
-executors as raw key bytes inside the task closure: on a cluster, enable Spark's RPC encryption
-(``spark.network.crypto.enabled``) or keep to ``local[*]``.  The output directory must be one the
-executors can write (local mode, or a shared filesystem).
+file so that nothing reaches the terminal or a ``--json`` document.  The packet signing key goes
+to the executors as raw key bytes inside the task closure: on a cluster, enable Spark's RPC
+encryption (``spark.network.crypto.enabled``) or keep to ``local[*]``.  The output directory
+must be one the executors can write (local mode, or a shared filesystem).
 """
 
 from __future__ import annotations
@@ -61,10 +69,10 @@ from typing import Callable, Iterable, Iterator
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from . import errors, keys, oplog
-from .codec import Header, Op
+from . import chain, errors, keys, oplog
+from .codec import Header
 from .errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
-from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, PartInfo, atomic_opener, \
+from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, PartInfo, atomic_opener, \
     build_update_packets, packet_dir, packet_name
 from .progress import expect
 from .site import Site, wall_ms
@@ -179,7 +187,9 @@ def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = No
         "spark.executor.extraJavaOptions": java_opts,
         "spark.python.worker.reuse": "true",
         "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
-        "spark.sql.execution.arrow.maxRecordsPerBatch": str(oplog.BATCH_ROWS // 2),
+        # A row is a whole block (up to hundreds of megabytes): few rows per batch.
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(oplog.READ_BATCH),
+        "spark.sql.parquet.columnarReaderBatchSize": str(4 * oplog.READ_BATCH),
         "spark.sql.adaptive.enabled": "false",   # keep one partition per peer
     }
     if local:
@@ -222,6 +232,7 @@ class _Job:
     name: str
     ranges: dict[bytes, tuple[int, int]]
     template: Header
+    blocks: list[chain.StoredBlock]             # the plan's blocks, in the order they travel
     segments: dict[bytes, oplog.OriginLog]      # the manifest entries of its origins
     ops: int
     seal_to: bytes | None = None                # the peer's X25519 key for sealed packets
@@ -232,13 +243,14 @@ class _TaskCtx:
     log: str
     out: str
     sender: str
+    family: bytes       # block hashes are over the family too
     key: bytes          # raw Ed25519 private key
     max_size: int
     seed: bytes | None
 
 
-def _build_peer(job: _Job, ops: Iterable[Op], ctx: _TaskCtx) -> bytes:
-    """Encode, sign and write one peer's packets; returns the pickled outcome for the driver
+def _build_peer(job: _Job, refs: Iterable[BlockRef], ctx: _TaskCtx) -> bytes:
+    """Cut, sign and write one peer's packets; returns the pickled outcome for the driver
     (typed syncpack errors travel back as data, so the driver can raise the same error)."""
     t0 = time.perf_counter()
     sign = Ed25519PrivateKey.from_private_bytes(ctx.key).sign
@@ -246,7 +258,7 @@ def _build_peer(job: _Job, ops: Iterable[Op], ctx: _TaskCtx) -> bytes:
     seq = job.template.seq
     opener = atomic_opener(d, lambda part: packet_name(seq, part))
     try:
-        parts = build_update_packets(ops, job.template, sign, ctx.max_size, opener, ctx.seed,
+        parts = build_update_packets(refs, job.template, sign, ctx.max_size, opener, ctx.seed,
                                      seal_to=job.seal_to)
     except SyncpackError as e:
         return pickle.dumps(("error", job.index, type(e).__name__, e.message, e.hint))
@@ -257,21 +269,24 @@ def _build_peer(job: _Job, ops: Iterable[Op], ctx: _TaskCtx) -> bytes:
     return pickle.dumps(("ok", job.index, parts, stats))
 
 
-def _checked(ops: Iterable[Op], ranges: dict[bytes, tuple[int, int]], where: str) -> Iterator[Op]:
-    """Each planned epoch exactly once, in order, and nothing else (a log from another producer
-    must not be able to make a packet whose ranges lie)."""
-    nxt = {o: lo + 1 for o, (lo, hi) in ranges.items()}
-    for op in ops:
-        e = nxt.get(op.origin)
-        if op.epoch != e or e > ranges[op.origin][1]:
-            raise ExportError(f"the log at {where} is inconsistent: expected epoch {e} of origin "
-                              f"{op.origin.hex()}, found {op.epoch}")
-        nxt[op.origin] = e + 1
-        yield op
-    for o, (lo, hi) in ranges.items():
-        if nxt[o] != hi + 1:
-            raise ExportError(f"the log at {where} lacks epochs {nxt[o]}-{hi} of origin "
-                              f"{o.hex()}")
+def _from_rows(rows: Iterable[tuple[int, bytes]], job: _Job, ctx: _TaskCtx) -> Iterator[BlockRef]:
+    """The ``shuffle`` strategy's ``(position in the plan, bytes)`` rows of one peer as the
+    plan's blocks: each planned block exactly once, in order, and each checked against the plan
+    (a log from another producer must not be able to make a packet whose ranges lie)."""
+    names = {o: e.name for o, e in job.segments.items()}
+    k = 0
+    for pos, data in rows:
+        if pos != k:
+            break
+        want = job.blocks[k]
+        yield oplog.checked_block(data, want, ctx.family, ctx.log, names[want.origin])
+        k += 1
+    if k < len(job.blocks):
+        w = job.blocks[k]
+        raise ExportError(f"the log at {ctx.log} lacks the block of epochs {w.lo + 1}-{w.hi} of "
+                          f"{names[w.origin]}, or holds it twice",
+                          hint="rebuild it: remove the directory and run 'syncpack log export "
+                               "DIR'")
 
 
 def _merge_task(bc, ctx: _TaskCtx, acc):
@@ -283,20 +298,17 @@ def _merge_task(bc, ctx: _TaskCtx, acc):
         for i in indices:
             job = jobs[i]
             man = oplog.Manifest(b"", b"", "", origins=job.segments)
-            try:
-                ops = oplog.merged_log_ops(loc, man, job.ranges)
-            except SyncpackError as e:
-                yield pickle.dumps(("error", job.index, type(e).__name__, e.message, e.hint))
-                continue
-            yield _build_peer(job, ops, ctx)
+            refs = oplog.planned_blocks(loc, man, job.blocks, ctx.family)
+            yield _build_peer(job, refs, ctx)
             acc.add(job.ops)
 
     return run
 
 
 def _arrow_task(bc, ctx: _TaskCtx, acc):
-    """mapInArrow function of the ``shuffle`` strategy: rows of one or more peers, each peer's
-    rows contiguous and in CSN order, as Arrow batches in; one outcome per peer out."""
+    """mapInArrow function of the ``shuffle`` strategy: ``(pid, pos, data)`` rows of one or
+    more peers, each peer's rows contiguous and in plan order, as Arrow batches in; one outcome
+    per peer out."""
 
     def run(batches):
         import pyarrow as pa
@@ -305,13 +317,12 @@ def _arrow_task(bc, ctx: _TaskCtx, acc):
 
         def rows():
             for b in batches:
-                cols = [b.column(i).to_pylist() for i in range(9)]
-                yield from zip(cols[0], map(oplog.new_op, zip(*cols[1:])))
+                yield from zip(*(b.column(i).to_pylist() for i in range(3)))
 
         for pid, group in groupby(rows(), key=itemgetter(0)):
             job = jobs[pid]
-            ops = _checked(map(itemgetter(1), group), job.ranges, ctx.log)
-            payload = _build_peer(job, ops, ctx)
+            refs = _from_rows((row[1:] for row in group), job, ctx)
+            payload = _build_peer(job, refs, ctx)
             acc.add(job.ops)
             yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())],
                                              names=["payload"])
@@ -351,10 +362,12 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                  seed: bytes | None = None, progress: Callable[[int], None] | None = None, *,
                  now_ms: int | None = None, encrypt: bool = False, strategy: str | None = None,
                  stats: dict | None = None,
-                 failed: list[SyncpackError] | None = None) -> list[ExportedPacket]:
+                 failed: list[SyncpackError] | None = None,
+                 seal_max: int | None = None) -> list[ExportedPacket]:
     """Like :func:`syncpack.sync.export`, with the packets built by a Spark job.  With
-    ``failed``, as there, a peer that cannot be served is reported in it and the others still
-    get their packets.
+    ``failed`` and ``seal_max``, as there: a peer that cannot be served is reported in
+    ``failed`` and the others still get their packets; ``seal_max`` bounds the blocks our
+    unsealed ops become (default: half of ``max_size``).
 
     ``log_dir`` None uses (and first brings up to date) the site's own log ``SITE/log``; any
     other log is only read and must hold every planned range.  ``stats``, when given, is filled
@@ -377,6 +390,10 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                                             serialization.PrivateFormat.Raw,
                                             serialization.NoEncryption())
         conn = site.conn
+        if chain.has_pending(conn, site.site_id):
+            with site.write_txn():
+                # The local engine's rule, so both engines send the same blocks.
+                site.seal_pending(max_block=seal_max or max_size // 2)
         t0 = time.perf_counter()
         starter: _SessionStarter | None = None
         conn.execute("BEGIN")  # one read snapshot: plan, log catch-up and coverage check
@@ -408,13 +425,14 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                                            packet_name(s, part))
                     written[i] = build_update_packets(iter(()), plan.template, signing_key.sign,
                                                       max_size, opener, seed, seal_to=seal[i])
-            jobs = [_Job(i, p.name, p.ranges, p.template,
+            jobs = [_Job(i, p.name, p.ranges, p.template, p.blocks,
                          {o: man.origins[o] for o in p.ranges},
                          sum(hi - lo for lo, hi in p.ranges.values()), seal[i])
                     for i, p in enumerate(plans) if p.ranges]
             expect(progress, sum(j.ops for j in jobs))
             if jobs:
-                ctx = _TaskCtx(loc.text, str(out.resolve()), site.name, raw_key, max_size, seed)
+                ctx = _TaskCtx(loc.text, str(out.resolve()), site.name, site.family_id,
+                               raw_key, max_size, seed)
                 written.update(_run_jobs(jobs, ctx, loc, starter, strategy, progress, stats))
         except BaseException:
             if starter is not None:
@@ -528,7 +546,10 @@ def _run_jobs(jobs: list[_Job], ctx: _TaskCtx, loc: oplog.LogLocation,
         raise errs[0]
     missing = [j.name for j in jobs if j.index not in written]
     if missing:
-        raise ExportError(f"the Spark job returned no packets for {', '.join(missing)}")
+        # Only the shuffle strategy can get here: no row of the log joined a peer's plan.
+        raise ExportError(f"the Spark job returned no packets for {', '.join(missing)}",
+                          hint=f"the log at {ctx.log} may lack the blocks planned for them: "
+                               f"rebuild it with 'syncpack log export'")
     return written
 
 
@@ -551,17 +572,16 @@ def _shuffle_action(spark, jobs: list[_Job], loc: oplog.LogLocation, bc, ctx: _T
         buckets = list(range(n))
     else:
         buckets = [first[p] for p in range(n)]
-    ranges = spark.createDataFrame(
-        [(j.index, buckets[k], o, lo, hi) for k, j in enumerate(jobs)
-         for o, (lo, hi) in j.ranges.items()],
-        "pid int, bucket int, r_origin binary, lo long, hi long")
-    cond = ((log.origin == ranges.r_origin) & (log.epoch > ranges.lo)
-            & (log.epoch <= ranges.hi))
-    df = (log.join(F.broadcast(ranges), cond)
-          .select("pid", "bucket", "origin", "epoch", "hlc", "seq", "collection", "key",
-                  "value", "replaced")
+    # (origin, hi) names one block: a store (and so a log) holds one block ending at an epoch.
+    planned = spark.createDataFrame(
+        [(j.index, buckets[k], pos, b.origin, b.hi) for k, j in enumerate(jobs)
+         for pos, b in enumerate(j.blocks)],
+        "pid int, bucket int, pos int, r_origin binary, r_hi long")
+    cond = (log.origin == planned.r_origin) & (log.hi == planned.r_hi)
+    df = (log.join(F.broadcast(planned), cond)
+          .select("pid", "bucket", "pos", "data")
           .repartition(n, "bucket")
-          .sortWithinPartitions("pid", "hlc", "origin", "seq")
+          .sortWithinPartitions("pid", "pos")
           .drop("bucket"))
     return _map_in_arrow(df, _arrow_task(bc, ctx, acc), "payload binary").collect
 

@@ -13,11 +13,12 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from conftest import Family, run
 
-from syncpack import admin, oplog, recovery, sync
+from syncpack import admin, chain, oplog, recovery, sync
 from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError
 from syncpack.site import Site
 
@@ -42,8 +43,8 @@ def spark():
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
-    """hub + four peers; ops from several origins, deletes, overwrites, one transaction larger
-    than a packet; peers at different points (p1 synced once, p4 created late)."""
+    """hub + four peers; ops from several origins, deletes, overwrites, one transaction sealed
+    at commit; peers at different points (p1 synced once, p4 created late)."""
     root = tmp_path_factory.mktemp("family")
     f = Family(root / "sites")
     (root / "sites").mkdir()
@@ -59,8 +60,8 @@ def base(tmp_path_factory) -> Path:
                         tx.delete("parts", k)
                     else:
                         tx.put("parts", k, {"i": i, "j": j, "pad": "x" * (i % 60)})
-        with s.transaction() as tx:        # alone larger than a packet: split op by op
-            for j in range(300):
+        with s.transaction() as tx:        # large enough to be sealed as a block at commit
+            for j in range(chain.SEAL_AT_COMMIT):
                 tx.put("bulk", f"b{j}", "y" * 100 + str(j))
     f.put("p2", "parts", "from-p2", [1, 2])
     f.put("p3", "other", "from-p3", {"x": None})
@@ -138,8 +139,7 @@ def test_log_export_holds_the_changelog_and_appends_incrementally(tmp_path, base
     f = _copy(base, tmp_path / "f")
     with f.open("hub") as s:
         first = oplog.log_export(s)
-        changelog = sorted(s.conn.execute(
-            "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog"))
+        changelog = sorted(map(tuple, chain.iter_all(s.conn)))
         vec = {s.name_of(o): e for o, e in s.vector().items() if e}
     assert first["ops_written"] == len(changelog)
     assert {o: hi for o, (lo, hi) in first["origins"].items()} == vec
@@ -177,8 +177,7 @@ def test_log_of_a_restored_site_is_rebuilt(tmp_path, base):
     shutil.copytree(backup, f.path("hub"))       # the site goes back in time
     with f.open("hub") as s:
         res = oplog.log_export(s, tmp_path / "log")
-        changelog = sorted(s.conn.execute(
-            "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog"))
+        changelog = sorted(map(tuple, chain.iter_all(s.conn)))
     assert res["rebuilt"] == ["hub"]
     assert sorted(tuple(op) for op in oplog.iter_log(tmp_path / "log")) == changelog
 
@@ -191,11 +190,79 @@ def test_log_refuses_another_sites_appends(tmp_path, base):
         oplog.log_export(s, tmp_path / "log")
 
 
+def test_the_log_gives_every_plans_blocks_across_segments_and_row_groups(tmp_path, base,
+                                                                          monkeypatch):
+    """What the executors read (without Spark): each peer's planned blocks, in the plan's
+    order, byte for byte the store's, from a log cut into many segments and row groups."""
+    monkeypatch.setattr(oplog, "ROW_GROUP_BYTES", 1)      # a row group per block
+    monkeypatch.setattr(oplog, "SEGMENT_BYTES", 1000)     # a few blocks per segment
+    f = _copy(base, tmp_path / "f")
+    with f.open("hub") as s:
+        res = oplog.log_export(s)
+        loc = oplog.LogLocation(f.path("hub") / "log")
+        man = oplog.load_manifest(loc)
+        hub_id = s.site_id
+        hub = man.origins[hub_id]
+        assert res["segments_written"] >= 3 and len(hub.segments) >= 3
+        assert sorted(tuple(op) for op in oplog.iter_log(loc.root)) == \
+            sorted(map(tuple, chain.iter_all(s.conn)))
+        s.conn.execute("BEGIN")
+        try:
+            plans = sync.plan_exports(s, sync.select_peers(s, None, True), NOW)
+            assert sum(len(p.blocks) for p in plans) >= 5
+            for p in plans:
+                got = list(oplog.planned_blocks(loc, man, p.blocks, s.family_id))
+                assert [(r.origin, r.lo, r.hi, r.hlc_first, r.hlc_last, r.last_seq, r.data)
+                        for r in got] == \
+                    [(b.origin, b.lo, b.hi, b.hlc_first, b.hlc_last, b.last_seq,
+                      chain.block_bytes(s.conn, b)) for b in p.blocks]
+        finally:
+            s.conn.execute("ROLLBACK")
+    # The log's own cover of a range that starts and ends inside blocks.
+    lo, hi = hub.floor + 2, hub.top - 1
+    refs = list(oplog.iter_origin_blocks(loc, hub_id, hub, lo, hi))
+    assert refs[0].lo <= lo < refs[0].hi and refs[-1].hi >= hi
+    assert all(a.hi == b.lo for a, b in zip(refs, refs[1:]))
+    assert {r.origin for r in refs} == {hub_id}
+    with pytest.raises(ExportError, match="holds epochs"):
+        list(oplog.iter_origin_blocks(loc, hub_id, hub, lo, hub.top + 1))
+
+
+def test_an_old_version_log_is_refused_and_log_export_rewrites_it(tmp_path, base):
+    """A version 1 log (one row per op) cannot give packets: readers refuse it naming the
+    command that rewrites it, and that command, at the log's producer, does."""
+    f = _copy(base, tmp_path / "f")
+    lake = tmp_path / "lake"
+    with f.open("hub") as s:
+        ohex = s.site_id.hex()
+        old_seg = f"origin_hex={ohex}/ep-{1:020d}-{3:020d}.parquet"
+        (lake / f"origin_hex={ohex}").mkdir(parents=True)
+        (lake / old_seg).write_bytes(b"PAR1 an op segment of version 1")
+        (lake / oplog.MANIFEST).write_text(json.dumps({
+            "format": "syncpack-log", "version": 1, "family_id": s.family_id.hex(),
+            "producer": {"site_id": ohex, "site": "hub"}, "updated_ms": 0,
+            "origins": {ohex: {"name": "hub", "floor": 0, "top": 3, "top_hlc": 1, "top_seq": 0,
+                               "segments": [{"path": old_seg, "first": 1, "last": 3,
+                                             "rows": 3, "bytes": 31}]}}}))
+        with pytest.raises(ExportError, match="format version 1") as e:
+            oplog.load_manifest(oplog.LogLocation(lake))
+        assert "syncpack log export" in e.value.hint and "hub" in e.value.hint
+        res = oplog.log_export(s, lake)
+        held = sorted(map(tuple, chain.iter_all(s.conn)))
+    assert res["ops_written"] == len(held) and res["blocks_written"] > 0
+    assert not (lake / old_seg).exists()
+    assert json.loads((lake / oplog.MANIFEST).read_text())["version"] == oplog.VERSION
+    assert sorted(tuple(op) for op in oplog.iter_log(lake)) == held
+
+
 # --- same packets from both engines ---------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", ["merge", "shuffle"])
-def test_engines_write_identical_packets_and_records(tmp_path, base, spark, strategy):
-    fl, fs, local, sparked = _both(tmp_path, base, all_peers=True, max_size=6000,
+def test_engines_write_identical_packets_and_records(tmp_path, base, spark, strategy,
+                                                     monkeypatch):
+    monkeypatch.setattr(oplog, "ROW_GROUP_BYTES", 1)      # the log in many row groups
+    monkeypatch.setattr(oplog, "SEGMENT_BYTES", 1000)     # and segments
+    fl, fs, local, sparked = _both(tmp_path, base, all_peers=True, max_size=12000,
                                    strategy=strategy)
     _assert_same_packets(local, sparked, tmp_path)
     assert {p.to for p in sparked} == set(PEERS)
@@ -233,7 +300,7 @@ def test_second_export_sends_only_the_new_ops(tmp_path, base, spark):
 
 
 def test_sealed_packets_are_identical_too(tmp_path, base, spark):
-    fl, fs, local, sparked = _both(tmp_path, base, to=["p3"], max_size=8192, encrypt=True)
+    fl, fs, local, sparked = _both(tmp_path, base, to=["p3"], max_size=12000, encrypt=True)
     _assert_same_packets(local, sparked, tmp_path)
     r = _import_at_now(fs, "p3", [tmp_path / "out_spark"])
     assert not r.rejected and fs.digest("p3") == fs.digest("hub")
@@ -266,12 +333,37 @@ def test_a_stale_log_is_refused_and_nothing_is_recorded(tmp_path, base, spark):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("strategy", ["merge", "shuffle"])
+def test_a_damaged_block_in_the_log_fails_the_export(tmp_path, base, spark, strategy):
+    """Every block read from a log is checked against the plan and its own hash: a log from
+    elsewhere cannot put other bytes into a packet, and nothing is recorded."""
+    import pyarrow.parquet as pq
+    f = _copy(base, tmp_path / "f")
+    lake = tmp_path / "lake"
+    with f.open("hub") as s:
+        oplog.log_export(s, lake)
+        ent = oplog.load_manifest(oplog.LogLocation(lake)).origins[s.site_id]
+        seg = lake / ent.segments[0].path
+        t = pq.read_table(seg)
+        data = t.column("data").to_pylist()
+        data[-1] = data[-1][:-1] + bytes([data[-1][-1] ^ 1])    # one bit of a body
+        t = t.set_column(t.schema.get_field_index("data"), "data",
+                         pa.array(data, pa.binary()))
+        pq.write_table(t, seg)
+        before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()
+        with pytest.raises(ExportError, match="body does not match its hash"):
+            spark_engine.export_spark(s, tmp_path / "out", to=["p2"], log_dir=lake,
+                                      strategy=strategy)
+        assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone() == before
+    assert not list((tmp_path / "out").rglob("*.spk"))
+
+
 # --- below the floor ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def scrubbed(tmp_path_factory) -> Path:
     """hub and two peers, everything acknowledged and scrubbed at hub; then hub is told that
-    p2 holds almost nothing of hub's ops."""
+    p2 holds almost nothing of hub's ops.  ``hub-unscrubbed`` is hub just before the scrub."""
     root = tmp_path_factory.mktemp("scrubbed") / "sites"
     root.mkdir()
     f = Family(root)
@@ -281,6 +373,7 @@ def scrubbed(tmp_path_factory) -> Path:
     for i in range(30):
         f.put("hub", "c", f"k{i}", i)
     f.full_exchange()
+    shutil.copytree(root / "hub", root / "hub-unscrubbed")
     with f.open("hub") as s:
         recovery.scrub(s)
         assert s.floors()[s.site_id] > 1
@@ -303,9 +396,9 @@ def test_peer_below_the_floor_gets_the_local_engines_error(tmp_path, scrubbed, s
 
 def test_peer_below_a_given_logs_floor_gets_a_scrubbed_error(tmp_path, scrubbed, spark):
     f = _copy(scrubbed, tmp_path / "f")
-    with f.open("hub") as s:
-        # The site itself still holds the ops (lower floor) but the log does not.
-        s.conn.execute("UPDATE vector SET floor=0")
+    with f.open("hub-unscrubbed") as s:
+        # The site itself still holds the ops (it was not scrubbed) but the log does not.
+        admin.chepoch(s, "p2", ["hub=1"])
         with pytest.raises(ScrubbedError, match="of hub, but the log at .* starts at") as e:
             spark_engine.export_spark(s, tmp_path / "out", to=["p2"],
                                       log_dir=f.root / "lake-after-scrub")

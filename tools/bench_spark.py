@@ -15,7 +15,7 @@ Each Spark run is one cold ``export --engine spark`` in its own process (start S
 log up to date, run the job, record, stop Spark), done twice: on a first export, when the site's
 Parquet log is built inside the run (the JVM starts meanwhile), and with the log already current
 (as when ``syncpack log export`` runs from cron).  Peak RSS: the local engine's process; for
-Spark the driver (Python), the JVM and the largest Python worker (the executors' encoders).
+Spark the driver (Python), the JVM and the largest Python worker (the executors' packet writers).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from syncpack.site import Site  # noqa: E402
 
 SEED = b"bench_spark"
 # One creation time for both engines (identical packets); near now, as importers refuse
-# packets made more than the clock-skew limit in the future.
+# packets made more than the clock-skew limit in the future.  The children are given the
+# parent's (--now): each would otherwise read its own clock, and the packets would differ.
 NOW = int(time.time() * 1000)
 RELAYED_PER_PEER = 10
 TXN_OPS = 100
@@ -214,6 +215,7 @@ def digests(out: Path) -> dict[str, str]:
 
 
 def main() -> None:
+    global NOW
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=5_000_000)
     ap.add_argument("--peers", type=int, default=8)
@@ -227,7 +229,9 @@ def main() -> None:
     ap.add_argument("--child", choices=["local", "spark"], help=argparse.SUPPRESS)
     ap.add_argument("--site", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--now", type=int, default=NOW, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    NOW = a.now
     from syncpack.packets import parse_size
     max_size = parse_size(a.max_size)
 
@@ -261,7 +265,8 @@ def main() -> None:
             log_build = round(time.perf_counter() - t0, 2)
         out = runs / label / "out"
         print(f"running {label} ...", file=sys.stderr, flush=True)
-        common = ["--site", str(site), "--out", str(out), "--max-size", a.max_size]
+        common = ["--site", str(site), "--out", str(out), "--max-size", a.max_size,
+                  "--now", str(NOW)]
         if strategy is None:
             res = run_child(["--child", "local", *common])
         else:
@@ -290,7 +295,7 @@ def main() -> None:
     for r in results:
         if r["engine"] == "local":
             print(f"  local engine             wall {r['wall_s']:7.1f} s   peak RSS "
-                  f"{r['peak_rss_mb']} MB   ({r['ops']:,} ops encoded)")
+                  f"{r['peak_rss_mb']} MB   ({r['ops']:,} ops sent)")
             continue
         what = ("log already current" if r["label"].endswith("logged")
                 else "first export, log built in the run")
