@@ -191,7 +191,9 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
     for p in range(PARTS + 1):
         f = T / f"ops{p}.jsonl"
         with open(f, "w") as out:
-            for i in range(per if p < PARTS else per // 10):
+            # the deletes stay a small transaction (sealed at export, small enough to ride
+            # with the last load) at any --ops
+            for i in range(per if p < PARTS else min(per // 10, 300)):
                 if p == PARTS:
                     out.write(json.dumps({"collection": "c", "key": f"k0-{i * 10:07d}",
                                           "delete": True}) + "\n")
