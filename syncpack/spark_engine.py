@@ -9,18 +9,31 @@ the same site state and parameters, and records them in the store the same way:
    names another log), plan every peer's blocks with :func:`syncpack.sync.plan_exports` (so a
    peer below the floor gets the same :class:`ScrubbedError`, and the blocks and their order
    are the local engine's), and check that the log holds every planned range.
-2. A Spark job builds each peer's packets inside the executors: the per-peer plans (block
-   lists, ranges, header templates) are broadcast, each task fetches its peer's planned blocks
-   from the log, checks each against the plan (same origin, epochs, clocks and block hash, body
-   intact: :func:`syncpack.oplog.checked_block`), and cuts, signs and writes them in the plan's
-   order with :func:`syncpack.packets.build_update_packets` through
-   :func:`syncpack.packets.atomic_opener` into the local engine's media layout.  Blocks are
-   copied, never decoded or re-encoded: only an origin can sign its blocks.  Only packet
-   metadata comes back to the driver.
-3. The driver records the exports with :func:`syncpack.sync.record_exports`.
+   Every peer's packets are cut here, from the planned blocks' sizes, by the local engine's
+   rule (:func:`syncpack.packets.plan_packets`), so part boundaries are known before the job.
+2. A Spark job makes the packets' bodies inside the executors: the per-peer plans (block
+   lists and sizes, each part's blocks and packet id, the peer's public sealing key) are
+   broadcast, each task fetches its peer's planned blocks from the log, checks each against
+   the plan (same origin, epochs, clocks and block hash, body intact:
+   :func:`syncpack.oplog.checked_block`), and writes each part's body (the blocks
+   concatenated, sealed to the peer when packets are sealed) into this run's directory of the
+   staging location, returning only each body's length, hash and sealing key.  Blocks are
+   copied, never decoded or re-encoded: only an origin can sign its blocks.
+3. The driver writes every packet file (:func:`syncpack.packets.finish_planned_packets`):
+   prefix, the staged body copied in bounded pieces and hashed again, then the header built
+   and signed here, under a temporary name, fsynced and renamed; then it removes the staged
+   bodies and records the exports with :func:`syncpack.sync.record_exports`.  A failure
+   anywhere leaves no packet of this run and records nothing.
 
-Cutting a peer's stream into packets is sequential by nature (where part *k* ends depends on the
-size of everything before it), so a peer's stream is one task; the parallelism is across peers.
+The private keys never leave the driver, by construction: nothing broadcast or captured in a
+task closure holds key material (``tests/test_spark.py`` pickles both to check), because the
+packet layout (prefix | body | header | footer) lets the header, which holds the body's hash,
+be signed after the body was made elsewhere.  Every path is resolved here: executors run in
+other working directories, on other hosts, and never see the site directory or the medium;
+they need only the log and the staging location (docs/cluster.md).
+
+A peer's bodies are made by one task, which reads its blocks in one pass over each origin's
+segments; the parallelism is across peers.
 Two strategies move the blocks to the tasks, both over Arrow, never pickled rows:
 
 ``merge`` (default)
@@ -42,10 +55,9 @@ The strategy is the ``strategy`` argument, or ``SYNCPACK_SPARK_STRATEGY`` in the
 
 Spark is started once per command (or reused when the caller already has a session), with its
 UI, console progress bar and INFO/WARN logging off, and with the JVM's own output sent to a log
-file so that nothing reaches the terminal or a ``--json`` document.  The packet signing key goes
-to the executors as raw key bytes inside the task closure: on a cluster, enable Spark's RPC
-encryption (``spark.network.crypto.enabled``) or keep to ``local[*]``.  The output directory
-must be one the executors can write (local mode, or a shared filesystem).
+file so that nothing reaches the terminal or a ``--json`` document.  The staging location is a
+path or URI every executor can write and the driver can read; with a local master it defaults
+to a temporary directory, a cluster master needs one named.
 """
 
 from __future__ import annotations
@@ -626,17 +638,15 @@ def _run_jobs(jobs: list[_Job], loc: oplog.LogLocation, staging, seed: bytes | N
         bc.unpersist()
         ok = True
     except SyncpackError:
-        if stage is not None:
-            stage.remove()
         raise
     except Exception as e:
-        if stage is not None:
-            stage.remove()
         raise ExportError(f"the Spark job failed: {_spark_error_line(e)}",
                           hint=f"see {handle.log_file or 'the Spark log'}; nothing was "
                                f"recorded, the next export sends the same ranges") from None
     finally:
         handle.stop(keep_log=not ok)
+        if not ok and stage is not None:    # interrupted too: no bodies left behind
+            stage.remove()
     made: dict[int, list[MadeBody]] = {}
     stats["tasks"] = []
     errs = []
