@@ -576,7 +576,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
             from . import spark_engine
             pkts = spark_engine.export_spark(s, out, list(to), all_peers, max_size,
                                              master=spark_master, log_dir=log_dir,
-                                             staging=staging, progress=tick, encrypt=encrypt, failed=failed)
+                                             staging=staging, progress=tick,
+                                             encrypt=encrypt, failed=failed)
         else:
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
                                encrypt=encrypt, failed=failed)

@@ -237,7 +237,8 @@ def _ship_package(sc, workdir: Path) -> None:
 
 # Nothing here holds key material, by construction: a job is the plan's public metadata
 # (block positions, sizes, packet ids, the recipient's public sealing key), the context names
-# locations.  Headers are built and signed at the driver (:func:`_finish_peer`).
+# locations.  Headers are built and signed at the driver
+# (:func:`syncpack.packets.finish_planned_packets`, called by :func:`export_spark`).
 
 @dataclass
 class _Job:
@@ -317,7 +318,8 @@ def _from_rows(rows: Iterable[tuple[int, bytes]], job: _Job, ctx: _TaskCtx) -> I
         k += 1
     if k < len(job.blocks):
         w = job.blocks[k]
-        raise ExportError(f"the log at {ctx.log_shown} lacks the block of epochs {w.lo + 1}-{w.hi} of "
+        raise ExportError(f"the log at {ctx.log_shown} lacks the block of epochs "
+                          f"{w.lo + 1}-{w.hi} of "
                           f"{names[w.origin]}, or holds it twice",
                           hint="rebuild it: remove the directory and run 'syncpack log export "
                                "DIR'")
