@@ -455,6 +455,9 @@ def test_cli_export_with_the_spark_engine(tmp_path, base, spark):
     r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--log", tmp_path,
             site=f.path("hub"))
     assert r.code == 2 and "--engine spark" in r.err
+    r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--staging", tmp_path,
+            site=f.path("hub"))
+    assert r.code == 2 and "--engine spark" in r.err
 
 
 def test_missing_java_or_pyspark_is_a_clear_error(monkeypatch):
