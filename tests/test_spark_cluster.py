@@ -20,6 +20,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def _why_not() -> str | None:
         return "needs util-linux's unshare and nsenter"
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         return "needs Java for the Spark master and worker"
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
-                           capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as d:
+        probe = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs tmpfs "$1"', "sh",
+                                d], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot make a mount namespace here: {probe.stderr.strip()}"
     return None
@@ -134,9 +136,16 @@ def cluster(tmp_path_factory):
         pytest.skip(why)
     if spark_engine._import_pyspark()[0]._active_spark_context is not None:
         pytest.skip("another Spark session is active in this process")
+    # The driver (this process) on loopback too, where the master and the worker listen.
+    saved = os.environ.get("SPARK_LOCAL_IP")
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     c = Cluster(tmp_path_factory.mktemp("cluster"))
     yield c
     c.stop()
+    if saved is None:
+        os.environ.pop("SPARK_LOCAL_IP", None)
+    else:
+        os.environ["SPARK_LOCAL_IP"] = saved
 
 
 def _family(root: Path) -> Family:
