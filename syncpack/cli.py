@@ -534,12 +534,16 @@ def fsck(obj: Ctx):
               show_default=True, help="Spark master for --engine spark.")
 @click.option("--log", "log_dir", metavar="DIR", help="Parquet log to read with --engine spark "
               "(default: the site's own log, brought up to date first).")
+@click.option("--staging", metavar="URI", help="Where --engine spark's executors put packet "
+              "bodies for this machine to finish: a path or URI every executor can write and "
+              "this machine can read (needed on a cluster; default with a local master: a "
+              "temporary directory).")
 @click.option("--encrypt", is_flag=True, help="Seal each packet to its recipient's X25519 key "
               "(always on when the family requires it).")
 @_create_out_option
 @click.pass_obj
-def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_dir, encrypt,
-            create_out):
+def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_dir, staging,
+            encrypt, create_out):
     """Write update packets holding exactly what each peer lacks.
 
     \b
@@ -547,6 +551,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
       syncpack --site boston export --to sanfran --out /media/usb
       syncpack --site boston export --all --out /media/usb --max-size 650M
       syncpack --site boston export --all --out /media/usb --engine spark
+      syncpack --site boston export --all --out /media/usb --engine spark \\
+          --spark-master spark://head:7077 --log /shared/boston-log --staging /shared/tmp
     """
     if to and all_peers:
         raise click.UsageError("use either --to PEER... or --all")
@@ -554,6 +560,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
         raise click.UsageError("name the peers with --to PEER (repeatable) or use --all")
     if log_dir is not None and engine != "spark":
         raise click.UsageError("--log is read by --engine spark only")
+    if staging is not None and engine != "spark":
+        raise click.UsageError("--staging is used by --engine spark only")
     s = obj.open()
     _outbox(out, create_out)
     obj.on_interrupt("no packet was recorded as sent; the next export writes the same changes "
@@ -568,7 +576,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
             from . import spark_engine
             pkts = spark_engine.export_spark(s, out, list(to), all_peers, max_size,
                                              master=spark_master, log_dir=log_dir,
-                                             progress=tick, encrypt=encrypt, failed=failed)
+                                             staging=staging, progress=tick,
+                                             encrypt=encrypt, failed=failed)
         else:
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
                                encrypt=encrypt, failed=failed)

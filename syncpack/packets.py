@@ -209,47 +209,186 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
     durable under its final name and returns that name (or discards it when ``ok`` is false).
     The template gives every header field except the per-part ones.  With ``seal_to`` (the
     recipient's X25519 public key) every body is sealed so only the recipient can read it."""
-    # The body is blocks, whatever the template says (they are compressed one by one).
-    template = replace(template, mandatory=[codec.FEATURE_BLOCKS] + [
-        f for f in template.mandatory if f not in ("zstd", codec.FEATURE_BLOCKS)])
+    template = blocks_template(template)
     series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
-    # CSN of the op just below each part's range, per origin: the receiver checks it against
-    # its own op of that epoch, so a range never lands on a history it does not continue.
-    carry: dict[bytes, bytes] = dict(template.anchors)
-    state: dict = {}
-
-    def begin_part() -> None:
-        state.update(ranges={}, hlc_max=0, anchors=dict(carry))
-
-    def fields() -> dict:
-        ranges = dict(state["ranges"])
-        return {"ranges": ranges, "hlc_max": state["hlc_max"],
-                "anchors": {o: state["anchors"][o] for o, (lo, _hi) in ranges.items()
-                            if lo > 0 and o in state["anchors"]}}
-
-    begin_part()
+    fields = _PartFields(template)
     try:
         for b in blocks:
             n = len(b.data)
             if not series.fits(n) and series.count:
-                series.cut(**fields())
-                begin_part()
+                series.cut(**fields.take())
             if not series.fits(n):
                 raise series.too_big(n, "block")
             series.write(b.data, b.hi - b.lo)
-            ranges = state["ranges"]
-            lo_hi = ranges.get(b.origin)
-            ranges[b.origin] = (lo_hi[0] if lo_hi else b.lo, b.hi)
-            carry[b.origin] = pack_csn(b.hlc_last, b.origin, b.last_seq)
-            if b.hlc_last > state["hlc_max"]:
-                state["hlc_max"] = b.hlc_last
+            fields.add(b)
             if progress:
                 progress(b.hi - b.lo)
-        series.finish(True, **fields())
+        series.finish(True, **fields.take())
     except BaseException:
         series.abort()
         raise
     return series.parts
+
+
+def blocks_template(template: Header) -> Header:
+    # The body is blocks, whatever the template says (they are compressed one by one).
+    return replace(template, mandatory=[codec.FEATURE_BLOCKS] + [
+        f for f in template.mandatory if f not in ("zstd", codec.FEATURE_BLOCKS)])
+
+
+class _PartFields:
+    """The per-part header fields (ranges, newest clock, anchors) of the blocks added since
+    the last :meth:`take`: one rule whether the bytes are at hand or only the plan is."""
+
+    def __init__(self, template: Header):
+        # CSN of the op just below each part's range, per origin: the receiver checks it
+        # against its own op of that epoch, so a range never lands on a history it does not
+        # continue.
+        self.carry: dict[bytes, bytes] = dict(template.anchors)
+        self._begin()
+
+    def _begin(self) -> None:
+        self.ranges: dict[bytes, tuple[int, int]] = {}
+        self.hlc_max = 0
+        self.anchors = dict(self.carry)
+
+    def add(self, b) -> None:
+        lo_hi = self.ranges.get(b.origin)
+        self.ranges[b.origin] = (lo_hi[0] if lo_hi else b.lo, b.hi)
+        self.carry[b.origin] = pack_csn(b.hlc_last, b.origin, b.last_seq)
+        if b.hlc_last > self.hlc_max:
+            self.hlc_max = b.hlc_last
+
+    def take(self) -> dict:
+        ranges = dict(self.ranges)
+        out = {"ranges": ranges, "hlc_max": self.hlc_max,
+               "anchors": {o: self.anchors[o] for o, (lo, _hi) in ranges.items()
+                           if lo > 0 and o in self.anchors}}
+        self._begin()
+        return out
+
+
+# --- packets whose bodies are made elsewhere ---------------------------------------------------
+
+@dataclass
+class PlannedPart:
+    """One part of a :class:`PacketPlan`: which of the plan's blocks its body holds
+    (positions ``first`` up to ``end``), in the order given, and its header's fields."""
+    part: int
+    packet_id: bytes
+    first: int
+    end: int
+    count: int
+    fields: dict
+
+
+@dataclass
+class PacketPlan:
+    """Where one peer's stream of blocks is cut into packets, decided from the blocks' sizes
+    alone, so that bodies can be made by workers that never see the signing key while the
+    signer finishes the packets (:func:`finish_planned_packets`).  The cuts are
+    :func:`build_update_packets`'s, so both give the same bytes."""
+    template: Header
+    max_size: int
+    budget: int                 # raw bytes a body may hold (what a RawBodyWriter is given)
+    seal_to: bytes | None
+    parts: list[PlannedPart]
+
+
+def plan_packets(metas: Iterable, sizes: Iterable[int], template: Header, max_size: int,
+                 seed: bytes | None = None, seal_to: bytes | None = None) -> PacketPlan:
+    """Cut the blocks described by ``metas`` (anything with origin, lo, hi, hlc_last and
+    last_seq; in :func:`order_blocks` order) of ``sizes`` bytes into parts."""
+    template = blocks_template(template)
+    origins = template.origin_table()
+    budget = max_size - codec.framing_overhead() - codec.header_reserve(template, origins)
+    if budget < 1024:
+        raise ExportError(f"--max-size {max_size} leaves no room for a body next to a "
+                          f"header for {len(origins)} origins; --max-size "
+                          f"{size_text(max_size - budget + 1024)} or more would do")
+    room = budget
+    if seal_to:
+        from . import seal
+        room -= seal.overhead(budget)
+    parts: list[PlannedPart] = []
+    fields = _PartFields(template)
+    state = {"first": 0, "out": 0, "count": 0}
+
+    def close(end: int) -> None:
+        k = len(parts)
+        parts.append(PlannedPart(k, packet_id(seed, template.sender, template.recipient,
+                                              template.seq, k),
+                                 state["first"], end, state["count"], fields.take()))
+        state.update(first=end, out=0, count=0)
+
+    i = 0
+    for i, (b, n) in enumerate(zip(metas, sizes)):
+        if state["out"] + n > room and state["count"]:
+            close(i)
+        if state["out"] + n > room:
+            need = max_size - budget + n
+            raise ExportError(f"one block ({n} bytes) is larger than --max-size "
+                              f"{max_size} allows; --max-size {size_text(need)} or more "
+                              f"would do", hint="packets are cut between blocks and between "
+                                                "records, never inside one")
+        state["out"] += n
+        state["count"] += b.hi - b.lo
+        fields.add(b)
+        i += 1
+    close(i)
+    return PacketPlan(template, max_size, budget, seal_to, parts)
+
+
+@dataclass(frozen=True)
+class MadeBody:
+    """What a worker reports of a body it made for a planned part: its length and BLAKE2b-256
+    hash as written (sealed, if it is), and the sealing key's public half."""
+    length: int
+    digest: bytes
+    epk: bytes = b""
+
+
+def finish_planned_packets(plan: PacketPlan, sign: Callable[[bytes], bytes], opener: Opener,
+                           made: list[MadeBody],
+                           read_body: Callable[[int], Iterable[bytes]]) -> list[PartInfo]:
+    """Write each planned part: prefix, its body (``read_body(part)`` yields the made bytes,
+    which are hashed again on the way and must be what the worker reported), then the header
+    signed here, and commit it.  On any failure no part of the series stays behind."""
+    origins = plan.template.origin_table()
+    written: list[PartInfo] = []
+    commit = None
+    try:
+        for pp, body in zip(plan.parts, made, strict=True):
+            f, commit = opener(pp.part)
+            codec.start_packet(f)
+            h = hashlib.blake2b(digest_size=32)
+            n = 0
+            for chunk in read_body(pp.part):
+                f.write(chunk)
+                h.update(chunk)
+                n += len(chunk)
+            if (n, h.digest()) != (body.length, body.digest):
+                raise ExportError(f"the body made for part {pp.part} of the packet to "
+                                  f"{plan.template.recipient.hex()} changed on its way to the "
+                                  f"writer ({n} bytes read, {body.length} reported)",
+                                  hint="check the staging location; nothing was recorded, "
+                                       "run the export again")
+            sealed = ({"mandatory": [*plan.template.mandatory, codec.FEATURE_SEAL],
+                       "seal_epk": body.epk} if body.epk else {})
+            hdr = replace(plan.template, part=pp.part, final=pp.part == len(plan.parts) - 1,
+                          packet_id=pp.packet_id, count=pp.count, body_len=n,
+                          body_hash=body.digest, **sealed, **pp.fields)
+            size = codec.finish_packet(f, hdr, origins, sign)
+            path = commit(True)
+            commit = None
+            written.append(PartInfo(path, hdr, size))
+    except BaseException:
+        if commit is not None:
+            commit(False)
+        for p in written:
+            p.path.unlink(missing_ok=True)
+        raise
+    return written
 
 
 def prepare_outbox(out: str | os.PathLike, create: bool, how_to_create: str) -> Path:

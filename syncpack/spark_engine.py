@@ -9,18 +9,31 @@ the same site state and parameters, and records them in the store the same way:
    names another log), plan every peer's blocks with :func:`syncpack.sync.plan_exports` (so a
    peer below the floor gets the same :class:`ScrubbedError`, and the blocks and their order
    are the local engine's), and check that the log holds every planned range.
-2. A Spark job builds each peer's packets inside the executors: the per-peer plans (block
-   lists, ranges, header templates) are broadcast, each task fetches its peer's planned blocks
-   from the log, checks each against the plan (same origin, epochs, clocks and block hash, body
-   intact: :func:`syncpack.oplog.checked_block`), and cuts, signs and writes them in the plan's
-   order with :func:`syncpack.packets.build_update_packets` through
-   :func:`syncpack.packets.atomic_opener` into the local engine's media layout.  Blocks are
-   copied, never decoded or re-encoded: only an origin can sign its blocks.  Only packet
-   metadata comes back to the driver.
-3. The driver records the exports with :func:`syncpack.sync.record_exports`.
+   Every peer's packets are cut here, from the planned blocks' sizes, by the local engine's
+   rule (:func:`syncpack.packets.plan_packets`), so part boundaries are known before the job.
+2. A Spark job makes the packets' bodies inside the executors: the per-peer plans (block
+   lists and sizes, each part's blocks and packet id, the peer's public sealing key) are
+   broadcast, each task fetches its peer's planned blocks from the log, checks each against
+   the plan (same origin, epochs, clocks and block hash, body intact:
+   :func:`syncpack.oplog.checked_block`), and writes each part's body (the blocks
+   concatenated, sealed to the peer when packets are sealed) into this run's directory of the
+   staging location, returning only each body's length, hash and sealing key.  Blocks are
+   copied, never decoded or re-encoded: only an origin can sign its blocks.
+3. The driver writes every packet file (:func:`syncpack.packets.finish_planned_packets`):
+   prefix, the staged body copied in bounded pieces and hashed again, then the header built
+   and signed here, under a temporary name, fsynced and renamed; then it removes the staged
+   bodies and records the exports with :func:`syncpack.sync.record_exports`.  A failure
+   anywhere leaves no packet of this run and records nothing.
 
-Cutting a peer's stream into packets is sequential by nature (where part *k* ends depends on the
-size of everything before it), so a peer's stream is one task; the parallelism is across peers.
+The private keys never leave the driver, by construction: nothing broadcast or captured in a
+task closure holds key material (``tests/test_spark.py`` pickles both to check), because the
+packet layout (prefix | body | header | footer) lets the header, which holds the body's hash,
+be signed after the body was made elsewhere.  Every path is resolved here: executors run in
+other working directories, on other hosts, and never see the site directory or the medium;
+they need only the log and the staging location (docs/cluster.md).
+
+A peer's bodies are made by one task, which reads its blocks in one pass over each origin's
+segments; the parallelism is across peers.
 Two strategies move the blocks to the tasks, both over Arrow, never pickled rows:
 
 ``merge`` (default)
@@ -42,10 +55,9 @@ The strategy is the ``strategy`` argument, or ``SYNCPACK_SPARK_STRATEGY`` in the
 
 Spark is started once per command (or reused when the caller already has a session), with its
 UI, console progress bar and INFO/WARN logging off, and with the JVM's own output sent to a log
-file so that nothing reaches the terminal or a ``--json`` document.  The packet signing key goes
-to the executors as raw key bytes inside the task closure: on a cluster, enable Spark's RPC
-encryption (``spark.network.crypto.enabled``) or keep to ``local[*]``.  The output directory
-must be one the executors can write (local mode, or a shared filesystem).
+file so that nothing reaches the terminal or a ``--json`` document.  The staging location is a
+path or URI every executor can write and the driver can read; with a local master it defaults
+to a temporary directory, a cluster master needs one named.
 """
 
 from __future__ import annotations
@@ -66,14 +78,12 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from . import chain, errors, keys, oplog
-from .codec import Header
+from . import chain, errors, oplog
+from .codec import RawBodyWriter
 from .errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
-from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, PartInfo, atomic_opener, \
-    build_update_packets, packet_dir, packet_name
+from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MadeBody, PartInfo, \
+    atomic_opener, build_update_packets, finish_planned_packets, packet_dir, packet_name, \
+    plan_packets, sealer_for
 from .progress import expect
 from .site import Site, wall_ms
 from .sync import ExportedPacket, PeerPlan, plan_exports, record_exports, select_peers
@@ -225,48 +235,73 @@ def _ship_package(sc, workdir: Path) -> None:
 
 # --- what the executors get -------------------------------------------------------------------
 
+# Nothing here holds key material, by construction: a job is the plan's public metadata
+# (block positions, sizes, packet ids, the recipient's public sealing key), the context names
+# locations.  Headers are built and signed at the driver
+# (:func:`syncpack.packets.finish_planned_packets`, called by :func:`export_spark`).
+
 @dataclass
 class _Job:
     """One peer's work, broadcast to the executors."""
     index: int                                  # position in the plan list
     name: str
     ranges: dict[bytes, tuple[int, int]]
-    template: Header
     blocks: list[chain.StoredBlock]             # the plan's blocks, in the order they travel
+    sizes: list[int]                            # their lengths in bytes, as the store has them
     segments: dict[bytes, oplog.OriginLog]      # the manifest entries of its origins
     ops: int
-    seal_to: bytes | None = None                # the peer's X25519 key for sealed packets
+    budget: int                                 # a body's raw budget (PacketPlan.budget)
+    parts: list[tuple[int, bytes, int, int]]    # (part, packet id, first block, end block)
+    seal_to: bytes | None = None                # the peer's X25519 public key
 
 
 @dataclass
 class _TaskCtx:
-    log: str
-    out: str
-    sender: str
+    log: str            # resolved at the driver: executors have other working directories
+    log_shown: str      # the log as the user named it, for messages
+    staging: str        # this run's directory in the staging location (a URI)
     family: bytes       # block hashes are over the family too
-    key: bytes          # raw Ed25519 private key
-    max_size: int
     seed: bytes | None
 
 
-def _build_peer(job: _Job, refs: Iterable[BlockRef], ctx: _TaskCtx) -> bytes:
-    """Cut, sign and write one peer's packets; returns the pickled outcome for the driver
-    (typed syncpack errors travel back as data, so the driver can raise the same error)."""
+def _body_name(index: int, part: int) -> str:
+    return f"{index:06d}-{part:06d}.body"
+
+
+def _make_bodies(job: _Job, refs: Iterable[BlockRef], ctx: _TaskCtx) -> bytes:
+    """Write each planned part's body (sealed, if the peer's packets are) into the staging
+    location; returns the pickled outcome for the driver: each body's length, hash and sealing
+    key (typed syncpack errors travel back as data, so the driver can raise the same error)."""
     t0 = time.perf_counter()
-    sign = Ed25519PrivateKey.from_private_bytes(ctx.key).sign
-    d = packet_dir(Path(ctx.out), ctx.sender, job.name)
-    seq = job.template.seq
-    opener = atomic_opener(d, lambda part: packet_name(seq, part))
+    stage = oplog.LogLocation(ctx.staging)
+    made = []
+    it = iter(refs)
     try:
-        parts = build_update_packets(refs, job.template, sign, ctx.max_size, opener, ctx.seed,
-                                     seal_to=job.seal_to)
+        for part, pid, first, end in job.parts:
+            with stage.fs.open_output_stream(stage.path(_body_name(job.index, part))) as f:
+                body = RawBodyWriter(f, job.budget, sealer=sealer_for(job.seal_to, pid,
+                                                                      ctx.seed))
+                for k in range(first, end):
+                    ref = next(it, None)
+                    want = job.blocks[k]
+                    if ref is None or len(ref.data) != job.sizes[k]:
+                        raise ExportError(
+                            f"the log at {ctx.log_shown} does not give the block of epochs "
+                            f"{want.lo + 1}-{want.hi} of origin {want.origin.hex()} as this "
+                            f"site holds it", hint="rebuild it: remove the directory and run "
+                                                   "'syncpack log export DIR'")
+                    body.write(ref.data, ref.hi - ref.lo)
+                length, digest = body.finish()
+            made.append(MadeBody(length, digest, body.epk))
+        for _extra in it:   # lets the shuffle strategy's reader check it got no more rows
+            pass
     except SyncpackError as e:
         return pickle.dumps(("error", job.index, type(e).__name__, e.message, e.hint))
-    stats = {"peer": job.name, "ops": job.ops, "parts": len(parts),
+    stats = {"peer": job.name, "ops": job.ops, "parts": len(made),
              "seconds": round(time.perf_counter() - t0, 3),
              "worker_pid": os.getpid(),
              "worker_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
-    return pickle.dumps(("ok", job.index, parts, stats))
+    return pickle.dumps(("ok", job.index, made, stats))
 
 
 def _from_rows(rows: Iterable[tuple[int, bytes]], job: _Job, ctx: _TaskCtx) -> Iterator[BlockRef]:
@@ -279,11 +314,12 @@ def _from_rows(rows: Iterable[tuple[int, bytes]], job: _Job, ctx: _TaskCtx) -> I
         if pos != k:
             break
         want = job.blocks[k]
-        yield oplog.checked_block(data, want, ctx.family, ctx.log, names[want.origin])
+        yield oplog.checked_block(data, want, ctx.family, ctx.log_shown, names[want.origin])
         k += 1
     if k < len(job.blocks):
         w = job.blocks[k]
-        raise ExportError(f"the log at {ctx.log} lacks the block of epochs {w.lo + 1}-{w.hi} of "
+        raise ExportError(f"the log at {ctx.log_shown} lacks the block of epochs "
+                          f"{w.lo + 1}-{w.hi} of "
                           f"{names[w.origin]}, or holds it twice",
                           hint="rebuild it: remove the directory and run 'syncpack log export "
                                "DIR'")
@@ -299,7 +335,7 @@ def _merge_task(bc, ctx: _TaskCtx, acc):
             job = jobs[i]
             man = oplog.Manifest(b"", b"", "", origins=job.segments)
             refs = oplog.planned_blocks(loc, man, job.blocks, ctx.family)
-            yield _build_peer(job, refs, ctx)
+            yield _make_bodies(job, refs, ctx)
             acc.add(job.ops)
 
     return run
@@ -322,7 +358,7 @@ def _arrow_task(bc, ctx: _TaskCtx, acc):
         for pid, group in groupby(rows(), key=itemgetter(0)):
             job = jobs[pid]
             refs = _from_rows((row[1:] for row in group), job, ctx)
-            payload = _build_peer(job, refs, ctx)
+            payload = _make_bodies(job, refs, ctx)
             acc.add(job.ops)
             yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())],
                                              names=["payload"])
@@ -363,15 +399,18 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                  now_ms: int | None = None, encrypt: bool = False, strategy: str | None = None,
                  stats: dict | None = None,
                  failed: list[SyncpackError] | None = None,
-                 seal_max: int | None = None) -> list[ExportedPacket]:
-    """Like :func:`syncpack.sync.export`, with the packets built by a Spark job.  With
+                 seal_max: int | None = None,
+                 staging: str | os.PathLike | None = None) -> list[ExportedPacket]:
+    """Like :func:`syncpack.sync.export`, with the packets' bodies made by a Spark job.  With
     ``failed`` and ``seal_max``, as there: a peer that cannot be served is reported in
     ``failed`` and the others still get their packets; ``seal_max`` bounds the blocks our
     unsealed ops become (default: half of ``max_size``).
 
     ``log_dir`` None uses (and first brings up to date) the site's own log ``SITE/log``; any
-    other log is only read and must hold every planned range.  ``stats``, when given, is filled
-    with timings and per-task figures."""
+    other log is only read and must hold every planned range.  ``staging`` is where executors
+    put the bodies (a path or URI every executor can write and this process can read; by
+    default a temporary directory here, which only a local master can use).  ``stats``, when
+    given, is filled with timings and per-task figures."""
     strategy = strategy or os.environ.get("SYNCPACK_SPARK_STRATEGY") or "merge"
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown Spark strategy {strategy!r}; choose one of "
@@ -385,10 +424,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     with site.lock():
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
-        signing_key = keys.load_signing_key(site.path)
-        raw_key = signing_key.private_bytes(serialization.Encoding.Raw,
-                                            serialization.PrivateFormat.Raw,
-                                            serialization.NoEncryption())
+        sign = site.signer()    # the key stays in this process: only the driver signs
         conn = site.conn
         if chain.has_pending(conn, site.site_id):
             with site.write_txn():
@@ -398,9 +434,13 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         starter: _SessionStarter | None = None
         conn.execute("BEGIN")  # one read snapshot: plan, log catch-up and coverage check
         try:
-            plans = plan_exports(site, peers, now, failed, sign=signing_key.sign)
+            plans = plan_exports(site, peers, now, failed, sign=sign)
             seal = [site.seal_key(p.peer, encrypt) for p in plans]
-            if any(p.ranges for p in plans):
+            sizes = [_block_sizes(conn, p.blocks) for p in plans]
+            # Every cut is decided here, before any job: executors only fill planned bodies.
+            cuts = {i: plan_packets(p.blocks, sizes[i], p.template, max_size, seed, seal[i])
+                    for i, p in enumerate(plans) if p.ranges}
+            if cuts:
                 starter = _SessionStarter(master)  # the JVM starts while the log catches up
             if own:
                 t1 = time.perf_counter()
@@ -417,28 +457,36 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
             conn.execute("ROLLBACK")
         stats["snapshot_s"] = round(time.perf_counter() - t0, 3)
         written: dict[int, list[PartInfo]] = {}
+        stage: _Staging | None = None
         try:
             for i, plan in enumerate(plans):
                 if not plan.ranges:  # only the header (acknowledgements): no job needed
-                    d = packet_dir(out, site.name, plan.name)
-                    opener = atomic_opener(d, lambda part, s=plan.template.seq:
-                                           packet_name(s, part))
-                    written[i] = build_update_packets(iter(()), plan.template, signing_key.sign,
-                                                      max_size, opener, seed, seal_to=seal[i])
-            jobs = [_Job(i, p.name, p.ranges, p.template, p.blocks,
-                         {o: man.origins[o] for o in p.ranges},
-                         sum(hi - lo for lo, hi in p.ranges.values()), seal[i])
-                    for i, p in enumerate(plans) if p.ranges]
+                    written[i] = build_update_packets(iter(()), plan.template, sign, max_size,
+                                                      _opener(out, site.name, plan), seed,
+                                                      seal_to=seal[i])
+            jobs = [_Job(i, plans[i].name, plans[i].ranges, plans[i].blocks, sizes[i],
+                         {o: man.origins[o] for o in plans[i].ranges},
+                         sum(hi - lo for lo, hi in plans[i].ranges.values()), c.budget,
+                         [(x.part, x.packet_id, x.first, x.end) for x in c.parts], seal[i])
+                    for i, c in cuts.items()]
             expect(progress, sum(j.ops for j in jobs))
             if jobs:
-                ctx = _TaskCtx(loc.text, str(out.resolve()), site.name, site.family_id,
-                               raw_key, max_size, seed)
-                written.update(_run_jobs(jobs, ctx, loc, starter, strategy, progress, stats))
+                made, stage = _run_jobs(jobs, loc, staging, seed, site.family_id, starter,
+                                        strategy, progress, stats)
+                t1 = time.perf_counter()
+                for j in jobs:
+                    written[j.index] = finish_planned_packets(
+                        cuts[j.index], sign, _opener(out, site.name, plans[j.index]),
+                        made[j.index], lambda part, k=j.index: stage.read(_body_name(k, part)))
+                stats["finish_s"] = round(time.perf_counter() - t1, 3)
         except BaseException:
             if starter is not None:
                 starter.discard()
             _remove_outputs(out, site.name, plans)
             raise
+        finally:
+            if stage is not None:
+                stage.remove()
         for i, plan in enumerate(plans):
             for p in written[i]:  # the paths as the local engine reports them
                 p.path = packet_dir(out, site.name, plan.name) / packet_name(
@@ -454,6 +502,18 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     return result
 
 
+def _opener(out: Path, sender: str, plan: PeerPlan):
+    seq = plan.template.seq
+    return atomic_opener(packet_dir(out, sender, plan.name), lambda part: packet_name(seq, part))
+
+
+def _block_sizes(conn, blocks: list[chain.StoredBlock]) -> list[int]:
+    """The planned blocks' lengths, as the store holds them (the log holds the same bytes:
+    every block read from it is checked against the plan)."""
+    q = "SELECT length(data) FROM blocks WHERE origin=? AND hi=? AND lo=?"
+    return [conn.execute(q, (b.origin, b.hi, b.lo)).fetchone()[0] for b in blocks]
+
+
 def _remove_outputs(out: Path, sender: str, plans: list[PeerPlan]) -> None:
     """After a failed job: no packet of this run may stay behind (nothing was recorded)."""
     for plan in plans:
@@ -461,6 +521,61 @@ def _remove_outputs(out: Path, sender: str, plans: list[PeerPlan]) -> None:
         if d.is_dir():
             for f in d.glob(f"{plan.template.seq:010d}-*{PACKET_SUFFIX}"):
                 f.unlink(missing_ok=True)
+
+
+class _Staging:
+    """This run's directory in the staging location: executors write the bodies there, the
+    driver copies them onto the medium and removes the directory."""
+
+    READ_CHUNK = 1 << 20
+
+    def __init__(self, where: str | os.PathLike | None, local_master: bool):
+        if where is None:
+            if not local_master:
+                raise UsageError(
+                    "the Spark engine needs --staging on a cluster: a location every executor "
+                    "can write and this machine can read, where the packet bodies wait for "
+                    "the driver", hint="e.g. --staging hdfs://namenode/tmp/syncpack, s3://, "
+                                       "or a shared mount (docs/cluster.md)")
+            self._tmp: str | None = tempfile.mkdtemp(prefix="syncpack-staging-")
+            self.loc = oplog.LogLocation(self._tmp)
+            self._base, self._run = self.loc, ""
+            return
+        self._tmp = None
+        self._base = oplog.LogLocation(where)
+        self._run = f"syncpack-{os.urandom(8).hex()}"
+        try:
+            self._base.fs.create_dir(self._base.path(self._run), recursive=True)
+        except OSError as e:
+            raise ExportError(f"cannot write in the staging location {where}: {e}") from None
+        self.loc = oplog.LogLocation(self._base.uri(self._run))
+
+    @property
+    def uri(self) -> str:
+        return self.loc.uri("")
+
+    def read(self, name: str) -> Iterator[bytes]:
+        try:
+            with self.loc.fs.open_input_stream(self.loc.path(name)) as f:
+                while True:
+                    b = f.read(self.READ_CHUNK)
+                    if not b:
+                        return
+                    yield b
+        except OSError as e:
+            raise ExportError(f"cannot read a packet body from the staging location "
+                              f"{self.uri}: {e}",
+                              hint="the staging location must be one this machine reads "
+                                   "and every executor writes") from None
+
+    def remove(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            return
+        try:
+            self._base.fs.delete_dir(self._base.path(self._run))
+        except OSError:
+            pass
 
 
 class _SessionStarter:
@@ -496,16 +611,20 @@ class _SessionStarter:
             h.stop()
 
 
-def _run_jobs(jobs: list[_Job], ctx: _TaskCtx, loc: oplog.LogLocation,
-              starter: _SessionStarter, strategy: str, progress,
-              stats: dict) -> dict[int, list[PartInfo]]:
+def _run_jobs(jobs: list[_Job], loc: oplog.LogLocation, staging, seed: bytes | None,
+              family: bytes, starter: _SessionStarter, strategy: str, progress,
+              stats: dict) -> tuple[dict[int, list[MadeBody]], _Staging]:
     t0 = time.perf_counter()
     handle = starter.result()
     stats["session_wait_s"] = round(time.perf_counter() - t0, 3)
     stats["session_s"] = round(starter._box["seconds"], 3)
     ok = False
+    stage = None
     try:
         sc = handle.sc
+        stage = _Staging(staging, sc.master.startswith("local"))
+        ctx = _TaskCtx(loc.uri("") if loc.local else loc.text, loc.text, stage.uri, family,
+                       seed)
         by_index = {j.index: j for j in jobs}
         bc = sc.broadcast(by_index)
         acc = sc.accumulator(0)
@@ -528,7 +647,9 @@ def _run_jobs(jobs: list[_Job], ctx: _TaskCtx, loc: oplog.LogLocation,
                                f"recorded, the next export sends the same ranges") from None
     finally:
         handle.stop(keep_log=not ok)
-    written: dict[int, list[PartInfo]] = {}
+        if not ok and stage is not None:    # interrupted too: no bodies left behind
+            stage.remove()
+    made: dict[int, list[MadeBody]] = {}
     stats["tasks"] = []
     errs = []
     for raw in payloads:
@@ -539,18 +660,20 @@ def _run_jobs(jobs: list[_Job], ctx: _TaskCtx, loc: oplog.LogLocation,
             errs.append(cls(message, hint) if isinstance(cls, type)
                         and issubclass(cls, SyncpackError) else ExportError(message, hint))
             continue
-        _kind, i, parts, task_stats = res
-        written[i] = parts
+        _kind, i, bodies, task_stats = res
+        made[i] = bodies
         stats["tasks"].append(task_stats)
     if errs:
+        stage.remove()
         raise errs[0]
-    missing = [j.name for j in jobs if j.index not in written]
+    missing = [j.name for j in jobs if j.index not in made]
     if missing:
         # Only the shuffle strategy can get here: no row of the log joined a peer's plan.
+        stage.remove()
         raise ExportError(f"the Spark job returned no packets for {', '.join(missing)}",
-                          hint=f"the log at {ctx.log} may lack the blocks planned for them: "
-                               f"rebuild it with 'syncpack log export'")
-    return written
+                          hint=f"the log at {ctx.log_shown} may lack the blocks planned for "
+                               f"them: rebuild it with 'syncpack log export'")
+    return made, stage
 
 
 def _shuffle_action(spark, jobs: list[_Job], loc: oplog.LogLocation, bc, ctx: _TaskCtx, acc):

@@ -19,7 +19,7 @@ import pytest
 from conftest import Family, run
 
 from syncpack import admin, chain, oplog, recovery, sync
-from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError
+from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError, UsageError
 from syncpack.site import Site
 
 pytestmark = pytest.mark.spark
@@ -353,9 +353,42 @@ def test_a_damaged_block_in_the_log_fails_the_export(tmp_path, base, spark, stra
         before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()
         with pytest.raises(ExportError, match="body does not match its hash"):
             spark_engine.export_spark(s, tmp_path / "out", to=["p2"], log_dir=lake,
-                                      strategy=strategy)
+                                      strategy=strategy, staging=tmp_path / "staging")
         assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone() == before
     assert not list((tmp_path / "out").rglob("*.spk"))
+    assert not list((tmp_path / "staging").iterdir())      # no bodies left behind
+
+
+def test_a_failure_while_the_driver_writes_leaves_no_packet(tmp_path, base, spark,
+                                                            monkeypatch):
+    """The driver writes the packets after the job: failing after some peers' packets are on
+    the medium, none stays, nothing is recorded, and the staged bodies go."""
+    f = _copy(base, tmp_path / "f")
+    real = spark_engine.finish_planned_packets
+    calls = []
+
+    def finish_then_fail(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ExportError("the medium went away")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(spark_engine, "finish_planned_packets", finish_then_fail)
+    with f.open("hub") as s:
+        before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()
+        with pytest.raises(ExportError, match="the medium went away"):
+            spark_engine.export_spark(s, tmp_path / "out", all_peers=True, max_size=12000,
+                                      staging=tmp_path / "staging")
+        assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone() == before
+    assert len(calls) == 2
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert not list((tmp_path / "staging").iterdir())
+
+
+def test_a_cluster_master_needs_a_staging_location():
+    with pytest.raises(UsageError, match="needs --staging on a cluster") as e:
+        spark_engine._Staging(None, local_master=False)
+    assert "docs/cluster.md" in e.value.hint
 
 
 # --- below the floor ----------------------------------------------------------------------------
@@ -422,6 +455,9 @@ def test_cli_export_with_the_spark_engine(tmp_path, base, spark):
     r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--log", tmp_path,
             site=f.path("hub"))
     assert r.code == 2 and "--engine spark" in r.err
+    r = run("export", "--to", "p2", "--out", tmp_path / "usb", "--staging", tmp_path,
+            site=f.path("hub"))
+    assert r.code == 2 and "--engine spark" in r.err
 
 
 def test_missing_java_or_pyspark_is_a_clear_error(monkeypatch):
@@ -469,3 +505,49 @@ def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(tmp_path, base
     r = run("export", "--all", "--out", tmp_path / "usb", "--create-out", "--engine", "spark",
             "--spark-master", "local[2]", site=fs.path("hub"), json_mode=True)
     assert r.code == 1 and len(r.json["failed"]) == 1, r
+
+
+# --- no key material leaves the driver -------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["merge", "shuffle"])
+def test_no_executor_receives_key_material(tmp_path, base, spark, strategy, monkeypatch):
+    """Everything Spark ships to executors (task closures, broadcast values) is pickled here and
+    searched for the site's private keys: the signing key and the key that opens sealed packets
+    must be absent, by construction, since only the driver builds and signs headers."""
+    from cryptography.hazmat.primitives import serialization
+    from pyspark import SparkContext, cloudpickle
+
+    from syncpack import keys
+
+    f = _copy(base, tmp_path / "f")
+    raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw, \
+        serialization.NoEncryption()
+    secrets = [keys.load_signing_key(f.path("hub")).private_bytes(*raw),
+               keys.load_box_key(f.path("hub")).private_bytes(*raw)]
+    shipped: list[bytes] = []
+    real_broadcast = SparkContext.broadcast
+
+    def broadcast(self, value):
+        shipped.append(cloudpickle.dumps(value))
+        return real_broadcast(self, value)
+
+    monkeypatch.setattr(SparkContext, "broadcast", broadcast)
+    for name in ("_merge_task", "_arrow_task"):
+        real = getattr(spark_engine, name)
+
+        def closure(bc, ctx, acc, real=real):
+            fn = real(bc, ctx, acc)
+            shipped.append(cloudpickle.dumps(fn))
+            return fn
+
+        monkeypatch.setattr(spark_engine, name, closure)
+    with f.open("hub") as s:
+        pk = spark_engine.export_spark(s, tmp_path / "out", all_peers=True, max_size=12000,
+                                       encrypt=True, strategy=strategy)
+    assert pk and len(shipped) >= 2
+    for blob in shipped:
+        for secret in secrets:
+            assert secret not in blob
+    for p in ("p1", "p2"):
+        with f.open(p) as s:
+            sync.import_packets(s, [tmp_path / "out" / p])

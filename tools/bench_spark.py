@@ -10,6 +10,12 @@ for byte.
     python tools/bench_spark.py --ops 1000000
     python tools/bench_spark.py                   # 5,000,000 ops, 8 peers
     python tools/bench_spark.py --ops 20000000    # the big run, on request
+    python tools/bench_spark.py --ops 1000000 --cluster 1,2   # + standalone clusters
+
+With ``--cluster N,M`` the Spark runs are repeated on a standalone cluster started here on
+loopback with pyspark's own ``bin/spark-class`` (a master and N workers sharing the machine's
+cores), bodies staged under the run directory (``--staging``): the cluster's cost (task
+shipping, staging, the driver's copy to the medium) beside ``local[*]`` on the same cores.
 
 Each Spark run is one cold ``export --engine spark`` in its own process (start Spark, bring the
 log up to date, run the job, record, stop Spark), done twice: on a first export, when the site's
@@ -169,7 +175,7 @@ class _PeakSampler:
 
 
 def child_spark(site_dir: Path, out: Path, max_size: int, master: str, strategy: str,
-                driver_memory: str | None) -> dict:
+                driver_memory: str | None, staging: Path | None = None) -> dict:
     """One cold ``export --engine spark``: starts Spark (while the log catches up), runs the
     job, records, stops Spark."""
     from syncpack import spark_engine
@@ -182,7 +188,7 @@ def child_spark(site_dir: Path, out: Path, max_size: int, master: str, strategy:
     with Site.open(site_dir) as s:
         pk = spark_engine.export_spark(s, out, all_peers=True, max_size=max_size,
                                        master=master, seed=SEED, now_ms=NOW,
-                                       strategy=strategy, stats=stats)
+                                       strategy=strategy, stats=stats, staging=staging)
     wall = time.perf_counter() - t0
     sampler.stop()
     workers = max([sampler.workers] + [t["worker_maxrss_kb"] for t in stats.get("tasks", [])])
@@ -190,10 +196,73 @@ def child_spark(site_dir: Path, out: Path, max_size: int, master: str, strategy:
             "log_s": stats.get("log_s"), "log_ops_written": stats["log"]["ops_written"],
             "session_start_s": stats.get("session_s"),
             "session_wait_s": stats.get("session_wait_s"), "job_s": stats.get("job_s"),
+            "finish_s": stats.get("finish_s"),
             "packets": len(pk), "ops": sum(p.ops for p in pk),
             "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
             "jvm_peak_rss_mb": sampler.jvm // 1024, "worker_peak_rss_mb": workers // 1024,
             "tasks": stats.get("tasks")}
+
+
+class StandaloneCluster:
+    """A Spark standalone master and ``workers`` workers on loopback, for one set of runs."""
+
+    def __init__(self, workdir: Path, workers: int, memory: str):
+        import pyspark
+        import socket
+
+        def port() -> int:
+            with socket.socket() as sk:
+                sk.bind(("127.0.0.1", 0))
+                return sk.getsockname()[1]
+
+        home = Path(pyspark.__file__).parent
+        spark_class = str(home / "bin" / "spark-class")
+        self.env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1",
+                        PYSPARK_PYTHON=sys.executable)
+        self.dir, self.workers = workdir, workers
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        mport = port()
+        self.url = f"spark://127.0.0.1:{mport}"
+        self._start("master", [spark_class, "org.apache.spark.deploy.master.Master", "--host",
+                               "127.0.0.1", "--port", str(mport), "--webui-port", str(port())],
+                    "I have been elected leader")
+        cores = max(1, (os.cpu_count() or 1) // workers)
+        for w in range(workers):
+            self._start(f"worker{w}", [spark_class, "org.apache.spark.deploy.worker.Worker",
+                                       "--host", "127.0.0.1", "--cores", str(cores), "--memory",
+                                       memory, "--webui-port", str(port()), "--work-dir",
+                                       str(workdir / f"work{w}"), self.url],
+                        "Successfully registered with master")
+
+    def _start(self, name: str, argv: list[str], ready: str) -> None:
+        log = self.dir / f"{name}.log"
+        with open(log, "wb") as f:
+            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=self.env,
+                                 start_new_session=True)
+        self.procs.append(p)
+        end = time.time() + 120
+        while time.time() < end:
+            if ready in log.read_text(errors="replace"):
+                return
+            if p.poll() is not None:
+                break
+            time.sleep(0.3)
+        self.stop()
+        raise SystemExit(f"the Spark {name} did not start; see {log}")
+
+    def stop(self) -> None:
+        import signal
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.procs.clear()
 
 
 def run_child(args: list[str]) -> dict:
@@ -225,6 +294,10 @@ def main() -> None:
     ap.add_argument("--max-size", default="64M", help="packet size limit (default 64M)")
     ap.add_argument("--driver-memory", default=None, help="spark.driver.memory, e.g. 4g")
     ap.add_argument("--skip-local", action="store_true")
+    ap.add_argument("--cluster", default="", metavar="N,M",
+                    help="also run on standalone clusters of N, M... workers (e.g. 1,2)")
+    ap.add_argument("--worker-memory", default="4g", help="each cluster worker's memory")
+    ap.add_argument("--staging", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--keep", action="store_true", help="keep the packets and site copies")
     ap.add_argument("--child", choices=["local", "spark"], help=argparse.SUPPRESS)
     ap.add_argument("--site", type=Path, help=argparse.SUPPRESS)
@@ -240,7 +313,7 @@ def main() -> None:
         return
     if a.child == "spark":
         print(json.dumps(child_spark(a.site, a.out, max_size, a.master, a.strategy,
-                                     a.driver_memory)))
+                                     a.driver_memory, a.staging)))
         return
 
     base = a.workdir / f"family-{a.ops}-{a.peers}"
@@ -254,13 +327,30 @@ def main() -> None:
     runs_list = ([] if a.skip_local else [("local", None, False)])
     for st in strategies:
         runs_list += [(f"{st}-first", st, False), (f"{st}-logged", st, True)]
+    clusters = [int(n) for n in a.cluster.split(",") if n.strip()]
+    for n in clusters:   # logged runs only: the log's catch-up is the driver's, as above
+        runs_list += [(f"{st}-cluster{n}-logged", st, True) for st in strategies]
+    cluster: StandaloneCluster | None = None
     for label, strategy, logged in runs_list:
+        workers = int(label.split("-cluster")[1].split("-")[0]) if "-cluster" in label else 0
+        if cluster is not None and workers != cluster.workers:
+            cluster.stop()
+            cluster = None
+        if workers and cluster is None:
+            print(f"starting a standalone cluster of {workers} worker(s) ...", file=sys.stderr,
+                  flush=True)
+            cluster = StandaloneCluster(runs / f"cluster{workers}", workers, a.worker_memory)
+            os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
         site = runs / label / "hub"
         shutil.copytree(hub, site)
         if logged:  # the log is kept current (e.g. 'syncpack log export' from cron)
             from syncpack import oplog
             t0 = time.perf_counter()
             with Site.open(site) as s:
+                # Sealed as the export would seal them: log_export alone seals at its own
+                # (larger) bound, and other blocks would make other packets than the local run.
+                with s.lock(), s.write_txn():
+                    s.seal_pending(max_block=max_size // 2)
                 oplog.log_export(s)
             log_build = round(time.perf_counter() - t0, 2)
         out = runs / label / "out"
@@ -270,9 +360,11 @@ def main() -> None:
         if strategy is None:
             res = run_child(["--child", "local", *common])
         else:
-            res = run_child(["--child", "spark", *common, "--master", a.master,
-                             "--strategy", strategy] + (["--driver-memory", a.driver_memory]
-                                                        if a.driver_memory else []))
+            master = cluster.url if workers else a.master
+            res = run_child(["--child", "spark", *common, "--master", master,
+                             "--strategy", strategy]
+                            + (["--driver-memory", a.driver_memory] if a.driver_memory else [])
+                            + (["--staging", str(runs / label / "staging")] if workers else []))
             res["label"] = label
             if logged:
                 res["log_built_before_s"] = log_build
@@ -282,6 +374,8 @@ def main() -> None:
         if res.get("tasks"):
             shown["task_s"] = [t["seconds"] for t in res["tasks"]]
         print(json.dumps(shown), file=sys.stderr)
+    if cluster is not None:
+        cluster.stop()
     if len(outs) > 1:
         first = next(iter(outs.values()))
         same = all(d == first for d in outs.values())
@@ -300,10 +394,13 @@ def main() -> None:
         what = ("log already current" if r["label"].endswith("logged")
                 else "first export, log built in the run")
         ratio = f"   spark/local {r['wall_s'] / local['wall_s']:.2f}" if local else ""
-        print(f"  {r['engine']:<24} wall {r['wall_s']:7.1f} s{ratio}   ({what})")
+        name = r["engine"] + (f" {r['label'].split('-')[1]}" if "-cluster" in r["label"]
+                              else "")
+        print(f"  {name:<24} wall {r['wall_s']:7.1f} s{ratio}   ({what})")
         print(f"  {'':<24} log catch-up {r['log_s']:.1f} s ({r['log_ops_written']:,} ops), "
               f"JVM start {r['session_start_s']:.1f} s of which waited "
-              f"{r['session_wait_s']:.1f} s, job {r['job_s']:.1f} s")
+              f"{r['session_wait_s']:.1f} s, job {r['job_s']:.1f} s, driver writes "
+              f"{r['finish_s'] or 0:.1f} s")
         print(f"  {'':<24} peak RSS: driver {r['driver_peak_rss_mb']} MB, JVM "
               f"{r['jvm_peak_rss_mb']} MB, largest Python worker {r['worker_peak_rss_mb']} MB")
     if not a.keep:
