@@ -334,6 +334,10 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                 chained = not first or origin not in anchored
                 try:
                     info = verify_block(site, raw, sender, chained, prev)
+                except blocks.BlockChainError:
+                    if origin == site.site_id:
+                        raise ForkDetected(peek.lo) from None   # our history forked: recover
+                    raise
                 except PacketSenderError:
                     if not win:
                         raise

@@ -679,9 +679,7 @@ def header_reserve(template: "Header", origins: list[bytes]) -> int:
     worst = replace(template, packet_id=b"\xff" * 16, part=1 << 32, final=False,
                     ranges={o: (big, big) for o in origins}, count=1 << 48,
                     hlc_max=(1 << 64) - 1, body_len=1 << 62, body_hash=b"\xff" * 32,
-                    mandatory=[*template.mandatory, FEATURE_SEAL], seal_epk=b"\xff" * 32,
-                    # a later part anchors every origin it continues
-                    anchors={o: b"\xff" * CSN_LEN for o in origins})
+                    mandatory=[*template.mandatory, FEATURE_SEAL], seal_epk=b"\xff" * 32)
     return len(packb(worst.to_wire(origins))) + 64
 
 

@@ -13,11 +13,10 @@ import os
 import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable
 
 from . import blocks, codec
 from .codec import Header
-from .csn import pack_csn
 from .errors import ExportError, MediumFullError, OutboxError
 from .names import check_site_name
 
@@ -241,21 +240,19 @@ class _PartFields:
     the last :meth:`take`: one rule whether the bytes are at hand or only the plan is."""
 
     def __init__(self, template: Header):
-        # CSN of the op just below each part's range, per origin: the receiver checks it
-        # against its own op of that epoch, so a range never lands on a history it does not
-        # continue.
-        self.carry: dict[bytes, bytes] = dict(template.anchors)
+        # The template's anchors (CSN of the op just below a range, where the chain alone
+        # cannot show what the range continues) go with the first part only: a later part's
+        # first block of each origin chains onto that origin's last block in the part before.
+        self.anchors: dict[bytes, bytes] = dict(template.anchors)
         self._begin()
 
     def _begin(self) -> None:
         self.ranges: dict[bytes, tuple[int, int]] = {}
         self.hlc_max = 0
-        self.anchors = dict(self.carry)
 
     def add(self, b) -> None:
         lo_hi = self.ranges.get(b.origin)
         self.ranges[b.origin] = (lo_hi[0] if lo_hi else b.lo, b.hi)
-        self.carry[b.origin] = pack_csn(b.hlc_last, b.origin, b.last_seq)
         if b.hlc_last > self.hlc_max:
             self.hlc_max = b.hlc_last
 
@@ -264,6 +261,7 @@ class _PartFields:
         out = {"ranges": ranges, "hlc_max": self.hlc_max,
                "anchors": {o: self.anchors[o] for o, (lo, _hi) in ranges.items()
                            if lo > 0 and o in self.anchors}}
+        self.anchors = {o: c for o, c in self.anchors.items() if o not in ranges}
         self._begin()
         return out
 

@@ -448,8 +448,9 @@ def test_codec_reads_snapshot_records():
 
 def test_split_parts_are_cut_between_blocks():
     """Two parts of one export: same seq, consecutive part numbers, final only on the last,
-    adjacent ranges, distinct ids, each part whole blocks; part 1's anchor is the last op of
-    part 0, part 0's the op its range continues."""
+    adjacent ranges, distinct ids, each part whole blocks; part 0 anchors the op its range
+    continues (the sender's own origin), part 1 none: its first block chains onto part 0's
+    last (it names that block's hash)."""
     (d0, j0), (d1, j1) = load("v2-update-split-p0"), load("v2-update-split-p1")
     h0, h1 = j0["header"], j1["header"]
     assert (h0["seq"], h0["part"], h0["final"]) == (4, 0, False)
@@ -460,7 +461,8 @@ def test_split_parts_are_cut_between_blocks():
     assert [(b["lo"], b["hi"]) for b in j1["blocks"]] == [(6, 8), (8, 9)]
     # the two-op transaction is one block: it moved to part 1 whole
     assert [op["epoch"] for op in j1["blocks"][0]["ops"]] == [7, 8]
-    assert h1["anchors"] == [[0, j0["ops"][-1]["csn"]]]
+    assert "anchors" not in h1
+    assert j1["blocks"][0]["prev_hash"] == j0["blocks"][-1]["block_hash"]
     assert h0["anchors"] == [[0, load("v2-update-basic")[1]["ops"][-1]["csn"]]]
     # the first two blocks would not have fit one part of max_size 4096
     assert len(d0) + j1["blocks"][0]["size"] > gen.SPLIT_MAX_SIZE
