@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -35,7 +35,7 @@ from .verify import (DEFAULT_SKEW_MS, OpenPacket, find_packet_files, has_magic, 
 # peer has waited for longest go first; the rest follow in the next packets.
 RELAY_ACK_BUDGET = 32 * 1024
 # ... and within what is left of this for the whole header once vector, ranges and anchors are
-# in, so a header stays near 60 KiB in a family of a thousand sites whatever else it carries.
+# in, so a header stays under 64 KiB in a family of a thousand sites whatever else it carries.
 HEADER_BUDGET = 56 * 1024
 MIN_ACK_BUDGET = 4 * 1024
 
@@ -155,7 +155,7 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
         out.append((peer, *own))
     # The longest-waiting first.  Only the ones that go are decoded (a hub of a thousand
     # members holds a thousand vectors of a thousand entries); each costs its differences from
-    # our own vector on the wire (codec.ack_delta), about 8 bytes an entry.
+    # our own vector on the wire (codec.ack_delta).
     fresh = sorted((told.get(m, 0), m, c) for m, c in site.conn.execute(
         "SELECT member, created_ms FROM acks")
         if m != peer and m in members and c > told.get(m, 0))
@@ -164,7 +164,9 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
         v, sig = site.conn.execute("SELECT vector, signature FROM acks WHERE member=?",
                                    (m,)).fetchone()
         v = vec_from_blob(v)
-        cost = 96 + 8 * len(codec.ack_delta(header_vec, v))
+        # its bytes on the wire, each origin index counted at its widest (3 bytes)
+        cost = 96 + len(codec.packb([[0xFFFF, e] for e in
+                                     codec.ack_delta(header_vec, v).values()]))
         if cost > budget:
             break
         budget -= cost
@@ -228,7 +230,9 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),
                       tip=tip_for(site, peer, vec), anchors=_anchors(site, ranges, metas, peer),
                       reply=bool(ranges) or unconfirmed or recovering, recovering=recovering)
-        rest = len(codec.packb(tmpl.to_wire(tmpl.origin_table())))
+        # what the part headers hold besides the acknowledgements: the template and the ranges
+        full = replace(tmpl, ranges=ranges)
+        rest = len(codec.packb(full.to_wire(full.origin_table())))
         tmpl.acks = _acks_for(site, peer, vec, now_ms, sign,
                               max(MIN_ACK_BUDGET, min(RELAY_ACK_BUDGET, HEADER_BUDGET - rest)))
         plans.append(PeerPlan(peer, name, ranges, tmpl, metas))
