@@ -71,3 +71,25 @@ def test_bench_driver_smoke(tmp_path):
         assert set(res["ratio_to_changeset_apply"][name]) == {"wall", "cpu"}
     assert len(res["rounds"]) == 2
     assert list(tmp_path.iterdir()) == []       # the temporary databases are removed
+
+
+def test_bench_cli_smoke(tmp_path):
+    """tools/bench_cli.py runs end to end through the command at a tiny size, relay and
+    big-packet RSS included (no timing assertions)."""
+    tool = BENCH.parent / "bench_cli.py"
+    r = subprocess.run([sys.executable, str(tool), "--bulk-ops", "2000", "--small-ops", "200",
+                        "--peers", "2", "--big-gb", "0.01", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert set(res["ratios"]) == {"bulk_import_vs_apply", "bulk_export_vs_apply",
+                                  "bulk_packet_vs_patchset_zstd3", "small_import_vs_apply"}
+    assert all(v > 0 for v in res["ratios"].values())
+    b = res["bulk"]
+    assert b["relay_peers"] == 2 and 2 * 2000 <= b["relay_ops"] <= 2 * 2000 + 2
+    assert res["relay_ops_per_s"] > 0
+    [g] = res["big"]
+    assert g["packets"] == 1 and g["ops"] >= 1000
+    for what in ("export", "import"):
+        assert g[what]["peak_rss_mb"] > g["idle_peak_rss_mb"] > 0, what
+    assert list(tmp_path.iterdir()) == []       # the temporary sites are removed
