@@ -159,8 +159,9 @@ class BlockInfo:
         return HEADER_LEN + self.body_len
 
     @property
-    def body(self) -> bytes | memoryview:
-        return self.raw[HEADER_LEN:HEADER_LEN + self.body_len]
+    def body(self) -> memoryview:
+        # a view, not a copy: a block may be hundreds of megabytes, and an import holds it
+        return memoryview(self.raw)[HEADER_LEN:HEADER_LEN + self.body_len]
 
 
 def signed_bytes(family: bytes, header: bytes) -> bytes:
@@ -480,13 +481,13 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
     def bad(msg: str) -> BlockError:
         return BlockError(msg, origin, lo, hi)
 
-    body = bytes(info.body)
+    body = info.body
     if not info.body_checked and \
             hashlib.blake2b(body, digest_size=HASH_LEN).digest() != info.body_hash:
         raise bad("body does not match its signed hash")
     # The zstd frame header must declare exactly raw_len (bounded above) before any output is
     # produced: a frame without a content size could expand without bound.
-    if body[:4] != _ZSTD_MAGIC:
+    if bytes(body[:4]) != _ZSTD_MAGIC:
         raise bad("body is not a zstd frame")
     try:
         params = zstandard.get_frame_parameters(body)
@@ -525,6 +526,7 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
             ValueError, TypeError, OverflowError, RecursionError) as e:
         raise bad(f"malformed columns: {e}") from None
+    del raw     # the columns hold what is needed; the decompressed bytes can go now
     if type(cols) is not list or len(cols) != N_COLUMNS:
         raise bad(f"body is not an array of {N_COLUMNS} columns")
     txn_lens, hlc_deltas, names, run_coll, run_len, keys, values, rep_at, rep = cols
@@ -602,7 +604,11 @@ def split_blocks(chunks: Iterable[bytes]) -> Iterator[bytes]:
             if len(buf) < end:
                 break
             yield bytes(buf[pos:end])
-            pos = end
+            if end - pos >= 1 << 20:
+                del buf[:end]   # a big block goes at once (small ones wait for the next chunk)
+                pos = 0
+            else:
+                pos = end
     if len(buf) > pos:
         claimed = bytes(buf[pos + 6:pos + 14]) if len(buf) - pos >= 14 else None
         raise BlockError(f"body ends inside a block ({len(buf) - pos} bytes left over)", claimed)
