@@ -2,13 +2,13 @@
 
 A round, in this order:
 
-1. **imports** — each inbox is imported with :func:`syncpack.sync.import_packets`, like
+1. **imports** — each inbox is imported with :func:`syncpack.exchange.sync.import_packets`, like
    ``syncpack import INBOX``; with ``remove_after_import`` the packet files that were applied or
    reported as duplicates are deleted afterwards (see below);
-2. **exports** — each outbox gets :func:`syncpack.sync.export`, like ``syncpack export``; running
+2. **exports** — each outbox gets :func:`syncpack.exchange.sync.export`, like ``syncpack export``; running
    after the imports, the packets carry what was just received (relayed changes, and the
    acknowledgements peers need to trim their changelogs);
-3. **scrub** (optional) — :func:`syncpack.recovery.scrub`, like ``syncpack scrub``.
+3. **scrub** (optional) — :func:`syncpack.admin.recovery.scrub`, like ``syncpack scrub``.
 
 A failing action (a rejected packet, an unmounted required medium, a peer that needs a
 snapshot: with ``to = "all"`` that peer alone, the others still get their packets) is
@@ -96,7 +96,7 @@ Metrics
 -------
 
 With ``metrics = PATH``, every round that got the batch lock ends by writing PATH: the text of
-``syncpack status --format prometheus`` (:mod:`syncpack.metrics`) and the round's own
+``syncpack status --format prometheus`` (:mod:`syncpack.admin.metrics`) and the round's own
 ``syncpack_batch_last_run_*`` metrics, including ``syncpack_batch_last_run_ok`` (0 for a failed
 round) and ``syncpack_batch_last_success_timestamp_seconds``, which a failed round carries over
 from the previous file, so an alert on its age fires however the rounds fail.  The file is
@@ -136,12 +136,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import admin, metrics, recovery, store, sync
-from .apply import is_known
+from syncpack.admin import inspection, metrics, recovery
+from syncpack.exchange import sync
+from syncpack.store import db
+from syncpack.exchange.apply import is_known
 from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
                      PacketError, SiteError, SyncpackError)
-from .packets import DEFAULT_MAX_SIZE, fsync_dir, parse_size, prepare_outbox
-from .verify import find_packet_files, open_packet, printable
+from syncpack.exchange.packets import DEFAULT_MAX_SIZE, fsync_dir, parse_size, prepare_outbox
+from syncpack.exchange.verify import find_packet_files, open_packet, printable
 from .site import Site
 
 BATCH_LOCK_FILE = "batch.lock"
@@ -445,7 +447,7 @@ class _Round:
             fn()
         except SyncpackError as e:
             self.fail(action, target, e.message, e.hint)
-        except store.DatabaseError as e:
+        except db.DatabaseError as e:
             self.fail(action, target, f"the site store cannot be used: {e}",
                       "check the disk and run 'syncpack fsck'")
         except OSError as e:
@@ -603,8 +605,8 @@ def write_metrics(path: Path, site: Site, summary: dict, t0: float,
                   aborted: bool = False) -> None:
     """Write the site's metrics and the round's to ``path`` (see "Metrics" above)."""
     try:
-        status = admin.status(site)
-    except (SyncpackError, store.DatabaseError):
+        status = inspection.status(site)
+    except (SyncpackError, db.DatabaseError):
         # The store failed the round; the batch metrics still tell the alert so.
         status = {"site": site.name, "family": site.family_name}
     ok = summary["outcome"] == "ok" and not aborted

@@ -19,12 +19,14 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from . import (admin, keys, conflicts as conflicts_mod, metrics, recovery, replica, store,
-               sync)
+from syncpack.admin import conflicts as conflicts_mod, inspection, metrics, recovery
+from syncpack.exchange import replica, sync
+from syncpack.format import keys
+from syncpack.store import db
 from .errors import RecordNotFound, SyncpackError
-from .packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
+from syncpack.exchange.packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from .site import Site
-from .verify import printable
+from syncpack.exchange.verify import printable
 
 
 def escaped(text: str) -> str:
@@ -144,7 +146,7 @@ class Group(click.Group):
             return super().invoke(ctx)
         except SyncpackError as e:
             fail(ctx.obj, e.message, e.hint, e.exit_code)
-        except store.DatabaseError as e:
+        except db.DatabaseError as e:
             fail(ctx.obj, f"the site store cannot be used: {e}",
                  "check the disk and run 'syncpack fsck'; restore from a backup if it fails")
         except KeyboardInterrupt:
@@ -474,7 +476,7 @@ def load(obj: Ctx, file):
     s = obj.open()
     obj.on_interrupt("nothing was loaded: the file's one transaction was rolled back")
     with obj.progress("load", "records") as tick:
-        doc = admin.load(s, file, progress=tick)
+        doc = inspection.load(s, file, progress=tick)
     obj.emit(doc, f"loaded {doc['loaded']} record(s) in one transaction")
 
 
@@ -488,7 +490,7 @@ def digest(obj: Ctx):
       syncpack --site boston digest; syncpack --site sanfran digest
     """
     s = obj.open()
-    doc = admin.digest(s)
+    doc = inspection.digest(s)
     obj.emit(doc, doc["digest"])
 
 
@@ -505,7 +507,7 @@ def fsck(obj: Ctx):
       syncpack --site boston fsck
     """
     s = obj.open()
-    doc = admin.fsck(s)
+    doc = inspection.fsck(s)
     if obj.json:
         obj.emit(doc)
     if not doc["ok"]:
@@ -573,8 +575,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     failed: list[SyncpackError] = []
     with obj.progress("export") as tick:
         if engine == "spark":
-            from . import spark_engine
-            pkts = spark_engine.export_spark(s, out, list(to), all_peers, max_size,
+            from syncpack.engine import spark_job
+            pkts = spark_job.export_spark(s, out, list(to), all_peers, max_size,
                                              master=spark_master, log_dir=log_dir,
                                              staging=staging, progress=tick,
                                              encrypt=encrypt, failed=failed)
@@ -671,7 +673,7 @@ def lspacket(obj: Ctx, paths):
             s = obj.open(require_joined=False)
     except SyncpackError:
         s = None
-    doc = admin.lspacket(list(paths), s)
+    doc = inspection.lspacket(list(paths), s)
     human = []
     for p in doc["packets"]:
         rng = ", ".join(f"{o} {lo + 1}-{hi}" for o, (lo, hi) in p["ranges"].items()) or "-"
@@ -694,7 +696,7 @@ def lsepoch(obj: Ctx):
       syncpack --site boston lsepoch
     """
     s = obj.open()
-    doc = admin.lsepoch(s)
+    doc = inspection.lsepoch(s)
     obj.emit(doc, _matrix_table(doc))
 
 
@@ -729,7 +731,7 @@ def chepoch(obj: Ctx, peer, settings):
       syncpack --site boston chepoch sanfran boston=700
     """
     s = obj.open()
-    doc = admin.chepoch(s, peer, list(settings))
+    doc = inspection.chepoch(s, peer, list(settings))
     obj.emit(doc, _matrix_table(doc))
 
 
@@ -754,7 +756,7 @@ def status(obj: Ctx, fmt):
     if fmt == "json":
         obj.json = True     # errors too come as the JSON document, as with --json
     s = obj.open()
-    doc = admin.status(s)
+    doc = inspection.status(s)
     if fmt == "prometheus":
         click.echo(metrics.render(doc), nl=False)
         return
@@ -1044,7 +1046,7 @@ def batch(obj: Ctx, config):
     obj.on_interrupt("actions that finished before it were kept (see the batch log); the one "
                      "in progress was rolled back", "the next round carries on")
     with obj.progress("batch") as tick:
-        from . import batch as batch_mod     # only here: every other command starts faster
+        from syncpack import batch as batch_mod     # only here: every other command starts faster
         doc = batch_mod.run_batch(config, progress=tick)
     if obj.json:
         obj.emit(doc)
@@ -1097,12 +1099,12 @@ def log_export(obj: Ctx, directory):
     Example:
       syncpack --site boston log export /data/boston-log
     """
-    from . import oplog
+    from syncpack.engine import parquet_log
     s = obj.open()
     obj.on_interrupt("the log was not extended (segments written so far are removed by the "
                      "next 'log export')", "run it again")
     with obj.progress("log") as tick:
-        doc = oplog.log_export(s, directory, progress=tick)
+        doc = parquet_log.log_export(s, directory, progress=tick)
     obj.emit(doc, "\n".join(f"{o}\tepochs {lo + 1}-{hi}" for o, (lo, hi) in
                             doc["origins"].items()))
     if not obj.json:

@@ -25,15 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import chain, codec, keys, store
-from .codec import Op, Record
-from .conflict import POLICIES, Version, pick
-from .csn import CSN_LEN, next_hlc, pack_csn
+from syncpack.format import codec, keys
+from syncpack.store import chain, db
+from syncpack.format.codec import Op, Record
+from syncpack.rules.conflict import POLICIES, Version, pick
+from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
 from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
-from .names import check_site_name
-from .values import check_json_value
+from syncpack.format.names import check_site_name
+from syncpack.format.values import check_json_value
 
 SYS_PREFIX = "$"
 ROSTER = "$roster"
@@ -92,7 +93,7 @@ def _check_key(key: str) -> None:
 class Site:
     """An open site directory.  Not thread-safe; open one per thread or process."""
 
-    def __init__(self, path: Path, conn: store.Connection, clock: Callable[[], int] = wall_ms):
+    def __init__(self, path: Path, conn: db.Connection, clock: Callable[[], int] = wall_ms):
         self.path = Path(path)
         self.conn = conn
         self.clock = clock
@@ -116,27 +117,27 @@ class Site:
         """Open the site at ``path``; raises :class:`SiteError` if it is not one, or
         :class:`NotJoinedError` if it has not joined a family and ``require_joined``."""
         p = Path(path)
-        db = p / store.DB_NAME
+        db_path = p / db.DB_NAME
         if not p.is_dir():
             raise SiteError(f"{p} is not a directory",
                             hint="pass --site DIR or set SYNCPACK_SITE to a site directory")
-        if not db.is_file():
-            raise SiteError(f"{p} is not a syncpack site (no {store.DB_NAME})",
+        if not db_path.is_file():
+            raise SiteError(f"{p} is not a syncpack site (no {db.DB_NAME})",
                             hint="create one with 'syncpack init' or 'syncpack keygen', "
                                  "or pass --site DIR")
-        conn = store.open_existing(db)
+        conn = db.open_existing(db_path)
         try:
             site = cls(p, conn, clock)
-        except store.DatabaseError as e:
+        except db.DatabaseError as e:
             conn.close()
-            raise SiteError(f"{db} is not a readable syncpack store ({e})") from None
+            raise SiteError(f"{db_path} is not a readable syncpack store ({e})") from None
         if require_joined and not site.joined:
             conn.close()
             raise NotJoinedError(f"site {site.name!r} at {p} has not joined a family yet")
         return site
 
     @classmethod
-    def _create_dir(cls, path: Path, site: str) -> tuple[Path, store.Connection, keys.PublicIdentity]:
+    def _create_dir(cls, path: Path, site: str) -> tuple[Path, db.Connection, keys.PublicIdentity]:
         check_site_name(site)
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
@@ -146,8 +147,8 @@ class Site:
         (p / PARKED_DIR).mkdir(exist_ok=True)
         site_id = secrets.token_bytes(8)
         ident = keys.generate(p, site, site_id)
-        conn = store.create(p / store.DB_NAME)
-        with store.write_txn(conn):
+        conn = db.create(p / db.DB_NAME)
+        with db.write_txn(conn):
             conn.executemany("INSERT INTO meta VALUES (?, ?)", [
                 ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
                 ("state", "normal"), ("created_ms", wall_ms())])
@@ -172,7 +173,7 @@ class Site:
             raise UsageError("the family needs a name")
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = secrets.token_bytes(16)
-        with store.write_txn(conn):
+        with db.write_txn(conn):
             conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                              [("family_id", fam_id), ("family_name", family), ("joined", 1)])
         s = cls(p, conn)
@@ -406,10 +407,10 @@ class Site:
             self.invalidate()
 
     @contextmanager
-    def write_txn(self) -> Iterator[store.Connection]:
-        """:func:`store.write_txn`, dropping cached roster and policies on rollback."""
+    def write_txn(self) -> Iterator[db.Connection]:
+        """:func:`db.write_txn`, dropping cached roster and policies on rollback."""
         try:
-            with store.write_txn(self.conn) as c:
+            with db.write_txn(self.conn) as c:
                 yield c
         except BaseException:
             self.invalidate()
@@ -536,7 +537,7 @@ class Transaction:
         self.touched_system = False
 
     def put(self, collection: str, key: str, value: Any) -> None:
-        """Write ``value`` (plain JSON: see :mod:`syncpack.values`) under
+        """Write ``value`` (plain JSON: see :mod:`syncpack.format.values`) under
         ``collection``/``key``.  Raises :class:`InvalidValueError` (a :class:`SyncpackError`)
         for anything else, and :class:`UsageError` for a bad collection or key."""
         check_collection(collection)

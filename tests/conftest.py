@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from syncpack import replica, sync
+from syncpack.exchange import replica, sync
 from syncpack.cli import cli
 from syncpack.site import Site
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import Family, run
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from syncpack import codec, keys
+from syncpack.format import codec, keys
 
 
 def rebuild(data: bytes, sign, **changes) -> bytes:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from syncpack import admin, batch, sync, verify
+from syncpack import batch
+from syncpack.admin import inspection
+from syncpack.exchange import sync, verify
 from syncpack.errors import BatchConfigError, BatchLockedError
 
 from conftest import run
@@ -80,7 +82,7 @@ def test_batch_rounds_converge_three_sites(family):
     assert len(set(digests.values())) == 1, digests
     for n in SITES:
         with family.open(n) as s:
-            assert admin.fsck(s)["ok"]
+            assert inspection.fsck(s)["ok"]
         assert run("fsck", site=family.path(n)).code == 0
     with family.open("bangalore") as s:
         assert s.get("parts", "s-1") == {"qty": 7}
@@ -106,7 +108,7 @@ def test_batch_rounds_converge_three_sites(family):
     assert trimmed > 0
     for n in SITES:
         with family.open(n) as s:
-            assert admin.fsck(s)["ok"]
+            assert inspection.fsck(s)["ok"]
 
     # One line per action in the default log, SITE/batch.log.
     log = (family.path("boston") / "batch.log").read_text().splitlines()

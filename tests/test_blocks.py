@@ -24,11 +24,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from syncpack import blocks, keys
-from syncpack.blocks import (BlockChainError, BlockEncodeError, BlockError, BlockLimitError,
+from syncpack.format import blocks, keys
+from syncpack.format.blocks import (BlockChainError, BlockEncodeError, BlockError, BlockLimitError,
                              BlockSignatureError, BlockVersionError)
-from syncpack.codec import Op
-from syncpack.csn import pack_csn
+from syncpack.format.codec import Op
+from syncpack.format.csn import pack_csn
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketError,
                              PacketSignatureError)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import Family, run
-from syncpack import admin, conflicts
+from syncpack.admin import conflicts, inspection
 
 
 def _visible(fam: Family, name: str) -> dict:
@@ -105,7 +105,7 @@ def test_resolution_replicates_and_stays_resolved(family, tmp_path):
         with family.open(s) as site:
             assert site.get("col", "k") == "from-a"
             assert conflicts.list_conflicts(site) == []
-            assert admin.status(site)["conflicts"] == 0
+            assert inspection.status(site)["conflicts"] == 0
     assert len({family.digest(s) for s in "abc"}) == 1
 
 
@@ -209,4 +209,4 @@ def test_random_concurrent_writes_converge(policy, n_sites, steps):
         assert all(v == visible[0] for v in visible)
         for n in names:
             with fam.open(n) as s:
-                assert admin.fsck(s)["ok"]
+                assert inspection.fsck(s)["ok"]

@@ -19,7 +19,7 @@ from conftest import Family
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from syncpack import admin
+from syncpack.admin import inspection
 from syncpack.site import Site
 
 KEYS = [("c", "k0"), ("c", "k1"), ("c", "k2"), ("d", "k0")]
@@ -114,9 +114,9 @@ def test_sites_converge_under_any_schedule(data):
         digests = {}
         for name in names:
             with Site.open(fam.path(name)) as s:
-                check = admin.fsck(s)
+                check = inspection.fsck(s)
                 assert check["ok"], (name, check["problems"])
-                st_ = admin.status(s)
+                st_ = inspection.status(s)
                 assert st_["parked"] == [], (name, st_["parked"])
                 digests[name] = (s.digest(), {o: e for o, e in s.vector().items() if e})
                 if st_["conflicts"]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from syncpack.csn import (CSN, CSN_LEN, LOGICAL_BITS, hlc_from_ms, hlc_ms, next_hlc, observe_hlc,
+from syncpack.format.csn import (CSN, CSN_LEN, LOGICAL_BITS, hlc_from_ms, hlc_ms, next_hlc, observe_hlc,
                           pack_csn, unpack_csn)
 from syncpack.site import Site, wall_ms
 

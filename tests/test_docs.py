@@ -453,7 +453,7 @@ def test_every_json_field_is_documented(json_documents):
 
 
 def test_metric_names_in_the_docs_are_the_real_ones():
-    from syncpack.metrics import FAMILIES
+    from syncpack.admin.metrics import FAMILIES
     real = {n for n, _, _ in FAMILIES}
     reference = REFERENCE.read_text()
     assert [n for n in sorted(real) if f"`{n}`" not in reference] == []

@@ -52,8 +52,10 @@ from hypothesis.errors import InvalidArgument
 
 from conftest import Family
 
-from syncpack import admin, blocks, codec, conflicts, keys, replica, sync, verify
-from syncpack.codec import Op
+from syncpack.admin import conflicts, inspection
+from syncpack.exchange import replica, sync, verify
+from syncpack.format import blocks, codec, keys
+from syncpack.format.codec import Op
 from syncpack.errors import PacketBodyError, PacketError, PacketLimitError
 from syncpack.site import SYS_PREFIX, Site
 
@@ -122,7 +124,7 @@ def body_objects(raw: bytes) -> list:
 # --- blocks, as a member who forges them sees them ---------------------------------------------
 
 # The signed block header as formats/BLOCKS.md 3.1 lays it out, read here on its own rather
-# than through syncpack.blocks, so that a forger's view and the reader's can disagree.
+# than through syncpack.format.blocks, so that a forger's view and the reader's can disagree.
 BLOCK_HEADER = struct.Struct(">4sBB8sQQIQQ32s32sII")
 BLOCK_FIELDS = ("magic", "version", "flags", "origin", "lo", "hi", "txns", "hlc_first",
                 "hlc_last", "prev_hash", "body_hash", "raw_len", "body_len")
@@ -556,7 +558,7 @@ def refusal_problems(w: World, err: str, expect: str, origin: bytes | None,
 
 def fsck_problems(w: World, name: str, data: bytes, exact: bool) -> list[str]:
     with Site.open(w.scratch) as s:
-        doc = admin.fsck(s)
+        doc = inspection.fsck(s)
     findings = fsck_findings(doc, resigned_snapshot=name == "snapshot" and not exact)
     bug = next((b for b, hit in KNOWN_FINDINGS.items()
                 if findings and name != "snapshot" and hit(findings, data)), None)
@@ -1292,7 +1294,7 @@ def try_mkreplica(w: World, data: bytes, exact: bool) -> str:
                 assert unjoined_state(site) == before, "rejected snapshot changed the site"
                 return "rejected"
     with Site.open(site) as s:
-        doc = admin.fsck(s)
+        doc = inspection.fsck(s)
         assert not fsck_findings(doc, resigned_snapshot=not exact), doc
         if exact:
             assert s.digest()[0] == w.ref["seed_c"]

@@ -28,9 +28,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from syncpack import blocks
-from syncpack import codec, keys, seal, verify
-from syncpack.codec import Op
+from syncpack.format import blocks
+from syncpack.exchange import verify
+from syncpack.format import codec, keys, seal
+from syncpack.format.codec import Op
 from syncpack.errors import (PacketBodyError, PacketError, PacketFeatureError, PacketFormatError,
                              PacketLimitError, PacketSealError, PacketSenderError,
                              PacketSignatureError, PacketVersionError)

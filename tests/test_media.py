@@ -8,7 +8,7 @@ import errno
 import os
 
 from conftest import run
-from syncpack import packets
+from syncpack.exchange import packets
 
 
 class _FillingFile:

@@ -11,7 +11,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from syncpack import metrics
+from syncpack.admin import metrics
 
 from syncpack.site import Site
 from conftest import run

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from conftest import run
 
-from syncpack import blocks
-from syncpack import codec
+from syncpack.format import blocks
+from syncpack.format import codec
 from syncpack.site import Site
-from syncpack.sync import open_packet
+from syncpack.exchange.sync import open_packet
 
 B = 3   # boston's membership ops, before any user op (see the module docstring)
 S = 0   # sanfran's

@@ -182,7 +182,7 @@ def test_an_outbox_that_is_a_file_is_refused(ab, tmp_path):
     assert f.read_text() == "x"
     # The library check (batch and API callers) says the same in its own words.
     from syncpack.errors import OutboxError
-    from syncpack.packets import prepare_outbox
+    from syncpack.exchange.packets import prepare_outbox
     with pytest.raises(OutboxError, match="is not a directory"):
         prepare_outbox(f, True, "create it")
 

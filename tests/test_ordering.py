@@ -16,9 +16,9 @@ import pytest
 from syncpack.errors import ExportError
 from conftest import run
 
-from syncpack import blocks
-from syncpack import codec
-from syncpack.sync import open_packet
+from syncpack.format import blocks
+from syncpack.format import codec
+from syncpack.exchange.sync import open_packet
 
 
 def jimport(site: Path, *paths) -> dict:

@@ -1,4 +1,4 @@
-"""The pure decisions of syncpack.planning, against what docs/design.md promises.
+"""The pure decisions of syncpack.rules.planning, against what docs/design.md promises.
 
 Each property states the guarantee in terms of plain vectors, so a change to the store cannot
 hide a change of rule."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from syncpack import planning
+from syncpack.rules import planning
 
 ORIGINS = [bytes([i]) * 8 for i in range(4)]
 epochs = st.integers(0, 50)
@@ -97,7 +97,7 @@ def test_an_own_claim_is_dismissed_only_when_unproven_unanswered_and_undelivered
 
 @given(vectors, vectors)
 def test_a_relayed_acknowledgement_survives_its_delta_encoding(header, ack):
-    from syncpack import codec
+    from syncpack.format import codec
     nonzero = {o: e for o, e in ack.items() if e}
     delta = codec.ack_delta({o: e for o, e in header.items() if e}, ack)
     assert codec.apply_ack_delta({o: e for o, e in header.items() if e}, delta) == nonzero

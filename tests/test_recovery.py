@@ -21,12 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import Family, run
-from syncpack import apply, chain, codec, keys, sync, verify
-from syncpack.codec import Header, Op
+from syncpack.exchange import apply, sync, verify
+from syncpack.format import codec, keys
+from syncpack.store import chain
+from syncpack.format.codec import Header, Op
 from syncpack.errors import (ClockSkewError, EpochCollisionError, PacketSenderError,
                              ScrubbedError)
-from syncpack import blocks
-from syncpack.packets import BlockRef, atomic_opener, build_update_packets
+from syncpack.format import blocks
+from syncpack.exchange.packets import BlockRef, atomic_opener, build_update_packets
 from syncpack.site import Site
 
 DAY_MS = 24 * 3600 * 1000

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run
-from syncpack import blocks, codec
+from syncpack.format import blocks, codec
 from test_tamper import blocks_of, ops_of, parts_of, rebuild, sign_key, state, write
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import run
-from syncpack import blocks
-from syncpack import codec, keys, sync
+from syncpack.format import blocks
+from syncpack.exchange import sync
+from syncpack.format import codec, keys
 from syncpack.errors import PacketSealError
 from syncpack.site import Site
 

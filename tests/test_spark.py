@@ -18,14 +18,17 @@ import pytest
 
 from conftest import Family, run
 
-from syncpack import admin, chain, oplog, recovery, sync
+from syncpack.admin import inspection, recovery
+from syncpack.engine import parquet_log
+from syncpack.exchange import sync
+from syncpack.store import chain
 from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError, UsageError
 from syncpack.site import Site
 
 pytestmark = pytest.mark.spark
 pytest.importorskip("pyspark")
 
-from syncpack import spark_engine  # noqa: E402
+from syncpack.engine import spark_job  # noqa: E402
 
 SEED = b"engine comparison"
 # One fixed creation time for both engines (same bytes), close to now: importers refuse
@@ -36,7 +39,7 @@ PEERS = ["p1", "p2", "p3", "p4"]
 
 @pytest.fixture(scope="module")
 def spark():
-    handle = spark_engine.start_session("local[2]")
+    handle = spark_job.start_session("local[2]")
     yield handle
     handle.stop()
 
@@ -91,7 +94,7 @@ def _both(tmp_path: Path, base: Path, **kw):
     with fl.open("hub") as s:
         local = sync.export(s, tmp_path / "out_local", seed=SEED, now_ms=NOW, **kw)
     with fs.open("hub") as s:
-        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", seed=SEED, now_ms=NOW,
+        sparked = spark_job.export_spark(s, tmp_path / "out_spark", seed=SEED, now_ms=NOW,
                                             strategy=strategy, **kw)
     return fl, fs, local, sparked
 
@@ -138,23 +141,23 @@ def _store_records(site_dir: Path, out: Path) -> list:
 def test_log_export_holds_the_changelog_and_appends_incrementally(tmp_path, base):
     f = _copy(base, tmp_path / "f")
     with f.open("hub") as s:
-        first = oplog.log_export(s)
+        first = parquet_log.log_export(s)
         changelog = sorted(map(tuple, chain.iter_all(s.conn)))
         vec = {s.name_of(o): e for o, e in s.vector().items() if e}
     assert first["ops_written"] == len(changelog)
     assert {o: hi for o, (lo, hi) in first["origins"].items()} == vec
-    assert sorted(tuple(op) for op in oplog.iter_log(f.path("hub") / "log")) == changelog
+    assert sorted(tuple(op) for op in parquet_log.iter_log(f.path("hub") / "log")) == changelog
 
     with f.open("hub") as s:
-        assert oplog.log_export(s)["ops_written"] == 0          # nothing new
+        assert parquet_log.log_export(s)["ops_written"] == 0          # nothing new
         with s.transaction() as tx:
             tx.put("parts", "new", 1)
             tx.delete("parts", "k1")
-        again = oplog.log_export(s)
+        again = parquet_log.log_export(s)
         top = s.vector()[s.site_id]
     assert again["ops_written"] == 2
     assert again["origins"] == {"hub": [top - 2, top]}
-    man = oplog.load_manifest(oplog.LogLocation(f.path("hub") / "log"))
+    man = parquet_log.load_manifest(parquet_log.LogLocation(f.path("hub") / "log"))
     segs = man.origins[bytes.fromhex(_hex(f, "hub"))].segments
     assert segs[-1].first == top - 1 and segs[-1].last == top
     assert (f.path("hub") / "log" / segs[-1].path).is_file()
@@ -172,22 +175,22 @@ def test_log_of_a_restored_site_is_rebuilt(tmp_path, base):
     with f.open("hub") as s:
         with s.transaction() as tx:
             tx.put("parts", "after-backup", 1)
-        oplog.log_export(s, tmp_path / "log")
+        parquet_log.log_export(s, tmp_path / "log")
     shutil.rmtree(f.path("hub"))
     shutil.copytree(backup, f.path("hub"))       # the site goes back in time
     with f.open("hub") as s:
-        res = oplog.log_export(s, tmp_path / "log")
+        res = parquet_log.log_export(s, tmp_path / "log")
         changelog = sorted(map(tuple, chain.iter_all(s.conn)))
     assert res["rebuilt"] == ["hub"]
-    assert sorted(tuple(op) for op in oplog.iter_log(tmp_path / "log")) == changelog
+    assert sorted(tuple(op) for op in parquet_log.iter_log(tmp_path / "log")) == changelog
 
 
 def test_log_refuses_another_sites_appends(tmp_path, base):
     f = _copy(base, tmp_path / "f")
     with f.open("hub") as s:
-        oplog.log_export(s, tmp_path / "log")
+        parquet_log.log_export(s, tmp_path / "log")
     with f.open("p1") as s, pytest.raises(ExportError, match="kept by site hub"):
-        oplog.log_export(s, tmp_path / "log")
+        parquet_log.log_export(s, tmp_path / "log")
 
 
 def test_the_log_gives_every_plans_blocks_across_segments_and_row_groups(tmp_path, base,
@@ -198,20 +201,20 @@ def test_the_log_gives_every_plans_blocks_across_segments_and_row_groups(tmp_pat
     monkeypatch.setattr(oplog, "SEGMENT_BYTES", 1000)     # a few blocks per segment
     f = _copy(base, tmp_path / "f")
     with f.open("hub") as s:
-        res = oplog.log_export(s)
-        loc = oplog.LogLocation(f.path("hub") / "log")
-        man = oplog.load_manifest(loc)
+        res = parquet_log.log_export(s)
+        loc = parquet_log.LogLocation(f.path("hub") / "log")
+        man = parquet_log.load_manifest(loc)
         hub_id = s.site_id
         hub = man.origins[hub_id]
         assert res["segments_written"] >= 3 and len(hub.segments) >= 3
-        assert sorted(tuple(op) for op in oplog.iter_log(loc.root)) == \
+        assert sorted(tuple(op) for op in parquet_log.iter_log(loc.root)) == \
             sorted(map(tuple, chain.iter_all(s.conn)))
         s.conn.execute("BEGIN")
         try:
             plans = sync.plan_exports(s, sync.select_peers(s, None, True), NOW)
             assert sum(len(p.blocks) for p in plans) >= 5
             for p in plans:
-                got = list(oplog.planned_blocks(loc, man, p.blocks, s.family_id))
+                got = list(parquet_log.planned_blocks(loc, man, p.blocks, s.family_id))
                 assert [(r.origin, r.lo, r.hi, r.hlc_first, r.hlc_last, r.last_seq, r.data)
                         for r in got] == \
                     [(b.origin, b.lo, b.hi, b.hlc_first, b.hlc_last, b.last_seq,
@@ -220,12 +223,12 @@ def test_the_log_gives_every_plans_blocks_across_segments_and_row_groups(tmp_pat
             s.conn.execute("ROLLBACK")
     # The log's own cover of a range that starts and ends inside blocks.
     lo, hi = hub.floor + 2, hub.top - 1
-    refs = list(oplog.iter_origin_blocks(loc, hub_id, hub, lo, hi))
+    refs = list(parquet_log.iter_origin_blocks(loc, hub_id, hub, lo, hi))
     assert refs[0].lo <= lo < refs[0].hi and refs[-1].hi >= hi
     assert all(a.hi == b.lo for a, b in zip(refs, refs[1:]))
     assert {r.origin for r in refs} == {hub_id}
     with pytest.raises(ExportError, match="holds epochs"):
-        list(oplog.iter_origin_blocks(loc, hub_id, hub, lo, hub.top + 1))
+        list(parquet_log.iter_origin_blocks(loc, hub_id, hub, lo, hub.top + 1))
 
 
 def test_an_old_version_log_is_refused_and_log_export_rewrites_it(tmp_path, base):
@@ -238,21 +241,21 @@ def test_an_old_version_log_is_refused_and_log_export_rewrites_it(tmp_path, base
         old_seg = f"origin_hex={ohex}/ep-{1:020d}-{3:020d}.parquet"
         (lake / f"origin_hex={ohex}").mkdir(parents=True)
         (lake / old_seg).write_bytes(b"PAR1 an op segment of version 1")
-        (lake / oplog.MANIFEST).write_text(json.dumps({
+        (lake / parquet_log.MANIFEST).write_text(json.dumps({
             "format": "syncpack-log", "version": 1, "family_id": s.family_id.hex(),
             "producer": {"site_id": ohex, "site": "hub"}, "updated_ms": 0,
             "origins": {ohex: {"name": "hub", "floor": 0, "top": 3, "top_hlc": 1, "top_seq": 0,
                                "segments": [{"path": old_seg, "first": 1, "last": 3,
                                              "rows": 3, "bytes": 31}]}}}))
         with pytest.raises(ExportError, match="format version 1") as e:
-            oplog.load_manifest(oplog.LogLocation(lake))
+            parquet_log.load_manifest(parquet_log.LogLocation(lake))
         assert "syncpack log export" in e.value.hint and "hub" in e.value.hint
-        res = oplog.log_export(s, lake)
+        res = parquet_log.log_export(s, lake)
         held = sorted(map(tuple, chain.iter_all(s.conn)))
     assert res["ops_written"] == len(held) and res["blocks_written"] > 0
     assert not (lake / old_seg).exists()
-    assert json.loads((lake / oplog.MANIFEST).read_text())["version"] == oplog.VERSION
-    assert sorted(tuple(op) for op in oplog.iter_log(lake)) == held
+    assert json.loads((lake / parquet_log.MANIFEST).read_text())["version"] == parquet_log.VERSION
+    assert sorted(tuple(op) for op in parquet_log.iter_log(lake)) == held
 
 
 # --- same packets from both engines ---------------------------------------------------------
@@ -292,7 +295,7 @@ def test_second_export_sends_only_the_new_ops(tmp_path, base, spark):
         local = sync.export(s, tmp_path / "out_local", to=["p2", "p4"], seed=SEED, now_ms=NOW)
     st: dict = {}
     with fs.open("hub") as s:
-        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", to=["p2", "p4"],
+        sparked = spark_job.export_spark(s, tmp_path / "out_spark", to=["p2", "p4"],
                                             seed=SEED, now_ms=NOW, stats=st)
     assert st["log"]["ops_written"] == 20               # the log caught up incrementally
     _assert_same_packets(local, sparked, tmp_path)
@@ -309,11 +312,11 @@ def test_sealed_packets_are_identical_too(tmp_path, base, spark):
 def test_a_log_from_elsewhere_gives_the_same_packets(tmp_path, base, spark):
     fl, fs = _copy(base, tmp_path / "L"), _copy(base, tmp_path / "S")
     with fs.open("hub") as s:
-        oplog.log_export(s, tmp_path / "lake")
+        parquet_log.log_export(s, tmp_path / "lake")
     with fl.open("hub") as s:
         local = sync.export(s, tmp_path / "out_local", to=["p1", "p3"], seed=SEED, now_ms=NOW)
     with fs.open("hub") as s:
-        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", to=["p1", "p3"],
+        sparked = spark_job.export_spark(s, tmp_path / "out_spark", to=["p1", "p3"],
                                             log_dir=tmp_path / "lake", seed=SEED, now_ms=NOW)
     _assert_same_packets(local, sparked, tmp_path)
     assert not (fs.path("hub") / "log").exists()        # the given log was used, read only
@@ -322,12 +325,12 @@ def test_a_log_from_elsewhere_gives_the_same_packets(tmp_path, base, spark):
 def test_a_stale_log_is_refused_and_nothing_is_recorded(tmp_path, base, spark):
     f = _copy(base, tmp_path / "f")
     with f.open("hub") as s:
-        oplog.log_export(s, tmp_path / "lake")
+        parquet_log.log_export(s, tmp_path / "lake")
         with s.transaction() as tx:
             tx.put("parts", "newer", 1)
         before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()
         with pytest.raises(ExportError, match="but p2 needs up to epoch") as e:
-            spark_engine.export_spark(s, tmp_path / "out", to=["p2"], log_dir=tmp_path / "lake")
+            spark_job.export_spark(s, tmp_path / "out", to=["p2"], log_dir=tmp_path / "lake")
         assert "syncpack log export" in e.value.hint
         assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone() == before
     assert not (tmp_path / "out").exists()
@@ -341,8 +344,8 @@ def test_a_damaged_block_in_the_log_fails_the_export(tmp_path, base, spark, stra
     f = _copy(base, tmp_path / "f")
     lake = tmp_path / "lake"
     with f.open("hub") as s:
-        oplog.log_export(s, lake)
-        ent = oplog.load_manifest(oplog.LogLocation(lake)).origins[s.site_id]
+        parquet_log.log_export(s, lake)
+        ent = parquet_log.load_manifest(parquet_log.LogLocation(lake)).origins[s.site_id]
         seg = lake / ent.segments[0].path
         t = pq.read_table(seg)
         data = t.column("data").to_pylist()
@@ -352,7 +355,7 @@ def test_a_damaged_block_in_the_log_fails_the_export(tmp_path, base, spark, stra
         pq.write_table(t, seg)
         before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()
         with pytest.raises(ExportError, match="body does not match its hash"):
-            spark_engine.export_spark(s, tmp_path / "out", to=["p2"], log_dir=lake,
+            spark_job.export_spark(s, tmp_path / "out", to=["p2"], log_dir=lake,
                                       strategy=strategy, staging=tmp_path / "staging")
         assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone() == before
     assert not list((tmp_path / "out").rglob("*.spk"))
@@ -364,7 +367,7 @@ def test_a_failure_while_the_driver_writes_leaves_no_packet(tmp_path, base, spar
     """The driver writes the packets after the job: failing after some peers' packets are on
     the medium, none stays, nothing is recorded, and the staged bodies go."""
     f = _copy(base, tmp_path / "f")
-    real = spark_engine.finish_planned_packets
+    real = spark_job.finish_planned_packets
     calls = []
 
     def finish_then_fail(*a, **kw):
@@ -373,11 +376,11 @@ def test_a_failure_while_the_driver_writes_leaves_no_packet(tmp_path, base, spar
             raise ExportError("the medium went away")
         return real(*a, **kw)
 
-    monkeypatch.setattr(spark_engine, "finish_planned_packets", finish_then_fail)
+    monkeypatch.setattr(spark_job, "finish_planned_packets", finish_then_fail)
     with f.open("hub") as s:
         before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()
         with pytest.raises(ExportError, match="the medium went away"):
-            spark_engine.export_spark(s, tmp_path / "out", all_peers=True, max_size=12000,
+            spark_job.export_spark(s, tmp_path / "out", all_peers=True, max_size=12000,
                                       staging=tmp_path / "staging")
         assert s.conn.execute("SELECT count(*) FROM packets_out").fetchone() == before
     assert len(calls) == 2
@@ -387,7 +390,7 @@ def test_a_failure_while_the_driver_writes_leaves_no_packet(tmp_path, base, spar
 
 def test_a_cluster_master_needs_a_staging_location():
     with pytest.raises(UsageError, match="needs --staging on a cluster") as e:
-        spark_engine._Staging(None, local_master=False)
+        spark_job._Staging(None, local_master=False)
     assert "docs/cluster.md" in e.value.hint
 
 
@@ -410,8 +413,8 @@ def scrubbed(tmp_path_factory) -> Path:
     with f.open("hub") as s:
         recovery.scrub(s)
         assert s.floors()[s.site_id] > 1
-        admin.chepoch(s, "p2", ["hub=1"])
-        oplog.log_export(s, root / "lake-after-scrub")
+        inspection.chepoch(s, "p2", ["hub=1"])
+        parquet_log.log_export(s, root / "lake-after-scrub")
     return root
 
 
@@ -420,7 +423,7 @@ def test_peer_below_the_floor_gets_the_local_engines_error(tmp_path, scrubbed, s
     with f.open("hub") as s, pytest.raises(ScrubbedError) as local_err:
         sync.export(s, tmp_path / "out_local", to=["p2"])
     with f.open("hub") as s, pytest.raises(ScrubbedError) as spark_err:
-        spark_engine.export_spark(s, tmp_path / "out_spark", to=["p2"])
+        spark_job.export_spark(s, tmp_path / "out_spark", to=["p2"])
     assert str(spark_err.value) == str(local_err.value)
     assert spark_err.value.hint == local_err.value.hint
     assert "of hub, but this site's changelog starts at epoch" in str(spark_err.value)
@@ -431,9 +434,9 @@ def test_peer_below_a_given_logs_floor_gets_a_scrubbed_error(tmp_path, scrubbed,
     f = _copy(scrubbed, tmp_path / "f")
     with f.open("hub-unscrubbed") as s:
         # The site itself still holds the ops (it was not scrubbed) but the log does not.
-        admin.chepoch(s, "p2", ["hub=1"])
+        inspection.chepoch(s, "p2", ["hub=1"])
         with pytest.raises(ScrubbedError, match="of hub, but the log at .* starts at") as e:
-            spark_engine.export_spark(s, tmp_path / "out", to=["p2"],
+            spark_job.export_spark(s, tmp_path / "out", to=["p2"],
                                       log_dir=f.root / "lake-after-scrub")
         assert "resync --to p2" in e.value.hint
 
@@ -464,11 +467,11 @@ def test_missing_java_or_pyspark_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(SparkUnavailableError, match="needs Java") as e:
-        spark_engine._check_java()
+        spark_job._check_java()
     assert "--engine local" in e.value.hint
     monkeypatch.setitem(__import__("sys").modules, "pyspark", None)
     with pytest.raises(SparkUnavailableError, match="needs pyspark") as e:
-        spark_engine._import_pyspark()
+        spark_job._import_pyspark()
     assert "pip install" in e.value.hint
 
 
@@ -476,7 +479,7 @@ def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(tmp_path, base
     """As with the local engine: a roster entry that cannot be a directory (an old store) is
     one failed peer; the others get the same packets as the local engine writes, in --out."""
     import os
-    from syncpack import codec
+    from syncpack.format import codec
     from syncpack.site import ROSTER, Member
     for d in ("L", "S"):
         shutil.copytree(base, tmp_path / "base" / d)
@@ -495,7 +498,7 @@ def test_export_all_with_a_bad_roster_entry_writes_the_good_peers(tmp_path, base
         local = sync.export(s, tmp_path / "out_local", all_peers=True, seed=SEED, now_ms=NOW,
                             failed=failed_local)
     with fs.open("hub") as s:
-        sparked = spark_engine.export_spark(s, tmp_path / "out_spark", all_peers=True,
+        sparked = spark_job.export_spark(s, tmp_path / "out_spark", all_peers=True,
                                             seed=SEED, now_ms=NOW, failed=failed_spark)
     _assert_same_packets(local, sparked, tmp_path)
     assert sorted({p.to for p in sparked}) == PEERS
@@ -517,7 +520,7 @@ def test_no_executor_receives_key_material(tmp_path, base, spark, strategy, monk
     from cryptography.hazmat.primitives import serialization
     from pyspark import SparkContext, cloudpickle
 
-    from syncpack import keys
+    from syncpack.format import keys
 
     f = _copy(base, tmp_path / "f")
     raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw, \
@@ -533,16 +536,16 @@ def test_no_executor_receives_key_material(tmp_path, base, spark, strategy, monk
 
     monkeypatch.setattr(SparkContext, "broadcast", broadcast)
     for name in ("_merge_task", "_arrow_task"):
-        real = getattr(spark_engine, name)
+        real = getattr(spark_job, name)
 
         def closure(bc, ctx, acc, real=real):
             fn = real(bc, ctx, acc)
             shipped.append(cloudpickle.dumps(fn))
             return fn
 
-        monkeypatch.setattr(spark_engine, name, closure)
+        monkeypatch.setattr(spark_job, name, closure)
     with f.open("hub") as s:
-        pk = spark_engine.export_spark(s, tmp_path / "out", all_peers=True, max_size=12000,
+        pk = spark_job.export_spark(s, tmp_path / "out", all_peers=True, max_size=12000,
                                        encrypt=True, strategy=strategy)
     assert pk and len(shipped) >= 2
     for blob in shipped:

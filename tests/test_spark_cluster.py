@@ -28,12 +28,12 @@ import pytest
 
 from conftest import Family, run
 
-from syncpack import sync
+from syncpack.exchange import sync
 
 pytestmark = pytest.mark.spark
 pyspark = pytest.importorskip("pyspark")
 
-from syncpack import spark_engine  # noqa: E402
+from syncpack.engine import spark_job  # noqa: E402
 
 SEED = b"cluster comparison"
 NOW = int(time.time() * 1000)
@@ -134,7 +134,7 @@ def cluster(tmp_path_factory):
     why = _why_not()
     if why:
         pytest.skip(why)
-    if spark_engine._import_pyspark()[0]._active_spark_context is not None:
+    if spark_job._import_pyspark()[0]._active_spark_context is not None:
         pytest.skip("another Spark session is active in this process")
     # The driver (this process) on loopback too, where the master and the worker listen.
     saved = os.environ.get("SPARK_LOCAL_IP")
@@ -245,7 +245,7 @@ def test_sealed_packets_from_a_cluster_are_the_local_engines_bytes(cluster, tmp_
     out = cluster.hidden / "out_spark"
     stats: dict = {}
     with fs.open("hub") as s:
-        sparked = spark_engine.export_spark(
+        sparked = spark_job.export_spark(
             s, out, to=["p1", "p2"], seed=SEED, now_ms=NOW, max_size=12000, encrypt=True,
             master=cluster.url, log_dir=lake, staging=cluster.shared / "staging-sealed",
             stats=stats)

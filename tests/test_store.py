@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from conftest import run
-from syncpack import codec
-from syncpack.csn import pack_csn
+from syncpack.format import codec
+from syncpack.format.csn import pack_csn
 from syncpack.errors import SiteError, UsageError
 from syncpack.site import Site
-from syncpack.store import DB_NAME, SCHEMA_VERSION
+from syncpack.store.db import DB_NAME, SCHEMA_VERSION
 
 
 class Boom(Exception):

@@ -23,8 +23,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import run
 
-from syncpack import apply, blocks, chain, codec, keys, verify
-from syncpack.codec import Op
+from syncpack.exchange import apply, verify
+from syncpack.format import blocks, codec, keys
+from syncpack.store import chain
+from syncpack.format.codec import Op
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketFamilyError,
                              PacketFormatError, PacketSenderError, PacketSignatureError)
 from syncpack.site import Site

@@ -217,7 +217,7 @@ def test_ctrl_c_during_an_import_rolls_back_the_packet_being_applied(world, tmp_
 
 
 def test_scrub_resync_and_log_export_show_bars(world, tmp_path):
-    from syncpack import sync
+    from syncpack.exchange import sync
     from syncpack.site import Site
     boston = copy_site(world, "boston", tmp_path)
     sanfran = copy_site(world, "sanfran", tmp_path)

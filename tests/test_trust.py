@@ -17,7 +17,8 @@ from conftest import run
 from test_recovery import (assert_converged, assert_no_epoch_reuse, raw_vector, site_id, status,
                            three_sites as three)
 from test_tamper import rebuild, sign_key, state, write
-from syncpack import blocks, chain, codec
+from syncpack.format import blocks, codec
+from syncpack.store import chain
 from syncpack.site import ROSTER, Member, Site
 
 YEAR_MS = 365 * 24 * 3600 * 1000

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import Family, run
-from syncpack import codec, keys, names
+from syncpack.format import codec, keys, names
 from syncpack.errors import UsageError
 from syncpack.site import ROSTER, Member, Site
 
@@ -665,7 +665,7 @@ def test_human_listings_escape_names_and_keys(abc):
 def test_mkreplica_export_onto_a_medium_that_fills_midway(family, tmp_path, monkeypatch):
     """The medium fills while the second part of the snapshot is written: every part goes,
     the member is not added, and a retry on a roomier medium succeeds."""
-    from syncpack import packets
+    from syncpack.exchange import packets
     a = family.init("a")
     with family.open("a") as s, s.transaction() as tx:
         for i in range(2000):

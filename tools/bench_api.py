@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from syncpack.site import Site
-from syncpack.store import DB_NAME
+from syncpack.store.db import DB_NAME
 
 
 def dir_size(p: Path) -> int:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         Site.init_family(path, "bench", "bench").close()
         values = [make_value(i, a.value_size) for i in range(min(a.batch, a.ops))]
-        from syncpack import codec
+        from syncpack.format import codec
         value_bytes = len(codec.encode_value(values[0]))
         with Site.open(path) as s:
             done = 0

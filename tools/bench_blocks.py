@@ -49,9 +49,10 @@ import zstandard  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
-from syncpack import blocks, codec  # noqa: E402
-from syncpack.codec import Op  # noqa: E402
-from syncpack.csn import next_hlc  # noqa: E402
+from syncpack.format import codec  # noqa: E402
+from syncpack.format import blocks
+from syncpack.format.codec import Op  # noqa: E402
+from syncpack.format.csn import next_hlc  # noqa: E402
 
 ORIGIN = b"BENCH-OR"
 PEER = b"BENCH-PR"

@@ -10,7 +10,7 @@ the clock starts.  Per op, as ``apply.apply_packet`` writes a plain put (no repl
 * one ``changelog`` row ``(origin, epoch, hlc, seq, collection, key, value, replaced)`` by
   ``executemany`` (``Site.record_ops``), the flush order of ``apply_packet``;
 
-into a store made from ``store.MIGRATIONS`` (the real schema and indexes) with the store's
+into a store made from ``db.MIGRATIONS`` (the real schema and indexes) with the store's
 settings: page_size 16384, WAL, synchronous=FULL, cache_size -16384.  The workload is
 ``tools/bench``'s: ``--ops`` puts (1,000,000) in transactions of ``--txn-ops`` (10,000), values of
 100 characters (50 random 7-bit, 50 repeated) msgpack-encoded, keys ``k000000000``... in one
@@ -40,8 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from syncpack import codec, store  # noqa: E402
-from syncpack.csn import pack_csn  # noqa: E402
+from syncpack.store import db  # noqa: E402
+from syncpack.format import codec
+from syncpack.format.csn import pack_csn  # noqa: E402
 
 RANDOM_BYTES = 50
 REPEAT = ("syncpack-bench;" * 4)[:50]        # as tools/bench
@@ -78,7 +79,7 @@ def open_sqlite3(path: Path):
     conn.execute("PRAGMA page_size=16384")     # before the first table and before WAL
     for p in PRAGMAS:
         conn.execute(p)
-    for script in store.MIGRATIONS:     # the real schema, every migration step
+    for script in db.MIGRATIONS:     # the real schema, every migration step
         conn.executescript(script)
     return conn
 
@@ -89,14 +90,14 @@ def open_apsw(path: Path):
     conn.execute("PRAGMA page_size=16384")
     for p in PRAGMAS:
         conn.execute(p)
-    for script in store.MIGRATIONS:
+    for script in db.MIGRATIONS:
         conn.execute(script)            # apsw runs every statement of a script
     return conn
 
 
 def insert_import_rows(conn, versions: list[tuple], changelog: list[tuple], txn_ops: int) -> None:
     """apply_packet's inserts: per transaction, flushes of up to APPLY_BATCH ops, each the
-    versions rows then the changelog rows; explicit BEGIN IMMEDIATE/COMMIT as store.write_txn."""
+    versions rows then the changelog rows; explicit BEGIN IMMEDIATE/COMMIT as db.write_txn."""
     n = len(versions)
     step = txn_ops or n
     for t0 in range(0, n, step):

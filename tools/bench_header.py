@@ -33,9 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 
-from syncpack import blocks, chain, codec, keys, sync  # noqa: E402
-from syncpack.codec import Op  # noqa: E402
-from syncpack.matrix import raise_matrix, store_acknowledgements  # noqa: E402
+from syncpack.exchange import sync  # noqa: E402
+from syncpack.format import blocks, codec, keys
+from syncpack.store import chain
+from syncpack.format.codec import Op  # noqa: E402
+from syncpack.store.matrix import raise_matrix, store_acknowledgements  # noqa: E402
 from syncpack.site import ROSTER, Member, Site  # noqa: E402
 
 

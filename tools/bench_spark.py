@@ -41,7 +41,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from syncpack import replica, sync  # noqa: E402
+from syncpack.exchange import sync  # noqa: E402
+from syncpack.exchange import replica
 from syncpack.site import Site  # noqa: E402
 
 SEED = b"bench_spark"
@@ -178,7 +179,7 @@ def child_spark(site_dir: Path, out: Path, max_size: int, master: str, strategy:
                 driver_memory: str | None, staging: Path | None = None) -> dict:
     """One cold ``export --engine spark``: starts Spark (while the log catches up), runs the
     job, records, stops Spark."""
-    from syncpack import spark_engine
+    from syncpack.engine import spark_job
 
     if driver_memory:
         os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-memory {driver_memory} pyspark-shell"
@@ -186,7 +187,7 @@ def child_spark(site_dir: Path, out: Path, max_size: int, master: str, strategy:
     stats: dict = {}
     t0 = time.perf_counter()
     with Site.open(site_dir) as s:
-        pk = spark_engine.export_spark(s, out, all_peers=True, max_size=max_size,
+        pk = spark_job.export_spark(s, out, all_peers=True, max_size=max_size,
                                        master=master, seed=SEED, now_ms=NOW,
                                        strategy=strategy, stats=stats, staging=staging)
     wall = time.perf_counter() - t0
@@ -305,7 +306,7 @@ def main() -> None:
     ap.add_argument("--now", type=int, default=NOW, help=argparse.SUPPRESS)
     a = ap.parse_args()
     NOW = a.now
-    from syncpack.packets import parse_size
+    from syncpack.exchange.packets import parse_size
     max_size = parse_size(a.max_size)
 
     if a.child == "local":
@@ -344,14 +345,14 @@ def main() -> None:
         site = runs / label / "hub"
         shutil.copytree(hub, site)
         if logged:  # the log is kept current (e.g. 'syncpack log export' from cron)
-            from syncpack import oplog
+            from syncpack.engine import parquet_log
             t0 = time.perf_counter()
             with Site.open(site) as s:
                 # Sealed as the export would seal them: log_export alone seals at its own
                 # (larger) bound, and other blocks would make other packets than the local run.
                 with s.lock(), s.write_txn():
                     s.seal_pending(max_block=max_size // 2)
-                oplog.log_export(s)
+                parquet_log.log_export(s)
             log_build = round(time.perf_counter() - t0, 2)
         out = runs / label / "out"
         print(f"running {label} ...", file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ a child process (the venv's ``syncpack`` script, or a small Python write loop us
 sleeps a random time chosen inside the command's measured run time, and kills it with SIGKILL.
 Then it checks, for that trial:
 
-* the store opens and ``fsck`` finds nothing wrong (in-process, ``syncpack.admin.fsck``);
+* the store opens and ``fsck`` finds nothing wrong (in-process, ``syncpack.admin.inspection.fsck``);
 * no packet file is half-written under its final name: every ``*.spk`` on the output medium
   parses with ``syncpack lspacket``, its signature is valid, its body matches its hash and holds
   exactly the ops its header declares; the only other files are hidden temporaries ``.*.tmp``;
@@ -109,7 +109,7 @@ def _open(path: Path, joined: bool = True):
 
 def state_of(path: Path) -> dict:
     """Digest, vector (named, zeros dropped), changelog size, floors, parked, packets in."""
-    from syncpack import chain
+    from syncpack.store import chain
     with _open(path) as s:
         d, n = s.digest()
         c = s.conn
@@ -125,16 +125,16 @@ def state_of(path: Path) -> dict:
 
 
 def fsck_problems(path: Path) -> list[str]:
-    from syncpack import admin
+    from syncpack.admin import inspection
     with _open(path) as s:
-        doc = admin.fsck(s)
+        doc = inspection.fsck(s)
     return [] if doc["ok"] else doc["problems"]
 
 
 def sent_to(path: Path, peer: str) -> dict:
-    from syncpack import admin
+    from syncpack.admin import inspection
     with _open(path) as s:
-        return admin.lsepoch(s)["peers"].get(peer, {}).get("sent", {})
+        return inspection.lsepoch(s)["peers"].get(peer, {}).get("sent", {})
 
 
 def records(path: Path, collection: str) -> dict:
@@ -278,8 +278,8 @@ def _one_txn_size(a: Path, work: Path) -> int:
     own.  Each load is one block and packets are cut between blocks: start just above the
     largest block plus the packet's own framing and header, and check by exporting from
     copies of ``a``."""
-    from syncpack import blocks, codec
-    from syncpack.verify import open_packet
+    from syncpack.format import blocks, codec
+    from syncpack.exchange.verify import open_packet
     probe = work / "probe"
     copy(a, work / "probe_site")
     sp("export", "--to", "b", "--create-out", "--out", probe, site=work / "probe_site")
@@ -380,8 +380,8 @@ def landed(w: World, cmd: str, tr: Trial) -> str:
 
 def check_medium(w: World, tr: Trial) -> list[str]:
     """No half-written packet under a packet's name; temporaries are hidden .*.tmp files."""
-    from syncpack import blocks, codec
-    from syncpack.verify import open_packet
+    from syncpack.format import blocks, codec
+    from syncpack.exchange.verify import open_packet
     problems = []
     if not tr.out.exists():
         return problems
@@ -427,7 +427,7 @@ def check_medium(w: World, tr: Trial) -> list[str]:
 
 def check_write_whole(w: World, site: Path) -> list[str]:
     """Every committed transaction of the write loop is whole, the changelog contiguous."""
-    from syncpack import chain
+    from syncpack.store import chain
     problems = []
     with _open(site) as s:
         c = s.get("w", "counter", None)

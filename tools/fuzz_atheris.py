@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))   # the syncpack of this tree, not whichever is in
 def load() -> None:
     """Import the reader; under atheris inside ``instrument_imports`` so it is instrumented."""
     global blocks, codec, PacketError
-    from syncpack import blocks, codec
+    from syncpack.format import blocks, codec
     from syncpack.errors import PacketError
 
 

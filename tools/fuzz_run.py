@@ -3,7 +3,7 @@
 
 Builds the small family of ``tests/test_fuzz.py`` (sites a, b and r; an a->b update packet
 that applies, carrying blocks of a and of r, one that parks for a gap, a resync snapshot for
-b), then runs N mutated packets through ``syncpack.sync.import_packets`` at a scratch copy of b
+b), then runs N mutated packets through ``syncpack.exchange.sync.import_packets`` at a scratch copy of b
 (``test_fuzz.judge``), and counts:
 
 * **tracebacks**: any exception other than a ``PacketError`` (the CLI would print "internal
@@ -54,7 +54,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # this tree's syncpack, whatev
 
 import test_fuzz as tf  # noqa: E402  (the harness helpers and the world)
 
-from syncpack import codec  # noqa: E402
+from syncpack.format import codec  # noqa: E402
 
 INTERESTING = [0, 1, 2, 0x7F, 0x80, 0xFF, 0xC0, 0xC1, 0xC2, 0xC3, 0xC4, 0xC6, 0xCF, 0xD3,
                0xDC, 0xDD, 0xDE, 0xDF, 0x90, 0x9F, 0x80, 0x8F, 0xA0, 0xBF]

@@ -33,9 +33,9 @@ if str(ROOT) not in sys.path:
 import msgpack  # noqa: E402
 import zstandard  # noqa: E402
 
-from syncpack import blocks  # noqa: E402
-from syncpack.codec import Op  # noqa: E402
-from syncpack.csn import pack_csn  # noqa: E402
+from syncpack.format import blocks  # noqa: E402
+from syncpack.format.codec import Op  # noqa: E402
+from syncpack.format.csn import pack_csn  # noqa: E402
 
 
 def _packet_generator():

@@ -48,9 +48,10 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey  # noqa: E402
 
-from syncpack import blocks, codec, packets  # noqa: E402
-from syncpack.codec import Header, Op, Record  # noqa: E402
-from syncpack.csn import hlc_from_ms, pack_csn  # noqa: E402
+from syncpack.exchange import packets  # noqa: E402
+from syncpack.format import blocks, codec
+from syncpack.format.codec import Header, Op, Record  # noqa: E402
+from syncpack.format.csn import hlc_from_ms, pack_csn  # noqa: E402
 from syncpack.site import FAMILY, FAMILY_KEY, ROSTER, Member  # noqa: E402
 
 VECTOR_DIR = ROOT / "formats" / "vectors"
@@ -383,7 +384,7 @@ def _seal_json(path: Path, header: Header, recipient: str) -> dict:
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-    from syncpack import seal
+    from syncpack.format import seal
     k = X25519PrivateKey.from_private_bytes(X25519_SEEDS[recipient])
     pub = x25519_public(recipient)
     shared = k.exchange(X25519PublicKey.from_public_bytes(header.seal_epk))

@@ -13,15 +13,15 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from . import codec, keys
-from .apply import apply_snapshot
-from .codec import Header
-from .errors import PacketError, PacketFormatError, SiteError, UsageError
-from .matrix import ensure_link, link, raise_matrix, vec_blob
-from .packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
-from .site import ROSTER, Member, Site, Transaction, wall_ms
-from .verify import find_packet_files, open_packet, printable, verify
-from .progress import expect
+from syncpack.format import codec, keys
+from syncpack.exchange.apply import apply_snapshot
+from syncpack.format.codec import Header
+from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
+from syncpack.store.matrix import ensure_link, link, raise_matrix, vec_blob
+from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
+from syncpack.site import ROSTER, Member, Site, Transaction, wall_ms
+from syncpack.exchange.verify import find_packet_files, open_packet, printable, verify
+from syncpack.progress import expect
 
 SnapshotPart = PartInfo
 

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from . import blocks, chain, codec, keys
-from .codec import Envelope, Header
-from .csn import hlc_from_ms
-from .errors import (ClockSkewError, PacketBodyError, PacketFamilyError, PacketFormatError,
+from syncpack.format import blocks, codec, keys
+from syncpack.store import chain
+from syncpack.format.codec import Envelope, Header
+from syncpack.format.csn import hlc_from_ms
+from syncpack.errors import (ClockSkewError, PacketBodyError, PacketFamilyError, PacketFormatError,
                      PacketPolicyError, PacketRecipientError, PacketSenderError,
                      PacketSignatureError)
-from .names import check_site_name
-from .site import Site, wall_ms
+from syncpack.format.names import check_site_name
+from syncpack.site import Site, wall_ms
 
 DEFAULT_SKEW_MS = 24 * 3600 * 1000
 

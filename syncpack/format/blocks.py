@@ -14,7 +14,7 @@ Reading is for untrusted input: every size is bounded before anything is allocat
 decompressor's output is bounded by the signed ``raw_len``, and every failure is a
 :class:`syncpack.errors.PacketError` subclass whose message names the origin when the header
 could be read.  Update packets carry blocks (``formats/PACKET.md``) and the store keeps them
-(:mod:`syncpack.chain`).
+(:mod:`syncpack.store.chain`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 import msgpack
 import zstandard
 
-from .codec import MAX_VALUE_BYTES, ZSTD_MAX_WINDOW, Op
-from .csn import CSN_LEN, SITE_ID_LEN
-from .errors import (EpochCollisionError, PacketBodyError, PacketLimitError,
+from syncpack.format.codec import MAX_VALUE_BYTES, ZSTD_MAX_WINDOW, Op
+from syncpack.format.csn import CSN_LEN, SITE_ID_LEN
+from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketLimitError,
                      PacketSignatureError, PacketVersionError)
 
 # --- constants (formats/BLOCKS.md section 3) ---------------------------------------------------
@@ -451,7 +451,7 @@ class BlockColumns(NamedTuple):
             return list(zip(self.collections, self.keys, self.csns(), self.values))
 
     def ops(self) -> Iterator[Op]:
-        """The same ops as :class:`syncpack.codec.Op`, in epoch (= CSN) order."""
+        """The same ops as :class:`syncpack.format.codec.Op`, in epoch (= CSN) order."""
         hlcs = chain.from_iterable(map(repeat, self.txn_hlcs, self.txn_lens))
         seqs = chain.from_iterable(map(range, self.txn_lens))
         # tuple.__new__ over zipped columns builds each Op in C; Op(...) would run the
@@ -617,7 +617,7 @@ def split_blocks(chunks: Iterable[bytes]) -> Iterator[bytes]:
 def packet_ops(f, env, unsealer=None) -> Iterator[Op]:
     """Every op of an update packet's body, block after block, for inspection (lspacket,
     tools, tests).  Checks each block's header, body hash and columns, but not signatures or
-    chains: the importer's path is :func:`syncpack.verify.verify_block`."""
-    from .codec import body_chunks
+    chains: the importer's path is :func:`syncpack.exchange.verify.verify_block`."""
+    from syncpack.format.codec import body_chunks
     for raw in split_blocks(body_chunks(f, env, unsealer)):
         yield from decode_ops(raw)

@@ -1,10 +1,10 @@
 """The one apply path: verified update packets, and snapshots (replica creation and hard resync).
 
-Everything here runs on packets :func:`syncpack.verify.verify` has passed, each inside one write
+Everything here runs on packets :func:`syncpack.exchange.verify.verify` has passed, each inside one write
 transaction: a packet is applied whole or not at all.  What a packet claims about other sites is
 believed only as far as it proves: ops must come from members and may not rewrite a member's
 roster entry; acknowledgements count only with their own member's signature (checked by the
-verifier); claims about our own history go through :func:`syncpack.recovery.note_report`.
+verifier); claims about our own history go through :func:`syncpack.admin.recovery.note_report`.
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from . import blocks, chain, codec, keys, planning, recovery, store
-from .codec import Header, Op
-from .csn import pack_csn
-from .errors import EpochCollisionError, PacketBodyError, PacketSenderError
-from .matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
+from syncpack.admin import recovery
+from syncpack.format import blocks, codec, keys
+from syncpack.rules import planning
+from syncpack.store import chain, db
+from syncpack.format.codec import Header, Op
+from syncpack.format.csn import pack_csn
+from syncpack.errors import EpochCollisionError, PacketBodyError, PacketSenderError
+from syncpack.store.matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
-from .packets import PACKET_SUFFIX, fsync_dir
-from .progress import expect
-from .names import check_site_name
-from .conflict import POLICIES
-from .site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member, Site, wall_ms
-from .verify import OpenPacket, packet_blocks, resolved_acks, verify_block
+from syncpack.exchange.packets import PACKET_SUFFIX, fsync_dir
+from syncpack.progress import expect
+from syncpack.format.names import check_site_name
+from syncpack.rules.conflict import POLICIES
+from syncpack.site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member, Site, wall_ms
+from syncpack.exchange.verify import OpenPacket, packet_blocks, resolved_acks, verify_block
 
 APPLY_BATCH = 20_000
 
@@ -299,7 +302,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
     Each block is checked against its origin's key and our chain as it is reached (after the
     blocks before it applied, so a member added earlier in the packet is known), must continue
     its origin's range in the header, and the blocks must come in travelling order
-    (:func:`syncpack.packets.order_blocks`); blocks whose clocks overlap are merged into CSN
+    (:func:`syncpack.exchange.packets.order_blocks`); blocks whose clocks overlap are merged into CSN
     order.  Any failure rolls the whole packet back."""
     h = pk.header
     now = wall_ms()
@@ -384,7 +387,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
             if parked_file is not None:
                 conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?",
                              (h.sender, h.packet_id))
-    except store.IntegrityError:
+    except db.IntegrityError:
         raise PacketBodyError("packet carries an op this site already holds under another "
                               "epoch; nothing was applied") from None
     if ap.system:
@@ -543,7 +546,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
         if seeding:
             site.joined, site.family_id = False, None
         site.invalidate()
-        if isinstance(e, store.IntegrityError):
+        if isinstance(e, db.IntegrityError):
             raise PacketBodyError("snapshot holds the same version twice; nothing was "
                                   "changed") from None
         raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import InvalidValueError
+from syncpack.errors import InvalidValueError
 
 # Deeper than any real document; also what stops a list that contains itself.
 MAX_DEPTH = 500

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import codec
-from .conflict import POLICIES, Version, pick
-from .csn import format_csn
-from .errors import UsageError
-from .site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, group_versions
+from syncpack.format import codec
+from syncpack.rules.conflict import POLICIES, Version, pick
+from syncpack.format.csn import format_csn
+from syncpack.errors import UsageError
+from syncpack.site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, group_versions
 
 
 def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:

@@ -7,13 +7,15 @@ member's summary of others.
 
 from __future__ import annotations
 
-from . import chain, codec, planning
-from .csn import CSN_LEN, next_hlc, pack_csn
-from .errors import UsageError
-from .matrix import ack_floor
-from .progress import expect
-from .site import ROSTER, Site, wall_ms
-from .verify import resolved_acks
+from syncpack.format import codec
+from syncpack.rules import planning
+from syncpack.store import chain
+from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
+from syncpack.errors import UsageError
+from syncpack.store.matrix import ack_floor
+from syncpack.progress import expect
+from syncpack.site import ROSTER, Site, wall_ms
+from syncpack.exchange.verify import resolved_acks
 
 NORMAL, RECOVERING = "normal", "recovering"
 SCRUB_STEP = 50_000

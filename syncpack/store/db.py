@@ -20,7 +20,7 @@ from typing import Iterator
 
 import apsw
 
-from .errors import SiteError
+from syncpack.errors import SiteError
 
 Connection = apsw.Connection
 # Every failure the driver reports (corrupt or foreign file, I/O, busy, misuse): the stdlib's

@@ -1,7 +1,7 @@
 """A site's status as Prometheus metrics: the text exposition format, version 0.0.4.
 
 Pure functions, no I/O: :func:`render` takes the document ``syncpack --json status`` prints
-(:func:`syncpack.admin.status`) and, for a batch round, a :class:`BatchRound`, and returns the
+(:func:`syncpack.admin.inspection.status`) and, for a batch round, a :class:`BatchRound`, and returns the
 text that ``syncpack status --format prometheus`` prints and that the batch key ``metrics``
 writes for node_exporter's textfile collector.
 

@@ -1,28 +1,28 @@
 """Building update packets with PySpark, from the Parquet log (docs/design.md §9, formats/LOG.md).
 
-:func:`export_spark` gives the same packets, byte for byte, as :func:`syncpack.sync.export` for
+:func:`export_spark` gives the same packets, byte for byte, as :func:`syncpack.exchange.sync.export` for
 the same site state and parameters, and records them in the store the same way:
 
 1. Under the site lock: our own unsealed ops are sealed into blocks by the local engine's rule
    (each block at most half of ``max_size``, in a write transaction of its own).  Then inside
    one read snapshot of the store: bring the site's own log up to date (unless ``log_dir``
-   names another log), plan every peer's blocks with :func:`syncpack.sync.plan_exports` (so a
+   names another log), plan every peer's blocks with :func:`syncpack.exchange.sync.plan_exports` (so a
    peer below the floor gets the same :class:`ScrubbedError`, and the blocks and their order
    are the local engine's), and check that the log holds every planned range.
    Every peer's packets are cut here, from the planned blocks' sizes, by the local engine's
-   rule (:func:`syncpack.packets.plan_packets`), so part boundaries are known before the job.
+   rule (:func:`syncpack.exchange.packets.plan_packets`), so part boundaries are known before the job.
 2. A Spark job makes the packets' bodies inside the executors: the per-peer plans (block
    lists and sizes, each part's blocks and packet id, the peer's public sealing key) are
    broadcast, each task fetches its peer's planned blocks from the log, checks each against
    the plan (same origin, epochs, clocks and block hash, body intact:
-   :func:`syncpack.oplog.checked_block`), and writes each part's body (the blocks
+   :func:`syncpack.engine.parquet_log.checked_block`), and writes each part's body (the blocks
    concatenated, sealed to the peer when packets are sealed) into this run's directory of the
    staging location, returning only each body's length, hash and sealing key.  Blocks are
    copied, never decoded or re-encoded: only an origin can sign its blocks.
-3. The driver writes every packet file (:func:`syncpack.packets.finish_planned_packets`):
+3. The driver writes every packet file (:func:`syncpack.exchange.packets.finish_planned_packets`):
    prefix, the staged body copied in bounded pieces and hashed again, then the header built
    and signed here, under a temporary name, fsynced and renamed; then it removes the staged
-   bodies and records the exports with :func:`syncpack.sync.record_exports`.  A failure
+   bodies and records the exports with :func:`syncpack.exchange.sync.record_exports`.  A failure
    anywhere leaves no packet of this run and records nothing.
 
 The private keys never leave the driver, by construction: nothing broadcast or captured in a
@@ -40,7 +40,7 @@ Two strategies move the blocks to the tasks, both over Arrow, never pickled rows
     Each task reads its peer's blocks straight from the segment files with pyarrow (only the
     segments and row groups that hold them, pruned by the manifest and the ``lo``/``hi``
     statistics), one reader per origin side by side, taking them in the plan's order (the
-    order of :func:`syncpack.packets.order_blocks`); no sort and no shuffle.  Works for logs
+    order of :func:`syncpack.exchange.packets.order_blocks`); no sort and no shuffle.  Works for logs
     on any filesystem pyarrow opens.
 ``shuffle``
     Spark SQL does the data movement: the needed segments are read as a DataFrame, joined with
@@ -78,15 +78,17 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from . import chain, errors, oplog
-from .codec import RawBodyWriter
-from .errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
-from .packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MadeBody, PartInfo, \
+from syncpack import errors
+from syncpack.engine import parquet_log
+from syncpack.store import chain
+from syncpack.format.codec import RawBodyWriter
+from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
+from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MadeBody, PartInfo, \
     atomic_opener, build_update_packets, finish_planned_packets, packet_dir, packet_name, \
     plan_packets, sealer_for
-from .progress import expect
-from .site import Site, wall_ms
-from .sync import ExportedPacket, PeerPlan, plan_exports, record_exports, select_peers
+from syncpack.progress import expect
+from syncpack.site import Site, wall_ms
+from syncpack.exchange.sync import ExportedPacket, PeerPlan, plan_exports, record_exports, select_peers
 
 STRATEGIES = ("merge", "shuffle")
 DEFAULT_MASTER = "local[*]"
@@ -198,8 +200,8 @@ def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = No
         "spark.python.worker.reuse": "true",
         "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
         # A row is a whole block (up to hundreds of megabytes): few rows per batch.
-        "spark.sql.execution.arrow.maxRecordsPerBatch": str(oplog.READ_BATCH),
-        "spark.sql.parquet.columnarReaderBatchSize": str(4 * oplog.READ_BATCH),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(parquet_log.READ_BATCH),
+        "spark.sql.parquet.columnarReaderBatchSize": str(4 * parquet_log.READ_BATCH),
         "spark.sql.adaptive.enabled": "false",   # keep one partition per peer
     }
     if local:
@@ -238,7 +240,7 @@ def _ship_package(sc, workdir: Path) -> None:
 # Nothing here holds key material, by construction: a job is the plan's public metadata
 # (block positions, sizes, packet ids, the recipient's public sealing key), the context names
 # locations.  Headers are built and signed at the driver
-# (:func:`syncpack.packets.finish_planned_packets`, called by :func:`export_spark`).
+# (:func:`syncpack.exchange.packets.finish_planned_packets`, called by :func:`export_spark`).
 
 @dataclass
 class _Job:
@@ -248,7 +250,7 @@ class _Job:
     ranges: dict[bytes, tuple[int, int]]
     blocks: list[chain.StoredBlock]             # the plan's blocks, in the order they travel
     sizes: list[int]                            # their lengths in bytes, as the store has them
-    segments: dict[bytes, oplog.OriginLog]      # the manifest entries of its origins
+    segments: dict[bytes, parquet_log.OriginLog]      # the manifest entries of its origins
     ops: int
     budget: int                                 # a body's raw budget (PacketPlan.budget)
     parts: list[tuple[int, bytes, int, int]]    # (part, packet id, first block, end block)
@@ -273,7 +275,7 @@ def _make_bodies(job: _Job, refs: Iterable[BlockRef], ctx: _TaskCtx) -> bytes:
     location; returns the pickled outcome for the driver: each body's length, hash and sealing
     key (typed syncpack errors travel back as data, so the driver can raise the same error)."""
     t0 = time.perf_counter()
-    stage = oplog.LogLocation(ctx.staging)
+    stage = parquet_log.LogLocation(ctx.staging)
     made = []
     it = iter(refs)
     try:
@@ -314,7 +316,7 @@ def _from_rows(rows: Iterable[tuple[int, bytes]], job: _Job, ctx: _TaskCtx) -> I
         if pos != k:
             break
         want = job.blocks[k]
-        yield oplog.checked_block(data, want, ctx.family, ctx.log_shown, names[want.origin])
+        yield parquet_log.checked_block(data, want, ctx.family, ctx.log_shown, names[want.origin])
         k += 1
     if k < len(job.blocks):
         w = job.blocks[k]
@@ -330,11 +332,11 @@ def _merge_task(bc, ctx: _TaskCtx, acc):
 
     def run(indices: Iterator[int]) -> Iterator[bytes]:
         jobs = bc.value
-        loc = oplog.LogLocation(ctx.log)
+        loc = parquet_log.LogLocation(ctx.log)
         for i in indices:
             job = jobs[i]
-            man = oplog.Manifest(b"", b"", "", origins=job.segments)
-            refs = oplog.planned_blocks(loc, man, job.blocks, ctx.family)
+            man = parquet_log.Manifest(b"", b"", "", origins=job.segments)
+            refs = parquet_log.planned_blocks(loc, man, job.blocks, ctx.family)
             yield _make_bodies(job, refs, ctx)
             acc.add(job.ops)
 
@@ -368,8 +370,8 @@ def _arrow_task(bc, ctx: _TaskCtx, acc):
 
 # --- the export -------------------------------------------------------------------------------
 
-def _check_log_covers(site: Site, plans: list[PeerPlan], man: oplog.Manifest,
-                      loc: oplog.LogLocation) -> None:
+def _check_log_covers(site: Site, plans: list[PeerPlan], man: parquet_log.Manifest,
+                      loc: parquet_log.LogLocation) -> None:
     if man.family_id != site.family_id:
         raise ExportError(f"the log at {loc} belongs to family {man.family_id.hex()}, this site "
                           f"to {site.family_id.hex()}", hint="name this family's log with --log")
@@ -401,7 +403,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                  failed: list[SyncpackError] | None = None,
                  seal_max: int | None = None,
                  staging: str | os.PathLike | None = None) -> list[ExportedPacket]:
-    """Like :func:`syncpack.sync.export`, with the packets' bodies made by a Spark job.  With
+    """Like :func:`syncpack.exchange.sync.export`, with the packets' bodies made by a Spark job.  With
     ``failed`` and ``seal_max``, as there: a peer that cannot be served is reported in
     ``failed`` and the others still get their packets; ``seal_max`` bounds the blocks our
     unsealed ops become (default: half of ``max_size``).
@@ -420,7 +422,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     out = Path(out_dir)
     stats = stats if stats is not None else {}
     own = log_dir is None
-    loc = oplog.LogLocation(oplog.default_log_dir(site) if own else log_dir)
+    loc = parquet_log.LogLocation(parquet_log.default_log_dir(site) if own else log_dir)
     with site.lock():
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
@@ -444,10 +446,10 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                 starter = _SessionStarter(master)  # the JVM starts while the log catches up
             if own:
                 t1 = time.perf_counter()
-                man, stats["log"] = oplog.append_log(site, loc)
+                man, stats["log"] = parquet_log.append_log(site, loc)
                 stats["log_s"] = round(time.perf_counter() - t1, 3)
             else:
-                man = oplog.load_manifest(loc)
+                man = parquet_log.load_manifest(loc)
             _check_log_covers(site, plans, man, loc)
         except BaseException:
             if starter is not None:
@@ -538,17 +540,17 @@ class _Staging:
                     "the driver", hint="e.g. --staging hdfs://namenode/tmp/syncpack, s3://, "
                                        "or a shared mount (docs/cluster.md)")
             self._tmp: str | None = tempfile.mkdtemp(prefix="syncpack-staging-")
-            self.loc = oplog.LogLocation(self._tmp)
+            self.loc = parquet_log.LogLocation(self._tmp)
             self._base, self._run = self.loc, ""
             return
         self._tmp = None
-        self._base = oplog.LogLocation(where)
+        self._base = parquet_log.LogLocation(where)
         self._run = f"syncpack-{os.urandom(8).hex()}"
         try:
             self._base.fs.create_dir(self._base.path(self._run), recursive=True)
         except OSError as e:
             raise ExportError(f"cannot write in the staging location {where}: {e}") from None
-        self.loc = oplog.LogLocation(self._base.uri(self._run))
+        self.loc = parquet_log.LogLocation(self._base.uri(self._run))
 
     @property
     def uri(self) -> str:
@@ -611,7 +613,7 @@ class _SessionStarter:
             h.stop()
 
 
-def _run_jobs(jobs: list[_Job], loc: oplog.LogLocation, staging, seed: bytes | None,
+def _run_jobs(jobs: list[_Job], loc: parquet_log.LogLocation, staging, seed: bytes | None,
               family: bytes, starter: _SessionStarter, strategy: str, progress,
               stats: dict) -> tuple[dict[int, list[MadeBody]], _Staging]:
     t0 = time.perf_counter()
@@ -676,13 +678,13 @@ def _run_jobs(jobs: list[_Job], loc: oplog.LogLocation, staging, seed: bytes | N
     return made, stage
 
 
-def _shuffle_action(spark, jobs: list[_Job], loc: oplog.LogLocation, bc, ctx: _TaskCtx, acc):
+def _shuffle_action(spark, jobs: list[_Job], loc: parquet_log.LogLocation, bc, ctx: _TaskCtx, acc):
     """The ``shuffle`` strategy as a DataFrame plan; returns its collect action."""
     from pyspark.sql import functions as F
 
     files = sorted({s.path for j in jobs for o, (lo, hi) in j.ranges.items()
                     for s in j.segments[o].overlapping(lo, hi)})
-    log = spark.read.schema(oplog.SPARK_DDL).parquet(*[loc.uri(f) for f in files])
+    log = spark.read.schema(parquet_log.SPARK_DDL).parquet(*[loc.uri(f) for f in files])
     n = len(jobs)
     # One peer per partition: for partition p pick a bucket value that Spark's hash
     # partitioning (pmod(murmur3(value), n)) sends to p.

@@ -6,10 +6,10 @@ row per stored block (formats/BLOCKS.md) in epoch order, listed by ``LOG/_syncpa
 (the commit point of an append).
 
 The log holds blocks, not ops, because only an origin can sign its ops: a packet carries each
-origin's blocks byte for byte (:func:`syncpack.packets.build_update_packets`), so whoever builds
+origin's blocks byte for byte (:func:`syncpack.exchange.packets.build_update_packets`), so whoever builds
 packets from the log needs those very bytes.  Writing (:func:`log_export`, :func:`append_log`)
-copies the store's blocks (:func:`syncpack.chain.covering`, :func:`syncpack.chain.block_bytes`)
-in bounded row groups; reading gives :class:`~syncpack.packets.BlockRef` objects, either the
+copies the store's blocks (:func:`syncpack.store.chain.covering`, :func:`syncpack.store.chain.block_bytes`)
+in bounded row groups; reading gives :class:`~syncpack.exchange.packets.BlockRef` objects, either the
 log's cover of given per-origin ranges (:func:`iter_origin_blocks`) or exactly the blocks an
 export plan names, checked against it (:func:`planned_blocks`), which is what the Spark
 executors use.
@@ -35,12 +35,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import blocks, chain
-from .codec import Op
-from .errors import ExportError
-from .packets import BlockRef, fsync_dir
-from .progress import expect
-from .site import Site, wall_ms
+from syncpack.format import blocks
+from syncpack.store import chain
+from syncpack.format.codec import Op
+from syncpack.errors import ExportError
+from syncpack.exchange.packets import BlockRef, fsync_dir
+from syncpack.progress import expect
+from syncpack.site import Site, wall_ms
 
 FORMAT = "syncpack-log"
 VERSION = 2                         # 1 kept one row per op, before packets carried blocks
@@ -715,7 +716,7 @@ def select_blocks(loc: LogLocation, origin: bytes, ent: OriginLog,
 
 def planned_blocks(loc: LogLocation, man: Manifest, want: Iterable[chain.StoredBlock],
                    family: bytes) -> Iterator[BlockRef]:
-    """The blocks of an export plan (:attr:`syncpack.sync.PeerPlan.blocks`, in the order they
+    """The blocks of an export plan (:attr:`syncpack.exchange.sync.PeerPlan.blocks`, in the order they
     travel) with their bytes from the log.  Each origin's blocks are read in one pass over its
     segments, the origins' readers side by side, so memory stays at a few row groups per
     origin, whatever the number of blocks."""

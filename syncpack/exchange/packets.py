@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
-from . import blocks, codec
-from .codec import Header
-from .errors import ExportError, MediumFullError, OutboxError
-from .names import check_site_name
+from syncpack.format import blocks, codec
+from syncpack.format.codec import Header
+from syncpack.errors import ExportError, MediumFullError, OutboxError
+from syncpack.format.names import check_site_name
 
 DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
 MIN_MAX_SIZE = 4096
@@ -76,7 +76,7 @@ def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, par
 def sealer_for(seal_to: bytes | None, pid: bytes, seed: bytes | None):
     if not seal_to:
         return None
-    from .seal import SealWriter
+    from syncpack.format.seal import SealWriter
     return lambda sink: SealWriter(sink, seal_to, pid, seed)
 
 
@@ -306,7 +306,7 @@ def plan_packets(metas: Iterable, sizes: Iterable[int], template: Header, max_si
                           f"{size_text(max_size - budget + 1024)} or more would do")
     room = budget
     if seal_to:
-        from . import seal
+        from syncpack.format import seal
         room -= seal.overhead(budget)
     parts: list[PlannedPart] = []
     fields = _PartFields(template)

@@ -6,16 +6,18 @@ import json
 import os
 from pathlib import Path
 
-from . import blocks, chain, codec, planning, store
-from .codec import Op
-from .conflict import Version
-from .csn import CSN_LEN, pack_csn
-from .errors import LoadError, PacketError, SyncpackError, UsageError
-from .site import Site, check_collection
-from .matrix import believed, link, matrix, ranges_from_blob
-from .verify import find_packet_files, open_packet, printable, signature_state
-from .progress import expect
-from .values import check_json_value
+from syncpack.format import blocks, codec
+from syncpack.rules import planning
+from syncpack.store import chain, db
+from syncpack.format.codec import Op
+from syncpack.rules.conflict import Version
+from syncpack.format.csn import CSN_LEN, pack_csn
+from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
+from syncpack.site import Site, check_collection
+from syncpack.store.matrix import believed, link, matrix, ranges_from_blob
+from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
+from syncpack.progress import expect
+from syncpack.format.values import check_json_value
 
 
 def lsepoch(site: Site) -> dict:
@@ -91,7 +93,7 @@ def status(site: Site) -> dict:
         "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
         "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
     changelog = chain.count(site.conn)
-    from .recovery import recovery_status
+    from syncpack.admin.recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec)}
@@ -191,7 +193,7 @@ def fsck(site: Site) -> dict:
     names = site.names()
     vec = site.vector()
     floors = site.floors()
-    with store.read_txn(c):
+    with db.read_txn(c):
         try:
             ic = c.execute("PRAGMA integrity_check").fetchall()
             if ic != [("ok",)]:
@@ -320,7 +322,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
 
 def conflict_versions(site: Site, vs: list[Version]) -> list[dict]:
     names = site.names()
-    from .csn import format_csn
+    from syncpack.format.csn import format_csn
     return [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
              "origin": names.get(v.csn[8:16], v.csn[8:16].hex()), "deleted": v.deleted,
              "value": None if v.value is None else codec.decode_value(v.value)} for v in vs]

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Callable, Iterable, Iterator
 
-from . import blocks
-from .blocks import ZERO_HASH, BlockInfo
-from .codec import Op
+from syncpack.format import blocks
+from syncpack.format.blocks import ZERO_HASH, BlockInfo
+from syncpack.format.codec import Op
 
 SEAL_AT_COMMIT = 1_000          # ops: a transaction this large becomes a block at commit
 BLOCK_OPS = 10_000              # ops: pending small transactions are gathered up to this

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import SyncpackError, UsageError
+from syncpack.errors import SyncpackError, UsageError
 
 MAX_SITE_NAME = 64
 # A site name becomes a directory on every medium (OUT/<to>/<from>/), so it must be one safe

@@ -1,8 +1,8 @@
 """Export and import of update packets: planning against the epoch matrix, gap checks,
 parking, and applying in CSN order.
 
-The rules are docs/design.md §4-§6.  Every packet goes through :func:`syncpack.verify.verify` and is
-applied by :mod:`syncpack.apply`; a failure raises a :class:`PacketError` subclass and leaves
+The rules are docs/design.md §4-§6.  Every packet goes through :func:`syncpack.exchange.verify.verify` and is
+applied by :mod:`syncpack.exchange.apply`; a failure raises a :class:`PacketError` subclass and leaves
 the store untouched.
 """
 
@@ -14,20 +14,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from . import chain, codec, planning
-from .apply import ForkDetected, apply_packet, apply_snapshot, drop_parked, is_known, park
-from .codec import Header, Op
-from .csn import pack_csn
-from .errors import (ExportError, PacketError, PacketSenderError, ScrubbedError,
+from syncpack.format import codec
+from syncpack.rules import planning
+from syncpack.store import chain
+from syncpack.exchange.apply import ForkDetected, apply_packet, apply_snapshot, drop_parked, is_known, park
+from syncpack.format.codec import Header, Op
+from syncpack.format.csn import pack_csn
+from syncpack.errors import (ExportError, PacketError, PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
-from .matrix import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
+from syncpack.store.matrix import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
                      ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
-from .packets import (DEFAULT_MAX_SIZE, BlockRef, PartInfo, atomic_opener,
+from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, PartInfo, atomic_opener,
                       build_update_packets, order_blocks, packet_dir, packet_name)
-from .progress import expect
-from .recovery import RECOVERING, stash_own
-from .site import Site, wall_ms
-from .verify import (DEFAULT_SKEW_MS, OpenPacket, find_packet_files, has_magic, open_packet,
+from syncpack.progress import expect
+from syncpack.admin.recovery import RECOVERING, stash_own
+from syncpack.site import Site, wall_ms
+from syncpack.exchange.verify import (DEFAULT_SKEW_MS, OpenPacket, find_packet_files, has_magic, open_packet,
                      printable, verify)
 
 # Relayed acknowledgements ride in the header; this bounds what one packet carries of them

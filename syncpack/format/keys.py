@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from .errors import SiteError, UsageError
-from .names import check_site_name
+from syncpack.errors import SiteError, UsageError
+from syncpack.format.names import check_site_name
 
 KEY_DIR = "keys"
 SIGN_KEY = "sign.key"
@@ -95,7 +95,7 @@ def load_box_key(site_dir: Path) -> X25519PrivateKey:
 def unsealer(site_dir: Path):
     """A callable that, given a sealed packet's header, returns the AEAD that opens its body.
     The private key is loaded only when a sealed packet shows up."""
-    from . import seal
+    from syncpack.format import seal
 
     def open_for(header):
         k = load_box_key(site_dir)

@@ -19,8 +19,8 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple
 import msgpack
 import zstandard
 
-from .csn import CSN_LEN, SITE_ID_LEN
-from .errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
+from syncpack.format.csn import CSN_LEN, SITE_ID_LEN
+from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
                      PacketSealError, PacketVersionError)
 
 # --- msgpack, with fixed settings -------------------------------------------------------------
@@ -476,7 +476,7 @@ def body_hash_matches(f: BinaryIO, env: Envelope) -> bool:
 def body_chunks(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[bytes]:
     """The body's bytes as the sender wrote them before sealing (an update packet's blocks),
     in chunks; the unsealer's failures are :class:`PacketSealError`."""
-    from . import seal
+    from syncpack.format import seal
     chunks: Iterator[bytes] = _read_body_chunks(f, env)
     if not env.header.sealed:
         yield from chunks
@@ -491,7 +491,7 @@ def body_chunks(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[bytes]:
 
 def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
     """msgpack objects of the body, unsealed, decompressed and decoded with limits."""
-    from . import seal
+    from syncpack.format import seal
     chunks: Iterator[bytes] = _read_body_chunks(f, env)
     try:
         if env.header.sealed:
@@ -578,7 +578,7 @@ class BodyWriter:
     writes the same bytes."""
 
     def __init__(self, f: BinaryIO, budget: int, level: int = ZSTD_LEVEL, sealer=None):
-        from . import seal
+        from syncpack.format import seal
         self._sink = _HashingSink(f)
         self._sealer = sealer(self._sink) if sealer else None
         self._out = self._sealer or self._sink
@@ -628,7 +628,7 @@ class RawBodyWriter:
     through the sealer for sealed packets, hashed as they land in the file."""
 
     def __init__(self, f: BinaryIO, budget: int, sealer=None):
-        from . import seal
+        from syncpack.format import seal
         self._sink = _HashingSink(f)
         self._sealer = sealer(self._sink) if sealer else None
         self._out = self._sealer or self._sink

@@ -1,11 +1,12 @@
 """The epoch matrix and per-link bookkeeping, as stored: what we sent each peer, what it
 acknowledged, and the link sequence numbers.  The decisions made from these figures are pure
-functions in :mod:`syncpack.planning`; this module only reads and writes them."""
+functions in :mod:`syncpack.rules.planning`; this module only reads and writes them."""
 
 from __future__ import annotations
 
-from . import codec, planning
-from .site import Site
+from syncpack.format import codec
+from syncpack.rules import planning
+from syncpack.site import Site
 
 
 def vec_blob(v: dict[bytes, int]) -> bytes:
