@@ -40,6 +40,7 @@ SYS_PREFIX = "$"
 ROSTER = "$roster"
 FAMILY = "$family"
 COLLECTIONS = "$collections"
+TABLES = "$tables"               # definitions of attached application tables (docs/attach.md)
 FAMILY_KEY = "settings"
 PARKED_DIR = "parked"
 LOCK_FILE = "lock"
@@ -566,22 +567,31 @@ class Transaction:
             raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.write_raw(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
 
-    def write_raw(self, collection: str, key: str, raw: bytes | None) -> None:
+    def write_raw(self, collection: str, key: str, raw: bytes | None,
+                  unseen: frozenset[bytes] | set[bytes] = frozenset()) -> None:
         """Write an already encoded value (None: a delete) without the checks of :meth:`put`.
         For syncpack's own replicated collections (roster, family settings, policies), whose
-        rules their writers enforce; applications use :meth:`put` and :meth:`delete`."""
+        rules their writers enforce; applications use :meth:`put` and :meth:`delete`.
+        Versions in ``unseen`` are not replaced: the writer had not seen them (a change of
+        an attached table made before an import reached it), so the write is concurrent."""
         site = self.site
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
         seq = self.seq
         self.seq += 1
         self.epoch += 1
-        replaced = b"".join(r[0] for r in site.conn.execute(
+        seen = [r[0] for r in site.conn.execute(
             "SELECT csn FROM versions WHERE collection=? AND key=? ORDER BY csn",
-            (collection, key)))
+            (collection, key))]
+        if unseen:
+            seen = [c for c in seen if c not in unseen]
+            for c in seen:
+                site.conn.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
+                                  (collection, key, c))
+        replaced = b"".join(seen)
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
-        if replaced:
+        if replaced and not unseen:
             site.conn.execute("DELETE FROM versions WHERE collection=? AND key=?",
                               (collection, key))
         site.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, raw))

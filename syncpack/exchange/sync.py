@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain
@@ -269,6 +270,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
     out = Path(out_dir)
     if not to and not all_peers:
         raise UsageError("name the peers with --to PEER (repeatable) or use --all")
+    attach_core.sync_app(site)      # an attached application's changes go out too
     with site.lock():
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
@@ -370,6 +372,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     ``result``, the outcome is collected there as it happens, so a caller interrupted midway
     (Ctrl-C) still knows which packets were applied and committed."""
     res = result if result is not None else ImportResult()
+    attach_core.sync_app(site)      # local changes first: an import never hides one
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -442,6 +445,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
         finally:
             for c in opened:
                 c.pk.close()
+    attach_core.sync_app(site)      # what arrived, into the attached application's tables
     return res
 
 
