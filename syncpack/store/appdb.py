@@ -63,7 +63,7 @@ def open_app(path: Path) -> Connection:
         raise AttachError(f"{path} is a directory, not an SQLite database") from None
     except OSError as e:
         raise AttachError(f"{path} cannot be read ({e.strerror})") from None
-    if magic != b"SQLite format 3\0":
+    if magic and magic != b"SQLite format 3\0":       # an empty file is an empty database
         raise AttachError(f"{path} is not an SQLite database",
                           hint="attach the application's SQLite database file")
     try:
@@ -205,6 +205,8 @@ def install_capture(conn: Connection, t: TableInfo) -> None:
             conn.execute(f"ALTER TABLE {CHANGES} ADD COLUMN k{i}")
     if not has_table(conn, APPLYING):
         conn.execute(f"CREATE TABLE {APPLYING}(x)")
+        # We are inside our own write transaction (write_txn found no marker table to mark).
+        conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
     drop_capture(conn, t.name)
     tn = t.name.replace("'", "''")
     ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
