@@ -34,6 +34,10 @@ from syncpack.store import appdb, attached, chain
 # 'load' cuts them.
 ATTACH_TXN_OPS = 100_000
 ATTACH_TXN_BYTES = 32 * 1024 * 1024
+# Keys looked up in the store per round trip while capturing, rows written per statement
+# batch while applying.
+CAPTURE_CHUNK = 10_000
+APPLY_CHUNK = 10_000
 
 
 def _path(db_path: str | os.PathLike) -> Path:
@@ -87,34 +91,40 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
     upto = appdb.max_seq(app)
     if upto <= since:
         return 0
-    changes = []
-    for name, t in infos.items():
-        for seq, key, row in appdb.changed_rows(app, t, since, upto):
-            changes.append((seq, name, key, row))
-    changes.sort(key=lambda c: c[0])
     now = wall_ms()
     conn = site.conn
     written = 0
     with site.transaction() as tx:
         attached.begin_capturing(conn)
+        any_pending = attached.has_pending(conn)
         size = 0
-        for _seq, name, key_vals, row in changes:
-            t = infos[name]
-            key = rows.encode_key(key_vals, len(t.pk) == 1)
-            raw = _record(t, row)
-            vs = attached.versions_of(conn, name, key)
-            if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
-                continue        # nothing new (written back as it was, or born and gone)
-            n = len(key) + len(raw or b"")
-            # One capture is one replication transaction, so no application transaction is
-            # split; only a backlog beyond a block's limits is cut (docs/attach.md).
-            if tx.seq >= chain.MAX_TXN_OPS or size + n > chain.MAX_TXN_BYTES:
-                tx.split()
-                size = 0
-            size += n
-            unseen = frozenset(c for c in attached.unseen(conn, name, key) if c)
-            tx.write_raw(name, key, raw, unseen)
-            written += 1
+        for name, t in infos.items():
+            single = len(t.pk) == 1
+            for part in rows.chunks(appdb.changed_rows(app, t, since, upto), CAPTURE_CHUNK):
+                items = [(rows.encode_key(key, single), _record(t, row)) for _s, key, row in part]
+                keys = [k for k, _r in items]
+                current = attached.versions_for(conn, name, keys)
+                unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
+                batch = []
+                for key, raw in items:
+                    vs = current.get(key, ())
+                    if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
+                        continue    # nothing new (written back as it was, or born and gone)
+                    n = len(key) + len(raw or b"")
+                    # One capture is one replication transaction, so no application
+                    # transaction is split; only a backlog beyond a block's limits is cut
+                    # (docs/attach.md).
+                    if tx.seq + len(batch) >= chain.MAX_TXN_OPS or \
+                            size + n > chain.MAX_TXN_BYTES:
+                        tx.write_many(name, batch)
+                        batch = []
+                        tx.split()
+                        size = 0
+                    size += n
+                    u = unseen.get(key, ())
+                    batch.append((key, raw, [c for c, _v in vs if c not in u]))
+                tx.write_many(name, batch)
+                written += len(batch)
         attached.set_captured(conn, upto)
         attached.touch(conn, list(infos), "last_capture_ms", now)
         attached.end_capturing(conn)
@@ -142,17 +152,21 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         t = infos[name]
         w = appdb.Writer(app, t)
         aff = [t.affinity.get(c, "BLOB") for c in t.pk]
-        for key in attached.pending_keys(conn, name):
-            v = _visible(site, name, attached.versions_of(conn, name, key))
+        puts: list[tuple[str, dict]] = []
+        for key, vs in _grouped(attached.pending_versions(conn, name)):
+            v = _visible(site, name, vs)
             if v is None or v.value is None:
                 deletes.append((name, key, rows.decode_key(key, aff)))
                 continue
             value = codec.decode_value(v.value)
-            err = w.put(value) if isinstance(value, dict) else "the record is not a row"
-            if err:
-                clashes.setdefault(name, {})[key] = err
+            if isinstance(value, dict):
+                puts.append((key, value))
             else:
-                done.setdefault(name, []).append(key)
+                clashes.setdefault(name, {})[key] = "the record is not a row of the table"
+            if len(puts) >= APPLY_CHUNK:
+                _put_all(w, name, puts, done, clashes)
+                puts = []
+        _put_all(w, name, puts, done, clashes)
     # Children go before their parents.
     rank = {n: i for i, n in enumerate(order)}
     for name, key, vals in sorted(deletes, key=lambda d: -rank[d[0]]):
@@ -164,13 +178,38 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
     return done, clashes
 
 
+def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
+    key, vs = None, []
+    for k, csn, value in cur:
+        if k != key:
+            if key is not None:
+                yield key, vs
+            key, vs = k, []
+        if csn is not None:
+            vs.append((csn, value))
+    if key is not None:
+        yield key, vs
+
+
+def _put_all(w: appdb.Writer, name: str, puts: list[tuple[str, dict]],
+             done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
+    for key, err in zip((k for k, _v in puts), w.put_many([v for _k, v in puts])):
+        if err:
+            clashes.setdefault(name, {})[key] = err
+        else:
+            done.setdefault(name, []).append(key)
+
+
 def _settle(site: Site, done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
     """After the application's commit: the keys written are no longer pending; clashes stay
     pending (retried on every apply) and are listed by 'conflicts'."""
     now = wall_ms()
     with site.write_txn() as conn:
         for name, keys in done.items():
-            attached.clear_pending(conn, name, keys)
+            if name not in clashes and len(keys) == attached.pending_count(conn, name):
+                attached.clear_all_pending(conn, name)    # everything written (the common case)
+            else:
+                attached.clear_pending(conn, name, keys)
             attached.clear_clashes(conn, name, keys)
         for name, m in clashes.items():
             for key, text in m.items():
@@ -195,38 +234,49 @@ def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bo
     rescan only."""
     conn = site.conn
     name = t.name
+    single = len(t.pk) == 1
+    key_at = [t.columns.index(c) for c in t.pk]
     n = 0
     with site.transaction() as tx:
         attached.begin_capturing(conn)
         size = 0
-        seen_keys = set()
-        pending = set(attached.pending_keys(conn, name))
-        for row in appdb.scan(app, t):
-            rec = dict(zip(t.columns, row))
-            key = rows.encode_key(tuple(rec[c] for c in t.pk), len(t.pk) == 1)
-            seen_keys.add(key)
-            if rescan and key in pending:
-                continue
-            raw = codec.encode_value(rec)
-            vs = attached.versions_of(conn, name, key)
-            if len(vs) == 1 and vs[0][1] == raw:
-                continue
-            if tx.seq >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
-                tx.split()
-                size = 0
-            size += len(key) + len(raw)
-            unseen = frozenset(c for c, _v in vs) if not rescan else frozenset()
-            tx.write_raw(name, key, raw, unseen)
-            n += 1
-        if rescan:
-            for key, _csn, value in list(attached.visible_candidates(conn, name)):
-                if key in seen_keys or key in pending or value is None:
-                    continue
-                v = _visible(site, name, attached.versions_of(conn, name, key))
-                if v is not None and v.value is not None:
-                    tx.write_raw(name, key, None)
+        seen_keys: set[str] = set()
+        pending = set(attached.pending_keys(conn, name)) if rescan else set()
+        for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
+            items = []
+            for row in part:
+                key = rows.encode_key(tuple(row[i] for i in key_at), single)
+                if rescan:
                     seen_keys.add(key)
-                    n += 1
+                    if key in pending:
+                        continue
+                items.append((key, _record(t, row)))
+            current = attached.versions_for(conn, name, [k for k, _r in items])
+            batch = []
+            for key, raw in items:
+                vs = current.get(key, ())
+                if len(vs) == 1 and vs[0][1] == raw:
+                    continue
+                if tx.seq + len(batch) >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
+                    tx.write_many(name, batch)
+                    batch = []
+                    tx.split()
+                    size = 0
+                size += len(key) + len(raw)
+                batch.append((key, raw, [c for c, _v in vs] if rescan else []))
+            tx.write_many(name, batch)
+            n += len(batch)
+        if rescan:
+            gone = []
+            for key, vs in _grouped((k, c, v) for k, c, v in
+                                    attached.visible_candidates(conn, name)):
+                if key in seen_keys or key in pending:
+                    continue
+                v = _visible(site, name, vs)
+                if v is not None and v.value is not None:
+                    gone.append((key, None, [c for c, _v in vs]))
+            tx.write_many(name, gone)
+            n += len(gone)
         attached.end_capturing(conn)
     return n
 

@@ -310,17 +310,41 @@ class Writer:
         where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
         self._delete = f"DELETE FROM {q(t.name)} WHERE {where}"
         self._cols = set(t.columns)
+        self._sql: dict[tuple[str, ...], str] = {}
+
+    def _upsert(self, cols: tuple[str, ...]) -> str:
+        sql = self._sql.get(cols)
+        if sql is None:
+            names = ", ".join(q(c) for c in cols)
+            marks = ", ".join("?" for _ in cols)
+            rest = [c for c in cols if c not in self.t.pk]
+            tail = ("DO UPDATE SET " + ", ".join(f"{q(c)}=excluded.{q(c)}" for c in rest)
+                    if rest else "DO NOTHING")
+            sql = self._sql[cols] = (f"INSERT INTO {q(self.t.name)}({names}) VALUES ({marks}) "
+                                     f"ON CONFLICT({', '.join(q(c) for c in self.t.pk)}) {tail}")
+        return sql
 
     def put(self, row: dict) -> str | None:
-        cols = [c for c in row if c in self._cols]
-        names = ", ".join(q(c) for c in cols)
-        marks = ", ".join("?" for _ in cols)
-        rest = [c for c in cols if c not in self.t.pk]
-        tail = (f"DO UPDATE SET " + ", ".join(f"{q(c)}=excluded.{q(c)}" for c in rest)
-                if rest else "DO NOTHING")
-        sql = (f"INSERT INTO {q(self.t.name)}({names}) VALUES ({marks}) "
-               f"ON CONFLICT({', '.join(q(c) for c in self.t.pk)}) {tail}")
-        return self._one(sql, [row[c] for c in cols])
+        cols = tuple(c for c in row if c in self._cols)
+        return self._one(self._upsert(cols), [row[c] for c in cols])
+
+    def put_many(self, rows: list[dict]) -> list[str | None]:
+        """Each row's constraint message or None; the whole batch in one savepoint, and row by
+        row only when something in it is refused."""
+        if not rows:
+            return []
+        cols = tuple(c for c in rows[0] if c in self._cols)
+        if all(tuple(c for c in r if c in self._cols) == cols for r in rows):
+            self.conn.execute("SAVEPOINT syncpack_batch")
+            try:
+                self.conn.executemany(self._upsert(cols), [[r[c] for c in cols] for r in rows])
+            except apsw.ConstraintError:
+                self.conn.execute("ROLLBACK TO syncpack_batch")
+                self.conn.execute("RELEASE syncpack_batch")
+            else:
+                self.conn.execute("RELEASE syncpack_batch")
+                return [None] * len(rows)
+        return [self.put(r) for r in rows]
 
     def delete(self, key: tuple) -> str | None:
         return self._one(self._delete, list(key))

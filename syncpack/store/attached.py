@@ -168,3 +168,43 @@ def visible_candidates(conn: Connection, collection: str) -> Iterator[tuple[str,
     """(key, csn, value) of every surviving version of ``collection``, by key."""
     return conn.execute("SELECT key, csn, value FROM versions WHERE collection=? ORDER BY key, csn",
                         (collection,))
+
+
+def versions_for(conn: Connection, collection: str, keys: list[str]
+                 ) -> dict[str, list[tuple[bytes, bytes | None]]]:
+    """Surviving versions of many keys at once: key -> [(csn, value)] in CSN order."""
+    out: dict[str, list[tuple[bytes, bytes | None]]] = {}
+    if not keys:
+        return out
+    for key, csn, value in conn.executemany(
+            "SELECT key, csn, value FROM versions WHERE collection=? AND key=? ORDER BY csn",
+            [(collection, k) for k in keys]):
+        out.setdefault(key, []).append((csn, value))
+    return out
+
+
+def unseen_for(conn: Connection, collection: str, keys: list[str]) -> dict[str, set[bytes]]:
+    """Pending CSNs of many keys at once (see :func:`unseen`)."""
+    out: dict[str, set[bytes]] = {}
+    if not keys:
+        return out
+    for key, csn in conn.executemany(
+            "SELECT key, csn FROM attach_pending WHERE collection=? AND key=?",
+            [(collection, k) for k in keys]):
+        if csn:
+            out.setdefault(key, set()).add(csn)
+    return out
+
+
+def pending_versions(conn: Connection, collection: str
+                     ) -> Iterator[tuple[str, bytes | None, bytes | None]]:
+    """(key, csn, value) of every surviving version of every pending key of ``collection``
+    (csn None: the key has no version left), by key."""
+    return conn.execute(
+        "SELECT p.key, v.csn, v.value FROM (SELECT DISTINCT key FROM attach_pending "
+        "WHERE collection=?) p LEFT JOIN versions v ON v.collection=? AND v.key=p.key "
+        "ORDER BY p.key, v.csn", (collection, collection))
+
+
+def clear_all_pending(conn: Connection, collection: str) -> None:
+    conn.execute("DELETE FROM attach_pending WHERE collection=?", (collection,))
