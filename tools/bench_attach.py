@@ -47,7 +47,7 @@ _SPAWNER = ("import json, os, subprocess, sys, time\n"
             "p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
             "_pid, st, ru = os.wait4(p.pid, 0)\n"
             "print(json.dumps({'exit': os.waitstatus_to_exitcode(st), 'maxrss_kb': ru.ru_maxrss,"
-            " 'seconds': time.perf_counter() - t}))")
+            " 'seconds': time.perf_counter() - t, 'cpu': ru.ru_utime + ru.ru_stime}))")
 
 
 def timed_cmd(*args) -> dict:
@@ -190,6 +190,7 @@ def pipeline(root: Path, rows: int) -> dict:
         raise RuntimeError(f"B's table holds {n} rows, expected {rows}")
     shutil.rmtree(work)
     return {"rows": rows, "app_write_s": write_s, "capture_s": cap["seconds"],
+            "capture_cpu_s": cap["cpu"], "import_cpu_s": imp["cpu"],
             "capture_rss_mb": cap["maxrss_kb"] / 1024, "export_s": exp["seconds"],
             "import_s": imp["seconds"], "import_rss_mb": imp["maxrss_kb"] / 1024}
 
@@ -210,6 +211,7 @@ def main() -> int:
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         base = statistics.median(session_apply(root, a.rows) for _ in range(a.repeat))
         med["capture_rows_per_s"] = a.rows / med["capture_s"]
+        med["capture_rows_per_cpu_s"] = a.rows / med["capture_cpu_s"]
         med["changeset_apply_s"] = base
         med["import_vs_changeset_apply"] = med["import_s"] / base
         res["pipeline"] = med
@@ -238,8 +240,10 @@ def main() -> int:
               f" captured {w['single']['captured_s']:.3f} s, ratio {w['single']['ratio']:.2f}x")
         p = res["pipeline"]
         print(f"pipeline {p['rows']:,} rows: app write {p['app_write_s']:.2f} s, capture "
-              f"{p['capture_s']:.2f} s ({p['capture_rows_per_s']:,.0f} rows/s), export "
-              f"{p['export_s']:.2f} s, import into B's table {p['import_s']:.2f} s; changeset "
+              f"{p['capture_s']:.2f} s ({p['capture_rows_per_s']:,.0f} rows/s; cpu "
+              f"{p['capture_cpu_s']:.2f} s), export "
+              f"{p['export_s']:.2f} s, import into B's table {p['import_s']:.2f} s (cpu "
+              f"{p['import_cpu_s']:.2f} s); changeset "
               f"apply {p['changeset_apply_s']:.2f} s; import/changeset "
               f"{p['import_vs_changeset_apply']:.2f}x")
         m = res["memory"]

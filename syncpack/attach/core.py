@@ -97,13 +97,15 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
     with site.transaction() as tx:
         attached.begin_capturing(conn)
         any_pending = attached.has_pending(conn)
+        # A table's first capture into an empty collection needs no look-ups.
+        used = {n: attached.collection_used(conn, n) for n in infos}
         size = 0
         for name, t in infos.items():
             single = len(t.pk) == 1
             for part in rows.chunks(appdb.changed_rows(app, t, since, upto), CAPTURE_CHUNK):
                 items = [(rows.encode_key(key, single), _record(t, row)) for _s, key, row in part]
                 keys = [k for k, _r in items]
-                current = attached.versions_for(conn, name, keys)
+                current = attached.versions_for(conn, name, keys) if used[name] else {}
                 unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
                 batch = []
                 for key, raw in items:
