@@ -406,6 +406,39 @@ def test_status_and_prometheus_show_pending_changes(three):
     assert r.json["attached"]["tables"][0]["rows"] == 2
 
 
+def test_lost_triggers_are_put_back_and_the_table_compared(three):
+    root, sites, dbs = three
+    attach_all(sites, dbs, ("items",))
+    app(dbs["a"], ["INSERT INTO items(id, i) VALUES ('x', 1)", "INSERT INTO items(id, i) "
+                   "VALUES ('y', 2)"])
+    sp(sites["a"], "capture")
+    # the application re-creates its table (the triggers go with it) and writes meanwhile
+    app(dbs["a"], ["ALTER TABLE items RENAME TO old_items",
+                   "CREATE TABLE items(id TEXT PRIMARY KEY, i INTEGER, r REAL, t TEXT, b BLOB, n)",
+                   "INSERT INTO items(id, i) SELECT id, i FROM old_items WHERE id = 'x'",
+                   "INSERT INTO items(id, i) VALUES ('z', 3)", "DROP TABLE old_items"])
+    r = run("fsck", site=sites["a"])
+    assert r.code == 1 and "capture triggers" in r.err, r
+    sp(sites["a"], "capture")
+    keys = [x["key"] for x in run("--json", "ls", "items", site=sites["a"]).json["records"]]
+    assert keys == ["x", "z"]
+    exchange(root, sites)
+    assert_converged(sites, dbs, ("items",))
+
+
+def test_status_answers_when_the_database_is_gone(three):
+    root, sites, dbs = three
+    attach_all(sites, dbs, ("items",))
+    dbs["a"].unlink()
+    r = run("--json", "status", site=sites["a"])
+    assert r.code == 0, r
+    assert r.json["attached"]["tables"][0]["rows"] is None
+    r = run("capture", site=sites["a"])
+    assert r.code == 1 and "no such file" in r.err, r
+    r = run("fsck", site=sites["a"])
+    assert r.code == 1 and "attached database" in r.err, r
+
+
 # --- pure rules -------------------------------------------------------------------------------
 
 values = st.one_of(st.integers(-2 ** 63, 2 ** 63 - 1), st.text(),

@@ -312,7 +312,8 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
                 return None
             with _open_attached(site) as (app, infos):
                 return _cycle(site, app, infos)
-    except LockedError:
+    except (LockedError, AttachError):
+        # 'status' must answer even when the database is gone or busy; it shows that itself.
         if wait:
             raise
         return None
