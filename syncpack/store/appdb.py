@@ -196,10 +196,10 @@ def install_capture(conn: Connection, t: TableInfo) -> None:
     n = max(MIN_KEY_COLS, len(t.pk))
     if not has_table(conn, CHANGES):
         ks = ", ".join(f"k{i}" for i in range(n))
-        # AUTOINCREMENT: a sequence number is never reused after captured rows are deleted,
-        # so "seq > captured_seq" never skips a new change.
-        conn.execute(f"CREATE TABLE {CHANGES}(seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-                     f"tbl TEXT NOT NULL, {ks})")
+        # A plain rowid (AUTOINCREMENT would cost every write an update of sqlite_sequence):
+        # new numbers follow the largest present, and forget_changes always keeps the largest,
+        # so a number is never reused and "seq > captured_seq" never skips a new change.
+        conn.execute(f"CREATE TABLE {CHANGES}(seq INTEGER PRIMARY KEY, tbl TEXT NOT NULL, {ks})")
     else:
         for i in range(key_cols(conn), n):
             conn.execute(f"ALTER TABLE {CHANGES} ADD COLUMN k{i}")
@@ -253,11 +253,10 @@ def drop_capture_tables(conn: Connection) -> None:
 
 
 def max_seq(conn: Connection) -> int:
-    """The highest change number ever given (AUTOINCREMENT remembers it after deletes)."""
+    """The highest change number given so far."""
     if not has_table(conn, CHANGES):
         return 0
-    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name=?", (CHANGES,)).fetchone()
-    return row[0] if row else 0
+    return conn.execute(f"SELECT coalesce(max(seq), 0) FROM {CHANGES}").fetchone()[0]
 
 
 def pending_counts(conn: Connection, since: int) -> dict[str, int]:
@@ -288,7 +287,9 @@ def changed_rows(conn: Connection, t: TableInfo, since: int, upto: int
 def forget_changes(conn: Connection, upto: int) -> None:
     """Captured rows are no longer needed (the store remembers how far it captured)."""
     if has_table(conn, CHANGES):
-        conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ?", (upto,))
+        # The largest stays: the next number is always above it (see install_capture).
+        conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ? AND seq < "
+                     f"(SELECT max(seq) FROM {CHANGES})", (upto,))
 
 
 def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
