@@ -311,7 +311,14 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
             if not is_attached(site):
                 return None
             with _open_attached(site) as (app, infos):
-                return _cycle(site, app, infos)
+                # The bulk of a capture under a read snapshot: the application keeps writing
+                # (in WAL mode); the write lock is held only for what came in meanwhile and
+                # for writing peers' records.
+                with appdb.read_txn(app):
+                    early = _capture(site, app, infos)
+                doc = _cycle(site, app, infos)
+                doc["captured"] += early
+                return doc
     except (LockedError, AttachError):
         # 'status' must answer even when the database is gone or busy; it shows that itself.
         if wait:

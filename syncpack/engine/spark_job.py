@@ -78,6 +78,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from syncpack.attach import core as attach_core
 from syncpack import errors
 from syncpack.engine import parquet_log
 from syncpack.store import chain
@@ -423,6 +424,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     stats = stats if stats is not None else {}
     own = log_dir is None
     loc = parquet_log.LogLocation(parquet_log.default_log_dir(site) if own else log_dir)
+    attach_core.sync_app(site)      # an attached application's changes go out too
     with site.lock():
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
