@@ -338,6 +338,23 @@ def make_family_member(root: Path, sites: dict, name: str) -> Path:
     return p
 
 
+def test_resync_rewrites_the_attached_table(three):
+    root, sites, dbs = three
+    attach_all(sites, dbs, ("items",))
+    app(dbs["a"], ["INSERT INTO items(id, i) VALUES ('x', 1)", "INSERT INTO items(id, i) "
+                   "VALUES ('y', 2.5)"])
+    app(dbs["b"], ["INSERT INTO items(id, t) VALUES ('mine', 'unsent')"])
+    exchange(root, sites, rounds=1)
+    app(dbs["a"], ["DELETE FROM items WHERE id = 'x'", "UPDATE items SET i = 3 WHERE id = 'y'"])
+    out = root / "resync"
+    sp(sites["a"], "resync", "--to", "b", "--out", out, "--create-out")
+    sp(sites["b"], "import", out)
+    assert [(r[0], r[2]) for r in table(dbs["b"], "items")] == [("mine", None), ("y", 3)]
+    assert run("fsck", site=sites["b"]).code == 0
+    exchange(root, sites)
+    assert_converged(sites, dbs, ("items",))
+
+
 def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     sites = make_family(tmp_path, ("a",))
     s = sites["a"]
