@@ -156,11 +156,15 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         aff = [t.affinity.get(c, "BLOB") for c in t.pk]
         puts: list[tuple[str, dict]] = []
         for key, vs in _grouped(attached.pending_versions(conn, name)):
-            v = _visible(site, name, vs)
-            if v is None or v.value is None:
+            if len(vs) == 1:
+                raw = vs[0][1]      # no conflict: the one version is visible
+            else:
+                v = _visible(site, name, vs)
+                raw = None if v is None else v.value
+            if raw is None:
                 deletes.append((name, key, rows.decode_key(key, aff)))
                 continue
-            value = codec.decode_value(v.value)
+            value = codec.decode_value(raw)
             if isinstance(value, dict):
                 puts.append((key, value))
             else:

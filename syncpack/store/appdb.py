@@ -335,7 +335,8 @@ class Writer:
         if not rows:
             return []
         cols = tuple(c for c in rows[0] if c in self._cols)
-        if all(tuple(c for c in r if c in self._cols) == cols for r in rows):
+        first = rows[0].keys()
+        if all(r.keys() == first for r in rows):
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 self.conn.executemany(self._upsert(cols), [[r[c] for c in cols] for r in rows])
