@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from syncpack.format import codec, keys
-from syncpack.store import chain, db
+from syncpack.store import chain, db, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version, pick
-from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
+from syncpack.format.csn import next_hlc, pack_csn
 from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
@@ -97,7 +97,7 @@ class Site:
         self.path = Path(path)
         self.conn = conn
         self.clock = clock
-        m = dict(conn.execute("SELECT key, value FROM meta"))
+        m = meta.read_all(conn)
         if "site_id" not in m:
             raise SiteError(f"{self.path} holds an incomplete store (no site identity)",
                             hint="remove the directory and create the site again")
@@ -149,10 +149,10 @@ class Site:
         ident = keys.generate(p, site, site_id)
         conn = db.create(p / db.DB_NAME)
         with db.write_txn(conn):
-            conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+            meta.create(conn, [
                 ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
                 ("state", "normal"), ("created_ms", wall_ms())])
-            conn.execute("INSERT INTO vector(origin, epoch) VALUES (?, 0)", (site_id,))
+            matrix.add_origin(conn, site_id)
         return p, conn, ident
 
     @classmethod
@@ -174,8 +174,7 @@ class Site:
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = secrets.token_bytes(16)
         with db.write_txn(conn):
-            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                             [("family_id", fam_id), ("family_name", family), ("joined", 1)])
+            meta.put_many(conn, [("family_id", fam_id), ("family_name", family), ("joined", 1)])
         s = cls(p, conn)
         me = Member(site, ident.site_id, ident.ed25519, ident.x25519, priority, {}, False)
         with s.transaction(_system=True) as tx:
@@ -199,12 +198,11 @@ class Site:
 
     def meta(self, key: str, default: Any = None) -> Any:
         """A value of the site's local metadata (clock, state, identity), or ``default``."""
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return row[0] if row else default
+        return meta.get(self.conn, key, default)
 
     def set_meta(self, key: str, value: Any) -> None:
         """Set a metadata value; the caller holds a write transaction."""
-        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        meta.put(self.conn, key, value)
 
     @property
     def family_name(self) -> str:
@@ -264,7 +262,7 @@ class Site:
 
     def family_settings(self) -> dict:
         """The family's replicated settings (name, policy, sealing rule)."""
-        v = pick(self._versions(FAMILY, FAMILY_KEY), "lww", {})
+        v = pick(self.versions(FAMILY, FAMILY_KEY), "lww", {})
         settings = codec.decode_value(v.value) if v is not None and v.value is not None else {}
         # Imports refuse malformed settings; a store that holds some anyway still opens.
         return settings if isinstance(settings, dict) else {}
@@ -308,19 +306,13 @@ class Site:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _versions(self, collection: str, key: str) -> list[Version]:
-        return [Version(c, v is None, v) for c, v in self.conn.execute(
-            "SELECT csn, value FROM versions WHERE collection=? AND key=?", (collection, key))]
+    def versions(self, collection: str, key: str) -> list[Version]:
+        """The surviving versions of ``collection``/``key`` (more than one: a conflict)."""
+        return versions.of_key(self.conn, collection, key)
 
     def _visible_rows(self, collection: str | None = None) -> Iterator[tuple[str, str, bytes]]:
         """(collection, key, msgpack value) of visible records, sorted."""
-        if collection is None:
-            cur = self.conn.execute(
-                "SELECT collection, key, csn, value FROM versions ORDER BY collection, key")
-        else:
-            cur = self.conn.execute("SELECT collection, key, csn, value FROM versions "
-                                    "WHERE collection=? ORDER BY key", (collection,))
-        for coll, key, vs in group_versions(cur):
+        for coll, key, vs in group_versions(versions.rows(self.conn, collection)):
             # syncpack's own collections are lww whatever the family says: the priorities come
             # from the roster, which is read through here
             policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(coll)
@@ -332,7 +324,7 @@ class Site:
     def get(self, collection: str, key: str, default: Any = RecordNotFound) -> Any:
         """The visible value of ``collection``/``key``.  Raises :class:`RecordNotFound`
         when there is none, unless a ``default`` is given."""
-        vs = self._versions(collection, key)
+        vs = self.versions(collection, key)
         v = pick(vs, self.policy_of(collection), self.priorities()) if vs else None
         if v is None or v.value is None:
             if default is RecordNotFound:
@@ -351,11 +343,11 @@ class Site:
 
     def vector(self) -> dict[bytes, int]:
         """This site's vector: origin site id -> highest epoch held."""
-        return {o: e for o, e in self.conn.execute("SELECT origin, epoch FROM vector")}
+        return matrix.vector(self.conn)
 
     def floors(self) -> dict[bytes, int]:
         """Per origin, the highest epoch no longer in the changelog (trimmed or seeded)."""
-        return {o: f for o, f in self.conn.execute("SELECT origin, floor FROM vector")}
+        return matrix.floors(self.conn)
 
     def named(self, vec: dict[bytes, int]) -> dict[str, int]:
         """A vector keyed by site name instead of site id."""
@@ -371,8 +363,7 @@ class Site:
         which trimming removes at different times at different sites."""
         h = hashlib.sha256(b"syncpack digest v1\0")
         n = 0
-        cur = self.conn.execute(
-            "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn")
+        cur = versions.rows_by_csn(self.conn)
         prio = self.priorities()
         for coll, key, vs in group_versions(cur):
             if len(vs) == 1 and vs[0].value is None:
@@ -435,29 +426,7 @@ class Site:
     def apply_version(self, op: Op, csn: bytes) -> None:
         """Make ``op`` a surviving version of its key unless a known write superseded it, and
         drop the versions it superseded."""
-        cur = self.conn
-        if op.replaced:
-            for i in range(0, len(op.replaced), CSN_LEN):
-                r = op.replaced[i:i + CSN_LEN]
-                cur.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
-                            (op.collection, op.key, r))
-                n = cur.changes()
-                if n == 0 and not self._op_known(r):
-                    # Keyed by the key too: an op can only supersede versions of its own key,
-                    # whatever CSNs it lists (a member listing another key's must not hide it).
-                    cur.execute("INSERT OR IGNORE INTO superseded VALUES (?, ?, ?)",
-                                (op.collection, op.key, r))
-        cur.execute("DELETE FROM superseded WHERE collection=? AND key=? AND csn=?",
-                    (op.collection, op.key, csn))
-        if cur.changes():
-            return
-        cur.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
-                    (op.collection, op.key, csn, op.value))
-
-    def _op_known(self, csn: bytes) -> bool:
-        hlc, origin, seq = int.from_bytes(csn[:8], "big"), csn[8:16], int.from_bytes(csn[16:], "big")
-        # An op trimmed from the changelog was applied before; it can never arrive again.
-        return chain.epoch_of(self.conn, hlc, origin, seq) is not None
+        versions.apply_version(self.conn, op, csn)
 
     def signer(self) -> Callable[[bytes], bytes]:
         """This site's Ed25519 signing function (read from its key file once)."""
@@ -475,10 +444,7 @@ class Site:
     def record_ops(self, ops: list[Op]) -> None:
         """Append our own ops to the changelog (sealed later); the caller holds a write
         transaction."""
-        self.conn.executemany(
-            "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
-             for o in ops])
+        chain.append_ops(self.conn, ops)
 
     def iter_changelog(self, origin: bytes, lo: int, hi: int) -> Iterator[Op]:
         """Ops of ``origin`` with epochs in (lo, hi] we hold, in epoch (= CSN) order."""
@@ -486,8 +452,7 @@ class Site:
 
     def iter_versions(self) -> Iterator[Record]:
         """Every surviving version of every key, in (collection, key, CSN) order."""
-        for row in self.conn.execute(
-                "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn"):
+        for row in versions.rows_by_csn(self.conn):
             yield Record(*row)
 
     def parked_dir(self) -> Path:
@@ -530,8 +495,7 @@ class Transaction:
         self.system = system
         c = site.conn
         self.hlc = next_hlc(int(site.meta("hlc", 0)), site.clock())
-        self.epoch = c.execute("SELECT epoch FROM vector WHERE origin=?",
-                               (site.site_id,)).fetchone()[0]
+        self.epoch = matrix.epoch(c, site.site_id)
         self.ops: list[Op] = []
         self.seq = 0
         self.touched_system = False
@@ -576,15 +540,10 @@ class Transaction:
         seq = self.seq
         self.seq += 1
         self.epoch += 1
-        replaced = b"".join(r[0] for r in site.conn.execute(
-            "SELECT csn FROM versions WHERE collection=? AND key=? ORDER BY csn",
-            (collection, key)))
+        replaced = versions.csns_of_key(site.conn, collection, key)
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
-        if replaced:
-            site.conn.execute("DELETE FROM versions WHERE collection=? AND key=?",
-                              (collection, key))
-        site.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, raw))
+        versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
         self.ops.append(op)
 
     def split(self) -> None:
@@ -616,7 +575,7 @@ class Transaction:
             chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer())
         else:
             site.record_ops(self.ops)
-        site.conn.execute("UPDATE vector SET epoch=? WHERE origin=?", (self.epoch, site.site_id))
+        matrix.set_epoch(site.conn, site.site_id, self.epoch)
         site.set_meta("hlc", self.hlc)
         self.ops = []
 
