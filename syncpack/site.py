@@ -16,58 +16,33 @@ no change.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import secrets
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from syncpack.format import codec, keys
 from syncpack.store import chain, db, matrix, meta, versions
 from syncpack.format.codec import Op, Record
-from syncpack.rules.conflict import POLICIES, Version, pick
+from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.csn import next_hlc, pack_csn
 from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
 from syncpack.format.names import check_site_name
 from syncpack.format.values import check_json_value
+# Also re-exported: applications and the packages above know these names from here.
+from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
+                                 SYS_PREFIX, Member, Replicated)
 
-SYS_PREFIX = "$"
-ROSTER = "$roster"
-FAMILY = "$family"
-COLLECTIONS = "$collections"
-FAMILY_KEY = "settings"
 PARKED_DIR = "parked"
 LOCK_FILE = "lock"
 
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass
-class Member:
-    name: str
-    site_id: bytes
-    ed25519: bytes
-    x25519: bytes
-    priority: int
-    base: dict[bytes, int]
-    retired: bool
-
-    def to_value(self) -> dict:
-        return {"id": self.site_id, "ed25519": self.ed25519, "x25519": self.x25519,
-                "priority": self.priority, "base": [[o, e] for o, e in sorted(self.base.items())],
-                "retired": self.retired}
-
-    @classmethod
-    def from_value(cls, name: str, v: dict) -> "Member":
-        return cls(name, v["id"], v["ed25519"], v.get("x25519", b""), int(v.get("priority", 0)),
-                   {o: e for o, e in v.get("base", [])}, bool(v.get("retired", False)))
 
 
 MAX_NAME_CHARS = 16 * 1024       # collections and keys; readers accept far more
@@ -105,8 +80,7 @@ class Site:
         self.name: str = m["site_name"]
         self.joined = bool(m.get("joined", 0))
         self.family_id: bytes | None = m.get("family_id")
-        self._roster: dict[str, Member] | None = None
-        self._policies: dict[str, str] | None = None
+        self._replicated = Replicated()
         self._sign: Callable[[bytes], bytes] | None = None
 
     # -- opening and creating ------------------------------------------------------------------
@@ -218,20 +192,11 @@ class Site:
 
     def invalidate(self) -> None:
         """Forget cached roster and policies (after changes to replicated settings)."""
-        self._roster = None
-        self._policies = None
+        self._replicated.invalidate()
 
     def roster(self) -> dict[str, Member]:
         """The family's members by name, retired ones included."""
-        if self._roster is None:
-            out: dict[str, Member] = {}
-            for _c, key, raw in self._visible_rows(ROSTER):
-                try:
-                    out[key] = Member.from_value(key, codec.decode_value(raw))
-                except (KeyError, TypeError, ValueError):
-                    continue
-            self._roster = out
-        return self._roster
+        return self._replicated.roster(self.conn)
 
     def members_by_id(self, include_retired: bool = False) -> dict[bytes, Member]:
         """Current members (and with ``include_retired`` the retired ones) by site id."""
@@ -262,10 +227,7 @@ class Site:
 
     def family_settings(self) -> dict:
         """The family's replicated settings (name, policy, sealing rule)."""
-        v = pick(self.versions(FAMILY, FAMILY_KEY), "lww", {})
-        settings = codec.decode_value(v.value) if v is not None and v.value is not None else {}
-        # Imports refuse malformed settings; a store that holds some anyway still opens.
-        return settings if isinstance(settings, dict) else {}
+        return self._replicated.family_settings(self.conn)
 
     def requires_sealing(self) -> bool:
         """Whether the family requires every packet to be sealed to its recipient."""
@@ -273,21 +235,11 @@ class Site:
 
     def policies(self) -> dict[str, str]:
         """Collections that have their own conflict policy: name -> policy."""
-        if self._policies is None:
-            out = {}
-            for _c, key, raw in self._visible_rows(COLLECTIONS):
-                try:
-                    out[key] = codec.decode_value(raw)["policy"]
-                except (KeyError, TypeError, ValueError):
-                    continue
-            self._policies = out
-        return self._policies
+        return self._replicated.policies(self.conn)
 
     def policy_of(self, collection: str) -> str:
         """The conflict policy that decides the visible version in ``collection``."""
-        if collection.startswith(SYS_PREFIX):
-            return "lww"
-        return self.policies().get(collection) or self.family_policy()
+        return self._replicated.policy_of(self.conn, collection)
 
     def seal_key(self, peer: bytes, encrypt: bool) -> bytes | None:
         """The peer's X25519 key when a packet to it must be sealed (asked for, or family
@@ -302,7 +254,7 @@ class Site:
 
     def priorities(self) -> dict[bytes, int]:
         """Each member's priority under the ``priority`` policy, by site id."""
-        return {m.site_id: m.priority for m in self.roster().values()}
+        return self._replicated.priorities(self.conn)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -310,33 +262,21 @@ class Site:
         """The surviving versions of ``collection``/``key`` (more than one: a conflict)."""
         return versions.of_key(self.conn, collection, key)
 
-    def _visible_rows(self, collection: str | None = None) -> Iterator[tuple[str, str, bytes]]:
-        """(collection, key, msgpack value) of visible records, sorted."""
-        for coll, key, vs in group_versions(versions.rows(self.conn, collection)):
-            # syncpack's own collections are lww whatever the family says: the priorities come
-            # from the roster, which is read through here
-            policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(coll)
-            v = vs[0] if len(vs) == 1 else pick(
-                vs, policy, self.priorities() if policy == "priority" else {})
-            if v is not None and v.value is not None:
-                yield coll, key, v.value
-
     def get(self, collection: str, key: str, default: Any = RecordNotFound) -> Any:
         """The visible value of ``collection``/``key``.  Raises :class:`RecordNotFound`
         when there is none, unless a ``default`` is given."""
-        vs = self.versions(collection, key)
-        v = pick(vs, self.policy_of(collection), self.priorities()) if vs else None
-        if v is None or v.value is None:
+        raw = self._replicated.visible(self.conn, collection, key)
+        if raw is None:
             if default is RecordNotFound:
                 raise RecordNotFound(f"no record {collection}/{key}")
             return default
-        return codec.decode_value(v.value)
+        return codec.decode_value(raw)
 
     def records(self, collection: str | None = None,
                 include_system: bool = False) -> Iterator[tuple[str, str, Any]]:
         """``(collection, key, value)`` of every visible record, sorted; one collection
         or all (syncpack's own ``$`` collections only with ``include_system``)."""
-        for coll, key, raw in self._visible_rows(collection):
+        for coll, key, raw in self._replicated.visible_rows(self.conn, collection):
             if coll.startswith(SYS_PREFIX) and not include_system and collection is None:
                 continue
             yield coll, key, codec.decode_value(raw)
@@ -361,19 +301,7 @@ class Site:
         Covers every key's surviving versions (CSN and value) and its visible value; leaves out
         local bookkeeping (matrix, packets, clock) and keys whose only survivor is a tombstone,
         which trimming removes at different times at different sites."""
-        h = hashlib.sha256(b"syncpack digest v1\0")
-        n = 0
-        cur = versions.rows_by_csn(self.conn)
-        prio = self.priorities()
-        for coll, key, vs in group_versions(cur):
-            if len(vs) == 1 and vs[0].value is None:
-                continue
-            v = pick(vs, self.policy_of(coll), prio)
-            visible = v.value if v is not None else None
-            if visible is not None and not coll.startswith(SYS_PREFIX):
-                n += 1
-            h.update(codec.packb([coll, key, [[x.csn, x.value] for x in vs], visible]))
-        return h.hexdigest(), n
+        return self._replicated.digest(self.conn)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -471,20 +399,6 @@ class _ClosedStore:
 
     def __getattr__(self, attr: str):
         raise SiteClosedError(f"site {self._name!r} has been closed")
-
-
-def group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
-    cur_key = None
-    vs: list[Version] = []
-    for coll, key, csn, value in cur:
-        k = (coll, key)
-        if k != cur_key:
-            if cur_key is not None:
-                yield cur_key[0], cur_key[1], vs
-            cur_key, vs = k, []
-        vs.append(Version(csn, value is None, value))
-    if cur_key is not None:
-        yield cur_key[0], cur_key[1], vs
 
 
 class Transaction:

@@ -16,7 +16,8 @@ from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import format_csn
 from syncpack.errors import UsageError
 from syncpack.store import versions
-from syncpack.site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, group_versions
+from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, group_versions
+from syncpack.site import Site, check_collection
 
 
 def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:

@@ -15,7 +15,8 @@ from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
 from syncpack.errors import UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
-from syncpack.site import ROSTER, Site, wall_ms
+from syncpack.replicated import ROSTER
+from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import resolved_acks
 
 NORMAL, RECOVERING = "normal", "recovering"

@@ -29,7 +29,8 @@ from syncpack.exchange.packets import PACKET_SUFFIX, fsync_dir
 from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
-from syncpack.site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member, Site, wall_ms
+from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member
+from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import OpenPacket, packet_blocks, resolved_acks, verify_block
 
 APPLY_BATCH = 20_000

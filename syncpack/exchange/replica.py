@@ -21,7 +21,8 @@ from syncpack.exchange.links import ensure_link, link, raise_matrix
 from syncpack.store import log, versions
 from syncpack.store import matrix as stored
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
-from syncpack.site import ROSTER, Member, Site, Transaction, wall_ms
+from syncpack.replicated import ROSTER, Member
+from syncpack.site import Site, Transaction, wall_ms
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, verify
 from syncpack.progress import expect
 
