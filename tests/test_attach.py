@@ -465,7 +465,10 @@ values = st.one_of(st.integers(-2 ** 63, 2 ** 63 - 1), st.text(),
 @given(st.lists(values, min_size=1, max_size=4))
 def test_keys_round_trip_with_types(vals):
     key = rows.encode_key(tuple(vals), len(vals) == 1)
-    back = rows.decode_key(key, ["BLOB"] * len(vals))
+    # A single text key in a column without affinity that looks like a number is ambiguous
+    # (docs/attach.md): such columns are declared TEXT in practice.
+    aff = ["TEXT" if len(vals) == 1 and isinstance(vals[0], str) else "BLOB"] * len(vals)
+    back = rows.decode_key(key, aff)
     if len(vals) == 1 and isinstance(vals[0], str) and not vals[0].startswith("["):
         assert key == vals[0]
     if len(vals) == 1 and isinstance(vals[0], int):
