@@ -583,7 +583,7 @@ class BodyWriter:
         self._sealer = sealer(self._sink) if sealer else None
         self._out = self._sealer or self._sink
         self.epk = self._sealer.epk if self._sealer else b""
-        self.budget = budget - (seal.overhead(budget) if sealer else 0)
+        self.budget = raw_body_room(budget, sealer is not None)
         self._c = zstandard.ZstdCompressor(level=level).compressobj()
         self.out = 0
         self.pending = 0
@@ -623,17 +623,22 @@ class BodyWriter:
         return self._sink.n, self._sink.h.digest()
 
 
+def raw_body_room(budget: int, sealed: bool) -> int:
+    """The blocks' bytes a raw body of ``budget`` bytes holds: sealing takes its tags first."""
+    from syncpack.format import seal
+    return budget - (seal.overhead(budget) if sealed else 0)
+
+
 class RawBodyWriter:
     """An update packet's body: stored blocks copied as they are (each is compressed already),
     through the sealer for sealed packets, hashed as they land in the file."""
 
     def __init__(self, f: BinaryIO, budget: int, sealer=None):
-        from syncpack.format import seal
         self._sink = _HashingSink(f)
         self._sealer = sealer(self._sink) if sealer else None
         self._out = self._sealer or self._sink
         self.epk = self._sealer.epk if self._sealer else b""
-        self.budget = budget - (seal.overhead(budget) if sealer else 0)
+        self.budget = raw_body_room(budget, sealer is not None)
         self.out = 0
         self.items = 0
 
