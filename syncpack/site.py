@@ -29,7 +29,7 @@ from syncpack.format import codec, keys
 from syncpack.store import chain, db
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version, pick
-from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
+from syncpack.format.csn import CSN_LEN, csn_hlc, csn_origin, csn_seq, next_hlc, pack_csn
 from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
@@ -455,7 +455,7 @@ class Site:
                     (op.collection, op.key, csn, op.value))
 
     def _op_known(self, csn: bytes) -> bool:
-        hlc, origin, seq = int.from_bytes(csn[:8], "big"), csn[8:16], int.from_bytes(csn[16:], "big")
+        hlc, origin, seq = csn_hlc(csn), csn_origin(csn), csn_seq(csn)
         # An op trimmed from the changelog was applied before; it can never arrive again.
         return chain.epoch_of(self.conn, hlc, origin, seq) is not None
 

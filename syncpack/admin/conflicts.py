@@ -13,7 +13,7 @@ from typing import Any
 
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
-from syncpack.format.csn import format_csn
+from syncpack.format.csn import csn_origin, format_csn
 from syncpack.errors import UsageError
 from syncpack.site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, group_versions
 
@@ -25,7 +25,7 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
             "visible": None if win is None or win.value is None else
             codec.decode_value(win.value),
             "versions": [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
-                          "origin": names.get(v.csn[8:16], v.csn[8:16].hex()),
+                          "origin": names.get(csn_origin(v.csn), csn_origin(v.csn).hex()),
                           "deleted": v.deleted, "winner": v == win,
                           "value": None if v.value is None else codec.decode_value(v.value)}
                          for v in sorted(vs, key=lambda v: v.csn)]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain
-from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
+from syncpack.format.csn import CSN_LEN, csn_origin, next_hlc, pack_csn
 from syncpack.errors import UsageError
 from syncpack.store.matrix import ack_floor
 from syncpack.progress import expect
@@ -317,7 +317,7 @@ def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
             "NOT EXISTS (SELECT 1 FROM versions w WHERE w.collection=v.collection AND "
             "w.key=v.key AND w.csn<>v.csn) AND NOT EXISTS (SELECT 1 FROM tomb_pending t "
             "WHERE t.collection=v.collection AND t.key=v.key AND t.csn=v.csn)").fetchall():
-        origin = csn[8:16]
+        origin = csn_origin(csn)
         held = chain.epoch_of(c, int.from_bytes(csn[:8], "big"), origin,
                               int.from_bytes(csn[16:], "big"))
         epoch = held if held is not None else site.floors().get(origin, 0)

@@ -23,8 +23,7 @@ the same site state and parameters, and records them in the store the same way:
    prefix, the staged body copied in bounded pieces and hashed again, then the header built
    and signed here, under a temporary name, fsynced and renamed; then it removes the staged
    bodies, and the export driver both engines share (:func:`syncpack.exchange.sync.run_export`)
-   records the exports.  A failure
-   anywhere leaves no packet of this run and records nothing.
+   records the exports.  A failure anywhere leaves no packet of this run and records nothing.
 
 The private keys never leave the driver, by construction: nothing broadcast or captured in a
 task closure holds key material (``tests/test_spark.py`` pickles both to check), because the

@@ -20,7 +20,7 @@ from syncpack.format import blocks, codec, keys
 from syncpack.rules import planning
 from syncpack.store import chain, db
 from syncpack.format.codec import Header, Op
-from syncpack.format.csn import pack_csn
+from syncpack.format.csn import csn_origin, pack_csn
 from syncpack.errors import EpochCollisionError, PacketBodyError, PacketSenderError
 from syncpack.store.matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
@@ -453,7 +453,7 @@ def _check_record(site: Site, rec, vector: dict[bytes, int],
                   roster: dict[str, Member]) -> None:
     """Every version in a snapshot comes from an origin the snapshot's vector covers (or from
     us), and roster records obey the same rules as roster ops."""
-    origin = rec.csn[8:16]
+    origin = csn_origin(rec.csn)
     if vector.get(origin, 0) <= 0 and origin != site.site_id:
         raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
                               f"origin its vector does not cover")
