@@ -10,7 +10,6 @@ verifier); claims about our own history go through :func:`syncpack.admin.recover
 from __future__ import annotations
 
 import heapq
-import os
 import shutil
 from pathlib import Path
 from typing import Iterable
@@ -24,7 +23,8 @@ from syncpack.format.csn import csn_origin, pack_csn
 from syncpack.errors import EpochCollisionError, PacketBodyError, PacketSenderError
 from syncpack.store.matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
-from syncpack.exchange.packets import PACKET_SUFFIX, fsync_dir
+from syncpack.exchange.packets import PACKET_SUFFIX
+from syncpack.fileops import write_atomic
 from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
@@ -425,14 +425,10 @@ def park(site: Site, pk: OpenPacket, gaps: dict[bytes, tuple[int, int]], shown: 
     h = pk.header
     fname = parked_name(h)
     dest = site.parked_dir() / fname
-    tmp = dest.with_suffix(".tmp")
     pk.f.seek(0)
-    with open(tmp, "wb") as out:
-        shutil.copyfileobj(pk.f, out, 1 << 20)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, dest)
-    fsync_dir(dest.parent)      # the rename is durable before the store points at the file
+    # the rename is durable before the store points at the file
+    write_atomic(dest, lambda out: shutil.copyfileobj(pk.f, out, 1 << 20),
+                 tmp=dest.with_suffix(".tmp"))
     with site.write_txn() as conn:
         conn.execute("INSERT OR REPLACE INTO parked(sender, packet_id, seq, part, file, "
                      "origin_path, waiting, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -18,6 +18,7 @@ from typing import BinaryIO, Callable, Iterable
 from syncpack.format import blocks, codec
 from syncpack.format.codec import Header
 from syncpack.errors import ExportError, MediumFullError, OutboxError
+from syncpack.fileops import commit_temp, temp_name
 from syncpack.format.names import check_site_name
 
 DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
@@ -434,7 +435,7 @@ def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
 
     def opener(part: int):
         final = directory / name_for(part)
-        tmp = directory / f".{final.name}.{secrets.token_hex(4)}.tmp"
+        tmp = temp_name(final)
         try:
             # A file where a directory should be (OUT itself, or OUT/<to>/<from>) is a typed
             # export error naming the directory, like any other failure to write there.
@@ -449,11 +450,7 @@ def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
                     f.close()
                     tmp.unlink(missing_ok=True)
                     return final
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
-                os.replace(tmp, final)
-                fsync_dir(directory)
+                commit_temp(f, tmp, final)
                 return final
             except OSError as e:
                 try:
@@ -495,10 +492,3 @@ def _os_error(e: OSError, directory: Path) -> ExportError:
                                f"no partial packet was left")
     return ExportError(f"cannot write packets into {directory}: {e.strerror or e}")
 
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
