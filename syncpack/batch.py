@@ -137,6 +137,7 @@ from typing import Any, Callable
 from syncpack.admin import inspection, metrics, recovery
 from syncpack.exchange import sync
 from syncpack.store import db
+from syncpack.outcome import error_outcome
 from syncpack.exchange.apply import is_known
 from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
                      PacketError, SiteError, SyncpackError)
@@ -438,14 +439,9 @@ class _Round:
         """Run one action; a failure is recorded and the round goes on with the next one."""
         try:
             fn()
-        except SyncpackError as e:
-            self.fail(action, target, e.message, e.hint)
-        except db.DatabaseError as e:
-            self.fail(action, target, f"the site store cannot be used: {e}",
-                      "check the disk and run 'syncpack fsck'")
-        except OSError as e:
-            self.fail(action, target, f"{e.strerror or e}"
-                      + (f": {e.filename}" if e.filename else ""), None)
+        except (SyncpackError, db.DatabaseError, OSError) as e:
+            message, hint, _code = error_outcome(e)
+            self.fail(action, target, message, hint)
 
     def do_import(self, spec: ImportSpec) -> None:
         entry: dict[str, Any] = {"path": str(spec.path), "present": spec.path.exists()}
