@@ -8,7 +8,6 @@ being lost.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from syncpack.format import codec
@@ -103,13 +102,6 @@ def set_priority(site: Site, member: str, priority: int) -> dict:
     with site.transaction(_system=True) as tx:
         tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
     return {"site": m.name, "priority": priority}
-
-
-def parse_json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"not valid JSON ({e.msg})") from None
 
 
 def set_family_setting(site: Site, name: str, value: Any) -> dict:

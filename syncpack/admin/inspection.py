@@ -10,7 +10,6 @@ from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.store import chain, db
 from syncpack.format.codec import Op
-from syncpack.rules.conflict import Version
 from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
 from syncpack.site import Site, check_collection
@@ -318,11 +317,3 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
         finally:
             pk.close()
     return {"packets": out, "errors": errors}
-
-
-def conflict_versions(site: Site, vs: list[Version]) -> list[dict]:
-    names = site.names()
-    from syncpack.format.csn import format_csn
-    return [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
-             "origin": names.get(csn_origin(v.csn), csn_origin(v.csn).hex()), "deleted": v.deleted,
-             "value": None if v.value is None else codec.decode_value(v.value)} for v in vs]

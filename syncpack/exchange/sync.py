@@ -8,7 +8,6 @@ the store untouched.
 
 from __future__ import annotations
 
-import heapq
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain, exports
 from syncpack.exchange.apply import ForkDetected, apply_packet, apply_snapshot, drop_parked, is_known, park
-from syncpack.format.codec import Header, Op
+from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
 from syncpack.errors import (ExportError, PacketError, PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
@@ -129,14 +128,6 @@ def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes]
         return None
     held = chain.op_id_at(site.conn, peer, e)
     return (e, pack_csn(held[0], peer, held[1])) if held else None
-
-
-def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]:
-    """Ops of all ranges in CSN order (each origin's epoch order is its CSN order)."""
-    its = [site.iter_changelog(o, lo, hi) for o, (lo, hi) in ranges.items()]
-    if len(its) == 1:
-        return its[0]
-    return heapq.merge(*its, key=lambda op: (op.hlc, op.origin, op.seq))
 
 
 def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
