@@ -421,6 +421,16 @@ def stored_as_sent(w: World, data: bytes, vector: dict[bytes, int]) -> list[str]
     return problems
 
 
+def stage_input(w: World, name: str, data: bytes) -> tuple[Path, dict]:
+    """``data`` as a file to import at a clean scratch copy of b, and that copy's state now."""
+    if w.dirty:
+        w.reset()
+    f = w.root / "in" / name
+    f.parent.mkdir(exist_ok=True)
+    f.write_bytes(data)
+    return f, fingerprint(w.scratch)
+
+
 def judge(w: World, name: str, data: bytes, exact: bool, expect: str = "any",
           origin: bytes | None = None) -> Verdict:
     """Import ``data`` (a mutation of corpus packet ``name``) at the scratch copy of b and judge
@@ -430,12 +440,7 @@ def judge(w: World, name: str, data: bytes, exact: bool, expect: str = "any",
     refused, or parked for a later check), "signature" (a block signed without its origin's
     key: refused for its signature, naming ``origin``, or parked).  Exceptions other than a
     PacketError, and hangs, propagate."""
-    if w.dirty:
-        w.reset()
-    f = w.root / "in" / "mutant.spk"
-    f.parent.mkdir(exist_ok=True)
-    f.write_bytes(data)
-    before = fingerprint(w.scratch)
+    f, before = stage_input(w, "mutant.spk", data)
     try:
         return _judge(w, name, f, data, before, exact, expect, origin)
     except KnownBug as e:

@@ -51,7 +51,8 @@ from fuzzkit import (
     CORPUS, DrawChooser, FIELD_SPAN, HANG_SECONDS, HEADER_LEN, SETTINGS, Unmakeable, VECTORS,
     World, assemble, block_columns, body_edit, body_objects, build_world, byte_mutation,
     compress, edit_update_body, fields_of, fingerprint, fix_ranges, fsck_findings, header_edit,
-    note, origin_of, read_all, rechain, resign, resigned_update, sign_block, time_limit, try_import)
+    note, origin_of, read_all, rechain, resign, resigned_update, sign_block, stage_input, time_limit,
+    try_import)
 
 from syncpack.admin import conflicts, inspection
 from syncpack.exchange import replica, sync, verify
@@ -458,12 +459,7 @@ def signed_bomb(w: World, body: bytes, raw_len: int, ops: int = 16) -> bytes:
 
 
 def bomb_import(w: World, data: bytes, limit_mb: int = 160, seconds: float = 15.0):
-    if w.dirty:
-        w.reset()
-    f = w.root / "in" / "bomb.spk"
-    f.parent.mkdir(exist_ok=True)
-    f.write_bytes(data)
-    before = fingerprint(w.scratch)
+    f, before = stage_input(w, "bomb.spk", data)
 
     def go():
         with Site.open(w.scratch) as s:

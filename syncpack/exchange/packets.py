@@ -1,7 +1,8 @@
 """Cutting a stream of blocks into signed packets, and writing packet files safely.
 
-:func:`build_update_packets` is the one cutting rule: both the local exporter and the Spark job
-call it with the same blocks in the same order (:func:`order_blocks`) and get the same bytes.
+:class:`CutRule` is the one cutting rule: the local exporter (:func:`build_update_packets`, which
+has the blocks' bytes) and the Spark job (:func:`plan_packets`, which has only their sizes) both
+follow it over the same blocks in the same order (:func:`order_blocks`) and get the same bytes.
 The unit of cutting is a block (origin-signed, never altered or split by anyone else).
 """
 
