@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import struct
 import time
 from contextlib import contextmanager
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -26,7 +28,7 @@ from syncpack.format import codec, keys
 from syncpack.store import chain, db, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
-from syncpack.format.csn import next_hlc, pack_csn
+from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
 from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
@@ -36,6 +38,8 @@ from syncpack.format.values import check_json_value
 # Also re-exported: applications and the packages above know these names from here.
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
                                  SYS_PREFIX, TABLES, Member, Replicated)
+
+_U32 = struct.Struct(">I")     # the seq at the end of a CSN
 
 PARKED_DIR = "parked"
 LOCK_FILE = "lock"
@@ -462,6 +466,22 @@ class Transaction:
         site = self.site
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
+        if not items:
+            return
+        names, raws, replaced_ = zip(*items)
+        if not any(replaced_):
+            # Nothing superseded (a first capture, new rows): the ops and rows are built by
+            # map/zip in C instead of a Python loop per row.
+            n, seq0, epoch0, hlc = len(items), self.seq, self.epoch, self.hlc
+            self.seq += n
+            self.epoch += n
+            prefix = pack_csn(hlc, site.site_id, 0)[:CSN_LEN - 4]
+            csns = map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n)))
+            self.ops.extend(map(tuple.__new__, repeat(Op), zip(
+                repeat(site.site_id), range(epoch0 + 1, epoch0 + 1 + n), repeat(hlc),
+                range(seq0, seq0 + n), repeat(collection), names, raws, repeat(b""))))
+            versions.insert_many(site.conn, zip(repeat(collection), names, csns, raws))
+            return
         gone, rows = [], []
         for key, raw, replaced in items:
             seq = self.seq

@@ -100,37 +100,67 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
         # A table's first capture into an empty collection needs no look-ups.
         used = {n: attached.collection_used(conn, n) for n in infos}
         size = 0
+        encode = codec.encode_value
         for name, t in infos.items():
-            single = len(t.pk) == 1
-            for part in rows.chunks(appdb.changed_rows(app, t, since, upto), CAPTURE_CHUNK):
-                items = [(rows.encode_key(key, single), _record(t, row)) for _s, key, row in part]
-                keys = [k for k, _r in items]
-                current = attached.versions_for(conn, name, keys) if used[name] else {}
-                unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
-                batch = []
-                for key, raw in items:
-                    vs = current.get(key, ())
-                    if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
-                        continue    # nothing new (written back as it was, or born and gone)
-                    n = len(key) + len(raw or b"")
-                    # One capture is one replication transaction, so no application
-                    # transaction is split; only a backlog beyond a block's limits is cut
-                    # (docs/attach.md).
-                    if tx.seq + len(batch) >= chain.MAX_TXN_OPS or \
-                            size + n > chain.MAX_TXN_BYTES:
-                        tx.write_many(name, batch)
-                        batch = []
-                        tx.split()
-                        size = 0
-                    size += n
-                    u = unseen.get(key, ())
-                    batch.append((key, raw, [c for c, _v in vs if c not in u]))
-                tx.write_many(name, batch)
+            cols, width, npk = t.columns, len(t.columns), len(t.pk)
+            for part in appdb.changed_chunks(app, t, since, upto, CAPTURE_CHUNK):
+                keys = _keys(part, width, npk)
+                # A row present is its record, one absent is a delete (None).
+                raws = [encode(dict(zip(cols, r))) if r[width] else None for r in part]
+                if not used[name] and not any_pending:
+                    # Nothing held for these keys: a row is new, a key born and gone is
+                    # nothing.
+                    batch = [(k, r, ()) for k, r in zip(keys, raws) if r is not None]
+                else:
+                    current = attached.versions_for(conn, name, keys) if used[name] else {}
+                    unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
+                    batch = []
+                    for key, raw in zip(keys, raws):
+                        vs = current.get(key, ())
+                        if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
+                            continue    # nothing new (written back as it was, or born and gone)
+                        u = unseen.get(key, ())
+                        batch.append((key, raw, [c for c, _v in vs if c not in u]))
+                size = _write_bounded(tx, name, batch, size)
                 written += len(batch)
         attached.set_captured(conn, upto)
         attached.touch(conn, list(infos), "last_capture_ms", now)
         attached.end_capturing(conn)
     return written
+
+
+def _keys(part: list[tuple], width: int, npk: int) -> list[str]:
+    """The record keys of rows laid out as :func:`appdb.changed_chunks` gives them."""
+    if npk == 1:
+        enc = rows.encode_key
+        # The common key (text not starting with '[') is itself, without a call per row.
+        return [v if v.__class__ is str and v[:1] != "[" else enc((v,), True)
+                for v in (r[width + 1] for r in part)]
+    return [rows.encode_key(tuple(r[width + 1:width + 1 + npk]), False) for r in part]
+
+
+def _write_bounded(tx, name: str, batch: list, size: int) -> int:
+    """Write ``batch`` as ops of ``tx``; returns the bytes of keys and values now in the
+    current replication transaction.  One capture is one replication transaction, so no
+    application transaction is split; only a backlog beyond a block's limits is cut
+    (docs/attach.md)."""
+    total = sum(len(k) for k, _r, _v in batch) + sum(len(r) for _k, r, _v in batch if r)
+    if tx.seq + len(batch) <= chain.MAX_TXN_OPS and size + total <= chain.MAX_TXN_BYTES:
+        tx.write_many(name, batch)      # the common case: it all fits
+        return size + total
+    part: list = []
+    for item in batch:
+        key, raw, _v = item
+        n = len(key) + len(raw or b"")
+        if tx.seq + len(part) >= chain.MAX_TXN_OPS or size + n > chain.MAX_TXN_BYTES:
+            tx.write_many(name, part)
+            part = []
+            tx.split()
+            size = 0
+        size += n
+        part.append(item)
+    tx.write_many(name, part)
+    return size
 
 
 def _forget(app: appdb.Connection, site: Site) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -282,6 +283,26 @@ def changed_rows(conn: Connection, t: TableInfo, since: int, upto: int
     for row in conn.execute(sql, (t.name, since, upto)):
         key = tuple(row[1:1 + n])
         yield row[0], key, (tuple(row[2 + n:]) if row[1 + n] else None)
+
+
+def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
+                   ) -> Iterator[list[tuple]]:
+    """:func:`changed_rows` in lists of up to ``n`` raw rows for bulk readers, each laid out
+    as (the row's columns in ``t.columns`` order, present, key values...), so that
+    ``zip(t.columns, row)`` is the row and ``row[len(t.columns)]`` says whether it exists."""
+    ks = [f"c.k{i}" for i in range(len(t.pk))]
+    on = " AND ".join(f"t.{q(c)} = {k}" for c, k in zip(t.pk, ks))
+    cols = ", ".join(f"t.{q(c)}" for c in t.columns)
+    present = f"t.{q(t.pk[0])} IS NOT NULL"
+    sql = (f"SELECT {cols}, {present}, {', '.join(ks)}, max(c.seq) AS s FROM {CHANGES} c "
+           f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
+           f"GROUP BY {', '.join(ks)} ORDER BY s")
+    cur = conn.execute(sql, (t.name, since, upto))
+    while True:
+        part = list(islice(cur, n))
+        if not part:
+            return
+        yield part
 
 
 def forget_changes(conn: Connection, upto: int) -> None:
