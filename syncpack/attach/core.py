@@ -184,25 +184,22 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         t = infos[name]
         w = appdb.Writer(app, t)
         aff = [t.affinity.get(c, "BLOB") for c in t.pk]
-        puts: list[tuple[str, dict]] = []
-        for key, vs in _grouped(attached.pending_versions(conn, name)):
-            if len(vs) == 1:
-                raw = vs[0][1]      # no conflict: the one version is visible
-            else:
-                v = _visible(site, name, vs)
-                raw = None if v is None else v.value
-            if raw is None:
-                deletes.append((name, key, rows.decode_key(key, aff)))
-                continue
-            value = codec.decode_value(raw)
-            if isinstance(value, dict):
-                puts.append((key, value))
-            else:
-                clashes.setdefault(name, {})[key] = "the record is not a row of the table"
-            if len(puts) >= APPLY_CHUNK:
-                _put_all(w, name, puts, done, clashes)
-                puts = []
-        _put_all(w, name, puts, done, clashes)
+        for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
+            # (key, number of versions, the value when there is exactly one)
+            several = {k: _visible(site, name, attached.versions_of(conn, name, k))
+                       for k, n, _v in part if n > 1}
+            vis = [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
+            deletes.extend((name, k, rows.decode_key(k, aff)) for k, v in vis if v is None)
+            live = [(k, v) for k, v in vis if v is not None]
+            values = list(map(codec.decode_value, [v for _k, v in live]))
+            if not all(v.__class__ is dict for v in values):
+                bad = {i for i, v in enumerate(values) if not isinstance(v, dict)}
+                for i in bad:
+                    clashes.setdefault(name, {})[live[i][0]] = \
+                        "the record is not a row of the table"
+                live = [x for i, x in enumerate(live) if i not in bad]
+                values = [v for i, v in enumerate(values) if i not in bad]
+            _put_all(w, name, [k for k, _v in live], values, done, clashes)
     # Children go before their parents.
     rank = {n: i for i, n in enumerate(order)}
     for name, key, vals in sorted(deletes, key=lambda d: -rank[d[0]]):
@@ -227,9 +224,13 @@ def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
         yield key, vs
 
 
-def _put_all(w: appdb.Writer, name: str, puts: list[tuple[str, dict]],
+def _put_all(w: appdb.Writer, name: str, keys: list[str], values: list[dict],
              done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
-    for key, err in zip((k for k, _v in puts), w.put_many([v for _k, v in puts])):
+    errs = w.put_many(values)
+    if not any(errs):
+        done.setdefault(name, []).extend(keys)      # the common case: the whole batch went in
+        return
+    for key, err in zip(keys, errs):
         if err:
             clashes.setdefault(name, {})[key] = err
         else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -360,7 +361,9 @@ class Writer:
         if all(r.keys() == first for r in rows):
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
-                self.conn.executemany(self._upsert(cols), [[r[c] for c in cols] for r in rows])
+                get = itemgetter(*cols)
+                args = map(get, rows) if len(cols) > 1 else ((get(r),) for r in rows)
+                self.conn.executemany(self._upsert(cols), args)
             except apsw.ConstraintError:
                 self.conn.execute("ROLLBACK TO syncpack_batch")
                 self.conn.execute("RELEASE syncpack_batch")

@@ -141,6 +141,8 @@ def set_clash(conn: Connection, collection: str, key: str, text: str, at_ms: int
 
 
 def clear_clashes(conn: Connection, collection: str, keys: list[str]) -> None:
+    if not has_clashes(conn, collection):
+        return      # the common case: nothing to look up key by key
     conn.executemany("DELETE FROM attach_clashes WHERE collection=? AND key=?",
                      [(collection, k) for k in keys])
 
@@ -208,3 +210,18 @@ def pending_versions(conn: Connection, collection: str
 
 def clear_all_pending(conn: Connection, collection: str) -> None:
     conn.execute("DELETE FROM attach_pending WHERE collection=?", (collection,))
+
+
+def pending_visible(conn: Connection, collection: str) -> Iterator[tuple[str, int, bytes | None]]:
+    """(key, number of surviving versions, the value if exactly one) of every pending key of
+    ``collection``, by key: the common case (one version) needs no second look-up."""
+    return conn.execute(
+        "SELECT p.key, count(v.csn), CASE WHEN count(v.csn) = 1 THEN max(v.value) END "
+        "FROM (SELECT DISTINCT key FROM attach_pending WHERE collection=?) p "
+        "LEFT JOIN versions v ON v.collection=? AND v.key=p.key GROUP BY p.key ORDER BY p.key",
+        (collection, collection))
+
+
+def has_clashes(conn: Connection, collection: str) -> bool:
+    return conn.execute("SELECT 1 FROM attach_clashes WHERE collection=? LIMIT 1",
+                        (collection,)).fetchone() is not None
