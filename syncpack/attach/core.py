@@ -19,7 +19,7 @@ own lock (one syncpack command at a time works on an attachment).
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
@@ -38,6 +38,9 @@ ATTACH_TXN_BYTES = 32 * 1024 * 1024
 # batch while applying.
 CAPTURE_CHUNK = 10_000
 APPLY_CHUNK = 10_000
+# A write this large goes in with the table's capture triggers dropped for its duration
+# (appdb.capture_paused); smaller ones are not worth a schema change.
+PAUSE_CAPTURE_AT = 1_000
 
 
 def _path(db_path: str | os.PathLike) -> Path:
@@ -184,22 +187,15 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         t = infos[name]
         w = appdb.Writer(app, t)
         aff = [t.affinity.get(c, "BLOB") for c in t.pk]
-        for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
-            # (key, number of versions, the value when there is exactly one)
-            several = {k: _visible(site, name, attached.versions_of(conn, name, k))
-                       for k, n, _v in part if n > 1}
-            vis = [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
-            deletes.extend((name, k, rows.decode_key(k, aff)) for k, v in vis if v is None)
-            live = [(k, v) for k, v in vis if v is not None]
-            values = list(map(codec.decode_value, [v for _k, v in live]))
-            if not all(v.__class__ is dict for v in values):
-                bad = {i for i, v in enumerate(values) if not isinstance(v, dict)}
-                for i in bad:
-                    clashes.setdefault(name, {})[live[i][0]] = \
-                        "the record is not a row of the table"
-                live = [x for i, x in enumerate(live) if i not in bad]
-                values = [v for i, v in enumerate(values) if i not in bad]
-            _put_all(w, name, [k for k, _v in live], values, done, clashes)
+        parts = rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK)
+        first = next(parts, None)
+        if first is None:
+            continue
+        big = len(first) >= PAUSE_CAPTURE_AT
+        with appdb.capture_paused(app, t) if big else nullcontext():
+            _apply_part(site, w, aff, first, deletes, done, clashes)
+            for part in parts:
+                _apply_part(site, w, aff, part, deletes, done, clashes)
     # Children go before their parents.
     rank = {n: i for i, n in enumerate(order)}
     for name, key, vals in sorted(deletes, key=lambda d: -rank[d[0]]):
@@ -209,6 +205,27 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         else:
             done.setdefault(name, []).append(key)
     return done, clashes
+
+
+def _apply_part(site: Site, w: appdb.Writer, aff: list[str],
+                part: list[tuple[str, int, bytes | None]], deletes: list,
+                done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
+    """Write one chunk of (key, number of versions, the value if exactly one) of table
+    ``w.t``; deletes are only collected (they go after all puts, children first)."""
+    name = w.t.name
+    several = {k: _visible(site, name, attached.versions_of(site.conn, name, k))
+               for k, n, _v in part if n > 1}
+    vis = [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
+    deletes.extend((name, k, rows.decode_key(k, aff)) for k, v in vis if v is None)
+    live = [(k, v) for k, v in vis if v is not None]
+    values = list(map(codec.decode_value, [v for _k, v in live]))
+    if not all(v.__class__ is dict for v in values):
+        bad = {i for i, v in enumerate(values) if not isinstance(v, dict)}
+        for i in bad:
+            clashes.setdefault(name, {})[live[i][0]] = "the record is not a row of the table"
+        live = [x for i, x in enumerate(live) if i not in bad]
+        values = [v for i, v in enumerate(values) if i not in bad]
+    _put_all(w, name, [k for k, _v in live], values, done, clashes)
 
 
 def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
