@@ -498,3 +498,28 @@ def _reach(parents, start):
                 seen.add(p)
                 todo.append(p)
     return seen
+
+
+def test_a_bulk_apply_leaves_capture_in_place(tmp_path):
+    # A batch this large is written with the table's triggers dropped inside the apply's own
+    # transaction (attach.core.PAUSE_CAPTURE_AT): afterwards they must be back, so the
+    # application's next writes are captured and replicated.
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, SCHEMA)
+    attach_all(sites, dbs)
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i:05d}', {i})" for i in range(2500)])
+    exchange(tmp_path, sites, rounds=1)
+    assert len(table(dbs["b"], "items")) == 2500
+    c = sqlite3.connect(dbs["b"])
+    triggers = {r[0] for r in c.execute("SELECT name FROM sqlite_schema WHERE type='trigger' "
+                                        "AND tbl_name='items'")}
+    c.close()
+    assert {"_syncpack_items_ins", "_syncpack_items_upd", "_syncpack_items_del"} <= triggers
+    app(dbs["b"], ["UPDATE items SET i = -1 WHERE id = 'k00007'",
+                   "DELETE FROM items WHERE id = 'k00008'"])
+    exchange(tmp_path, sites)
+    assert_converged(sites, dbs)
+    on_a = {r[0]: r[2] for r in table(dbs["a"], "items")}
+    assert on_a["k00007"] == -1 and "k00008" not in on_a and len(on_a) == 2499
