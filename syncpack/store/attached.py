@@ -225,3 +225,16 @@ def pending_visible(conn: Connection, collection: str) -> Iterator[tuple[str, in
 def has_clashes(conn: Connection, collection: str) -> bool:
     return conn.execute("SELECT 1 FROM attach_clashes WHERE collection=? LIMIT 1",
                         (collection,)).fetchone() is not None
+
+
+def watched(conn: Connection) -> frozenset[str]:
+    """The attached tables whose new versions the ``versions`` triggers would note as pending
+    right now (none while a capture writes), for a bulk writer that notes them itself."""
+    if conn.execute("SELECT 1 FROM attach_capturing LIMIT 1").fetchone() is not None:
+        return frozenset()
+    return frozenset(r[0] for r in conn.execute("SELECT name FROM attached_tables"))
+
+
+def mark_pending(conn: Connection, rows: list[tuple[str, str, bytes]]) -> None:
+    """Note new versions ``(collection, key, csn)`` as pending, as the insert trigger does."""
+    conn.executemany("INSERT OR IGNORE INTO attach_pending VALUES (?, ?, ?)", rows)
