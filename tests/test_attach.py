@@ -525,3 +525,11 @@ def test_a_bulk_apply_leaves_capture_in_place(tmp_path):
     assert_converged(sites, dbs)
     on_a = {r[0]: r[2] for r in table(dbs["a"], "items")}
     assert on_a["k00007"] == -1 and "k00008" not in on_a and len(on_a) == 2499
+
+
+@given(st.lists(st.integers()), st.integers(min_value=1, max_value=7))
+def test_chunks_keep_order_and_bound_each_list(items, n):
+    parts = list(rows.chunks(iter(items), n))
+    assert [x for p in parts for x in p] == items
+    assert all(1 <= len(p) <= n for p in parts)
+    assert all(len(p) == n for p in parts[:-1])

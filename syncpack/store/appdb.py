@@ -369,7 +369,7 @@ class Writer:
             return []
         cols = tuple(c for c in rows[0] if c in self._cols)
         first = rows[0].keys()
-        if all(r.keys() == first for r in rows):
+        if all(map(first.__eq__, map(dict.keys, rows))):
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 get = itemgetter(*cols)
