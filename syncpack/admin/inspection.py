@@ -9,6 +9,8 @@ from pathlib import Path
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.store import chain, db
+from syncpack.store import forks as fork_store
+from syncpack.exchange import forks
 from syncpack.format.codec import Op
 from syncpack.rules.conflict import Version
 from syncpack.format.csn import CSN_LEN, pack_csn
@@ -96,7 +98,8 @@ def status(site: Site) -> dict:
     from syncpack.admin.recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
-            "changelog_ops": changelog, "vector": site.named(vec)}
+            "changelog_ops": changelog, "vector": site.named(vec),
+            "forks": [forks.describe(site, f) for f in fork_store.all_forks(site.conn)]}
 
 
 def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:

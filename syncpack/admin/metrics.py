@@ -38,6 +38,9 @@ FAMILIES: list[tuple[str, str, str]] = [
      "Packets kept at the site that wait for earlier packets before they can apply."),
     ("syncpack_conflicts", "gauge",
      "Keys with more than one surviving version (concurrent writes to resolve)."),
+    ("syncpack_forks", "gauge",
+     "Evidence that an origin signed two histories, by origin, fork epoch and state (open: "
+     "frozen here; healed; ended). Alert on any open one."),
     ("syncpack_peer_lag_ops", "gauge",
      "Ops this site holds that the peer is not known to hold (what the next export sends)."),
     ("syncpack_peer_unacked_ops", "gauge",
@@ -117,6 +120,9 @@ def samples(status: dict, batch: BatchRound | None = None) \
         out["syncpack_changelog_ops"].append((site, status["changelog_ops"]))
         out["syncpack_parked_packets"].append((site, len(status["parked"])))
         out["syncpack_conflicts"].append((site, status["conflicts"]))
+    for f in status.get("forks", []):
+        out["syncpack_forks"].append(({**site, "origin": f["origin"], "epoch": str(f["epoch"]),
+                                       "state": f["state"]}, 1))
     for peer, d in status.get("peers", {}).items():
         lab = {**site, "peer": peer}
         out["syncpack_peer_lag_ops"].append((lab, d["lag_ops"]))

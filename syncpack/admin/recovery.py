@@ -98,7 +98,7 @@ def note_report(site: Site, h, applied: bool) -> None:
                 _set_id_map(site, "recover_tip_claims", tips)
                 stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch "
                                 f"{h.tip[0]} of this site (restored from a backup, then "
-                                f"written to?)")
+                                f"written to?)", from_epoch=h.tip[0])
     if h.tip is not None and not tip_differs and h.tip[0] <= held:
         tips = _id_map(site, "recover_tip_claims")
         if tips.pop(h.sender, None) is not None:
@@ -173,22 +173,31 @@ def maybe_finish(site: Site) -> bool:
     return True
 
 
-def stash_own(site: Site, reason: str) -> int:
-    """Set aside every own op above our floor and wind our vector back to it.  Called inside a
-    write transaction.
+def stash_own(site: Site, reason: str, from_epoch: int | None = None) -> int:
+    """Set aside our own ops from ``from_epoch`` on (every one above our floor without it) and
+    wind our vector back to just below them.  Called inside a write transaction.
 
     Our history forked after a restore: our copy may hold ops the family never saw (written
-    after the restore, under epochs peers already hold with other ops).  We cannot tell which,
-    so all of them step aside: peers send our genuine ops back (they return to the changelog
-    when their CSN matches), and what is left once every peer has reported is re-issued under
-    fresh epochs.  Record state is untouched throughout."""
+    after the restore, under epochs peers already hold with other ops).  The history below the
+    first epoch shown to differ is the family's (a fork changes every block hash from where it
+    happens, and the peer that showed it holds the same past), so it stays; from there on we
+    cannot tell which ops are the family's, so all of them step aside: peers send our genuine
+    ops back (they return to the changelog when their CSN matches), and what is left once every
+    peer has reported is re-issued under fresh epochs.  If the fork began lower still, the
+    next packet's anchor shows it and this runs again from there.  Record state is untouched
+    throughout."""
     c = site.conn
     me = site.site_id
     floor = site.floors().get(me, 0)
-    ops = chain.take_all(c, me)
+    if from_epoch is None or from_epoch <= floor + 1:
+        ops = chain.take_all(c, me)
+        top = floor
+    else:
+        ops = chain.take_from(c, me, from_epoch)
+        top = from_epoch - 1
     c.executemany("INSERT OR REPLACE INTO stash VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ops)
     n = len(ops)
-    c.execute("UPDATE vector SET epoch=? WHERE origin=?", (floor, me))
+    c.execute("UPDATE vector SET epoch=min(epoch, ?) WHERE origin=?", (top, me))
     site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
     enter_recovering(site, reason)
     return n
