@@ -129,9 +129,15 @@ def test_a_relay_carrying_the_second_version_gets_a_loud_error_and_changes_nothi
 def test_a_careless_restore_heals_by_ordinary_rounds_keeping_the_careless_write(family):
     """Issue 19 point 3: backup, more writes, exchange, restore by copying, one local write,
     ordinary rounds only."""
-    fam = three_sites(family)
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
     fam.put("B", "t", "b0", "before the backup")
-    fam.full_exchange(1)
+    fam.sync("B", "A")
+    fam.add("C", via="A")                    # C holds b0 only inside its snapshot
+    fam.full_exchange(2)
+    for name in ("A", "C"):     # everyone acknowledged b0: no peer can send it to B again
+        assert run("scrub", site=fam.path(name)).code == 0
     copy = backup(fam, "B")
     fam.put("B", "t", "b1", "after the backup")
     fam.full_exchange(1)
