@@ -21,7 +21,8 @@ from syncpack.rules import planning
 from syncpack.store import chain, db
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import pack_csn
-from syncpack.errors import EpochCollisionError, PacketBodyError, PacketSenderError
+from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
+                             PacketSignatureError)
 from syncpack.store.matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from syncpack.exchange.packets import PACKET_SUFFIX, fsync_dir
@@ -319,7 +320,7 @@ def _prove_fork(site: Site, raw, sender: str, prev: bytes | None) -> None:
     the chain not)."""
     try:
         info = verify_block(site, raw, sender, False, prev)
-    except PacketSenderError:
+    except (blocks.BlockError, PacketSenderError, PacketSignatureError):
         return
     found = forks.contradiction(site, info)
     if found is not None:
@@ -365,6 +366,12 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                 # chain comparison could blame its origin.
                 peek = blocks.read_block_header(raw)
                 origin = peek.origin
+                if origin in bad_anchor:
+                    # The range does not continue our history of this origin: a fork if its
+                    # first block proves one, else an epoch collision.
+                    if cursor.get(origin) == peek.lo:
+                        _prove_fork(site, raw, sender, None)
+                    raise bad_anchor[origin]
                 if cursor.get(origin) != peek.lo or peek.hi > h.ranges[origin][1]:
                     raise PacketBodyError(
                         f"block of {site.name_of(origin)} (epochs {peek.lo + 1}..{peek.hi}) "
@@ -379,9 +386,6 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                 if origin in skipped:
                     cursor[origin] = peek.hi
                     continue
-                if first and origin in bad_anchor:
-                    _prove_fork(site, raw, sender, prev)
-                    raise bad_anchor[origin]
                 try:
                     info = verify_block(site, raw, sender, chained, prev)
                 except blocks.BlockChainError:
