@@ -85,7 +85,8 @@ def test_an_equivocating_member_is_found_everywhere_and_retiring_it_converges(fa
     r = run("status", site=fam.path("B"))
     assert "fork (open): C signed two histories" in r.out, r
     r = run("status", "--format", "prometheus", site=fam.path("A"))
-    assert 'syncpack_forks{site="A",origin="C"' in r.out and 'state="open"} 1' in r.out, r
+    assert 'syncpack_forks_open{site="A"} 1' in r.out, r
+    assert 'syncpack_fork{site="A",origin="C"' in r.out and 'state="open"} 1' in r.out, r
 
     # retiring it ends the fork everywhere with one history: equal digests
     r = run("rmreplica", "C", site=fam.path("A"))

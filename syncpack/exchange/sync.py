@@ -231,7 +231,9 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering) and \
                 not heads and not fork_store.news_for(site.conn, peer):
             continue
+        kept = forks.kept_for_header(site)
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
+                      advisory=[codec.FEATURE_FORKS] if heads or evidence or kept else [],
                       family=site.family_id, sender=site.site_id,
                       recipient=peer, packet_id=b"", seq=lk["out_seq"] + 1, part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
@@ -239,7 +241,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                       tip=tip_for(site, peer, vec), anchors=_anchors(site, ranges, metas, peer),
                       reply=bool(ranges) or unconfirmed or recovering, recovering=recovering,
                       heads=[hd for _o, _hi, hd in heads], forks=evidence,
-                      kept=forks.kept_for_header(site))
+                      kept=kept)
         # what the part headers hold besides the acknowledgements: the template and the ranges
         full = replace(tmpl, ranges=ranges)
         rest = len(codec.packb(full.to_wire(full.origin_table())))

@@ -150,7 +150,10 @@ KIND_SNAPSHOT = "snapshot"
 FEATURE_BLOCKS = "blocks"       # the body of an update packet: origin-signed blocks
 KNOWN_MANDATORY = frozenset({"zstd", FEATURE_BLOCKS, "seal-x25519-chacha20poly1305"})
 FEATURE_SEAL = "seal-x25519-chacha20poly1305"
-KNOWN_ADVISORY: frozenset[str] = frozenset()
+# Fork evidence, heads and 'kept' in the header (docs/design.md §3.10): old readers may ignore
+# them (they then find forks only where the blocks meet).
+FEATURE_FORKS = "forks"
+KNOWN_ADVISORY: frozenset[str] = frozenset({FEATURE_FORKS})
 
 
 ACK_CONTEXT = b"syncpack acknowledgement v1\x00"
