@@ -156,3 +156,53 @@ def test_a_careless_restore_heals_by_ordinary_rounds_keeping_the_careless_write(
             assert s.get("t", "careless") == "written after the copy came back"
             assert s.get("t", "b1") == "after the backup"
             assert s.get("t", "b0") == "before the backup"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_schedules_with_an_equivocating_member_never_end_in_silent_disagreement(
+        family, seed):
+    """C and a copy of it (same key) each write and hand their versions to random sites, then
+    packets go between random pairs, some lost.  However it goes, after ordinary rounds the
+    other sites either hold equal data or every one of them reports the fork."""
+    import random
+    rnd = random.Random(seed)
+    fam = three_sites(family)
+    fam.add("D", via="A")
+    fam.full_exchange(2)
+    c2 = twin(fam, "C")
+    others = ["A", "B", "D"]
+    for who, tag in (("C", "one"), (c2, "two")):
+        for i in range(rnd.randint(1, 2)):
+            fam.put(who, "t", f"k{i}", f"{tag}-{i}")
+        for to in rnd.sample(others, rnd.randint(1, 2)):
+            fam.sync(who, to)
+    drop(fam, c2)
+    everyone = others + ["C"]
+    for _ in range(12):
+        a, b = rnd.sample(everyone, 2)
+        pk = fam.export(a, b)
+        if rnd.random() < 0.8:             # the rest are lost on the way
+            fam.import_(b, pk)
+    for _ in range(2):
+        for a in others:
+            for b in others:
+                if a != b:
+                    fam.sync(a, b)
+    digests = {n: fam.digest(n) for n in others}
+    reported = {n: bool(forks_at(fam, n)) for n in others}
+    assert len(set(digests.values())) == 1 or all(reported.values()), (digests, reported)
+    for n in others:
+        assert fsck_ok(fam, n)
+
+    # retiring C ends the fork everywhere, with one history: equal digests
+    assert run("rmreplica", "C", site=fam.path(rnd.choice(others))).code == 0
+    for _ in range(3):
+        for a in others:
+            for b in others:
+                if a != b:
+                    fam.sync(a, b)
+    digests = {n: fam.digest(n) for n in others}
+    assert len(set(digests.values())) == 1, (digests, {n: forks_at(fam, n) for n in others})
+    for n in others:
+        assert fsck_ok(fam, n)
+        assert all(f["state"] == "ended" for f in forks_at(fam, n))
