@@ -206,3 +206,33 @@ def test_random_schedules_with_an_equivocating_member_never_end_in_silent_disagr
     for n in others:
         assert fsck_ok(fam, n)
         assert all(f["state"] == "ended" for f in forks_at(fam, n))
+
+
+def test_a_careless_restore_found_by_its_peers_first_heals_and_is_unfrozen(family):
+    """The restored site exports before it imports: its peers find the fork (two versions of
+    its epoch, both signed by it), freeze it, and pass the evidence back; it keeps their
+    version, re-issues its write and says so, signed, which ends the freeze."""
+    fam = three_sites(family)
+    fam.put("B", "t", "b0", "before the backup")
+    fam.full_exchange(1)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "b1", "after the backup")
+    fam.full_exchange(1)
+    put_back(fam, "B", copy)
+    fam.put("B", "t", "careless", "written after the copy came back")
+
+    for peer in ("A", "C"):
+        out, _ = cli_export(fam, "B", peer)
+        r = run("import", out, site=fam.path(peer), json_mode=True)
+        assert r.code == 1 and [f["origin"] for f in r.json["forks"]] == ["B"], r
+        assert [f["state"] for f in forks_at(fam, peer)] == ["open"]
+    rounds(fam, ["A", "B", "C"], 4)
+    for name in ("A", "C"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["healed"], forks_at(fam, name)
+    assert status(fam, "B")["state"] == "normal"
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in ("A", "B", "C"):
+        with fam.open(name) as s:
+            assert s.get("t", "careless") == "written after the copy came back"
+            assert s.get("t", "b1") == "after the backup"
