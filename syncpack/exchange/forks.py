@@ -76,21 +76,26 @@ def note(site: Site, origin: bytes, epoch: int, a: bytes, b: bytes) -> bool:
 
 def learn(site: Site, h: Header) -> list[store.Fork]:
     """What a verified header shows: evidence it carries, and heads that contradict blocks
-    we hold.  Returns the forks new here."""
+    we hold.  Returns the forks new here.  Signatures are checked only where something would
+    be kept (evidence we already hold, and heads that agree with us, cost no verification)."""
     before = {(f.origin, f.a, f.b) for f in store.all_forks(site.conn)}
     for a, b in h.forks:
+        a, b = rules.canonical(a, b)
+        if store.known(site.conn, a[6:14], a, b):
+            continue
         ia, ib = signed_header(site, a), signed_header(site, b)
         if ia is None or ib is None:
             continue
         e = rules.fork_epoch(facts(ia), facts(ib))
         if e is not None:
-            note(site, ia.origin, e, *rules.canonical(a, b))
+            note(site, ia.origin, e, a, b)
     for raw in h.heads:
-        info = signed_header(site, raw)
-        if info is None:
+        try:
+            info = blocks.read_block_header(raw, site.family_id, header_only=True)
+        except blocks.BlockError:
             continue
         found = contradiction(site, info)
-        if found is not None:
+        if found is not None and signed_header(site, raw) is not None:
             note(site, info.origin, *found)
     return [f for f in store.all_forks(site.conn) if (f.origin, f.a, f.b) not in before]
 
@@ -171,9 +176,13 @@ def describe(site: Site, f: store.Fork) -> dict:
 
 def for_header(site: Site, peer: bytes) -> tuple[list[tuple[bytes, bytes]],
                                                  list[tuple[bytes, int, bytes]]]:
-    """Evidence and heads for a packet to ``peer``: every open or healed fork (newest first,
-    within the limit), and our newest block of origins it has not been shown."""
-    ev = [(f.a, f.b) for f in reversed(store.all_forks(site.conn)) if f.state != store.ENDED]
+    """Evidence and heads for a packet to ``peer``: our evidence, open and healed first, then
+    ended (a member that has not heard of a fork yet still needs it to keep the same history
+    when the forked member is retired), newest first within the limit; and our newest block
+    of origins it has not been shown."""
+    fs = list(reversed(store.all_forks(site.conn)))
+    ev = [(f.a, f.b) for f in fs if f.state != store.ENDED] + \
+         [(f.a, f.b) for f in fs if f.state == store.ENDED]
     return ev[:MAX_FORKS], store.heads_to_tell(site.conn, peer, HEADS_PER_PACKET)
 
 
