@@ -236,3 +236,23 @@ def test_a_careless_restore_found_by_its_peers_first_heals_and_is_unfrozen(famil
         with fam.open(name) as s:
             assert s.get("t", "careless") == "written after the copy came back"
             assert s.get("t", "b1") == "after the backup"
+
+
+def test_an_equivocating_member_that_heals_converges_without_retiring(family):
+    """Shown the evidence, the member keeps one version and says so, signed: the sites
+    holding the other revert it and take the kept one; digests end equal everywhere."""
+    fam = three_sites(family)
+    equivocate(fam)
+    rounds(fam, ["A", "B"], 1)
+    assert forks_at(fam, "A") and forks_at(fam, "B")
+    rounds(fam, ["A", "B", "C"], 4)
+    for name in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["healed"], forks_at(fam, name)
+    assert status(fam, "C")["state"] == "normal"
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    with fam.open("A") as a:
+        kept = a.get("t", "k")
+    assert kept in ("to A", "to B")
+    with fam.open("C") as s:      # what C wrote itself is not lost: re-issued if not kept
+        assert s.get("t", "k") == kept
