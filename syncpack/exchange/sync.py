@@ -456,6 +456,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     break
             for c, err in unknown:
                 res.rejected.append({"path": c.display, "error": str(err)})
+            with site.write_txn():
+                forks.end_retired(site)     # a retirement may have arrived just now
         finally:
             for c in opened:
                 c.pk.close()
