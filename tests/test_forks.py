@@ -88,6 +88,14 @@ def test_an_equivocating_member_is_found_everywhere_and_retiring_it_converges(fa
     assert 'syncpack_forks_open{site="A"} 1' in r.out, r
     assert 'syncpack_fork{site="A",origin="C"' in r.out and 'state="open"} 1' in r.out, r
 
+    # acknowledgements count epochs, not versions: scrub keeps the forked range until the end
+    rounds(fam, ["A", "B"], 2)
+    for name in ("A", "B"):
+        assert run("scrub", site=fam.path(name)).code == 0
+        c = site_id(fam, "C")
+        with fam.open(name) as s:
+            assert s.floors().get(c, 0) < forks_at(fam, name)[0]["epoch"]
+
     # retiring it ends the fork everywhere with one history: equal digests
     r = run("rmreplica", "C", site=fam.path("A"))
     assert r.code == 0, r

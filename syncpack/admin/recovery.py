@@ -10,6 +10,7 @@ from __future__ import annotations
 from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain
+from syncpack.store import forks as fork_store
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
 from syncpack.errors import UsageError
 from syncpack.store.matrix import ack_floor
@@ -265,6 +266,11 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
     # A dry run writes nothing: every write below is guarded by 'not dry_run'.
     with site.lock(), site.write_txn() as c:
         acked = ack_floor(site)
+        for f in fork_store.all_forks(c):
+            # Acknowledgements count epochs, not which version: a forked origin's ops from the
+            # fork on stay until the fork has ended, so a site can still revert them.
+            if f.state != fork_store.ENDED and f.origin in acked:
+                acked[f.origin] = min(acked[f.origin], f.epoch - 1)
         floors = site.floors()
         vec = site.vector()
         young: dict[bytes, int] = {}
