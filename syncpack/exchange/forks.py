@@ -174,16 +174,29 @@ def describe(site: Site, f: store.Fork) -> dict:
                         "held_here": raw in held} for x, raw in ((a, f.a), (b, f.b))]}
 
 
-def for_header(site: Site, peer: bytes) -> tuple[list[tuple[bytes, bytes]],
-                                                 list[tuple[bytes, int, bytes]]]:
-    """Evidence and heads for a packet to ``peer``: our evidence, open and healed first, then
-    ended (a member that has not heard of a fork yet still needs it to keep the same history
-    when the forked member is retired), newest first within the limit; and our newest block
-    of origins it has not been shown."""
+def for_header(site: Site, peer: bytes, room: int | None = None
+               ) -> tuple[list[bytes], list[tuple[bytes, bytes]], list[tuple[bytes, int, bytes]]]:
+    """What a packet to ``peer`` says of forks, within ``room`` header bytes (None: the
+    per-field limits only): what we kept at forks of our own history; our evidence, open and
+    healed first, then ended (a member that has not heard of a fork yet still needs it to keep
+    the same history when the forked member is retired), newest first; and our newest block of
+    origins the peer has not been shown."""
+    left = (1 << 62) if room is None else room
+    kept = []
+    for k in kept_for_header(site):
+        if left < 34:
+            break
+        kept.append(k)
+        left -= 34
     fs = list(reversed(store.all_forks(site.conn)))
-    ev = [(f.a, f.b) for f in fs if f.state != store.ENDED] + \
-         [(f.a, f.b) for f in fs if f.state == store.ENDED]
-    return ev[:MAX_FORKS], store.heads_to_tell(site.conn, peer, HEADS_PER_PACKET)
+    ev = []
+    for f in [f for f in fs if f.state != store.ENDED] + [f for f in fs if f.state == store.ENDED]:
+        if len(ev) == MAX_FORKS or left < 2 * 188:
+            break
+        ev.append((f.a, f.b))
+        left -= 2 * 188
+    heads = store.heads_to_tell(site.conn, peer, min(HEADS_PER_PACKET, max(0, left // 188)))
+    return kept, ev, heads
 
 
 def end_retired(site: Site) -> int:

@@ -42,6 +42,8 @@ RELAY_ACK_BUDGET = 32 * 1024
 # in, so a header stays under 64 KiB in a family of a thousand sites whatever else it carries.
 HEADER_BUDGET = 56 * 1024
 MIN_ACK_BUDGET = 4 * 1024
+# Fork evidence, heads and 'kept' take at most this fraction of a packet's --max-size.
+FORK_ROOM_DIVISOR = 256
 
 
 # --- export -----------------------------------------------------------------------------------
@@ -170,11 +172,14 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
 
 def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                  failed: list[SyncpackError] | None = None,
-                 sign: Callable[[bytes], bytes] | None = None) -> list[PeerPlan]:
+                 sign: Callable[[bytes], bytes] | None = None,
+                 max_size: int | None = None) -> list[PeerPlan]:
     """Inside a read snapshot: what each peer lacks, and the header it will get.  A peer that
     cannot be served (below our changelog floor, or a roster name that cannot be a path)
     raises, or with ``failed`` is left out and its error collected, so one peer does not stop
-    the packets for the others.  ``sign`` signs our acknowledgement for the header."""
+    the packets for the others.  ``sign`` signs our acknowledgement for the header.  What the
+    header says of forks takes at most 1/256 of ``max_size`` (advisory: it must never be what
+    keeps a block from fitting a packet)."""
     vec = site.vector()
     floor = site.floors()
     seeded = exports.seeded_epochs(site.conn)
@@ -215,11 +220,11 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         lk = link(site, peer)
         sent, acked = matrix(site, peer)
         unconfirmed = any(e > acked.get(o, 0) for o, e in sent.items())
-        evidence, heads = forks.for_header(site, peer)
+        kept, evidence, heads = forks.for_header(
+            site, peer, None if max_size is None else max_size // FORK_ROOM_DIVISOR)
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering) and \
                 not heads and not fork_store.news_for(site.conn, peer):
             continue
-        kept = forks.kept_for_header(site)
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
                       advisory=[codec.FEATURE_FORKS] if heads or evidence or kept else [],
                       family=site.family_id, sender=site.site_id,
@@ -271,7 +276,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         conn = site.conn
         exports.begin_snapshot(conn)  # one read snapshot for plan and ops alike
         try:
-            plans = plan_exports(site, peers, now, failed, sign)
+            plans = plan_exports(site, peers, now, failed, sign, max_size)
             expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
