@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -156,7 +156,21 @@ MIGRATIONS: list[str] = [
     ALTER TABLE superseded_v3 RENAME TO superseded;
     DELETE FROM changelog WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id');
     """,
-    # 4: forks (docs/design.md §3.10).  Evidence that an origin signed two histories: both
+    # An attached application database (syncpack/store/attached.py, docs/attach.md).
+    """
+    CREATE TABLE attached(id INTEGER PRIMARY KEY CHECK (id = 1), db_path TEXT NOT NULL,
+                          captured_seq INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE attached_tables(name TEXT PRIMARY KEY, pk TEXT NOT NULL, columns TEXT NOT NULL,
+                                 create_sql TEXT NOT NULL, last_capture_ms INTEGER,
+                                 last_apply_ms INTEGER) WITHOUT ROWID;
+    CREATE TABLE attach_pending(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
+                                PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
+    CREATE TABLE attach_clashes(collection TEXT NOT NULL, key TEXT NOT NULL,
+                                constraint_text TEXT NOT NULL, at_ms INTEGER NOT NULL,
+                                PRIMARY KEY(collection, key)) WITHOUT ROWID;
+    CREATE TABLE attach_capturing(x);
+    """,
+    # 5: forks (docs/design.md §3.10).  Evidence that an origin signed two histories: both
     # signed block headers (a <= b by bytes), the first epoch both hold, and what became of it
     # here ('open': the origin is frozen; 'healed': it continued the version we hold; 'ended':
     # retired, one history kept).  heads_told: the top block of each origin we last showed
