@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from syncpack.format import codec, keys
-from syncpack.store import chain, db
+from syncpack.store import chain, db, local
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
@@ -83,7 +83,7 @@ def check_collection(name: str) -> None:
                          f"for syncpack itself: {name!r}")
 
 
-def _check_key(key: str) -> None:
+def check_key(key: str) -> None:
     if not isinstance(key, str):
         raise UsageError("a key must be a string")
     if len(key) > MAX_NAME_CHARS:
@@ -541,7 +541,7 @@ class Transaction:
         ``collection``/``key``.  Raises :class:`InvalidValueError` (a :class:`SyncpackError`)
         for anything else, and :class:`UsageError` for a bad collection or key."""
         check_collection(collection)
-        _check_key(key)
+        check_key(key)
         check_json_value(value)
         try:
             raw = codec.encode_value(value)
@@ -556,7 +556,7 @@ class Transaction:
         """Delete ``collection``/``key`` (a tombstone is recorded even if it is absent,
         so the delete still wins over older concurrent writes)."""
         check_collection(collection)
-        _check_key(key)
+        check_key(key)
         self.write_raw(collection, key, None)
 
     def set_policy(self, collection: str, policy: str) -> None:
@@ -586,6 +586,39 @@ class Transaction:
                               (collection, key))
         site.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, raw))
         self.ops.append(op)
+
+    def write_many(self, rows: list[tuple[str, str, bytes | None]]) -> None:
+        """:meth:`write_raw` for each ``(collection, key, encoded value or None)`` in order,
+        with the store's reads and writes batched: one ``executemany`` looks up the keys'
+        versions and one writes the new ones, so a record costs one B-tree write.  The caller
+        has checked the rows (``syncpack load`` checks each line as it reads it)."""
+        if not rows:
+            return
+        site = self.site
+        origin = site.site_id
+        if any(c.startswith(SYS_PREFIX) for c in {r[0] for r in rows}):
+            self.touched_system = True
+        n = len(rows)
+        seq0, epoch0, hlc = self.seq, self.epoch, self.hlc
+        self.seq += n
+        self.epoch += n
+        prefix = pack_csn(hlc, origin, 0)[:CSN_LEN - 4]
+        csns = [prefix + s.to_bytes(4, "big") for s in range(seq0, seq0 + n)]
+        keys = [(c, k) for c, k, _v in rows]
+        held = local.versions_of(site.conn, dict.fromkeys(keys))
+        gone = list(held)
+        last: dict[tuple[str, str], tuple[bytes, bytes | None]] = {}
+        ops = self.ops
+        new = tuple.__new__     # builds each Op in C (Op(...) runs a Python __new__)
+        for (coll, key, raw), k, csn, seq in zip(rows, keys, csns, range(seq0, seq0 + n)):
+            old = held.get(k)
+            # a key written twice in one batch: the later op supersedes the earlier one
+            held[k] = [csn]
+            last[k] = (csn, raw)
+            ops.append(new(Op, (origin, epoch0 + 1 + seq - seq0, hlc, seq, coll, key, raw,
+                                b"".join(old) if old else b"")))
+        local.replace_versions(site.conn, gone, sorted(
+            (c, k, csn, raw) for (c, k), (csn, raw) in last.items()))
 
     def split(self) -> None:
         """End this replication transaction and begin the next one inside the same store
