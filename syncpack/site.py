@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from syncpack.format import codec, keys
+from syncpack.format import codec
+from syncpack.lazy import OnFirstUse
 from syncpack.store import chain, db, local
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version, pick
@@ -35,6 +36,8 @@ from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFo
                      UsageError)
 from syncpack.format.names import check_site_name
 from syncpack.format.values import check_json_value
+
+keys = OnFirstUse("syncpack.format.keys")    # cryptography: only to create or sign
 
 SYS_PREFIX = "$"
 ROSTER = "$roster"

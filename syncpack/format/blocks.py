@@ -30,12 +30,15 @@ from itertools import accumulate, chain, repeat
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import msgpack
-import zstandard
+
+from syncpack.lazy import OnFirstUse
 
 from syncpack.format.codec import MAX_VALUE_BYTES, ZSTD_MAX_WINDOW, Op
 from syncpack.format.csn import CSN_LEN, SITE_ID_LEN
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketLimitError,
                      PacketSignatureError, PacketVersionError)
+
+zstandard = OnFirstUse("zstandard")
 
 # --- constants (formats/BLOCKS.md section 3) ---------------------------------------------------
 
@@ -67,8 +70,22 @@ N_COLUMNS = 9
 # 28.3 against 32.9 (27.7), on JSON-like records 32.6 against 32.8 (34.4 at level 1): 5-byte
 # matches inside random text cost more than the literals they replace.
 ZSTD_LEVEL = 3
-ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
-    ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0)
+_zstd_params = None
+
+
+def zstd_params():
+    """The writers' compression parameters (made on first use: zstandard loads lazily)."""
+    global _zstd_params
+    if _zstd_params is None:
+        _zstd_params = zstandard.ZstdCompressionParameters.from_level(
+            ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0)
+    return _zstd_params
+
+
+def __getattr__(name: str):
+    if name == "ZSTD_PARAMS":      # the module constant it was (tools read it)
+        return zstd_params()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 _HLC_ORIGIN = struct.Struct(">Q8s")
@@ -366,7 +383,7 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
     # Content size in the frame header: the reader checks it equals raw_len, which bounds the
     # decompressor's output before it allocates.  No zstd checksum: body_hash covers the body.
     if level is None:
-        zc = zstandard.ZstdCompressor(compression_params=ZSTD_PARAMS)
+        zc = zstandard.ZstdCompressor(compression_params=zstd_params())
     elif isinstance(level, zstandard.ZstdCompressionParameters):     # tools/bench_blocks.py
         zc = zstandard.ZstdCompressor(compression_params=level)
     else:

@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple
 
 import msgpack
-import zstandard
+
+from syncpack.lazy import OnFirstUse
 
 from syncpack.format.csn import CSN_LEN, SITE_ID_LEN
+
+zstandard = OnFirstUse("zstandard")
 from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
                      PacketSealError, PacketVersionError)
 
