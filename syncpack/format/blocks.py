@@ -23,6 +23,7 @@ import dataclasses
 import gc
 from bisect import bisect_right
 import hashlib
+import io
 import struct
 from dataclasses import dataclass, field
 from contextlib import contextmanager
@@ -415,6 +416,12 @@ def _gc_paused():
             gc.enable()
 
 
+# A decompressed body above this is read in pieces of _READ_PIECE by the column decoder, whose
+# buffer then holds at most one value (the largest a block may carry) beyond a piece.
+_UNPACKB_MAX = 16 * 1024 * 1024
+_READ_PIECE = 1 << 20
+_UNPACK_BUFFER = MAX_VALUE_BYTES + 2 * _READ_PIECE
+
 _SEQ4: list[bytes] = [i.to_bytes(4, "big") for i in range(1024)]
 _SEQ4_CACHE_MAX = 1 << 16
 
@@ -535,14 +542,30 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
         if lists[0] < 0:
             raise ValueError("nested array in a column")
         return obj
+    opts = dict(raw=False, use_list=True, strict_map_key=False, max_str_len=MAX_STR_BYTES,
+                max_bin_len=MAX_VALUE_BYTES, max_array_len=max(n, N_COLUMNS), max_map_len=0,
+                max_ext_len=0, list_hook=hook)
     try:
-        cols = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False,
-                               max_str_len=MAX_STR_BYTES, max_bin_len=MAX_VALUE_BYTES,
-                               max_array_len=max(n, N_COLUMNS), max_map_len=0, max_ext_len=0,
-                               list_hook=hook)
+        if len(raw) <= _UNPACKB_MAX:
+            cols = msgpack.unpackb(raw, **opts)
+        else:
+            # unpackb's ExtraData error carries a copy of everything after the first complete
+            # object: a body of one small object and 256 MiB of padding would cost two bodies
+            # (formats/BLOCKS.md 4.1 allows one).  An Unpacker reads the body in pieces
+            # instead (BytesIO shares the bytes it is given) and copies no tail; it is ~20%
+            # slower, so small bodies, whose tail copy is small, keep unpackb.
+            src = io.BytesIO(raw)
+            unpacker = msgpack.Unpacker(src, read_size=_READ_PIECE,
+                                        max_buffer_size=_UNPACK_BUFFER, **opts)
+            try:
+                cols = unpacker.unpack()
+                if unpacker.tell() != len(raw):
+                    raise ValueError(f"{len(raw) - unpacker.tell()} bytes after the columns")
+            finally:
+                del unpacker, src
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
-            ValueError, TypeError, OverflowError, RecursionError) as e:
-        raise bad(f"malformed columns: {e}") from None
+            msgpack.BufferFull, ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise bad(f"malformed columns: {e or type(e).__name__}") from None
     del raw     # the columns hold what is needed; the decompressed bytes can go now
     if type(cols) is not list or len(cols) != N_COLUMNS:
         raise bad(f"body is not an array of {N_COLUMNS} columns")
