@@ -19,10 +19,12 @@ import fcntl
 import hashlib
 import os
 import secrets
+import struct
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from itertools import repeat
 from typing import Any, Callable, Iterator
 
 from syncpack.format import codec
@@ -46,6 +48,9 @@ COLLECTIONS = "$collections"
 FAMILY_KEY = "settings"
 PARKED_DIR = "parked"
 LOCK_FILE = "lock"
+
+
+_U32 = struct.Struct(">I")     # the seq at the end of a CSN
 
 
 def wall_ms() -> int:
@@ -606,13 +611,22 @@ class Transaction:
         self.seq += n
         self.epoch += n
         prefix = pack_csn(hlc, origin, 0)[:CSN_LEN - 4]
-        csns = [prefix + s.to_bytes(4, "big") for s in range(seq0, seq0 + n)]
+        csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
         keys = [(c, k) for c, k, _v in rows]
-        held = local.versions_of(site.conn, dict.fromkeys(keys))
+        unique = dict.fromkeys(keys)
+        held = local.versions_of(site.conn, unique)
+        new = tuple.__new__     # builds each Op in C (Op(...) runs a Python __new__)
+        if not held and len(unique) == n:
+            # new keys, each once (a first load): nothing replaced, every row stays
+            colls, names, raws = zip(*rows)
+            self.ops.extend(map(new, repeat(Op), zip(
+                repeat(origin), range(epoch0 + 1, epoch0 + 1 + n), repeat(hlc),
+                range(seq0, seq0 + n), colls, names, raws, repeat(b""))))
+            local.replace_versions(site.conn, (), sorted(zip(colls, names, csns, raws)))
+            return
         gone = list(held)
         last: dict[tuple[str, str], tuple[bytes, bytes | None]] = {}
         ops = self.ops
-        new = tuple.__new__     # builds each Op in C (Op(...) runs a Python __new__)
         for (coll, key, raw), k, csn, seq in zip(rows, keys, csns, range(seq0, seq0 + n)):
             old = held.get(k)
             # a key written twice in one batch: the later op supersedes the earlier one
@@ -637,7 +651,8 @@ class Transaction:
         if not self.ops:
             return
         site = self.site
-        n_bytes = sum(len(o.key) + len(o.value or b"") for o in self.ops)
+        _o, _e, _h, _s, _c, keys_, values, _r = zip(*self.ops)
+        n_bytes = sum(map(len, keys_)) + sum(map(len, filter(None, values)))
         if len(self.ops) > chain.MAX_TXN_OPS or n_bytes > chain.MAX_TXN_BYTES:
             raise TransactionTooLargeError(
                 f"one transaction is limited to {chain.MAX_TXN_OPS} changes and "

@@ -27,7 +27,8 @@ import io
 import struct
 from dataclasses import dataclass, field
 from contextlib import contextmanager
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain, groupby, repeat
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import msgpack
@@ -301,27 +302,8 @@ def _csn_ok(replaced: bytes) -> bool:
     return not (len(replaced) % CSN_LEN or any(b >= 0x80 for b in replaced[::CSN_LEN]))
 
 
-def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
-                 sign: Callable[[bytes], bytes],
-                 level: int | zstandard.ZstdCompressionParameters | None = None) -> bytes:
-    """One block of ``ops``: all of ``origin``, consecutive epochs from the first, whole
-    transactions in CSN order (each starts at seq 0, its ops share one hlc and count up;
-    transactions' hlcs strictly ascend).  The caller guarantees that the last transaction is
-    complete (the origin's next op, if any, has seq 0): nothing in the ops can show it.
-
-    The body columns (formats/BLOCKS.md section 4) carry no epoch, hlc per op or seq: epochs
-    follow from lo, seqs from transaction lengths, hlcs are one delta per transaction."""
-    if len(family) != FAMILY_LEN or len(origin) != SITE_ID_LEN or len(prev_hash) != HASH_LEN:
-        raise BlockEncodeError("family, origin and prev_hash are 16, 8 and 32 bytes")
-    n = len(ops)
-    if not 1 <= n <= MAX_BLOCK_OPS:
-        raise BlockEncodeError(f"a block holds 1..{MAX_BLOCK_OPS} ops, not {n}")
-    lo = ops[0].epoch - 1
-    hi = lo + n
-    if lo < 0 or hi >= HLC_LIMIT:
-        raise BlockEncodeError(f"epochs must lie in 1..2^63-1, not from {lo + 1}")
-    if lo == 0 and prev_hash != ZERO_HASH:
-        raise BlockEncodeError("the block holding epoch 1 has no predecessor: prev_hash 0")
+def _columns_checked(origin: bytes, lo: int, ops: list[Op]) -> tuple:
+    """The block's columns from its ops, checking each op and saying which is wrong."""
     txn_lens: list[int] = []
     hlcs: list[int] = []
     names: dict[str, int] = {}
@@ -371,10 +353,78 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
         if op.replaced:
             rep_at.append(i)
             rep.append(op.replaced)
+    return txn_lens, hlcs, names, run_coll, run_len, rep_at, rep
+
+
+def _columns_fast(origin: bytes, lo: int, ops: list[Op]) -> tuple | None:
+    """What :func:`_columns_checked` returns, or None where it would raise: the same checks
+    over whole columns in C (zip, map, set), about 4x faster on a big local transaction."""
+    n = len(ops)
+    origins, epochs, op_hlcs, seqs, colls, keys_, values, replaced = zip(*ops)
+    if set(origins) != {origin} or epochs != tuple(range(lo + 1, lo + 1 + n)):
+        return None
+    if not (set(map(type, colls)) <= {str} and set(map(type, keys_)) <= {str}
+            and set(map(type, values)) <= {bytes, type(None)}
+            and set(map(type, replaced)) == {bytes} and set(map(type, seqs)) == {int}
+            and set(map(type, op_hlcs)) == {int}):
+        return None
+    if values and max(map(len, filter(None, values)), default=0) > MAX_VALUE_BYTES:
+        return None
+    starts = [i for i, q in enumerate(seqs) if q == 0]
+    if not starts or starts[0] != 0:
+        return None
+    ends = starts[1:] + [n]
+    txn_lens = [b - a for a, b in zip(starts, ends)]
+    hlcs = [op_hlcs[i] for i in starts]
+    if max(txn_lens) > SEQ_LIMIT or hlcs[0] < 0 or hlcs[-1] >= HLC_LIMIT or \
+            any(a >= b for a, b in zip(hlcs, hlcs[1:])):
+        return None
+    # within each transaction: seqs count up from 0 and share the first op's hlc
+    if seqs != tuple(chain.from_iterable(map(range, txn_lens))) or \
+            op_hlcs != tuple(chain.from_iterable(map(repeat, hlcs, txn_lens))):
+        return None
+    rep_at = [i for i, r in enumerate(replaced) if r]
+    rep = [replaced[i] for i in rep_at]
+    if not all(map(_csn_ok, rep)):
+        return None
+    names: dict[str, int] = {}
+    run_coll: list[int] = []
+    run_len: list[int] = []
+    for c, run in groupby(colls):
+        run_coll.append(names.setdefault(c, len(names)))
+        run_len.append(sum(1 for _ in run))
+    return txn_lens, hlcs, names, run_coll, run_len, rep_at, rep
+
+
+def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
+                 sign: Callable[[bytes], bytes],
+                 level: int | zstandard.ZstdCompressionParameters | None = None) -> bytes:
+    """One block of ``ops``: all of ``origin``, consecutive epochs from the first, whole
+    transactions in CSN order (each starts at seq 0, its ops share one hlc and count up;
+    transactions' hlcs strictly ascend).  The caller guarantees that the last transaction is
+    complete (the origin's next op, if any, has seq 0): nothing in the ops can show it.
+
+    The body columns (formats/BLOCKS.md section 4) carry no epoch, hlc per op or seq: epochs
+    follow from lo, seqs from transaction lengths, hlcs are one delta per transaction."""
+    if len(family) != FAMILY_LEN or len(origin) != SITE_ID_LEN or len(prev_hash) != HASH_LEN:
+        raise BlockEncodeError("family, origin and prev_hash are 16, 8 and 32 bytes")
+    n = len(ops)
+    if not 1 <= n <= MAX_BLOCK_OPS:
+        raise BlockEncodeError(f"a block holds 1..{MAX_BLOCK_OPS} ops, not {n}")
+    lo = ops[0].epoch - 1
+    hi = lo + n
+    if lo < 0 or hi >= HLC_LIMIT:
+        raise BlockEncodeError(f"epochs must lie in 1..2^63-1, not from {lo + 1}")
+    if lo == 0 and prev_hash != ZERO_HASH:
+        raise BlockEncodeError("the block holding epoch 1 has no predecessor: prev_hash 0")
+    cols = _columns_fast(origin, lo, ops)
+    if cols is None:        # something is wrong: the op-by-op pass says what
+        cols = _columns_checked(origin, lo, ops)
+    txn_lens, hlcs, names, run_coll, run_len, rep_at, rep = cols
     hlc_deltas = [b - a for a, b in zip(hlcs, hlcs[1:])]
     # why not a delta of 0 coded as 1: deltas stay the plain differences, easier to check by hand
     columns = [txn_lens, hlc_deltas, list(names), run_coll, run_len,
-               [op.key for op in ops], [op.value for op in ops], rep_at, rep]
+               list(map(itemgetter(5), ops)), list(map(itemgetter(6), ops)), rep_at, rep]
     try:
         raw = msgpack.packb(columns, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
