@@ -359,7 +359,16 @@ class Site:
 
     def vector(self) -> dict[bytes, int]:
         """This site's vector: origin site id -> highest epoch held."""
-        return {o: e for o, e in self.conn.execute("SELECT origin, epoch FROM vector")}
+        vec = {o: e for o, e in self.conn.execute("SELECT origin, epoch FROM vector")}
+        tip = local.own_tip(self.conn, self.site_id)
+        if tip is not None and tip[0] > vec.get(self.site_id, 0):
+            vec[self.site_id] = tip[0]
+        return vec
+
+    def last_hlc(self) -> int:
+        """The hybrid logical clock's state: at or above every CSN this site made or saw."""
+        tip = local.own_tip(self.conn, self.site_id)
+        return max(int(self.meta("hlc", 0)), tip[1] if tip else 0)
 
     def floors(self) -> dict[bytes, int]:
         """Per origin, the highest epoch no longer in the changelog (trimmed or seeded)."""
@@ -537,9 +546,13 @@ class Transaction:
         self.site = site
         self.system = system
         c = site.conn
-        self.hlc = next_hlc(int(site.meta("hlc", 0)), site.clock())
+        tip = local.own_tip(c, site.site_id)
         self.epoch = c.execute("SELECT epoch FROM vector WHERE origin=?",
                                (site.site_id,)).fetchone()[0]
+        last = int(site.meta("hlc", 0))
+        if tip is not None:
+            self.epoch, last = max(self.epoch, tip[0]), max(last, tip[1])
+        self.hlc = next_hlc(last, site.clock())
         self.ops: list[Op] = []
         self.seq = 0
         self.touched_system = False
@@ -665,10 +678,13 @@ class Transaction:
             # and an export later only copies it.  Older unsealed ops go first (the chain).
             site.seal_pending()
             chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer())
+            site.conn.execute("UPDATE vector SET epoch=? WHERE origin=?",
+                              (self.epoch, site.site_id))
+            site.set_meta("hlc", self.hlc)
         else:
+            # The changelog rows carry our new epoch and clock (local.own_tip): a small
+            # transaction writes no vector or meta page.
             site.record_ops(self.ops)
-        site.conn.execute("UPDATE vector SET epoch=? WHERE origin=?", (self.epoch, site.site_id))
-        site.set_meta("hlc", self.hlc)
         self.ops = []
 
 

@@ -241,7 +241,7 @@ def fsck(site: Site) -> dict:
         problems += _block_check(site)
         max_hlc = max(c.execute("SELECT max(hlc) FROM changelog").fetchone()[0] or 0,
                       c.execute("SELECT max(hlc_last) FROM blocks").fetchone()[0] or 0)
-        if max_hlc > int(site.meta("hlc", 0)):
+        if max_hlc > site.last_hlc():
             problems.append("clock is behind a CSN in the changelog")
         problems += _replay_check(site)
     return {"ok": not problems, "problems": problems,

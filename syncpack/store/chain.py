@@ -22,6 +22,7 @@ from itertools import accumulate
 from typing import Callable, Iterable, Iterator
 
 from syncpack.format import blocks
+from syncpack.store import local
 from syncpack.format.blocks import ZERO_HASH, BlockInfo
 from syncpack.format.codec import Op
 
@@ -154,10 +155,9 @@ def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
 
 def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
     """The epoch of the op with CSN ``(hlc, origin, seq)`` if we hold it, else None."""
-    row = conn.execute("SELECT epoch FROM changelog WHERE hlc=? AND origin=? AND seq=?",
-                       (hlc, origin, seq)).fetchone()
-    if row:
-        return row[0]
+    e = _changelog_epoch_of(conn, hlc, origin, seq)
+    if e is not None:
+        return e
     for r in conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hlc_first<=? AND "
                           f"hlc_last>=?", (origin, hlc, hlc)).fetchall():
         b = _stored(r)
@@ -166,6 +166,31 @@ def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
         for op in _block_ops(conn, b):
             if op.hlc == hlc and op.seq == seq:
                 return op.epoch
+    return None
+
+
+def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
+    # The changelog holds our own ops only, in consecutive epochs whose CSNs ascend with them:
+    # bisect the epochs (no CSN index to keep up in every commit, see db.py migration 4).
+    lo, hi = conn.execute("SELECT min(epoch), max(epoch) FROM changelog WHERE origin=?",
+                          (origin,)).fetchone()
+    if lo is None:
+        return None
+    want = (hlc, seq)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                           (origin, mid)).fetchone()
+        if row is None:         # not consecutive after all: look at every row
+            row = conn.execute("SELECT epoch FROM changelog WHERE origin=? AND hlc=? AND seq=?",
+                               (origin, hlc, seq)).fetchone()
+            return row[0] if row else None
+        if row == want:
+            return mid
+        if row < want:
+            lo = mid + 1
+        else:
+            hi = mid - 1
     return None
 
 
@@ -213,6 +238,7 @@ def trim(conn, origin: bytes, floor: int) -> int:
                                (origin, floor)).fetchall():
         n += hi - lo
     conn.execute("DELETE FROM blocks WHERE origin=? AND hi<=?", (origin, floor))
+    local.settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (origin, floor))
     return n + conn.changes()
 
@@ -220,6 +246,7 @@ def trim(conn, origin: bytes, floor: int) -> int:
 def take_all(conn, origin: bytes) -> list[Op]:
     """Remove and return every op of ``origin`` we hold (a restore's set-aside)."""
     ops = list(iter_ops(conn, origin, 0, (1 << 63) - 1))
+    local.settle_own(conn, origin)
     conn.execute("DELETE FROM blocks WHERE origin=?", (origin,))
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return ops
@@ -305,6 +332,7 @@ def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], byt
     if not ops:
         return 0
     seal(conn, family, origin, ops, sign, max_block)
+    local.settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return len(ops)
 

@@ -32,7 +32,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -151,6 +151,15 @@ MIGRATIONS: list[str] = [
     DROP TABLE superseded;
     ALTER TABLE superseded_v3 RENAME TO superseded;
     DELETE FROM changelog WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id');
+    """,
+    # 4: a one-put transaction writes one changelog row and its version, nothing else (the
+    # Speed issue): the changelog holds only our own ops, whose CSNs ascend with their epochs,
+    # so a CSN is found by bisecting epochs (store/chain.py epoch_of) and the CSN index, a
+    # third B-tree page in every commit, goes; our own epoch and clock are read from the
+    # changelog's last row instead of being rewritten in vector and meta each time
+    # (store/local.py own_tip).
+    """
+    DROP INDEX IF EXISTS changelog_csn;
     """,
 ]
 

@@ -32,3 +32,22 @@ def replace_versions(conn, gone: Iterable[tuple[str, str]],
     csn, value); rows in key order make the inserts append to the B-tree's pages."""
     conn.executemany("DELETE FROM versions WHERE collection=? AND key=?", gone)
     conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+
+
+def own_tip(conn, origin: bytes) -> tuple[int, int] | None:
+    """``(epoch, hlc)`` of our newest unsealed op, or None.  A small transaction records only
+    its changelog rows; the ``vector`` and ``meta`` rows of our own epoch and clock catch up
+    when the changelog is emptied (:func:`settle_own`), so readers take the larger of both."""
+    return conn.execute("SELECT epoch, hlc FROM changelog WHERE origin=? ORDER BY epoch DESC "
+                        "LIMIT 1", (origin,)).fetchone()
+
+
+def settle_own(conn, origin: bytes) -> None:
+    """Carry our newest unsealed op's epoch and clock into ``vector`` and ``meta``, before
+    changelog rows are deleted (sealed, trimmed or set aside)."""
+    tip = own_tip(conn, origin)
+    if tip is None:
+        return
+    conn.execute("UPDATE vector SET epoch=max(epoch, ?) WHERE origin=?", (tip[0], origin))
+    conn.execute("UPDATE meta SET value=max(CAST(value AS INTEGER), ?) WHERE key='hlc'",
+                 (tip[1],))
