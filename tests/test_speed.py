@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import run
 from syncpack.admin import inspection
 from syncpack.site import Site
+from syncpack.store import chain
 
 HEAVY = ("cryptography", "zstandard", "pyarrow", "tqdm", "syncpack.exchange.sync",
          "syncpack.exchange.apply", "syncpack.admin.inspection")
@@ -100,3 +101,32 @@ def test_load_leaves_what_one_put_at_a_time_leaves(tmp_path_factory, before, bat
                     sorted((r.collection, r.key, pos[r.csn]) for r in s.iter_versions()
                            if not r.collection.startswith("$")))
         assert shape(sa) == shape(sb)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=30))
+def test_own_epoch_clock_and_csn_lookup_come_from_the_changelog(tmp_path_factory, sizes):
+    """Small transactions write only their changelog rows and versions: the site's own epoch,
+    its clock and the lookup of a CSN by bisecting epochs must still see every op, and they
+    must carry over once the ops are sealed and the changelog is emptied."""
+    p = tmp_path_factory.mktemp("tip") / "a"
+    Site.init_family(p, "fam", "a").close()
+    with Site.open(p) as s:
+        for t, n in enumerate(sizes):
+            with s.transaction() as tx:
+                for i in range(n):
+                    tx.put("c", f"k{t}-{i}", i)
+        ops = list(s.iter_changelog(s.site_id, 0, 10**9))
+        assert s.vector()[s.site_id] == ops[-1].epoch == 2 + sum(sizes)
+        assert s.last_hlc() == ops[-1].hlc
+        for op in ops:
+            assert chain.epoch_of(s.conn, op.hlc, op.origin, op.seq) == op.epoch
+        assert chain.epoch_of(s.conn, ops[-1].hlc + 1, s.site_id, 0) is None
+        with s.write_txn():
+            s.seal_pending()
+        assert not chain.has_pending(s.conn, s.site_id)
+        assert s.vector()[s.site_id] == ops[-1].epoch and s.last_hlc() == ops[-1].hlc
+        with s.transaction() as tx:
+            tx.put("c", "after", 1)
+        assert s.vector()[s.site_id] == ops[-1].epoch + 1
+        assert s.last_hlc() > ops[-1].hlc

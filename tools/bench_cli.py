@@ -13,7 +13,7 @@ table with ``apsw``; we report import and export time over its apply time, and p
 its zstd-3 size.  The local write path has plain SQLite as its baseline, with the store's
 durability (WAL, synchronous=FULL): ``syncpack load`` against a Python script that reads the
 same JSONL file into a plain table in one transaction (each run as a process of its own), and
-the bulk workload's one-put API transactions against the same loop on a plain table, one commit
+the small workload's one-put API transactions against the same loop on a plain table, one commit
 each (the two loops alternate in slices of 1,000 transactions).  A relay figure follows: the hub writes the bulk load's packets for ``--peers``
 further members (r1..r8 by default, none of which holds the load; p0 is not one of them) in one
 ``export --to r1 ... --to r8`` (ops/s over all packets; every packet is checked to carry every
