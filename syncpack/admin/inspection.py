@@ -134,6 +134,13 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
         raise LoadError(f"{p}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise LoadError(f"{p}: cannot read ({e})") from None
+    # Every object made here is acyclic; the cyclic collector would otherwise walk the growing
+    # heap again and again (a third of a load's CPU time at 200,000 records).
+    with blocks.gc_paused():
+        return _load_text(site, p, text, progress)
+
+
+def _load_text(site: Site, p: Path, text: str, progress) -> dict:
     rows: list[tuple[str, str, bytes | None]] = []
     append = rows.append
     loads = json.loads
@@ -188,7 +195,6 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
         except (ValueError, SyncpackError) as e:
             raise LoadError(f"{p} line {n}: {e}",
                             hint="nothing was loaded; fix the line and load the file again") from None
-    del text
     expect(progress, len(rows))
     with site.transaction() as tx:
         i = 0
