@@ -14,7 +14,7 @@ from syncpack.format.codec import Op
 from syncpack.rules.conflict import Version
 from syncpack.format.csn import CSN_LEN, pack_csn
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
-from syncpack.site import Site, check_collection, check_key
+from syncpack.site import MAX_NAME_CHARS, Site, check_collection, check_key
 from syncpack.store.matrix import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
@@ -148,7 +148,7 @@ def _load_text(site: Site, p: Path, text: str, progress) -> dict:
     rows: list[tuple[str, str, bytes | None]] = []
     append = rows.append
     scan = _JSON_SCAN
-    packb = codec.packb
+    packb = codec.value_packer()
     collections: set[str] = set()
     deletes = 0
     for n, line in enumerate(text.splitlines(), 1):
@@ -175,7 +175,8 @@ def _load_text(site: Site, p: Path, text: str, progress) -> dict:
             if coll not in collections:
                 check_collection(coll)
                 collections.add(coll)
-            check_key(key)
+            if len(key) > MAX_NAME_CHARS:
+                check_key(key)
             if len(d) == 3 and "value" in d:
                 v = d["value"]
                 t = type(v)

@@ -44,6 +44,12 @@ def unpackb(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+def value_packer() -> Callable[[Any], bytes]:
+    """:func:`packb` for many values in a row: one reusable Packer (making one per call is
+    most of packb's cost for a small value).  Raises as packb does, and recovers after."""
+    return msgpack.Packer(use_bin_type=True).pack
+
+
 def encode_value(value: Any) -> bytes:
     """A record value as stored and shipped.  Raises TypeError/ValueError for unencodable input."""
     try:
