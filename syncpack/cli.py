@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
+from syncpack.outcome import error_outcome
 from syncpack.store import db
 from .errors import RecordNotFound, SyncpackError
 from .lazy import OnFirstUse
@@ -156,11 +157,8 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SyncpackError as e:
-            fail(ctx.obj, e.message, e.hint, e.exit_code)
-        except db.DatabaseError as e:
-            fail(ctx.obj, f"the site store cannot be used: {e}",
-                 "check the disk and run 'syncpack fsck'; restore from a backup if it fails")
+        except (SyncpackError, db.DatabaseError, OSError) as e:
+            fail(ctx.obj, *error_outcome(e))
         except KeyboardInterrupt:
             # A second Ctrl-C must not cut the report short; the work is already stopped.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -168,8 +166,6 @@ class Group(click.Group):
             fail(ctx.obj, f"interrupted; {note}", hint, 130)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
-        except OSError as e:
-            fail(ctx.obj, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), None)
         except Exception as e:  # a bug: say so in one line; -v shows the traceback
             if ctx.obj is not None and ctx.obj.verbose:
                 traceback.print_exc()
@@ -382,9 +378,7 @@ def mkreplica_import(obj: Ctx, paths):
                      "run the same command again")
     with obj.progress("seeding", "records") as tick:
         replica.mkreplica_import(s, list(paths), progress=tick)
-    sender = s.conn.execute("SELECT sender FROM packets_in WHERE kind='snapshot' "
-                            "ORDER BY at_ms DESC LIMIT 1").fetchone()
-    m = s.members_by_id().get(sender[0]) if sender else None
+    m = replica.snapshot_sender(s)
     fp = keys.fingerprint(m.ed25519) if m else ""
     obj.emit({"site": s.name, "family": s.family_name, "family_id": s.family_id.hex(),
               "from": m.name if m else None, "sender_key_fingerprint": fp},

@@ -23,7 +23,6 @@ import dataclasses
 import gc
 from bisect import bisect_right
 import hashlib
-import io
 import struct
 from dataclasses import dataclass, field
 from contextlib import contextmanager
@@ -31,16 +30,11 @@ from itertools import accumulate, chain, groupby, repeat
 from operator import itemgetter
 from typing import Callable, Iterable, Iterator, NamedTuple
 
-import msgpack
-
-from syncpack.lazy import OnFirstUse
-
+from syncpack.format import codec
 from syncpack.format.codec import MAX_VALUE_BYTES, ZSTD_MAX_WINDOW, Op
-from syncpack.format.csn import CSN_LEN, SITE_ID_LEN
+from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketLimitError,
                      PacketSignatureError, PacketVersionError)
-
-zstandard = OnFirstUse("zstandard")
 
 # --- constants (formats/BLOCKS.md section 3) ---------------------------------------------------
 
@@ -66,33 +60,19 @@ HLC_LIMIT = 1 << 63                       # clocks and epochs are SQLite INTEGER
 SEQ_LIMIT = 1 << 32                       # seq is the u32 at the end of a CSN
 N_COLUMNS = 9
 
-# Writers' zstd setting (readers accept any frame within the limits): level 3 with a minimum
-# match of 7 bytes instead of level 3's 5.  Measured by tools/bench_blocks.py: on the issue's
-# bulk workload 27.7 bytes/op against 29.1 at plain level 3 (26.9 at level 1), on the small one
-# 28.3 against 32.9 (27.7), on JSON-like records 32.6 against 32.8 (34.4 at level 1): 5-byte
-# matches inside random text cost more than the literals they replace.
-ZSTD_LEVEL = 3
-_zstd_params = None
+# The writers' zstd setting is codec's (the one module that sets msgpack and zstd options).
+ZSTD_LEVEL = codec.ZSTD_LEVEL
+_ZSTD_MAGIC = codec.ZSTD_MAGIC
 
-
-def zstd_params():
-    """The writers' compression parameters (made on first use: zstandard loads lazily)."""
-    global _zstd_params
-    if _zstd_params is None:
-        _zstd_params = zstandard.ZstdCompressionParameters.from_level(
-            ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0)
-    return _zstd_params
+_HLC_ORIGIN = struct.Struct(">Q8s")
+_CSN_PACK = CSN_STRUCT.pack
+_tuple_new = tuple.__new__       # the first 16 bytes of every CSN of a transaction
 
 
 def __getattr__(name: str):
-    if name == "ZSTD_PARAMS":      # the module constant it was (tools read it)
-        return zstd_params()
+    if name == "ZSTD_PARAMS":      # codec's, made on first use (zstandard loads lazily)
+        return codec.BLOCK_ZSTD_PARAMS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-_HLC_ORIGIN = struct.Struct(">Q8s")
-_CSN_PACK = struct.Struct(">Q8sI").pack
-_tuple_new = tuple.__new__       # the first 16 bytes of every CSN of a transaction
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -398,7 +378,7 @@ def _columns_fast(origin: bytes, lo: int, ops: list[Op]) -> tuple | None:
 
 def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
                  sign: Callable[[bytes], bytes],
-                 level: int | zstandard.ZstdCompressionParameters | None = None) -> bytes:
+                 level: int | codec.ZstdParams | None = None) -> bytes:
     """One block of ``ops``: all of ``origin``, consecutive epochs from the first, whole
     transactions in CSN order (each starts at seq 0, its ops share one hlc and count up;
     transactions' hlcs strictly ascend).  The caller guarantees that the last transaction is
@@ -426,20 +406,12 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
     columns = [txn_lens, hlc_deltas, list(names), run_coll, run_len,
                list(map(itemgetter(5), ops)), list(map(itemgetter(6), ops)), rep_at, rep]
     try:
-        raw = msgpack.packb(columns, use_bin_type=True)
+        raw = codec.packb(columns)
     except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
         raise BlockEncodeError(f"ops cannot be encoded: {e}") from None
     if len(raw) > MAX_BLOCK_RAW:
         raise BlockEncodeError(f"{len(raw)} bytes of ops exceed a block ({MAX_BLOCK_RAW})")
-    # Content size in the frame header: the reader checks it equals raw_len, which bounds the
-    # decompressor's output before it allocates.  No zstd checksum: body_hash covers the body.
-    if level is None:
-        zc = zstandard.ZstdCompressor(compression_params=zstd_params())
-    elif isinstance(level, zstandard.ZstdCompressionParameters):     # tools/bench_blocks.py
-        zc = zstandard.ZstdCompressor(compression_params=level)
-    else:
-        zc = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
-    body = zc.compress(raw)
+    body = codec.block_compressor(level).compress(raw)
     header = _FIXED.pack(MAGIC, VERSION, 0, origin, lo, hi, len(txn_lens), hlcs[0], hlcs[-1],
                          prev_hash, hashlib.blake2b(body, digest_size=HASH_LEN).digest(),
                          len(raw), len(body))
@@ -466,11 +438,8 @@ def gc_paused():
             gc.enable()
 
 
-# A decompressed body above this is read in pieces of _READ_PIECE by the column decoder, whose
-# buffer then holds at most one value (the largest a block may carry) beyond a piece.
+# A decompressed body above this is decoded in pieces (see _decode).
 _UNPACKB_MAX = 16 * 1024 * 1024
-_READ_PIECE = 1 << 20
-_UNPACK_BUFFER = MAX_VALUE_BYTES + 2 * _READ_PIECE
 
 _SEQ4: list[bytes] = [i.to_bytes(4, "big") for i in range(1024)]
 _SEQ4_CACHE_MAX = 1 << 16
@@ -564,16 +533,16 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
     if bytes(body[:4]) != _ZSTD_MAGIC:
         raise bad("body is not a zstd frame")
     try:
-        params = zstandard.get_frame_parameters(body)
+        params = codec.zstd_frame_parameters(body)
         if params.content_size != info.raw_len:
             raise bad(f"compressed frame declares {params.content_size} bytes, the header "
                       f"{info.raw_len}")
         if params.window_size > ZSTD_MAX_WINDOW:
             raise BlockLimitError(f"zstd window of {params.window_size} bytes exceeds the limit",
                                   origin, lo, hi)
-        d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
+        d = codec.bounded_decompressor()
         raw = d.decompress(body)
-    except zstandard.ZstdError as e:
+    except codec.ZstdError as e:
         raise bad(f"body does not decompress: {e}") from None
     if not d.eof:
         raise bad("body ends inside its compressed frame")
@@ -582,7 +551,7 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
     if len(raw) != info.raw_len:
         raise bad(f"body decompresses to {len(raw)} bytes, the header says {info.raw_len}")
 
-    # One C-level unpack of the whole body.  Amplification is bounded: no array is longer
+    # One C-level unpack of the body.  Amplification is bounded: no array is longer
     # than the op count, maps and ext are refused, and the hook refuses a tenth array (the
     # body is exactly one array of nine flat columns), so nested arrays cannot multiply.
     lists = [N_COLUMNS + 1]
@@ -592,29 +561,18 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
         if lists[0] < 0:
             raise ValueError("nested array in a column")
         return obj
-    opts = dict(raw=False, use_list=True, strict_map_key=False, max_str_len=MAX_STR_BYTES,
-                max_bin_len=MAX_VALUE_BYTES, max_array_len=max(n, N_COLUMNS), max_map_len=0,
-                max_ext_len=0, list_hook=hook)
+    limits = dict(max_str_len=MAX_STR_BYTES, max_bin_len=MAX_VALUE_BYTES,
+                  max_array_len=max(n, N_COLUMNS), max_map_len=0, max_ext_len=0, list_hook=hook)
     try:
         if len(raw) <= _UNPACKB_MAX:
-            cols = msgpack.unpackb(raw, **opts)
+            cols = codec.unpack_limited(raw, **limits)
         else:
             # unpackb's ExtraData error carries a copy of everything after the first complete
             # object: a body of one small object and 256 MiB of padding would cost two bodies
-            # (formats/BLOCKS.md 4.1 allows one).  An Unpacker reads the body in pieces
-            # instead (BytesIO shares the bytes it is given) and copies no tail; it is ~20%
-            # slower, so small bodies, whose tail copy is small, keep unpackb.
-            src = io.BytesIO(raw)
-            unpacker = msgpack.Unpacker(src, read_size=_READ_PIECE,
-                                        max_buffer_size=_UNPACK_BUFFER, **opts)
-            try:
-                cols = unpacker.unpack()
-                if unpacker.tell() != len(raw):
-                    raise ValueError(f"{len(raw) - unpacker.tell()} bytes after the columns")
-            finally:
-                del unpacker, src
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
-            msgpack.BufferFull, ValueError, TypeError, OverflowError, RecursionError) as e:
+            # (formats/BLOCKS.md 4.1 allows one).  Read in pieces instead, which copies no
+            # tail; ~20% slower, so small bodies, whose tail copy is small, keep unpackb.
+            cols = codec.unpack_limited_in_pieces(raw, **limits)
+    except codec.MSGPACK_ERRORS as e:
         raise bad(f"malformed columns: {e or type(e).__name__}") from None
     del raw     # the columns hold what is needed; the decompressed bytes can go now
     if type(cols) is not list or len(cols) != N_COLUMNS:

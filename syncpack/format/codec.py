@@ -12,17 +12,15 @@ bounded before anything is allocated, library errors become :class:`PacketError`
 from __future__ import annotations
 
 import hashlib
+import io
 import struct
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple
 
 import msgpack
 
+from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN
 from syncpack.lazy import OnFirstUse
-
-from syncpack.format.csn import CSN_LEN, SITE_ID_LEN
-
-zstandard = OnFirstUse("zstandard")
 from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
                      PacketSealError, PacketVersionError)
 
@@ -33,6 +31,79 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024     # O(sites); a thousand sites need well u
 MAX_ORIGINS = 100_000
 ZSTD_LEVEL = 3
 ZSTD_MAX_WINDOW = 1 << 27               # refuse frames that ask for more than 128 MiB of window
+
+
+# Block writers' zstd setting (readers accept any frame within the limits): level 3 with a
+# minimum match of 7 bytes instead of level 3's 5.  Measured by tools/bench_blocks.py: on the
+# issue's bulk workload 27.7 bytes/op against 29.1 at plain level 3 (26.9 at level 1), on the
+# small one 28.3 against 32.9 (27.7), on JSON-like records 32.6 against 32.8 (34.4 at level 1):
+# 5-byte matches inside random text cost more than the literals they replace.  Content size in
+# the frame header (the reader checks it, which bounds its output before it allocates); no zstd
+# checksum (the signed body hash covers the body).
+# zstandard is imported on first use (syncpack.lazy: a get or put never compresses), so the
+# names below that come from it are made when first asked for (module __getattr__).
+zstandard = OnFirstUse("zstandard")
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_FROM_ZSTD = {
+    "BLOCK_ZSTD_PARAMS": lambda: zstandard.ZstdCompressionParameters.from_level(
+        ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0),
+    "ZstdParams": lambda: zstandard.ZstdCompressionParameters,
+    "ZstdError": lambda: zstandard.ZstdError,
+    "zstd_frame_parameters": lambda: zstandard.get_frame_parameters,
+}
+
+
+def _from_zstd(name: str) -> Any:
+    if name not in globals():
+        globals()[name] = _FROM_ZSTD[name]()     # made once
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_ZSTD:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _from_zstd(name)
+# what a malformed msgpack input may raise
+MSGPACK_ERRORS = (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
+                  msgpack.BufferFull, ValueError, TypeError, OverflowError, RecursionError)
+
+
+def block_compressor(level: "int | zstandard.ZstdCompressionParameters | None" = None):
+    """The compressor of a block's body: the writers' setting, or (tools/bench_blocks.py)
+    given parameters or a plain level with the same frame options."""
+    if level is None:
+        return zstandard.ZstdCompressor(compression_params=_from_zstd("BLOCK_ZSTD_PARAMS"))
+    if isinstance(level, zstandard.ZstdCompressionParameters):
+        return zstandard.ZstdCompressor(compression_params=level)
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+
+
+def bounded_decompressor():
+    """A streaming zstd decompressor that refuses windows above :data:`ZSTD_MAX_WINDOW`."""
+    return zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
+
+
+def unpack_limited(data, **limits) -> Any:
+    """Decode untrusted bytes in one C-level call, within the caller's msgpack limits."""
+    return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False, **limits)
+
+
+UNPACK_PIECE = 1 << 20
+
+
+def unpack_limited_in_pieces(data: bytes, **limits) -> Any:
+    """:func:`unpack_limited` for a large input that must hold one object: an Unpacker reads
+    it in pieces (BytesIO shares the bytes), so bytes after the object are counted, never
+    copied (unpackb's ExtraData error carries a copy of them).  Its buffer holds at most one
+    piece beyond the largest string or bin the limits allow."""
+    big = max(limits.get("max_bin_len", 0), limits.get("max_str_len", 0))
+    unpacker = msgpack.Unpacker(io.BytesIO(data), read_size=UNPACK_PIECE,
+                                max_buffer_size=big + 2 * UNPACK_PIECE, raw=False,
+                                use_list=True, strict_map_key=False, **limits)
+    obj = unpacker.unpack()
+    if unpacker.tell() != len(data):
+        raise ValueError(f"{len(data) - unpacker.tell()} bytes after the first object")
+    return obj
 
 
 def packb(obj: Any) -> bytes:
@@ -108,7 +179,7 @@ def unpack_untrusted(data: bytes) -> Any:
 
 # --- ops --------------------------------------------------------------------------------------
 
-_CSN_PACK = struct.Struct(">Q8sI").pack
+_CSN_PACK = CSN_STRUCT.pack
 
 
 class Op(NamedTuple):
@@ -587,12 +658,11 @@ class BodyWriter:
     writes the same bytes."""
 
     def __init__(self, f: BinaryIO, budget: int, level: int = ZSTD_LEVEL, sealer=None):
-        from syncpack.format import seal
         self._sink = _HashingSink(f)
         self._sealer = sealer(self._sink) if sealer else None
         self._out = self._sealer or self._sink
         self.epk = self._sealer.epk if self._sealer else b""
-        self.budget = budget - (seal.overhead(budget) if sealer else 0)
+        self.budget = raw_body_room(budget, sealer is not None)
         self._c = zstandard.ZstdCompressor(level=level).compressobj()
         self.out = 0
         self.pending = 0
@@ -632,17 +702,22 @@ class BodyWriter:
         return self._sink.n, self._sink.h.digest()
 
 
+def raw_body_room(budget: int, sealed: bool) -> int:
+    """The blocks' bytes a raw body of ``budget`` bytes holds: sealing takes its tags first."""
+    from syncpack.format import seal
+    return budget - (seal.overhead(budget) if sealed else 0)
+
+
 class RawBodyWriter:
     """An update packet's body: stored blocks copied as they are (each is compressed already),
     through the sealer for sealed packets, hashed as they land in the file."""
 
     def __init__(self, f: BinaryIO, budget: int, sealer=None):
-        from syncpack.format import seal
         self._sink = _HashingSink(f)
         self._sealer = sealer(self._sink) if sealer else None
         self._out = self._sealer or self._sink
         self.epk = self._sealer.epk if self._sealer else b""
-        self.budget = budget - (seal.overhead(budget) if sealer else 0)
+        self.budget = raw_body_room(budget, sealer is not None)
         self.out = 0
         self.items = 0
 

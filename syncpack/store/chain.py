@@ -1,4 +1,5 @@
 """Each origin's history as the store keeps it: signed blocks, plus our own not yet sealed ops.
+Owns the tables ``blocks`` and ``changelog``.
 
 Format v2 (formats/BLOCKS.md): an origin encodes, signs and hash-chains its ops into blocks
 once; every other site keeps those blocks byte for byte (one row per block in ``blocks``) and
@@ -22,7 +23,7 @@ from itertools import accumulate
 from typing import Callable, Iterable, Iterator
 
 from syncpack.format import blocks
-from syncpack.store import local
+from syncpack.store import matrix, meta
 from syncpack.format.blocks import ZERO_HASH, BlockInfo
 from syncpack.format.codec import Op
 
@@ -194,6 +195,25 @@ def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
     return None
 
 
+def own_tip(conn, origin: bytes) -> tuple[int, int] | None:
+    """``(epoch, hlc)`` of our newest unsealed op, or None.  A small transaction writes only
+    its changelog rows (and versions): the vector's and meta's record of our own epoch and
+    clock catch up when the changelog is emptied (:func:`settle_own`), so readers take the
+    larger of both."""
+    return conn.execute("SELECT epoch, hlc FROM changelog WHERE origin=? ORDER BY epoch DESC "
+                        "LIMIT 1", (origin,)).fetchone()
+
+
+def settle_own(conn, origin: bytes) -> None:
+    """Carry our newest unsealed op's epoch and clock into the vector and meta, before
+    changelog rows go (sealed, trimmed or set aside)."""
+    tip = own_tip(conn, origin)
+    if tip is None:
+        return
+    matrix.raise_epoch(conn, origin, tip[0])
+    meta.put(conn, "hlc", max(int(meta.get(conn, "hlc", 0)), tip[1]))
+
+
 def held_ranges(conn) -> dict[bytes, tuple[int, int, int]]:
     """Per origin: (lowest epoch, highest epoch, count) of the ops we hold (fsck, status)."""
     out: dict[bytes, list[int]] = {}
@@ -238,7 +258,7 @@ def trim(conn, origin: bytes, floor: int) -> int:
                                (origin, floor)).fetchall():
         n += hi - lo
     conn.execute("DELETE FROM blocks WHERE origin=? AND hi<=?", (origin, floor))
-    local.settle_own(conn, origin)
+    settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (origin, floor))
     return n + conn.changes()
 
@@ -246,7 +266,7 @@ def trim(conn, origin: bytes, floor: int) -> int:
 def take_all(conn, origin: bytes) -> list[Op]:
     """Remove and return every op of ``origin`` we hold (a restore's set-aside)."""
     ops = list(iter_ops(conn, origin, 0, (1 << 63) - 1))
-    local.settle_own(conn, origin)
+    settle_own(conn, origin)
     conn.execute("DELETE FROM blocks WHERE origin=?", (origin,))
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return ops
@@ -332,7 +352,7 @@ def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], byt
     if not ops:
         return 0
     seal(conn, family, origin, ops, sign, max_block)
-    local.settle_own(conn, origin)
+    settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return len(ops)
 
@@ -366,3 +386,21 @@ def first_epoch_since(conn, origin: bytes, lo: int, hi: int, hlc: int) -> int | 
     row = conn.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND epoch>? AND "
                        "epoch<=? AND hlc>=?", (origin, lo, hi, hlc)).fetchone()
     return row[0]
+
+
+def append_ops(conn, ops: list[Op]) -> None:
+    """Append our own ops to the changelog (sealed later)."""
+    conn.executemany("INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
+                      for o in ops])
+
+
+def max_hlc(conn) -> int:
+    """The highest clock of any op held, in the changelog or in a block (0 if none)."""
+    return max(conn.execute("SELECT max(hlc) FROM changelog").fetchone()[0] or 0,
+               conn.execute("SELECT max(hlc_last) FROM blocks").fetchone()[0] or 0)
+
+
+def block_rows(conn) -> Iterator[tuple[bytes, int, int, bytes]]:
+    """(origin, lo, hi, data) of every stored block, in (origin, hi) order."""
+    return conn.execute("SELECT origin, lo, hi, data FROM blocks ORDER BY origin, hi")
