@@ -172,7 +172,7 @@ def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
 
 def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
     # The changelog holds our own ops only, in consecutive epochs whose CSNs ascend with them:
-    # bisect the epochs (no CSN index to keep up in every commit, see db.py migration 4).
+    # bisect the epochs (no CSN index to keep up in every commit, see db.py migration 5).
     lo, hi = conn.execute("SELECT min(epoch), max(epoch) FROM changelog WHERE origin=?",
                           (origin,)).fetchone()
     if lo is None:
