@@ -172,7 +172,7 @@ def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
 
 def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
     # The changelog holds our own ops only, in consecutive epochs whose CSNs ascend with them:
-    # bisect the epochs (no CSN index to keep up in every commit, see db.py migration 5).
+    # bisect the epochs (no CSN index to keep up in every commit, see db.py migration 6).
     lo, hi = conn.execute("SELECT min(epoch), max(epoch) FROM changelog WHERE origin=?",
                           (origin,)).fetchone()
     if lo is None:
@@ -270,6 +270,22 @@ def take_all(conn, origin: bytes) -> list[Op]:
     conn.execute("DELETE FROM blocks WHERE origin=?", (origin,))
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return ops
+
+
+def take_from(conn, origin: bytes, epoch: int) -> list[Op]:
+    """Remove and return every op of ``origin`` from ``epoch`` on (a fork's set-aside: the
+    history before it is the family's).  A block holding epochs on both sides goes whole; its
+    ops below ``epoch`` stay, as unsealed ops (sealed again when next needed)."""
+    row = conn.execute("SELECT min(lo) FROM blocks WHERE origin=? AND hi>=?",
+                       (origin, epoch)).fetchone()
+    cut = epoch - 1 if row[0] is None else min(row[0], epoch - 1)
+    ops = list(iter_ops(conn, origin, cut, (1 << 63) - 1))
+    settle_own(conn, origin)        # the clock must not go back with the ops set aside
+    conn.execute("DELETE FROM blocks WHERE origin=? AND hi>?", (origin, cut))
+    conn.execute("DELETE FROM changelog WHERE origin=? AND epoch>?", (origin, cut))
+    keep = [op for op in ops if op.epoch < epoch]
+    conn.executemany("INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)", keep)
+    return [op for op in ops if op.epoch >= epoch]
 
 
 def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
