@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -182,6 +182,15 @@ MIGRATIONS: list[str] = [
                        PRIMARY KEY(origin, a, b)) WITHOUT ROWID;
     CREATE TABLE heads_told(peer BLOB NOT NULL, origin BLOB NOT NULL, hi INTEGER NOT NULL,
                             PRIMARY KEY(peer, origin)) WITHOUT ROWID;
+    """,
+    # 6: a one-put transaction writes one changelog row and its version, nothing else (the
+    # Speed issue): the changelog holds only our own ops, whose CSNs ascend with their epochs,
+    # so a CSN is found by bisecting epochs (store/chain.py epoch_of) and the CSN index, a
+    # third B-tree page in every commit, goes; our own epoch and clock are read from the
+    # changelog's last row instead of being rewritten in vector and meta each time
+    # (store/chain.py own_tip).
+    """
+    DROP INDEX IF EXISTS changelog_csn;
     """,
 ]
 
