@@ -773,6 +773,10 @@ def status(obj: Ctx, fmt):
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
         lines.append(f"parked: packet {p['seq']}.{p['part']} from {printable(p['from'])} "
                      f"waits for {printable(w)}")
+    for t in doc["incomplete_transactions"]:
+        lines.append(f"incomplete: a transaction of {printable(t['origin'])} from epoch "
+                     f"{t['epochs'][0]}, {t['parts']} part(s) held up to epoch {t['epochs'][1]}; "
+                     f"applied when its last part arrives")
     rec = doc["recovery"]
     if rec["state"] == "recovering":
         lines.append(f"recovering ({printable(rec['reason'])}): holds epoch {rec['own_epoch']} of "

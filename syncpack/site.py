@@ -469,8 +469,13 @@ class Site:
         """Seal our unsealed ops into blocks (before they leave in a packet or a snapshot
         counts on them), of at most ``max_block`` bytes where whole transactions allow; the
         caller holds a write transaction."""
-        return chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer(),
-                                  max_block)
+        n = chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer(),
+                               max_block)
+        if max_block is not None:
+            # a transaction sealed whole at commit may be larger than this medium allows
+            chain.reseal_oversized(self.conn, self.family_id, self.site_id, self.signer(),
+                                   max_block)
+        return n
 
     def record_ops(self, ops: list[Op]) -> None:
         """Append our own ops to the changelog (sealed later); the caller holds a write

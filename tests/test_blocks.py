@@ -289,8 +289,10 @@ def check(raw: bytes, expected_prev: bytes | None = blocks.ZERO_HASH, pub: bytes
 def _expected(pos: int) -> tuple[type, ...]:
     if pos < 4:
         return (BlockError,)                              # magic
-    if pos < 6:
-        return (BlockVersionError,)                       # version, flags
+    if pos < 5:
+        return (BlockVersionError,)                       # version
+    if pos == 5:        # flags: unknown bits, or a part's flag the header or signature refutes
+        return (BlockVersionError, BlockError, BlockSignatureError)
     if pos < 122:                                         # header: sanity check or signature
         return (BlockError, BlockSignatureError)
     if pos < 186:

@@ -265,13 +265,15 @@ def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
 
 def test_max_size_too_small_says_which_size_would_do(ab, tmp_path):
     import random
-    text = random.Random(1).randbytes(10_000).hex()     # ~10 KB even compressed
+    text = random.Random(1).randbytes(100_000).hex()    # one record of ~100 KB compressed
     ab.put("a", "parts", "big", {"blob": text})
     usb = tmp_path / "usb"
     usb.mkdir()
-    r = run("export", "--to", "b", "--out", usb, "--max-size", "8K", site=ab.path("a"))
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "32K", site=ab.path("a"))
+    assert r.code == 2 and "at least 64K" in r.err, r
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "64K", site=ab.path("a"))
     assert r.code == 1, r
-    m = re.search(r"one block \((\d+) bytes\) is larger than --max-size 8192 allows; "
+    m = re.search(r"one block \((\d+) bytes\) is larger than --max-size 65536 allows; "
                   r"--max-size (\d+)K or more would do", r.err)
     assert m and "hint: " in r.err, r
     assert not list(usb.rglob("*.spk"))

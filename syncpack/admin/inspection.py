@@ -93,9 +93,13 @@ def status(site: Site) -> dict:
         "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
         "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
     changelog = chain.count(site.conn)
+    # parts of a transaction too large for one block, held until its last part arrives
+    incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
+                  for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
     from syncpack.admin.recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
-            "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
+            "recovery": recovery_status(site), "peers": peers, "parked": parked,
+            "incomplete_transactions": incomplete, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec)}
 
 

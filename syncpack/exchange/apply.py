@@ -206,7 +206,10 @@ class _Applier:
         for info, cols in win:
             if info.hi > self.vec.get(info.origin, 0):
                 # We keep what extends our history, byte for byte, to pass on.
-                chain.store_block(site.conn, info, cols.txn_lens[-1] - 1)
+                chain.store_block(site.conn, info, cols.last_seq)
+        if any(info.flags and info.hi > self.vec.get(info.origin, 0) for info, _c in win):
+            self._parts(win)
+            return
         if len(win) == 1:
             info, cols = win[0]
             if self._clean(info, cols):
@@ -227,6 +230,35 @@ class _Applier:
                 self.flush()
                 self._count(n)
                 n = 0
+        self.flush()
+        self._count(n)
+
+    def _parts(self, win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]]) -> None:
+        """A window holding parts of a transaction too large for one block: a part that is
+        not the last is kept (stored above) and applies nothing; the last part applies the
+        whole transaction, its earlier parts read back from the store, where earlier packets
+        or this one left them.  Never a part of a transaction alone."""
+        streams: list[Iterable[Op]] = []
+        whole: list[list[Op]] = []
+        for info, cols in win:
+            if not info.flags or info.hi <= self.vec.get(info.origin, 0):
+                streams.append(cols.ops())
+            elif not info.more:
+                start = info.lo - cols.first_seq
+                ops = list(chain.iter_ops(self.site.conn, info.origin, start, info.hi))
+                if len(ops) != info.hi - start or ops[0].seq != 0:
+                    raise PacketBodyError(
+                        f"last part of a transaction of {self.site.name_of(info.origin)} "
+                        f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts")
+                whole.append(ops)
+        n = 0
+        for op in heapq.merge(*streams, key=lambda op: (op.hlc, op.origin, op.seq)):
+            n += self._op(op)
+        for ops in whole:
+            # new to this site though their epochs may be below the vector: the vector
+            # counts parts held, the records only transactions applied
+            for op in ops:
+                n += self._fresh(op)
         self.flush()
         self._count(n)
 
@@ -255,6 +287,10 @@ class _Applier:
                 e.origin, e.epoch = op.origin, op.epoch
                 raise e
             return 0
+        return self._fresh(op)
+
+    def _fresh(self, op: Op) -> int:
+        site = self.site
         if self.stashed_any and op.origin == site.site_id:
             self.flush()
             if _unstash(site, op):

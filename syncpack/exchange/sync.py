@@ -273,7 +273,8 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
         sign = site.signer()
-        if chain.has_pending(site.conn, site.site_id):
+        if chain.has_pending(site.conn, site.site_id) or chain.has_oversized(
+                site.conn, site.site_id, seal_max or max_size // 2):
             with site.write_txn():
                 # Our small transactions become blocks now, once, each small enough for a
                 # packet of this export (packets are cut between blocks only).

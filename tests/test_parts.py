@@ -1,0 +1,112 @@
+"""A transaction larger than the medium: it travels in parts of at most --max-size, each its
+origin's signed block, and the importer applies it whole when the last part is there."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from conftest import run
+from syncpack.format import blocks
+from syncpack.store import chain
+
+
+def _load_file(tmp_path: Path, n: int = 3000, size: int = 400) -> Path:
+    f = tmp_path / "records.jsonl"
+    with open(f, "w") as out:
+        for i in range(n):
+            # random hex: the records do not compress below the medium's size
+            out.write(json.dumps({"collection": "parts", "key": f"p-{i:05d}",
+                                  "value": {"pad": os.urandom(size // 2).hex()}}) + "\n")
+    return f
+
+
+def _packets(d: Path) -> list[Path]:
+    return sorted(d.rglob("*.spk"))
+
+
+def test_big_transaction_travels_in_parts_applied_only_whole(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    assert run("load", _load_file(tmp_path), site=a).code == 0
+    usb = tmp_path / "usb"
+    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K", site=a,
+            json_mode=True)
+    assert r.code == 0, r
+    files = _packets(usb)
+    assert len(files) > 10
+    assert all(f.stat().st_size <= 64 * 1024 for f in files)
+    empty = family.digest("b")
+    # the parts in reverse order: nothing applies until the first part (sent first) arrives
+    for f in reversed(files[1:]):
+        r = run("import", f, site=b, json_mode=True)
+        assert r.code == 0, r
+        assert run("get", "parts", "p-00000", site=b).code != 0
+        assert family.digest("b") == empty
+    r = run("import", files[0], site=b, json_mode=True)
+    assert r.code == 0, r
+    assert family.digest("a") == family.digest("b")
+    assert run("fsck", site=b).code == 0
+
+
+def test_parts_wait_in_order_and_are_listed(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    files = _packets(usb)
+    assert len(files) >= 3
+    # in order, all but the last part: held, not applied, listed in status; fsck clean
+    for f in files[:-1]:
+        assert run("import", f, site=b).code == 0
+    assert run("get", "parts", "p-00000", site=b).code != 0
+    st = run("status", site=b, json_mode=True)
+    assert st.code == 0
+    waiting = st.json["incomplete_transactions"]
+    assert len(waiting) == 1 and waiting[0]["origin"] == "a" and waiting[0]["parts"] >= 2
+    assert run("fsck", site=b).code == 0
+    with family.open("b") as s:
+        assert chain.incomplete(s.conn)
+    assert run("import", files[-1], site=b).code == 0
+    assert family.digest("a") == family.digest("b")
+    assert run("status", site=b, json_mode=True).json["incomplete_transactions"] == []
+    assert run("fsck", site=b).code == 0
+
+
+def test_relay_passes_parts_on_unchanged(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=2)
+    a, b, c = (family.path(x) for x in "abc")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    assert run("import", usb, site=b).code == 0
+    usb2 = tmp_path / "usb2"
+    r = run("export", "--to", "c", "--create-out", "--out", usb2, "--max-size", "64K", site=b)
+    assert r.code == 0, r
+    assert run("import", usb2, site=c).code == 0
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    with family.open("a") as sa, family.open("c") as sc:
+        own = sa.conn.execute("SELECT data FROM blocks WHERE origin=? ORDER BY lo",
+                              (sa.site_id,)).fetchall()
+        held = sc.conn.execute("SELECT data FROM blocks WHERE origin=? ORDER BY lo",
+                               (sa.site_id,)).fetchall()
+        assert [r[0] for r in held if blocks.read_block_header(r[0]).flags] == \
+            [r[0] for r in own if blocks.read_block_header(r[0]).flags]
+
+
+def test_max_size_below_64k_is_a_usage_error(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    r = run("export", "--to", "b", "--create-out", "--out", tmp_path / "u", "--max-size",
+            "32K", site=family.path("a"))
+    assert r.code == 2, r
+    assert "64" in r.err
