@@ -110,3 +110,47 @@ def test_max_size_below_64k_is_a_usage_error(family, tmp_path):
             "32K", site=family.path("a"))
     assert r.code == 2, r
     assert "64" in r.err
+
+
+def test_shipped_batch_sample_with_a_64k_outbox_after_an_ordinary_load(family, tmp_path):
+    """samples/batch/sanfran_hub.toml sends bangalore packets of at most 64K: after a load of
+    3,000 records in one transaction, ordinary rounds at every site converge."""
+    import shutil
+    root = family.root
+    family.init("boston_hub")
+    family.add("sanfran_hub", via="boston_hub")
+    family.add("bangalore", via="boston_hub")
+    samples = Path(__file__).resolve().parents[1] / "samples" / "batch"
+    (root / "batch").mkdir()
+    shutil.rmtree(root / "media", ignore_errors=True)     # the set-up's medium
+    (root / "media").mkdir()
+    (root / "logs").mkdir()
+    for s in ("boston_hub", "sanfran_hub", "bangalore"):
+        shutil.copy(samples / f"{s}.toml", root / "batch" / f"{s}.toml")
+    assert run("load", _load_file(tmp_path), site=family.path("sanfran_hub")).code == 0
+    for _round in range(3):
+        for s in ("boston_hub", "sanfran_hub", "bangalore"):
+            r = run("batch", root / "batch" / f"{s}.toml")
+            assert r.code == 0, r
+            if s == "sanfran_hub" and not _round:
+                assert "-> bangalore: nothing to send" not in r.out, r
+    small = sorted((root / "media" / "bangalore" / "sanfran_hub").rglob("*.spk"))
+    assert small and all(p.stat().st_size <= 64 * 1024 for p in small)
+    d = {s: family.digest(s) for s in ("boston_hub", "sanfran_hub", "bangalore")}
+    assert len(set(d.values())) == 1, d
+    for s in d:
+        assert run("fsck", site=family.path(s)).code == 0
+
+
+def test_batch_outbox_error_names_the_peer_and_is_not_nothing_to_send(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "c", "huge", {"blob": os.urandom(100_000).hex()})   # one op, > 64K
+    media = tmp_path / "m"
+    cfg = tmp_path / "a.toml"
+    cfg.write_text(f'site = "{family.path("a")}"\n[[export]]\nout = "{media}"\nto = ["b"]\n'
+                   f'max_size = "64K"\ncreate = true\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    assert "-> b: failed" in r.out and "nothing to send" not in r.out, r
+    assert f"export {media} -> b: one block" in r.err and "hint: " in r.err, r
