@@ -610,9 +610,29 @@ def import_(obj: Ctx, paths):
     """
     s = obj.open()
     res = sync.ImportResult()
-    obj.on_interrupt(lambda: _import_interrupted(res))
+    obj.on_interrupt(lambda: _import_interrupted(s, res))
     with obj.progress("import") as tick:
         sync.import_packets(s, paths, progress=tick, result=res)
+    # The work is done and committed: a Ctrl-C from here on would only cut the report short
+    # and turn a complete import's exit code into 130.
+    with _no_interrupt():
+        _import_report(obj, res)
+
+
+@contextmanager
+def _no_interrupt():
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:      # not the main thread (an embedding caller): nothing to hold off
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
+def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
     if obj.json:
         obj.emit(res.to_json())
     for r in res.rejected:
@@ -650,9 +670,12 @@ def _import_summary(res: sync.ImportResult) -> str:
     return "import: " + ("; ".join(parts) if parts else "no packets found")
 
 
-def _import_interrupted(res: sync.ImportResult) -> str:
-    kept = (f"{len(res.applied)} packet(s) applied and kept ({res.ops_applied:,} op(s))"
-            if res.applied else "no packet was applied")
+def _import_interrupted(s, res: sync.ImportResult) -> tuple[str, str]:
+    # from the store, not from what the loop had noted: the interruption may have come
+    # between a packet's commit and the note
+    done = sync.committed_since(s, res)
+    kept = (f"{len(done)} packet(s) applied and kept ({sum(n for _p, n in done):,} op(s)): "
+            + ", ".join(printable(p) for p, _n in done) if done else "no packet was applied")
     return (f"{kept}; the packet being applied was rolled back whole",
             "run the same import again: applied packets are skipped as duplicates")
 

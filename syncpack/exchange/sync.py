@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 from syncpack.format import codec
 from syncpack.rules import planning
-from syncpack.store import chain
+from syncpack.store import chain, history
 from syncpack.exchange.apply import ForkDetected, apply_packet, apply_snapshot, drop_parked, is_known, park
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import pack_csn
@@ -343,6 +343,7 @@ class ImportResult:
     rejected: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     ops_applied: int = 0
+    started_ms: int = 0     # wall clock when the import began: what it committed is after
     # Why each skipped packet was left alone: "other site" or "other family".
     skipped_why: dict[str, str] = field(default_factory=dict)
     # Files in a searched directory that are not packets at all.
@@ -371,6 +372,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     ``result``, the outcome is collected there as it happens, so a caller interrupted midway
     (Ctrl-C) still knows which packets were applied and committed."""
     res = result if result is not None else ImportResult()
+    res.started_ms = wall_ms()
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -444,6 +446,15 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             for c in opened:
                 c.pk.close()
     return res
+
+
+def committed_since(site: Site, res: ImportResult) -> list[tuple[str, int]]:
+    """After an interruption: ``(path, ops)`` of the packets this import committed, read from
+    the store (see :mod:`syncpack.store.history`), whatever the result had noted."""
+    # A fresh connection: the command's own may be closed or mid-rollback by now.
+    with Site.open(site.path) as s:
+        history.settle(s.conn)
+        return history.applied_since(s.conn, res.started_ms)
 
 
 def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> list[_Candidate]:
