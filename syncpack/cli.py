@@ -52,17 +52,23 @@ class Ctx:
         click.get_current_context().call_on_close(s.close)
         return s
 
+    # One rule for every command (docs/commands.md, "Output"): what a command did or found
+    # is its result and goes to stdout; errors, hints and progress are diagnostics and go to
+    # stderr.  -q prints nothing when the command succeeds (its exit code says so, like
+    # grep -q); --json still writes its one document, which the caller asked for by name.
+
     def emit(self, doc: dict, human: str | None = None) -> None:
         """The JSON document on stdout in --json mode, else the human text on stdout."""
         if self.json:
             click.echo(json.dumps(doc, indent=2, sort_keys=False, default=_not_json))
-        elif human is not None and human != "":
+        elif human is not None and human != "" and not self.quiet:
             click.echo(escaped(human))
 
     def say(self, text: str) -> None:
-        """Human remarks: stderr, and only when not quiet."""
-        if not self.quiet:
-            click.echo(escaped(text), err=True)
+        """More of the human result (a summary line, the next step to take): stdout, not in
+        --json mode (stdout holds the document) and not when quiet."""
+        if not self.quiet and not self.json:
+            click.echo(escaped(text))
 
     @contextmanager
     def progress(self, label: str, unit: str = "ops") -> Iterator[_Bar | None]:
@@ -218,7 +224,8 @@ def _size(ctx, param, value):
 @click.option("--site", "site", metavar="DIR", help="Site directory (default: $SYNCPACK_SITE, "
               "else the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
+              "to stderr, the exit code says how it went.")
 @click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")
 @click.version_option(package_name="syncpack")
 @click.pass_context
@@ -513,8 +520,8 @@ def fsck(obj: Ctx):
     if not doc["ok"]:
         for p in doc["problems"]:
             echo_error(p)
-        click.echo("hint: restore the site from a backup, or re-seed it with a snapshot",
-                   err=True)
+        echo_error("fsck found the problems above",
+                   "restore the site from a backup, or re-seed it with a snapshot")
         sys.exit(1)
     if not obj.json:
         obj.say(f"ok: {doc['changelog_ops']} changelog ops checked")
@@ -781,7 +788,8 @@ def status(obj: Ctx, fmt):
     s = obj.open()
     doc = inspection.status(s)
     if fmt == "prometheus":
-        click.echo(metrics.render(doc), nl=False)
+        if not obj.quiet:
+            click.echo(metrics.render(doc), nl=False)
         return
     lines = [f"site {doc['site']} ({doc['state']}), family {printable(doc['family'])}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
