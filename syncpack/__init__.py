@@ -17,4 +17,4 @@ from .site import Site, Transaction, open_site
 
 __all__ = ["Site", "Transaction", "open_site", "SyncpackError", "InvalidValueError",
            "SiteClosedError"]
-__version__ = "0.1.0"
+__version__ = "0.3.0"    # the one version number: pyproject reads it, --version prints it

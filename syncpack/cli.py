@@ -23,6 +23,7 @@ from syncpack.admin import conflicts as conflicts_mod, inspection, metrics, reco
 from syncpack.exchange import replica, sync
 from syncpack.format import keys
 from syncpack.store import db
+from . import __version__
 from .errors import RecordNotFound, SyncpackError
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from .site import Site
@@ -227,7 +228,7 @@ def _size(ctx, param, value):
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
               "to stderr, the exit code says how it went.")
 @click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")
-@click.version_option(package_name="syncpack")
+@click.version_option(version=__version__, prog_name="syncpack")
 @click.pass_context
 def cli(ctx, site, as_json, quiet, verbose):
     """Offline replication by signed, compressed update packets.
@@ -708,7 +709,11 @@ def lspacket(obj: Ctx, paths):
     for p in doc["packets"]:
         rng = ", ".join(f"{o} {lo + 1}-{hi}" for o, (lo, hi) in p["ranges"].items()) or "-"
         human.append(f"{p['path']}: {p['kind']} {p['from']} -> {p['to']} seq {p['seq']} part "
-                     f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}")
+                     f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}, "
+                     + ("sealed" if p["sealed"] else "not sealed"))
+    if any(not p["named"] for p in doc["packets"]):
+        human.append("sites shown by id: only a member site knows their names (run with "
+                     "--site DIR to name them and check signatures)")
     obj.emit(doc, "\n".join(human))
     for e in doc["errors"]:
         echo_error(f"{e['path']}: {e['error']}")

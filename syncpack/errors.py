@@ -159,10 +159,24 @@ class MetricsWriteError(SyncpackError):
 
 class InvalidValueError(UsageError):
     """A record value that is not plain JSON (bytes, NaN, infinities, non-string keys, other
-    objects): refused before anything is written, so every site can show and ship it."""
+    objects): refused before anything is written, so every site can show and ship it.
+
+    On the command line an unacceptable value or name is a usage error (exit 2), whichever
+    check finds it: the same code as a value that is not JSON at all."""
+
+    exit_code = 2
 
     default_hint = ("store JSON values only: dicts with string keys, lists, strings, finite "
                     "numbers, true/false/null")
+
+
+class InvalidNameError(UsageError):
+    """A collection name or key that cannot be used: empty, too long, or reserved.  One rule
+    for both kinds of name (exit 2 on the command line, as for an invalid value)."""
+
+    exit_code = 2
+    default_hint = ("collections and keys are non-empty strings; names starting with '$' "
+                    "belong to syncpack")
 
 
 class TransactionTooLargeError(UsageError):

@@ -30,7 +30,7 @@ from syncpack.store import chain, db
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
-from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
+from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
 from syncpack.format.names import check_site_name
@@ -75,19 +75,21 @@ MAX_NAME_CHARS = 16 * 1024       # collections and keys; readers accept far more
 
 def check_collection(name: str) -> None:
     if not isinstance(name, str) or not name:
-        raise UsageError("a collection name must be a non-empty string")
+        raise InvalidNameError("a collection name must be a non-empty string")
     if len(name) > MAX_NAME_CHARS:
-        raise UsageError(f"a collection name is limited to {MAX_NAME_CHARS} characters")
+        raise InvalidNameError(f"a collection name is limited to {MAX_NAME_CHARS} characters")
     if name.startswith(SYS_PREFIX):
-        raise UsageError(f"collection names starting with '{SYS_PREFIX}' are reserved "
-                         f"for syncpack itself: {name!r}")
+        raise InvalidNameError(f"collection names starting with '{SYS_PREFIX}' are reserved "
+                               f"for syncpack itself: {name!r}")
 
 
 def _check_key(key: str) -> None:
-    if not isinstance(key, str):
-        raise UsageError("a key must be a string")
+    # the same rule as for collection names: an empty key is as unusable (it cannot be typed
+    # back on a command line, and 'ls' shows nothing for it)
+    if not isinstance(key, str) or not key:
+        raise InvalidNameError("a key must be a non-empty string")
     if len(key) > MAX_NAME_CHARS:
-        raise UsageError(f"a key is limited to {MAX_NAME_CHARS} characters")
+        raise InvalidNameError(f"a key is limited to {MAX_NAME_CHARS} characters")
 
 
 class Site:

@@ -87,7 +87,7 @@ def test_api_refuses_values_that_are_not_json_and_changes_nothing(a, coll, key, 
             with site.transaction() as tx:
                 tx.put("parts", "fine", {"would": "be rolled back too"})
                 tx.put(coll, key, value)
-        assert e.value.exit_code == 1 and e.value.message
+        assert e.value.exit_code == 2 and e.value.message and e.value.hint   # a usage error
     finally:
         site.close()
     assert state(a) == before
@@ -117,7 +117,10 @@ def test_json_values_of_every_kind_are_accepted(a):
 def test_cli_refuses_nan_from_put_and_load(a, tmp_path):
     before = state(a)
     r = run("put", "parts", "k", "NaN", site=a)
-    assert r.code == 1 and "error: " in r.err and "hint: " in r.err, r
+    assert r.code == 2 and "error: " in r.err and "hint: " in r.err, r   # as invalid JSON
+    for name in (("", "k"), ("parts", "")):     # one rule for empty names, of either kind
+        r = run("put", *name, "1", site=a)
+        assert r.code == 2 and "non-empty" in r.err and "hint: " in r.err, r
     f = tmp_path / "nan.jsonl"
     f.write_text('{"collection": "parts", "key": "ok", "value": 1}\n'
                  '{"collection": "parts", "key": "bad", "value": Infinity}\n')
@@ -225,7 +228,7 @@ def test_import_summary_counts_skipped_files_of_every_kind(family, tmp_path):
 
     r = run("import", inbox, site=family.path("b"))
     assert r.code == 0, r
-    assert r.err.splitlines() == ["import: 3 file(s) skipped (1 for other sites, 1 of another "
+    assert r.out.splitlines() == ["import: 3 file(s) skipped (1 for other sites, 1 of another "
                                   "family, 1 not packets)"]
     assert "applied" not in r.err
     assert state(family.path("b")) == before
@@ -239,10 +242,10 @@ def test_import_summary_counts_skipped_files_of_every_kind(family, tmp_path):
     r = run("import", inbox, site=family.path("b"))
     assert r.code == 0, r
     # Two ops: p1 and c's roster entry, which b had not heard of.
-    assert r.err.splitlines() == ["import: 1 packet(s) applied (2 op(s)); 3 file(s) skipped "
+    assert r.out.splitlines() == ["import: 1 packet(s) applied (2 op(s)); 3 file(s) skipped "
                                   "(1 for other sites, 1 of another family, 1 not packets)"]
     r = run("import", inbox / "b.spk", site=family.path("b"))
-    assert r.err.splitlines() == ["import: 1 duplicate(s) (applied before)"], r
+    assert r.out.splitlines() == ["import: 1 duplicate(s) (applied before)"], r
     assert run("import", tmp_path / "empty_ok", site=family.path("b")).code == 1
 
 
@@ -255,9 +258,9 @@ def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
     before = state(ab.path("b"))
     r = run("import", bad, site=ab.path("b"))
     assert r.code == 1, r
-    lines = r.err.splitlines()
-    assert lines[0].startswith(f"error: {bad}: ") and lines[-1] == "import: 1 rejected", r
-    assert "applied" not in r.err
+    # the error is a diagnostic (stderr), the summary the result (stdout)
+    assert r.err.startswith(f"error: {bad}: ") and r.out == "import: 1 rejected\n", r
+    assert "applied" not in r.err + r.out
     assert state(ab.path("b")) == before
 
 
@@ -292,7 +295,7 @@ def test_mkreplica_export_prints_the_real_next_command(ab, tmp_path):
     assert r.code == 0, r
     packet_dir = usb / "n" / "a"
     cmd = f"syncpack --site '{newdir}' mkreplica import {packet_dir}"
-    assert cmd in r.err, r
+    assert cmd in r.out, r
     # The command works as printed.
     args = shlex.split(cmd)[1:]
     assert run(*args).code == 0

@@ -318,7 +318,9 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
                         "bytes": pk.env.size,
                         "ranges": {nm(o): [lo, hi] for o, (lo, hi) in sorted(h.ranges.items())},
                         "vector": {nm(o): e for o, e in sorted(h.vector.items())},
-                        "signature": sig})
+                        "signature": sig, "sealed": h.sealed,
+                        # ids a site could not name (no site, or not a member it knows)
+                        "named": all(o in names for o in (h.sender, h.recipient))})
         finally:
             pk.close()
     return {"packets": out, "errors": errors}
