@@ -644,7 +644,7 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
     if obj.json:
         obj.emit(res.to_json())
     for r in res.rejected:
-        echo_error(f"{r['path']}: {r['error']}")
+        echo_error(f"{r['path']}: {r['error']}", r.get("hint"))
     if not obj.json:
         lines = []
         for p in res.parked:
@@ -716,7 +716,7 @@ def lspacket(obj: Ctx, paths):
                      "--site DIR to name them and check signatures)")
     obj.emit(doc, "\n".join(human))
     for e in doc["errors"]:
-        echo_error(f"{e['path']}: {e['error']}")
+        echo_error(f"{e['path']}: {e['error']}", e.get("hint"))
     if doc["errors"]:
         sys.exit(1)
 
@@ -1093,7 +1093,7 @@ def batch(obj: Ctx, config):
     elif not obj.quiet:
         obj.emit(doc, batch_mod.format_summary(doc))
     for r in doc["imported"]["rejected"]:
-        echo_error(f"{r['path']}: {r['error']}")
+        echo_error(f"{r['path']}: {r['error']}", r.get("hint"))
     for e in doc["errors"]:
         echo_error(f"{e['action']} {e['target']}: {e['error']}", e["hint"])
     sys.exit(doc["exit_code"])

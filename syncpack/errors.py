@@ -51,12 +51,26 @@ class RecoveringError(SyncpackError):
     """Local writes are refused while the site waits for its own ops to come back."""
 
 
+class AlreadyRecoveringError(SyncpackError):
+    """'syncpack restore' at a site that is already recovering: a second declaration would
+    restart the wait and forget the reports already received."""
+
+    default_hint = ("'syncpack status' shows what it waits for; export to every peer and "
+                    "import their packets. 'syncpack restore --finish' ends the wait by hand")
+
+
 class PacketError(SyncpackError):
     """A packet failed verification.  Subclasses name the check that failed."""
+
+    default_hint = ("nothing of it was applied; get a fresh copy of the packet from its "
+                    "sender (or have it export again)")
 
 
 class PacketFormatError(PacketError):
     """Size, magic, framing or encoding is wrong: the file is not a well-formed packet."""
+
+    default_hint = ("the file is damaged (a medium pulled out while writing?) or not a "
+                    "packet; get a fresh copy from the sender, nothing of it was applied")
 
 
 class PacketVersionError(PacketError):
@@ -102,6 +116,9 @@ class PacketPolicyError(PacketError):
 class PacketLimitError(PacketError):
     """The packet asks for more memory than we allow an untrusted input."""
 
+    default_hint = ("the packet is damaged or forged: no packet syncpack writes asks for "
+                    "that much; get a fresh copy from the sender")
+
 
 class EpochCollisionError(PacketError):
     default_hint = ("the sender reused an epoch (was it restored from a backup without "
@@ -117,7 +134,7 @@ class ScrubbedError(SyncpackError):
 
 
 class ExportError(SyncpackError):
-    pass
+    """Packets could not be written; nothing was recorded as sent."""
 
 
 class OutboxError(ExportError):

@@ -118,3 +118,56 @@ def test_import_summary_is_a_result_on_stdout(ab, tmp_path):
     assert run("export", "--to", "b", "--create-out", "--out", usb, site=ab.path("a")).code == 0
     r = run("import", usb, site=ab.path("b"))
     assert r.code == 0 and r.err == "" and "import: 1 packet(s) applied" in r.out, r
+
+
+def test_a_second_restore_says_the_site_is_already_recovering(ab):
+    a = ab.path("a")
+    r = run("restore", site=a)
+    assert r.code == 0 and "recovering" in r.out, r
+    before = run("status", site=a, json_mode=True).json["recovery"]
+    r = run("restore", site=a)
+    assert r.code == 1 and "already recovering" in r.err and "hint: " in r.err, r
+    assert run("status", site=a, json_mode=True).json["recovery"] == before
+
+
+def test_damaged_packet_and_read_only_medium_have_hints(ab, tmp_path):
+    import os
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, site=ab.path("a")).code == 0
+    pk = next(usb.rglob("*.spk"))
+    data = pk.read_bytes()
+    for bad in (data[:40], data[:-7], data[:200] + bytes([data[200] ^ 1]) + data[201:]):
+        pk.write_bytes(bad)
+        r = run("import", pk, site=ab.path("b"))
+        assert r.code == 1 and "error: " in r.err and "hint: " in r.err, r
+    # a medium whose write-protect switch is on (as root, chmod would not stop us: the
+    # filesystem's answer is simulated)
+    import builtins
+    import errno
+    from syncpack.exchange import packets
+    real_open = builtins.open
+
+    def read_only(path, mode="r", *a, **kw):
+        if "w" in mode:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, mode, *a, **kw)
+    ab.put("a", "c", "k", 2)
+    packets.open = read_only
+    try:
+        r = run("export", "--to", "b", "--out", usb, site=ab.path("a"))
+    finally:
+        del packets.open
+    assert r.code == 1 and "read-only" in r.err and "hint: " in r.err, r
+
+
+def test_one_version_number():
+    import tomllib
+    from pathlib import Path
+    import syncpack
+    root = Path(syncpack.__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert "version" in project["dynamic"] and "version" not in project
+    r = run("--version")
+    assert r.code == 0 and r.out.strip() == f"syncpack, version {syncpack.__version__}", r
+    assert syncpack.__version__ == "0.3.0"
+    assert "0.3.0" in (root / "docs" / "operations.md").read_text()

@@ -301,7 +301,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
             pk = open_packet(path)
         except PacketError as e:
             if named:
-                errors.append({"path": printable(path), "error": str(e)})
+                errors.append({"path": printable(path), "error": str(e), "hint": e.hint})
             continue
         try:
             h = pk.header

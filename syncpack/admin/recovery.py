@@ -11,7 +11,7 @@ from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
-from syncpack.errors import UsageError
+from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.store.matrix import ack_floor
 from syncpack.progress import expect
 from syncpack.site import ROSTER, Site, wall_ms
@@ -240,7 +240,10 @@ def restore(site: Site, finish: bool = False) -> dict:
         if finish:
             site.set_meta("state", NORMAL)
         else:
-            site.set_meta("state", NORMAL)      # a second declaration restarts the wait
+            if site.state == RECOVERING:
+                raise AlreadyRecoveringError(
+                    f"site {site.name} is already recovering "
+                    f"({recovery_status(site).get('reason') or 'restored'}); nothing changed")
             enter_recovering(site, "declared restored from a backup with 'syncpack restore'")
             # Everything we believed peers held is suspect: our own records are old.
             c.execute("UPDATE matrix SET sent=acked")

@@ -477,7 +477,14 @@ def _os_error(e: OSError, directory: Path) -> ExportError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return MediumFullError(f"the medium at {directory} is full ({e.strerror}); "
                                f"no partial packet was left")
-    return ExportError(f"cannot write packets into {directory}: {e.strerror or e}")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return ExportError(f"cannot write packets into {directory}: {e.strerror or e}",
+                           hint="the medium is read-only or this user may not write there "
+                                "(a write-protect switch, a mount option, permissions); make "
+                                "it writable or choose another --out; nothing was sent")
+    return ExportError(f"cannot write packets into {directory}: {e.strerror or e}",
+                       hint="check the medium and run the export again; nothing was recorded "
+                            "as sent")
 
 
 def fsync_dir(directory: Path) -> None:

@@ -393,7 +393,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 pk = open_packet(path)
             except PacketError as e:
                 if named or has_magic(path):  # a damaged or too new packet is not silent
-                    res.rejected.append({"path": shown, "error": str(e)})
+                    res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 else:
                     res.ignored.append(shown)   # in a directory: not a packet, left alone
                 continue
@@ -412,10 +412,10 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 if h.sender not in site.members_by_id(include_retired=True):
                     unknown.append((c, e))
                 else:
-                    res.rejected.append({"path": shown, "error": str(e)})
+                    res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             except PacketError as e:
-                res.rejected.append({"path": shown, "error": str(e)})
+                res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             if h.kind == codec.KIND_SNAPSHOT:
                 snaps.setdefault((h.sender, h.seq), []).append(c)
@@ -436,12 +436,12 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     except PacketSenderError as e:
                         still.append((c, e))
                     except PacketError as e:
-                        res.rejected.append({"path": c.display, "error": str(e)})
+                        res.rejected.append({"path": c.display, "error": str(e), "hint": e.hint})
                 unknown = still
                 if not cands:
                     break
             for c, err in unknown:
-                res.rejected.append({"path": c.display, "error": str(err)})
+                res.rejected.append({"path": c.display, "error": str(err), "hint": err.hint})
         finally:
             for c in opened:
                 c.pk.close()
@@ -475,7 +475,8 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
                 raise PacketError("parked file does not hold the packet recorded for it")
             check(c)
         except PacketError as e:
-            res.rejected.append({"path": shown or str(f), "error": f"parked packet: {e}"})
+            res.rejected.append({"path": shown or str(f), "error": f"parked packet: {e}",
+                                 "hint": e.hint})
             site.conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?", (sender, pid))
             f.unlink(missing_ok=True)
             continue
@@ -505,7 +506,7 @@ def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult,
         n = apply_snapshot(site, [c.pk for c in group], progress)
     except PacketError as e:
         for s in shown:
-            res.rejected.append({"path": s, "error": str(e)})
+            res.rejected.append({"path": s, "error": str(e), "hint": e.hint})
         return
     res.applied.extend(shown)
     res.ops_applied += n
@@ -521,7 +522,7 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
     unproven: dict[tuple[bytes, bytes], PacketError] = {}
 
     def reject(c: _Candidate, e: PacketError) -> None:
-        res.rejected.append({"path": c.display, "error": str(e)})
+        res.rejected.append({"path": c.display, "error": str(e), "hint": e.hint})
         if c.parked_file:
             drop_parked(site, c.pk.header, c.parked_file)
 
