@@ -14,7 +14,8 @@ hint.
 
 from .errors import InvalidValueError, SiteClosedError, SyncpackError
 from .site import Site, Transaction, open_site
+from .version import VERSION
 
 __all__ = ["Site", "Transaction", "open_site", "SyncpackError", "InvalidValueError",
            "SiteClosedError"]
-__version__ = "0.3.0"    # the one version number: pyproject reads it, --version prints it
+__version__ = VERSION

@@ -23,7 +23,7 @@ from syncpack.admin import conflicts as conflicts_mod, inspection, metrics, reco
 from syncpack.exchange import replica, sync
 from syncpack.format import keys
 from syncpack.store import db
-from . import __version__
+from .version import VERSION
 from .errors import RecordNotFound, SyncpackError
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from .site import Site
@@ -228,7 +228,7 @@ def _size(ctx, param, value):
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
               "to stderr, the exit code says how it went.")
 @click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")
-@click.version_option(version=__version__, prog_name="syncpack")
+@click.version_option(version=VERSION, prog_name="syncpack")
 @click.pass_context
 def cli(ctx, site, as_json, quiet, verbose):
     """Offline replication by signed, compressed update packets.
