@@ -154,3 +154,26 @@ def test_batch_outbox_error_names_the_peer_and_is_not_nothing_to_send(family, tm
     assert r.code == 1, r
     assert "-> b: failed" in r.out and "nothing to send" not in r.out, r
     assert f"export {media} -> b: one block" in r.err and "hint: " in r.err, r
+
+
+def test_a_site_holding_parts_seeds_a_new_member_without_them(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    files = _packets(usb)
+    for f in files[:-1]:
+        assert run("import", f, site=b).code == 0
+    family.add("c", via="b")        # b's snapshot: its records, and a vector without the parts
+    c = family.path("c")
+    assert run("status", site=c, json_mode=True).json["incomplete_transactions"] == []
+    assert run("fsck", site=c).code == 0
+    assert run("import", files[-1], site=b).code == 0
+    family.sync("b", "a")           # a learns of c
+    family.full_exchange(rounds=3)
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    for s in (a, b, c):
+        assert run("fsck", site=s).code == 0

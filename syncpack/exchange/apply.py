@@ -522,8 +522,11 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                     f"applying it would roll changes back", hint="ask for a fresh snapshot "
                     "('syncpack resync') made after this site's last packets reached the sender")
             before = dict(site.roster()) if not seeding else {}
+            # parts of a transaction still waiting for its last part stay held, not applied
+            waiting = chain.incomplete(c)
             kept = sorted((op for o, (_lo, hi, _n) in chain.held_ranges(c).items()
-                           for op in chain.iter_ops(c, o, snap.get(o, 0), hi)),
+                           for op in chain.iter_ops(c, o, snap.get(o, 0),
+                                                    waiting[o][0] if o in waiting else hi)),
                           key=lambda op: (op.hlc, op.origin, op.seq))
             for table in ("versions", "superseded", "tomb_pending"):
                 c.execute(f"DELETE FROM {table}")
@@ -568,6 +571,8 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 site.apply_version(op, op.csn)
             for o, e in snap.items():
                 top = max([op.epoch for op in kept if op.origin == o], default=e)
+                if o in waiting and waiting[o][0] >= e:
+                    top = max(top, waiting[o][1])       # the parts held above it
                 c.execute("UPDATE vector SET epoch=? WHERE origin=?", (max(top, e), o))
             site.set_meta("hlc", max(int(site.meta("hlc", 0)), first.hlc_max))
             if seeding:

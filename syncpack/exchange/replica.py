@@ -17,6 +17,7 @@ from syncpack.format import codec, keys
 from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
 from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
+from syncpack.store import chain
 from syncpack.store.matrix import ensure_link, link, raise_matrix, vec_blob
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
 from syncpack.site import ROSTER, Member, Site, Transaction, wall_ms
@@ -44,7 +45,7 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     # where a block does: the recipient is then sent whole blocks from there on.
     site.seal_pending()
     conn = site.conn
-    vec = {o: e for o, e in site.vector().items() if e}
+    vec = {o: e for o, e in chain.applied_vector(conn, site.vector()).items() if e}
     roster = [{"name": m.name, "id": m.site_id, "ed25519": m.ed25519, "x25519": m.x25519,
                "priority": m.priority} for m in site.roster().values() if not m.retired]
     seq = link(site, recipient)["out_seq"] + 1
@@ -126,7 +127,7 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
 
     def add_member():
         tx = Transaction(site, True)
-        base = {o: e for o, e in site.vector().items() if e}
+        base = {o: e for o, e in chain.applied_vector(site.conn, site.vector()).items() if e}
         base[site.site_id] = tx.epoch + 1   # the roster op written just below
         m = Member(name, ident.site_id, ident.ed25519, ident.x25519, priority, base, False)
         tx.write_raw(ROSTER, name, codec.encode_value(m.to_value()))

@@ -378,6 +378,16 @@ def incomplete(conn) -> dict[bytes, tuple[int, int, int]]:
     return out
 
 
+def applied_vector(conn, vec: dict[bytes, int]) -> dict[bytes, int]:
+    """``vec`` (epochs held) wound back to the transactions applied: a snapshot's records hold
+    no part of a transaction still waiting for its last part, so its vector must not claim it."""
+    out = dict(vec)
+    for o, (lo, _hi, _n) in incomplete(conn).items():
+        if o in out:
+            out[o] = min(out[o], lo)
+    return out
+
+
 def has_pending(conn, origin: bytes) -> bool:
     return conn.execute("SELECT 1 FROM changelog WHERE origin=? LIMIT 1",
                         (origin,)).fetchone() is not None
