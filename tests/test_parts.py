@@ -177,3 +177,23 @@ def test_a_site_holding_parts_seeds_a_new_member_without_them(family, tmp_path):
     assert family.digest("a") == family.digest("b") == family.digest("c")
     for s in (a, b, c):
         assert run("fsck", site=s).code == 0
+
+
+def test_reseal_for_a_small_medium_after_a_peer_got_the_whole_block(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=2)
+    a, b, c = (family.path(x) for x in "abc")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    family.sync("a", "b")                        # b: the transaction as one block
+    usb = tmp_path / "usb"
+    r = run("export", "--to", "c", "--create-out", "--out", usb, "--max-size", "64K", site=a)
+    assert r.code == 0, r                        # sealed again as parts for c
+    assert run("import", usb, site=c).code == 0
+    family.put("a", "c", "after", 1)
+    family.put("b", "c", "from-b", 1)
+    family.full_exchange(rounds=3)
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    for s in (a, b, c):
+        assert run("fsck", site=s).code == 0
