@@ -664,6 +664,8 @@ def _import_summary(res: sync.ImportResult) -> str:
         parts.append(f"{len(res.applied)} packet(s) applied ({res.ops_applied:,} op(s))")
     for n, what in ((len(res.duplicates), "duplicate(s) (applied before)"),
                     (len(res.parked), "parked (waiting for earlier packets)"),
+                    (len(res.incomplete), "large transaction(s) held until their last part "
+                                          "arrives"),
                     (len(res.rejected), "rejected")):
         if n:
             parts.append(f"{n} {what}")

@@ -63,7 +63,8 @@ def test_parts_wait_in_order_and_are_listed(family, tmp_path):
     assert len(files) >= 3
     # in order, all but the last part: held, not applied, listed in status; fsck clean
     for f in files[:-1]:
-        assert run("import", f, site=b).code == 0
+        r = run("import", f, site=b)
+        assert r.code == 0 and "1 large transaction(s) held until their last part" in r.out, r
     assert run("get", "parts", "p-00000", site=b).code != 0
     st = run("status", site=b, json_mode=True)
     assert st.code == 0

@@ -344,6 +344,8 @@ class ImportResult:
     skipped: list[str] = field(default_factory=list)
     ops_applied: int = 0
     started_ms: int = 0     # wall clock when the import began: what it committed is after
+    # transactions larger than a packet of which only the first parts are here (held)
+    incomplete: list[dict] = field(default_factory=list)
     # Why each skipped packet was left alone: "other site" or "other family".
     skipped_why: dict[str, str] = field(default_factory=dict)
     # Files in a searched directory that are not packets at all.
@@ -352,7 +354,8 @@ class ImportResult:
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
-                "skipped": self.skipped, "ignored": self.ignored}
+                "skipped": self.skipped, "ignored": self.ignored,
+                "incomplete_transactions": self.incomplete}
 
 
 @dataclass
@@ -442,6 +445,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     break
             for c, err in unknown:
                 res.rejected.append({"path": c.display, "error": str(err), "hint": err.hint})
+            res.incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
+                              for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
         finally:
             for c in opened:
                 c.pk.close()
