@@ -467,16 +467,17 @@ class Site:
             self._sign = keys.load_signing_key(self.path).sign
         return self._sign
 
-    def seal_pending(self, max_block: int | None = None) -> int:
+    def seal_pending(self, max_block: int | None = None,
+                     reseal_above: int | None = None) -> int:
         """Seal our unsealed ops into blocks (before they leave in a packet or a snapshot
         counts on them), of at most ``max_block`` bytes where whole transactions allow; the
         caller holds a write transaction."""
         n = chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer(),
                                max_block)
-        if max_block is not None:
+        if reseal_above is not None:
             # a transaction sealed whole at commit may be larger than this medium allows
             chain.reseal_oversized(self.conn, self.family_id, self.site_id, self.signer(),
-                                   max_block)
+                                   reseal_above, max_block or reseal_above)
         return n
 
     def record_ops(self, ops: list[Op]) -> None:

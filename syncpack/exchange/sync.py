@@ -40,6 +40,10 @@ RELAY_ACK_BUDGET = 32 * 1024
 # in, so a header stays under 64 KiB in a family of a thousand sites whatever else it carries.
 HEADER_BUDGET = 56 * 1024
 MIN_ACK_BUDGET = 4 * 1024
+# Room left for a packet's framing and header beside a block of ours: a larger block is sealed
+# again as parts.  A small family's header takes a few hundred bytes; a larger one's may not
+# leave this much, and then the export names the --max-size that would do.
+RESEAL_HEADROOM = 4 * 1024
 
 
 # --- export -----------------------------------------------------------------------------------
@@ -273,12 +277,16 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
         sign = site.signer()
+        # A block of ours that cannot fit a packet with its header (a transaction sealed at
+        # commit, larger than this medium) is sealed again as parts.
+        reseal_above = max_size - RESEAL_HEADROOM
         if chain.has_pending(site.conn, site.site_id) or chain.has_oversized(
-                site.conn, site.site_id, seal_max or max_size // 2):
+                site.conn, site.site_id, reseal_above):
             with site.write_txn():
                 # Our small transactions become blocks now, once, each small enough for a
                 # packet of this export (packets are cut between blocks only).
-                site.seal_pending(max_block=seal_max or max_size // 2)
+                site.seal_pending(max_block=seal_max or max_size // 2,
+                                  reseal_above=reseal_above)
         written: list[tuple[PeerPlan, list[PartInfo]]] = []
         conn = site.conn
         conn.execute("BEGIN")  # one read snapshot for plan and ops alike

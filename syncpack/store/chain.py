@@ -322,14 +322,15 @@ def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], byt
 
 
 def reseal_oversized(conn, family: bytes, origin: bytes, sign: Callable[[bytes], bytes],
-                     max_block: int) -> int:
-    """Our own blocks larger than ``max_block`` (a transaction sealed at commit, before an
-    export to a small medium asked for less) are sealed again, with every later block of ours
-    so the chain stays one: transactions too large become parts.  Peers that hold the old
+                     above: int, max_block: int) -> int:
+    """Our own blocks larger than ``above`` (a transaction sealed at commit, before an export
+    to a small medium asked for less) are sealed again into blocks of at most ``max_block``,
+    with every later block of ours so the chain stays one: transactions too large become
+    parts.  Peers that hold the old
     blocks take the new ones as a re-sealed chain (formats/BLOCKS.md section 5).  Returns the
     ops sealed again."""
     row = conn.execute("SELECT lo, hi, data FROM blocks WHERE origin=? AND length(data)>? "
-                       "ORDER BY lo LIMIT 1", (origin, max_block)).fetchone()
+                       "ORDER BY lo LIMIT 1", (origin, above)).fetchone()
     if row is None:
         return 0
     lo = row[0]
