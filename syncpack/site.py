@@ -170,9 +170,11 @@ class Site:
                     policy: str = "lww", priority: int = 0) -> "Site":
         """Create a new family whose first site lives at ``path``."""
         if policy not in POLICIES:
-            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
+                             hint="lww: the newest write wins; priority: the higher-priority "
+                                  "site")
         if not family:
-            raise UsageError("the family needs a name")
+            raise UsageError("the family needs a name", hint="init DIR --family NAME --site NAME")
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = secrets.token_bytes(16)
         with db.write_txn(conn):
@@ -571,7 +573,9 @@ class Transaction:
         """Give ``collection`` its own conflict policy (replicated like any write)."""
         check_collection(collection)
         if policy not in POLICIES:
-            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
+                             hint="lww: the newest write wins; priority: the higher-priority "
+                                  "site")
         self.write_raw(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
 
     def write_raw(self, collection: str, key: str, raw: bytes | None) -> None:

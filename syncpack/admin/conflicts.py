@@ -50,7 +50,8 @@ def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
 def resolve(site: Site, collection: str, key: str, pick_version: str | None = None,
             value: Any = None, has_value: bool = False) -> dict:
     if (pick_version is None) == (not has_value):
-        raise UsageError("give exactly one of --pick VERSION or --value JSON")
+        raise UsageError("give exactly one of --pick VERSION or --value JSON",
+                         hint="'syncpack conflicts COLLECTION' lists the surviving versions")
     vs = site._versions(collection, key)
     if len(vs) < 2:
         raise UsageError(f"{collection}/{key} is not in conflict",
@@ -66,7 +67,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
         try:
             raw = codec.encode_value(value)
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(str(e), hint=getattr(e, "hint", None)) from None
     with site.transaction() as tx:
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
     return {"collection": collection, "key": key,
@@ -77,7 +78,8 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
 def create_collection(site: Site, name: str, policy: str) -> dict:
     check_collection(name)
     if policy not in POLICIES:
-        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
+                         hint="lww: the newest write wins; priority: the higher-priority site")
     exists = site.conn.execute("SELECT 1 FROM versions WHERE collection IN (?, ?) AND "
                                "(collection=? OR key=?) LIMIT 1",
                                (name, COLLECTIONS, name, name)).fetchone()
@@ -109,7 +111,8 @@ def parse_json(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise UsageError(f"not valid JSON ({e.msg})") from None
+        raise UsageError(f"not valid JSON ({e.msg})",
+                         hint="quote strings, e.g. '\"text\"'") from None
 
 
 def set_family_setting(site: Site, name: str, value: Any) -> dict:

@@ -34,18 +34,21 @@ def lsepoch(site: Site) -> dict:
 def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
     m = site.member_named(peer)
     if m.site_id == site.site_id:
-        raise UsageError("chepoch corrects what we believe a peer holds; name another site")
+        raise UsageError("chepoch corrects what we believe a peer holds; name another site",
+                         hint="'syncpack lsepoch' lists the peers")
     changes = {}
     for s in settings:
         origin, sep, epoch = s.partition("=")
         if not sep:
-            raise UsageError(f"expected ORIGIN=EPOCH, got {s!r}")
+            raise UsageError(f"expected ORIGIN=EPOCH, got {s!r}",
+                             hint="for example: syncpack chepoch sanfran boston=120")
         try:
             e = int(epoch)
             if e < 0:
                 raise ValueError
         except ValueError:
-            raise UsageError(f"epoch must be a whole number >= 0 in {s!r}") from None
+            raise UsageError(f"epoch must be a whole number >= 0 in {s!r}",
+                             hint="for example: syncpack chepoch sanfran boston=120") from None
         changes[site.member_named(origin).site_id if origin in site.roster()
                 else _origin_by_name(site, origin)] = e
     with site.lock(), site.write_txn() as c:
@@ -60,7 +63,8 @@ def _origin_by_name(site: Site, name: str) -> bytes:
     for o, n in site.names().items():
         if n == name:
             return o
-    raise UsageError(f"no origin named {name!r}")
+    raise UsageError(f"no origin named {name!r}",
+                     hint="'syncpack lsepoch' lists the origins this site knows")
 
 
 def status(site: Site) -> dict:
@@ -135,9 +139,10 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise LoadError(f"{p}: no such file") from None
+        raise LoadError(f"{p}: no such file", hint="check the path; nothing was loaded") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise LoadError(f"{p}: cannot read ({e})") from None
+        raise LoadError(f"{p}: cannot read ({e})",
+                        hint="a load file is UTF-8 JSON lines, readable by this user") from None
     items = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
