@@ -362,21 +362,27 @@ def has_oversized(conn, origin: bytes, max_block: int) -> bool:
 def incomplete(conn) -> dict[bytes, tuple[int, int, int]]:
     """Per origin, a transaction whose parts we hold only in part: (epoch before its first
     op, the last epoch held, the parts held).  Parts arrive in epoch order, so such a
-    transaction is always the top of what we hold of its origin."""
+    transaction is always the top of what we hold of its origin.  Only the flags byte of each
+    block looked at is read (a block may be hundreds of megabytes)."""
     out: dict[bytes, tuple[int, int, int]] = {}
-    for origin, lo, hi, head in conn.execute(
-            "SELECT origin, lo, max(hi), substr(data, 1, 186) FROM blocks GROUP BY origin"):
-        if not blocks.read_block_header_flags(head) & blocks.FLAG_MORE:
+    for rowid, origin, lo, hi in conn.execute(
+            "SELECT rowid, origin, lo, max(hi) FROM blocks GROUP BY origin").fetchall():
+        if not _flags(conn, rowid) & blocks.FLAG_MORE:
             continue
         start, n = lo, 1
         while True:
-            b = conn.execute("SELECT lo, substr(data, 1, 186) FROM blocks WHERE origin=? AND "
-                             "hi=? LIMIT 1", (origin, start)).fetchone()
-            if b is None or not blocks.read_block_header_flags(b[1]) & blocks.FLAG_MORE:
+            b = conn.execute("SELECT rowid, lo FROM blocks WHERE origin=? AND hi=?",
+                             (origin, start)).fetchone()
+            if b is None or not _flags(conn, b[0]) & blocks.FLAG_MORE:
                 break
-            start, n = b[0], n + 1
+            start, n = b[1], n + 1
         out[origin] = (start, hi, n)
     return out
+
+
+def _flags(conn, rowid: int) -> int:
+    with conn.blob_open("main", "blocks", "data", rowid, False) as blob:
+        return blocks.read_block_header_flags(blob.read(6))
 
 
 def applied_vector(conn, vec: dict[bytes, int]) -> dict[bytes, int]:
