@@ -378,9 +378,7 @@ def mkreplica_import(obj: Ctx, paths):
                      "run the same command again")
     with obj.progress("seeding", "records") as tick:
         replica.mkreplica_import(s, list(paths), progress=tick)
-    sender = s.conn.execute("SELECT sender FROM packets_in WHERE kind='snapshot' "
-                            "ORDER BY at_ms DESC LIMIT 1").fetchone()
-    m = s.members_by_id().get(sender[0]) if sender else None
+    m = replica.snapshot_sender(s)
     fp = keys.fingerprint(m.ed25519) if m else ""
     obj.emit({"site": s.name, "family": s.family_name, "family_id": s.family_id.hex(),
               "from": m.name if m else None, "sender_key_fingerprint": fp},

@@ -16,58 +16,34 @@ no change.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import secrets
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from syncpack.format import codec, keys
-from syncpack.store import chain, db
+from syncpack.store import chain, db, matrix, meta, versions
 from syncpack.format.codec import Op, Record
-from syncpack.rules.conflict import POLICIES, Version, pick
-from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
-from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
+from syncpack.rules.conflict import POLICIES, Version
+from syncpack.format.csn import next_hlc, pack_csn
+from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError,
+                     RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
 from syncpack.format.names import check_site_name
 from syncpack.format.values import check_json_value
+# Also re-exported: applications and the packages above know these names from here.
+from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
+                                 SYS_PREFIX, Member, Replicated)
 
-SYS_PREFIX = "$"
-ROSTER = "$roster"
-FAMILY = "$family"
-COLLECTIONS = "$collections"
-FAMILY_KEY = "settings"
 PARKED_DIR = "parked"
 LOCK_FILE = "lock"
 
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass
-class Member:
-    name: str
-    site_id: bytes
-    ed25519: bytes
-    x25519: bytes
-    priority: int
-    base: dict[bytes, int]
-    retired: bool
-
-    def to_value(self) -> dict:
-        return {"id": self.site_id, "ed25519": self.ed25519, "x25519": self.x25519,
-                "priority": self.priority, "base": [[o, e] for o, e in sorted(self.base.items())],
-                "retired": self.retired}
-
-    @classmethod
-    def from_value(cls, name: str, v: dict) -> "Member":
-        return cls(name, v["id"], v["ed25519"], v.get("x25519", b""), int(v.get("priority", 0)),
-                   {o: e for o, e in v.get("base", [])}, bool(v.get("retired", False)))
 
 
 MAX_NAME_CHARS = 16 * 1024       # collections and keys; readers accept far more
@@ -99,7 +75,7 @@ class Site:
         self.path = Path(path)
         self.conn = conn
         self.clock = clock
-        m = dict(conn.execute("SELECT key, value FROM meta"))
+        m = meta.read_all(conn)
         if "site_id" not in m:
             raise SiteError(f"{self.path} holds an incomplete store (no site identity)",
                             hint="remove the directory and create the site again")
@@ -107,8 +83,7 @@ class Site:
         self.name: str = m["site_name"]
         self.joined = bool(m.get("joined", 0))
         self.family_id: bytes | None = m.get("family_id")
-        self._roster: dict[str, Member] | None = None
-        self._policies: dict[str, str] | None = None
+        self._replicated = Replicated()
         self._sign: Callable[[bytes], bytes] | None = None
 
     # -- opening and creating ------------------------------------------------------------------
@@ -151,10 +126,10 @@ class Site:
         ident = keys.generate(p, site, site_id)
         conn = db.create(p / db.DB_NAME)
         with db.write_txn(conn):
-            conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+            meta.create(conn, [
                 ("site_id", site_id), ("site_name", site), ("joined", 0), ("hlc", 0),
                 ("state", "normal"), ("created_ms", wall_ms())])
-            conn.execute("INSERT INTO vector(origin, epoch) VALUES (?, 0)", (site_id,))
+            matrix.add_origin(conn, site_id)
         return p, conn, ident
 
     @classmethod
@@ -178,8 +153,7 @@ class Site:
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = secrets.token_bytes(16)
         with db.write_txn(conn):
-            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                             [("family_id", fam_id), ("family_name", family), ("joined", 1)])
+            meta.put_many(conn, [("family_id", fam_id), ("family_name", family), ("joined", 1)])
         s = cls(p, conn)
         me = Member(site, ident.site_id, ident.ed25519, ident.x25519, priority, {}, False)
         with s.transaction(_system=True) as tx:
@@ -203,12 +177,11 @@ class Site:
 
     def meta(self, key: str, default: Any = None) -> Any:
         """A value of the site's local metadata (clock, state, identity), or ``default``."""
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return row[0] if row else default
+        return meta.get(self.conn, key, default)
 
     def set_meta(self, key: str, value: Any) -> None:
         """Set a metadata value; the caller holds a write transaction."""
-        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        meta.put(self.conn, key, value)
 
     @property
     def family_name(self) -> str:
@@ -224,20 +197,11 @@ class Site:
 
     def invalidate(self) -> None:
         """Forget cached roster and policies (after changes to replicated settings)."""
-        self._roster = None
-        self._policies = None
+        self._replicated.invalidate()
 
     def roster(self) -> dict[str, Member]:
         """The family's members by name, retired ones included."""
-        if self._roster is None:
-            out: dict[str, Member] = {}
-            for _c, key, raw in self._visible_rows(ROSTER):
-                try:
-                    out[key] = Member.from_value(key, codec.decode_value(raw))
-                except (KeyError, TypeError, ValueError):
-                    continue
-            self._roster = out
-        return self._roster
+        return self._replicated.roster(self.conn)
 
     def members_by_id(self, include_retired: bool = False) -> dict[bytes, Member]:
         """Current members (and with ``include_retired`` the retired ones) by site id."""
@@ -268,10 +232,7 @@ class Site:
 
     def family_settings(self) -> dict:
         """The family's replicated settings (name, policy, sealing rule)."""
-        v = pick(self._versions(FAMILY, FAMILY_KEY), "lww", {})
-        settings = codec.decode_value(v.value) if v is not None and v.value is not None else {}
-        # Imports refuse malformed settings; a store that holds some anyway still opens.
-        return settings if isinstance(settings, dict) else {}
+        return self._replicated.family_settings(self.conn)
 
     def requires_sealing(self) -> bool:
         """Whether the family requires every packet to be sealed to its recipient."""
@@ -279,21 +240,11 @@ class Site:
 
     def policies(self) -> dict[str, str]:
         """Collections that have their own conflict policy: name -> policy."""
-        if self._policies is None:
-            out = {}
-            for _c, key, raw in self._visible_rows(COLLECTIONS):
-                try:
-                    out[key] = codec.decode_value(raw)["policy"]
-                except (KeyError, TypeError, ValueError):
-                    continue
-            self._policies = out
-        return self._policies
+        return self._replicated.policies(self.conn)
 
     def policy_of(self, collection: str) -> str:
         """The conflict policy that decides the visible version in ``collection``."""
-        if collection.startswith(SYS_PREFIX):
-            return "lww"
-        return self.policies().get(collection) or self.family_policy()
+        return self._replicated.policy_of(self.conn, collection)
 
     def seal_key(self, peer: bytes, encrypt: bool) -> bytes | None:
         """The peer's X25519 key when a packet to it must be sealed (asked for, or family
@@ -308,58 +259,40 @@ class Site:
 
     def priorities(self) -> dict[bytes, int]:
         """Each member's priority under the ``priority`` policy, by site id."""
-        return {m.site_id: m.priority for m in self.roster().values()}
+        return self._replicated.priorities(self.conn)
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _versions(self, collection: str, key: str) -> list[Version]:
-        return [Version(c, v is None, v) for c, v in self.conn.execute(
-            "SELECT csn, value FROM versions WHERE collection=? AND key=?", (collection, key))]
-
-    def _visible_rows(self, collection: str | None = None) -> Iterator[tuple[str, str, bytes]]:
-        """(collection, key, msgpack value) of visible records, sorted."""
-        if collection is None:
-            cur = self.conn.execute(
-                "SELECT collection, key, csn, value FROM versions ORDER BY collection, key")
-        else:
-            cur = self.conn.execute("SELECT collection, key, csn, value FROM versions "
-                                    "WHERE collection=? ORDER BY key", (collection,))
-        for coll, key, vs in group_versions(cur):
-            # syncpack's own collections are lww whatever the family says: the priorities come
-            # from the roster, which is read through here
-            policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(coll)
-            v = vs[0] if len(vs) == 1 else pick(
-                vs, policy, self.priorities() if policy == "priority" else {})
-            if v is not None and v.value is not None:
-                yield coll, key, v.value
+    def versions(self, collection: str, key: str) -> list[Version]:
+        """The surviving versions of ``collection``/``key`` (more than one: a conflict)."""
+        return versions.of_key(self.conn, collection, key)
 
     def get(self, collection: str, key: str, default: Any = RecordNotFound) -> Any:
         """The visible value of ``collection``/``key``.  Raises :class:`RecordNotFound`
         when there is none, unless a ``default`` is given."""
-        vs = self._versions(collection, key)
-        v = pick(vs, self.policy_of(collection), self.priorities()) if vs else None
-        if v is None or v.value is None:
+        raw = self._replicated.visible(self.conn, collection, key)
+        if raw is None:
             if default is RecordNotFound:
                 raise RecordNotFound(f"no record {collection}/{key}")
             return default
-        return codec.decode_value(v.value)
+        return codec.decode_value(raw)
 
     def records(self, collection: str | None = None,
                 include_system: bool = False) -> Iterator[tuple[str, str, Any]]:
         """``(collection, key, value)`` of every visible record, sorted; one collection
         or all (syncpack's own ``$`` collections only with ``include_system``)."""
-        for coll, key, raw in self._visible_rows(collection):
+        for coll, key, raw in self._replicated.visible_rows(self.conn, collection):
             if coll.startswith(SYS_PREFIX) and not include_system and collection is None:
                 continue
             yield coll, key, codec.decode_value(raw)
 
     def vector(self) -> dict[bytes, int]:
         """This site's vector: origin site id -> highest epoch held."""
-        return {o: e for o, e in self.conn.execute("SELECT origin, epoch FROM vector")}
+        return matrix.vector(self.conn)
 
     def floors(self) -> dict[bytes, int]:
         """Per origin, the highest epoch no longer in the changelog (trimmed or seeded)."""
-        return {o: f for o, f in self.conn.execute("SELECT origin, floor FROM vector")}
+        return matrix.floors(self.conn)
 
     def named(self, vec: dict[bytes, int]) -> dict[str, int]:
         """A vector keyed by site name instead of site id."""
@@ -373,20 +306,7 @@ class Site:
         Covers every key's surviving versions (CSN and value) and its visible value; leaves out
         local bookkeeping (matrix, packets, clock) and keys whose only survivor is a tombstone,
         which trimming removes at different times at different sites."""
-        h = hashlib.sha256(b"syncpack digest v1\0")
-        n = 0
-        cur = self.conn.execute(
-            "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn")
-        prio = self.priorities()
-        for coll, key, vs in group_versions(cur):
-            if len(vs) == 1 and vs[0].value is None:
-                continue
-            v = pick(vs, self.policy_of(coll), prio)
-            visible = v.value if v is not None else None
-            if visible is not None and not coll.startswith(SYS_PREFIX):
-                n += 1
-            h.update(codec.packb([coll, key, [[x.csn, x.value] for x in vs], visible]))
-        return h.hexdigest(), n
+        return self._replicated.digest(self.conn)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -439,29 +359,7 @@ class Site:
     def apply_version(self, op: Op, csn: bytes) -> None:
         """Make ``op`` a surviving version of its key unless a known write superseded it, and
         drop the versions it superseded."""
-        cur = self.conn
-        if op.replaced:
-            for i in range(0, len(op.replaced), CSN_LEN):
-                r = op.replaced[i:i + CSN_LEN]
-                cur.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
-                            (op.collection, op.key, r))
-                n = cur.changes()
-                if n == 0 and not self._op_known(r):
-                    # Keyed by the key too: an op can only supersede versions of its own key,
-                    # whatever CSNs it lists (a member listing another key's must not hide it).
-                    cur.execute("INSERT OR IGNORE INTO superseded VALUES (?, ?, ?)",
-                                (op.collection, op.key, r))
-        cur.execute("DELETE FROM superseded WHERE collection=? AND key=? AND csn=?",
-                    (op.collection, op.key, csn))
-        if cur.changes():
-            return
-        cur.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
-                    (op.collection, op.key, csn, op.value))
-
-    def _op_known(self, csn: bytes) -> bool:
-        hlc, origin, seq = int.from_bytes(csn[:8], "big"), csn[8:16], int.from_bytes(csn[16:], "big")
-        # An op trimmed from the changelog was applied before; it can never arrive again.
-        return chain.epoch_of(self.conn, hlc, origin, seq) is not None
+        versions.apply_version(self.conn, op, csn)
 
     def signer(self) -> Callable[[bytes], bytes]:
         """This site's Ed25519 signing function (read from its key file once)."""
@@ -485,10 +383,7 @@ class Site:
     def record_ops(self, ops: list[Op]) -> None:
         """Append our own ops to the changelog (sealed later); the caller holds a write
         transaction."""
-        self.conn.executemany(
-            "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
-             for o in ops])
+        chain.append_ops(self.conn, ops)
 
     def iter_changelog(self, origin: bytes, lo: int, hi: int) -> Iterator[Op]:
         """Ops of ``origin`` with epochs in (lo, hi] we hold, in epoch (= CSN) order."""
@@ -496,8 +391,7 @@ class Site:
 
     def iter_versions(self) -> Iterator[Record]:
         """Every surviving version of every key, in (collection, key, CSN) order."""
-        for row in self.conn.execute(
-                "SELECT collection, key, csn, value FROM versions ORDER BY collection, key, csn"):
+        for row in versions.rows_by_csn(self.conn):
             yield Record(*row)
 
     def parked_dir(self) -> Path:
@@ -518,20 +412,6 @@ class _ClosedStore:
         raise SiteClosedError(f"site {self._name!r} has been closed")
 
 
-def group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
-    cur_key = None
-    vs: list[Version] = []
-    for coll, key, csn, value in cur:
-        k = (coll, key)
-        if k != cur_key:
-            if cur_key is not None:
-                yield cur_key[0], cur_key[1], vs
-            cur_key, vs = k, []
-        vs.append(Version(csn, value is None, value))
-    if cur_key is not None:
-        yield cur_key[0], cur_key[1], vs
-
-
 class Transaction:
     """Puts and deletes of one local transaction; see :meth:`Site.transaction`."""
 
@@ -540,8 +420,7 @@ class Transaction:
         self.system = system
         c = site.conn
         self.hlc = next_hlc(int(site.meta("hlc", 0)), site.clock())
-        self.epoch = c.execute("SELECT epoch FROM vector WHERE origin=?",
-                               (site.site_id,)).fetchone()[0]
+        self.epoch = matrix.epoch(c, site.site_id)
         self.ops: list[Op] = []
         self.seq = 0
         self.touched_system = False
@@ -588,15 +467,10 @@ class Transaction:
         seq = self.seq
         self.seq += 1
         self.epoch += 1
-        replaced = b"".join(r[0] for r in site.conn.execute(
-            "SELECT csn FROM versions WHERE collection=? AND key=? ORDER BY csn",
-            (collection, key)))
+        replaced = versions.csns_of_key(site.conn, collection, key)
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
-        if replaced:
-            site.conn.execute("DELETE FROM versions WHERE collection=? AND key=?",
-                              (collection, key))
-        site.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, raw))
+        versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
         self.ops.append(op)
 
     def split(self) -> None:
@@ -628,7 +502,7 @@ class Transaction:
             chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer())
         else:
             site.record_ops(self.ops)
-        site.conn.execute("UPDATE vector SET epoch=? WHERE origin=?", (self.epoch, site.site_id))
+        matrix.set_epoch(site.conn, site.site_id, self.epoch)
         site.set_meta("hlc", self.hlc)
         self.ops = []
 

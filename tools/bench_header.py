@@ -37,7 +37,7 @@ from syncpack.exchange import sync  # noqa: E402
 from syncpack.format import blocks, codec, keys
 from syncpack.store import chain
 from syncpack.format.codec import Op  # noqa: E402
-from syncpack.store.matrix import raise_matrix, store_acknowledgements  # noqa: E402
+from syncpack.exchange.links import raise_matrix, store_acknowledgements  # noqa: E402
 from syncpack.site import ROSTER, Member, Site  # noqa: E402
 
 

@@ -15,7 +15,9 @@ from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import format_csn
 from syncpack.errors import UsageError
-from syncpack.site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Site, check_collection, group_versions
+from syncpack.store import versions
+from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, group_versions
+from syncpack.site import Site, check_collection
 
 
 def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
@@ -32,17 +34,7 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
 
 
 def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
-    if collection is not None:
-        cur = site.conn.execute(
-            "SELECT v.collection, v.key, v.csn, v.value FROM versions v JOIN "
-            "(SELECT collection, key FROM versions WHERE collection=? GROUP BY collection, key "
-            "HAVING count(*) > 1) c USING (collection, key) ORDER BY v.collection, v.key, v.csn",
-            (collection,))
-    else:
-        cur = site.conn.execute(
-            "SELECT v.collection, v.key, v.csn, v.value FROM versions v JOIN "
-            "(SELECT collection, key FROM versions GROUP BY collection, key "
-            "HAVING count(*) > 1) c USING (collection, key) ORDER BY v.collection, v.key, v.csn")
+    cur = versions.conflict_rows(site.conn, collection)
     return [_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
             if collection is not None or not c.startswith(SYS_PREFIX)]
 
@@ -52,7 +44,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
     if (pick_version is None) == (not has_value):
         raise UsageError("give exactly one of --pick VERSION or --value JSON",
                          hint="'syncpack conflicts COLLECTION' lists the surviving versions")
-    vs = site._versions(collection, key)
+    vs = site.versions(collection, key)
     if len(vs) < 2:
         raise UsageError(f"{collection}/{key} is not in conflict",
                          hint=f"'syncpack conflicts {collection}' lists the keys in conflict")
@@ -80,10 +72,7 @@ def create_collection(site: Site, name: str, policy: str) -> dict:
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
                          hint="lww: the newest write wins; priority: the higher-priority site")
-    exists = site.conn.execute("SELECT 1 FROM versions WHERE collection IN (?, ?) AND "
-                               "(collection=? OR key=?) LIMIT 1",
-                               (name, COLLECTIONS, name, name)).fetchone()
-    if exists:
+    if versions.collection_exists(site.conn, name, COLLECTIONS):
         raise UsageError(f"collection {name!r} already exists (policy "
                          f"{site.policy_of(name)})",
                          hint="the policy is chosen when a collection is first written")
@@ -93,8 +82,7 @@ def create_collection(site: Site, name: str, policy: str) -> dict:
 
 
 def list_collections(site: Site) -> list[dict]:
-    names = {c for (c,) in site.conn.execute("SELECT DISTINCT collection FROM versions")
-             if not c.startswith(SYS_PREFIX)}
+    names = {c for c in versions.collections(site.conn) if not c.startswith(SYS_PREFIX)}
     names |= set(site.policies())
     return [{"collection": n, "policy": site.policy_of(n)} for n in sorted(names)]
 

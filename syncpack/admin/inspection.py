@@ -8,13 +8,13 @@ from pathlib import Path
 
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import chain, db
-from syncpack.format.codec import Op
+from syncpack.store import chain, db, log, stash, versions
+from syncpack.store import matrix as stored
 from syncpack.rules.conflict import Version
 from syncpack.format.csn import CSN_LEN, pack_csn
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
 from syncpack.site import Site, check_collection
-from syncpack.store.matrix import believed, link, matrix, ranges_from_blob
+from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
 from syncpack.format.values import check_json_value
@@ -53,9 +53,7 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
                 else _origin_by_name(site, origin)] = e
     with site.lock(), site.write_txn() as c:
         for o, e in changes.items():
-            c.execute("INSERT INTO matrix(peer, origin, sent, acked) VALUES (?, ?, ?, 0) "
-                      "ON CONFLICT(peer, origin) DO UPDATE SET sent=excluded.sent, "
-                      "acked=min(acked, excluded.sent)", (m.site_id, o, e))
+            stored.correct_sent(c, m.site_id, o, e)
     return lsepoch(site)
 
 
@@ -84,18 +82,14 @@ def status(site: Site) -> dict:
             "last_received_ms": received.get(m.site_id), "last_sent_ms": sent_at.get(m.site_id),
         }
     parked = []
-    for pid, sender, seq, part, origin_path, w in site.conn.execute(
-            "SELECT packet_id, sender, seq, part, origin_path, waiting FROM parked "
-            "ORDER BY sender, seq, part"):
+    for pid, sender, seq, part, origin_path, w in log.parked(site.conn):
         parked.append({"packet_id": pid.hex(), "from": site.name_of(sender), "seq": seq,
                        "part": part, "path": origin_path,
                        # stored at parking time; narrowed to what is still missing now
                        "waiting_for": {site.name_of(o): [max(lo, vec.get(o, 0)), hi]
                                        for o, (lo, hi) in sorted(ranges_from_blob(w).items())
                                        if hi > vec.get(o, 0)}})
-    conflicts = site.conn.execute(
-        "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
-        "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
+    conflicts = versions.count_conflicts(site.conn)
     changelog = chain.count(site.conn)
     # parts of a transaction too large for one block, held until its last part arrives
     incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
@@ -110,14 +104,7 @@ def status(site: Site) -> dict:
 def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:
     """Per peer, when we last took in a packet from it (applied, or parked: it arrived) and
     when we last wrote one for it, in wall-clock ms."""
-    received: dict[bytes, int] = {}
-    for sender, at in site.conn.execute(
-            "SELECT sender, max(at_ms) FROM (SELECT sender, at_ms FROM packets_in "
-            "UNION ALL SELECT sender, at_ms FROM parked) GROUP BY sender"):
-        received[sender] = at
-    sent = dict(site.conn.execute(
-        "SELECT recipient, max(at_ms) FROM packets_out GROUP BY recipient").fetchall())
-    return received, sent
+    return log.last_received(site.conn), log.last_sent(site.conn)
 
 
 def digest(site: Site) -> dict:
@@ -204,9 +191,9 @@ def fsck(site: Site) -> dict:
     floors = site.floors()
     with db.read_txn(c):
         try:
-            ic = c.execute("PRAGMA integrity_check").fetchall()
-            if ic != [("ok",)]:
-                problems.append("sqlite integrity_check: " + "; ".join(r[0] for r in ic[:5]))
+            ic = db.integrity_check(c)
+            if ic:
+                problems.append("sqlite integrity_check: " + "; ".join(ic))
         except Exception as e:  # a damaged file can fail the check itself
             problems.append(f"sqlite integrity_check failed: {e}")
         stats = chain.held_ranges(c)
@@ -225,8 +212,7 @@ def fsck(site: Site) -> dict:
                 problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog holds "
                                 f"nothing above floor {floor}")
         problems += _block_check(site)
-        max_hlc = max(c.execute("SELECT max(hlc) FROM changelog").fetchone()[0] or 0,
-                      c.execute("SELECT max(hlc_last) FROM blocks").fetchone()[0] or 0)
+        max_hlc = chain.max_hlc(c)
         if max_hlc > int(site.meta("hlc", 0)):
             problems.append("clock is behind a CSN in the changelog")
         problems += _replay_check(site)
@@ -240,8 +226,7 @@ def _block_check(site: Site) -> list[str]:
     c = site.conn
     members = site.members_by_id(include_retired=True)
     problems = []
-    for origin, lo, hi, data in c.execute("SELECT origin, lo, hi, data FROM blocks "
-                                          "ORDER BY origin, hi"):
+    for origin, lo, hi, data in chain.block_rows(c):
         m = members.get(origin)
         who = f"block of {site.name_of(origin)} (epochs {lo + 1}..{hi})"
         if m is None:
@@ -261,14 +246,13 @@ def _replay_check(site: Site) -> list[str]:
     """Record state must equal a replay of the changelog on top of the snapshot base."""
     c = site.conn
     state: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
-    ops = list(chain.iter_all(c)) + [Op(*row) for row in c.execute(
-        "SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM stash")]
+    ops = list(chain.iter_all(c)) + stash.ops(c)
     ops.sort(key=lambda op: (op.hlc, op.origin, op.seq))
     logged = {op.csn for op in ops}
     floors = site.floors()
     problems = []
     actual: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
-    for coll, key, csn, value in c.execute("SELECT collection, key, csn, value FROM versions"):
+    for coll, key, csn, value in versions.scan(c):
         actual.setdefault((coll, key), {})[csn] = value
         if csn not in logged:
             if floors.get(csn[8:16], 0) == 0:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from syncpack.format import codec
 from syncpack.rules import planning
-from syncpack.store import chain
+from syncpack.store import chain, stash, versions
+from syncpack.store import matrix as stored
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
 from syncpack.errors import AlreadyRecoveringError, UsageError
-from syncpack.store.matrix import ack_floor
+from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
-from syncpack.site import ROSTER, Site, wall_ms
+from syncpack.replicated import ROSTER
+from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import resolved_acks
 
 NORMAL, RECOVERING = "normal", "recovering"
@@ -42,11 +44,11 @@ def enter_recovering(site: Site, reason: str) -> None:
     site.set_meta("restore_ms", wall_ms())
     site.set_meta("recover_reason", reason)
     _set_id_map(site, "recover_reports", {})
-    asked = {peer: out + 1 for peer, out in site.conn.execute("SELECT peer, out_seq FROM links")}
+    asked = {peer: out + 1 for peer, out in stored.out_seqs(site.conn).items()}
     for m in site.members_by_id():
         asked.setdefault(m, 1)
     _set_id_map(site, "recover_asked", asked)
-    site.conn.execute("UPDATE links SET told=NULL")
+    stored.forget_told(site.conn)
 
 
 def note_report(site: Site, h, applied: bool) -> None:
@@ -123,13 +125,11 @@ def _unstash_through(site: Site, epoch: int, csn: bytes) -> int:
     inside snapshots and so can never send back.  Returns the new own epoch, or 0."""
     me = site.site_id
     c = site.conn
-    row = c.execute("SELECT hlc, seq FROM stash WHERE origin=? AND epoch=?", (me, epoch)).fetchone()
+    row = stash.op_id_at(c, me, epoch)
     if row is None or pack_csn(row[0], me, row[1]) != csn:
         return 0
-    c.execute("INSERT INTO changelog SELECT origin, epoch, hlc, seq, collection, key, value, "
-              "replaced FROM stash WHERE origin=? AND epoch<=?", (me, epoch))
-    c.execute("DELETE FROM stash WHERE origin=? AND epoch<=?", (me, epoch))
-    c.execute("UPDATE vector SET epoch=max(epoch, ?) WHERE origin=?", (epoch, me))
+    stash.return_through(c, me, epoch)
+    stored.raise_epoch(c, me, epoch)
     return epoch
 
 
@@ -141,7 +141,7 @@ def recovery_status(site: Site) -> dict:
     peers = [m for m in site.members_by_id().values() if m.site_id != site.site_id]
     waiting = sorted(m.name for m in peers if m.site_id not in reps)
     need = max(reps.values(), default=0)
-    stashed = site.conn.execute("SELECT count(*) FROM stash").fetchone()[0]
+    stashed = stash.count(site.conn)
     st = {"state": RECOVERING, "reason": site.meta("recover_reason", ""),
           "own_epoch": held, "needed_epoch": need, "waiting_for_reports_from": waiting,
           "ops_to_reissue": stashed,
@@ -186,9 +186,9 @@ def stash_own(site: Site, reason: str) -> int:
     me = site.site_id
     floor = site.floors().get(me, 0)
     ops = chain.take_all(c, me)
-    c.executemany("INSERT OR REPLACE INTO stash VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ops)
+    stash.put(c, ops)
     n = len(ops)
-    c.execute("UPDATE vector SET epoch=? WHERE origin=?", (floor, me))
+    stored.set_epoch(c, me, floor)
     site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
     enter_recovering(site, reason)
     return n
@@ -198,8 +198,7 @@ def reissue_stash(site: Site) -> int:
     """Give set-aside local ops fresh epochs and CSNs, keeping their transactions together and
     their effect on the records; CSNs they superseded are renamed along with them."""
     c = site.conn
-    rows = c.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced "
-                     "FROM stash ORDER BY epoch").fetchall()
+    rows = stash.rows(c)
     if not rows:
         return 0
     me = site.site_id
@@ -219,14 +218,11 @@ def reissue_stash(site: Site) -> int:
         repl = b"".join(rename.get(replaced[i:i + CSN_LEN], replaced[i:i + CSN_LEN])
                         for i in range(0, len(replaced), CSN_LEN))
         new_ops.append(codec.Op(me, epoch, hlc, seq, coll, key, value, repl))
-        c.execute("UPDATE versions SET csn=? WHERE collection=? AND key=? AND csn=?",
-                  (new, coll, key, old))
-        c.execute("UPDATE superseded SET csn=? WHERE collection=? AND key=? AND csn=?",
-                  (new, coll, key, old))
+        versions.rename_csn(c, coll, key, old, new)
     site.record_ops(new_ops)
-    c.execute("UPDATE vector SET epoch=? WHERE origin=?", (epoch, me))
+    stored.set_epoch(c, me, epoch)
     site.set_meta("hlc", hlc)
-    c.execute("DELETE FROM stash")
+    stash.clear(c)
     return len(new_ops)
 
 
@@ -246,7 +242,7 @@ def restore(site: Site, finish: bool = False) -> dict:
                     f"({recovery_status(site).get('reason') or 'restored'}); nothing changed")
             enter_recovering(site, "declared restored from a backup with 'syncpack restore'")
             # Everything we believed peers held is suspect: our own records are old.
-            c.execute("UPDATE matrix SET sent=acked")
+            stored.sent_back_to_acked(c)
             maybe_finish(site)
     return {"site": site.name, **recovery_status(site)}
 
@@ -282,7 +278,7 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
                     n = chain.trim(c, o, min(top, hi))
                     if progress:
                         progress(n)
-                c.execute("UPDATE vector SET floor=? WHERE origin=?", (hi, o))
+                stored.set_floor(c, o, hi)
     return {"dry_run": dry_run, "ops_removed": n_ops, "tombstones_removed": tombs,
             "tombstones_waiting": pending,
             "floors": {site.name_of(o): hi for o, (lo, hi) in plan.items()}}
@@ -296,30 +292,19 @@ def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
     delete and so sits below what we held when all acknowledgements of the delete were in."""
     c = site.conn
     removed = 0
-    for coll, key, csn, after in c.execute(
-            "SELECT collection, key, csn, after FROM tomb_pending").fetchall():
+    for coll, key, csn, after in versions.pending_tombstones(c):
         need = {o: e for o, e in codec.unpackb(after)}
-        still_sole = c.execute("SELECT count(*), max(csn=?) FROM versions WHERE collection=? "
-                               "AND key=?", (csn, coll, key)).fetchone()
-        if still_sole[0] != 1 or not still_sole[1]:
+        if not versions.is_sole_version(c, coll, key, csn):
             if not dry_run:
-                c.execute("DELETE FROM tomb_pending WHERE collection=? AND key=? AND csn=?",
-                          (coll, key, csn))
+                versions.forget_pending(c, coll, key, csn)
             continue
         if all(acked.get(o, 0) >= e for o, e in need.items()):
             removed += 1
             if not dry_run:
-                c.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
-                          (coll, key, csn))
-                c.execute("DELETE FROM tomb_pending WHERE collection=? AND key=? AND csn=?",
-                          (coll, key, csn))
+                versions.remove_tombstone(c, coll, key, csn)
     after_blob = codec.packb(sorted([o, e] for o, e in vec.items() if e))
     pending = 0
-    for coll, key, csn in c.execute(
-            "SELECT v.collection, v.key, v.csn FROM versions v WHERE v.value IS NULL AND "
-            "NOT EXISTS (SELECT 1 FROM versions w WHERE w.collection=v.collection AND "
-            "w.key=v.key AND w.csn<>v.csn) AND NOT EXISTS (SELECT 1 FROM tomb_pending t "
-            "WHERE t.collection=v.collection AND t.key=v.key AND t.csn=v.csn)").fetchall():
+    for coll, key, csn in versions.lone_tombstones_not_pending(c):
         origin = csn[8:16]
         held = chain.epoch_of(c, int.from_bytes(csn[:8], "big"), origin,
                               int.from_bytes(csn[16:], "big"))
@@ -327,11 +312,9 @@ def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
         if acked.get(origin, 0) >= epoch:
             pending += 1
             if not dry_run:
-                c.execute("INSERT OR IGNORE INTO tomb_pending VALUES (?, ?, ?, ?)",
-                          (coll, key, csn, after_blob))
-    pending += c.execute("SELECT count(*) FROM tomb_pending").fetchone()[0] if dry_run else 0
-    return removed, (c.execute("SELECT count(*) FROM tomb_pending").fetchone()[0]
-                     if not dry_run else pending)
+                versions.note_pending(c, coll, key, csn, after_blob)
+    pending += versions.count_pending(c) if dry_run else 0
+    return removed, (versions.count_pending(c) if not dry_run else pending)
 
 
 # --- retiring a member ------------------------------------------------------------------------

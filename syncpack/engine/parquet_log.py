@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from syncpack.format import blocks
-from syncpack.store import chain
+from syncpack.store import chain, db
 from syncpack.format.codec import Op
 from syncpack.errors import ExportError
 from syncpack.exchange.packets import BlockRef, fsync_dir
@@ -376,11 +376,8 @@ def log_export(site: Site, log_dir: str | os.PathLike | None = None,
         if chain.has_pending(conn, site.site_id):
             with site.write_txn():
                 site.seal_pending()
-        conn.execute("BEGIN")
-        try:
+        with db.read_txn(conn):     # a read snapshot only
             _man, stats = append_log(site, loc, progress)
-        finally:
-            conn.execute("ROLLBACK")  # a read snapshot only
     return stats
 
 

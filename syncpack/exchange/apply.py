@@ -18,17 +18,19 @@ from typing import Iterable
 from syncpack.admin import recovery
 from syncpack.format import blocks, codec, keys
 from syncpack.rules import planning
-from syncpack.store import chain, db
+from syncpack.store import chain, db, log, stash, versions
+from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import pack_csn
 from syncpack.errors import EpochCollisionError, PacketBodyError, PacketSenderError
-from syncpack.store.matrix import (ensure_link, link, matrix, raise_matrix, ranges_blob,
+from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from syncpack.exchange.packets import PACKET_SUFFIX, fsync_dir
 from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
-from syncpack.site import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member, Site, wall_ms
+from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member
+from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import OpenPacket, packet_blocks, resolved_acks, verify_block
 
 APPLY_BATCH = 20_000
@@ -52,37 +54,31 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
     packet's creation time, which the verifier bounds by the clock-skew limit."""
     peer = h.sender
     ensure_link(site, peer)
-    row = site.conn.execute("SELECT acked_created FROM links WHERE peer=?", (peer,)).fetchone()
-    if h.created_ms >= row[0]:
+    conn = site.conn
+    if h.created_ms >= stored.acked_created(conn, peer):
         _sent, old = matrix(site, peer)
         regressed = any(h.vector.get(o, 0) < e for o, e in old.items())
-        site.conn.execute("UPDATE matrix SET acked=0 WHERE peer=?", (peer,))
-        site.conn.executemany(
-            "INSERT INTO matrix(peer, origin, acked) VALUES (?, ?, ?) "
-            "ON CONFLICT(peer, origin) DO UPDATE SET acked=excluded.acked",
-            [(peer, o, e) for o, e in h.vector.items()])
+        stored.replace_acked(conn, peer, h.vector)
         if regressed:
-            site.conn.execute("UPDATE matrix SET sent=acked WHERE peer=?", (peer,))
-            site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+            stored.sent_back_to_acked(conn, peer)
+            stored.forget_told(conn, peer)
             # It lost what we told it, its own acknowledgements included: they are the proof
             # of how much of its own history it once held.
-            site.conn.execute("DELETE FROM acks_told WHERE peer=?", (peer,))
-        site.conn.execute("UPDATE links SET acked_created=? WHERE peer=?", (h.created_ms, peer))
-    site.conn.execute(
-        "UPDATE links SET in_seq=max(in_seq, ?), peer_recv_seq=max(peer_recv_seq, ?), "
-        "peer_waiting=? WHERE peer=?", (h.seq, h.recv_seq, ranges_blob(h.waiting), peer))
+            stored.forget_acks_told(conn, peer)
+        stored.set_acked_created(conn, peer, h.created_ms)
+    stored.note_received(conn, peer, h.seq, h.recv_seq, h.waiting)
     _wind_back(site, peer, h)
     vec = site.vector()
     if any(e > vec.get(o, 0) for o, e in h.vector.items()) or h.recovering:
         # The sender holds ops we lack that its packets did not bring (lost, or parked here),
         # or it waits for the family's reports after a restore: tell it our vector again even
         # if it has not changed, or its probes go unanswered.
-        site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+        stored.forget_told(conn, peer)
     elif h.reply and h.recv_seq < link(site, peer)["out_seq"]:
         # The sender waits for an acknowledgement and has not received our latest packet
         # (lost, or still on its way): our vector may never have reached it; answer once more.
         # Idle senders do not ask, so sites that export before they import fall quiet.
-        site.conn.execute("UPDATE links SET told=NULL WHERE peer=?", (peer,))
+        stored.forget_told(conn, peer)
     store_acknowledgements(site, resolved_acks(h))
     recovery.note_report(site, h, applied)
 
@@ -91,15 +87,14 @@ def _wind_back(site: Site, peer: bytes, h: Header) -> None:
     """Lost or parked packets: the peer has seen our packets up to ``recv_seq`` (or reports a
     gap), yet its vector lacks what they carried; resend from what it acknowledged."""
     seen_hi: dict[bytes, int] = {}
-    for (r,) in site.conn.execute("SELECT ranges FROM packets_out WHERE recipient=? AND seq<=?",
-                                  (peer, h.recv_seq)):
+    for r in log.ranges_sent_through(site.conn, peer, h.recv_seq):
         for o, lo, hi in codec.unpackb(r):
             seen_hi[o] = max(seen_hi.get(o, 0), hi)
     for o in h.waiting:
         seen_hi[o] = max(seen_hi.get(o, 0), h.waiting[o][1])
     sent, _acked = matrix(site, peer)
     for o, have in planning.wind_back(sent, h.vector, seen_hi).items():
-        site.conn.execute("UPDATE matrix SET sent=? WHERE peer=? AND origin=?", (have, peer, o))
+        stored.set_sent(site.conn, peer, o, have)
 
 
 # --- roster and membership: what one member may not do to another -----------------------------
@@ -190,15 +185,15 @@ class _Applier:
     def __init__(self, site: Site, vec: dict[bytes, int], progress):
         self.site, self.vec, self.progress = site, vec, progress
         c = site.conn
-        self.superseded_any = c.execute("SELECT 1 FROM superseded LIMIT 1").fetchone() is not None
-        self.stashed_any = c.execute("SELECT 1 FROM stash LIMIT 1").fetchone() is not None
+        self.superseded_any = versions.any_superseded(c)
+        self.stashed_any = stash.any_held(c)
         self.applied = 0
         self.system = False
         self.rows: list[tuple] = []
 
     def flush(self) -> None:
         if self.rows:
-            self.site.conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", self.rows)
+            versions.insert_many(self.site.conn, self.rows)
             self.rows = []
 
     def window(self, win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]]) -> None:
@@ -215,8 +210,7 @@ class _Applier:
             if self._clean(info, cols):
                 rows = cols.rows()
                 for k in range(0, len(rows), APPLY_BATCH):
-                    site.conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)",
-                                          rows[k:k + APPLY_BATCH])
+                    versions.insert_many(site.conn, rows[k:k + APPLY_BATCH])
                     self._count(min(APPLY_BATCH, len(rows) - k))
                 return
             ops: Iterable[Op] = cols.ops()
@@ -348,7 +342,7 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
         with site.write_txn():
             vec = site.vector()
             for o in h.ranges:
-                conn.execute("INSERT OR IGNORE INTO vector(origin, epoch) VALUES (?, 0)", (o,))
+                stored.ensure_origin(conn, o)
             anchored = _check_anchors(site, h)
             ap = _Applier(site, vec, progress)
             cursor = {o: lo for o, (lo, _hi) in h.ranges.items()}
@@ -412,17 +406,14 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                     f"{site.name_of(short[0])} end at epoch {cursor[short[0]]}, not "
                     f"{h.ranges[short[0]][1]}")
             for o, (lo, hi) in h.ranges.items():
-                conn.execute("UPDATE vector SET epoch=max(epoch, ?) WHERE origin=?", (hi, o))
+                stored.raise_epoch(conn, o, hi)
             if h.hlc_max > int(site.meta("hlc", 0)):
                 site.set_meta("hlc", h.hlc_max)     # bounded by the verifier's skew check
             note_header(site, h, applied=True)
-            conn.execute("INSERT INTO packets_in(sender, packet_id, seq, part, kind, ops, path, "
-                         "at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (h.sender, h.packet_id, h.seq, h.part, h.kind, ap.applied,
-                          str(pk.path), now))
+            log.record_in(conn, h.sender, h.packet_id, h.seq, h.part, h.kind, ap.applied,
+                          str(pk.path), now)
             if parked_file is not None:
-                conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?",
-                             (h.sender, h.packet_id))
+                log.unpark(conn, h.sender, h.packet_id)
     except db.IntegrityError:
         raise PacketBodyError("packet carries an op this site already holds under another "
                               "epoch; nothing was applied") from None
@@ -436,20 +427,17 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
 def _unstash(site: Site, op: Op) -> bool:
     """One of our own set-aside ops came back from a peer, inside our own signed block (which
     is now kept): it is genuine, and its effect on the records is already here."""
-    c = site.conn
-    row = c.execute("SELECT epoch FROM stash WHERE origin=? AND hlc=? AND seq=?",
-                    (op.origin, op.hlc, op.seq)).fetchone()
-    if row is None:
+    epoch = stash.epoch_of(site.conn, op.origin, op.hlc, op.seq)
+    if epoch is None:
         return False
-    c.execute("DELETE FROM stash WHERE origin=? AND epoch=?", (op.origin, row[0]))
+    stash.drop(site.conn, op.origin, epoch)
     return True
 
 
 def is_known(site: Site, h: Header) -> bool:
     """Applied before.  Packets are known by (sender, id): the sender is proven by the
     signature, so no member can make another's packet look like a duplicate."""
-    return site.conn.execute("SELECT 1 FROM packets_in WHERE sender=? AND packet_id=?",
-                             (h.sender, h.packet_id)).fetchone() is not None
+    return log.is_known(site.conn, h.sender, h.packet_id)
 
 
 def parked_name(h: Header) -> str:
@@ -470,16 +458,13 @@ def park(site: Site, pk: OpenPacket, gaps: dict[bytes, tuple[int, int]], shown: 
     os.replace(tmp, dest)
     fsync_dir(dest.parent)      # the rename is durable before the store points at the file
     with site.write_txn() as conn:
-        conn.execute("INSERT OR REPLACE INTO parked(sender, packet_id, seq, part, file, "
-                     "origin_path, waiting, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                     (h.sender, h.packet_id, h.seq, h.part, fname, shown, ranges_blob(gaps),
-                      wall_ms()))
+        log.park(conn, h.sender, h.packet_id, h.seq, h.part, fname, shown, ranges_blob(gaps),
+                 wall_ms())
         note_header(site, h, applied=False)
 
 
 def drop_parked(site: Site, h: Header, f: Path) -> None:
-    site.conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?",
-                      (h.sender, h.packet_id))
+    log.unpark(site.conn, h.sender, h.packet_id)
     f.unlink(missing_ok=True)
 
 
@@ -528,8 +513,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                            for op in chain.iter_ops(c, o, snap.get(o, 0),
                                                     waiting[o][0] if o in waiting else hi)),
                           key=lambda op: (op.hlc, op.origin, op.seq))
-            for table in ("versions", "superseded", "tomb_pending"):
-                c.execute(f"DELETE FROM {table}")
+            versions.clear(c)
             for o, e in snap.items():
                 chain.trim(c, o, e)     # the snapshot holds their effect; kept ops stay
             n = 0
@@ -539,28 +523,22 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                     _check_record(site, rec, snap, before)
                     rows.append((rec.collection, rec.key, rec.csn, rec.value))
                     if len(rows) >= APPLY_BATCH:
-                        c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+                        versions.insert_many(c, rows)
                         n += len(rows)
                         if progress:
                             progress(len(rows))
                         rows = []
-                c.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+                versions.insert_many(c, rows)
                 n += len(rows)
                 if progress and rows:
                     progress(len(rows))
                 h = pk.header
-                c.execute("INSERT OR IGNORE INTO packets_in(sender, packet_id, seq, part, kind, "
-                          "ops, path, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                          (h.sender, h.packet_id, h.seq, h.part, h.kind, h.count, str(pk.path),
-                           wall_ms()))
-            c.executemany("INSERT INTO vector(origin, epoch, floor, seeded) VALUES (?, ?, ?, ?) "
-                          "ON CONFLICT(origin) DO UPDATE SET epoch=max(epoch, excluded.epoch), "
-                          "floor=excluded.floor, seeded=excluded.seeded",
-                          [(o, e, e, e) for o, e in snap.items()])
+                log.record_in(c, h.sender, h.packet_id, h.seq, h.part, h.kind, h.count,
+                              str(pk.path), wall_ms(), again_ok=True)
+            stored.seed(c, snap)
             # Our own set-aside ops the snapshot already covers are the family's (their effect
             # is in the snapshot); only those above it may still need re-issuing.
-            c.execute("DELETE FROM stash WHERE origin=? AND epoch<=?",
-                      (site.site_id, snap.get(site.site_id, 0)))
+            stash.drop_through(c, site.site_id, snap.get(site.site_id, 0))
             if seeding:
                 site.set_meta("family_id", first.family)
                 site.set_meta("joined", 1)
@@ -573,13 +551,13 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 top = max([op.epoch for op in kept if op.origin == o], default=e)
                 if o in waiting and waiting[o][0] >= e:
                     top = max(top, waiting[o][1])       # the parts held above it
-                c.execute("UPDATE vector SET epoch=? WHERE origin=?", (max(top, e), o))
+                stored.set_epoch(c, o, max(top, e))
             site.set_meta("hlc", max(int(site.meta("hlc", 0)), first.hlc_max))
             if seeding:
                 fam = site.family_settings()
                 site.set_meta("family_name", fam.get("name", ""))
                 ensure_link(site, first.sender)
-                c.execute("UPDATE links SET in_seq=? WHERE peer=?", (first.seq, first.sender))
+                stored.set_in_seq(c, first.sender, first.seq)
                 raise_matrix(site, first.sender, "acked", snap)
             else:
                 note_header(site, first, applied=True)

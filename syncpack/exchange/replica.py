@@ -17,10 +17,12 @@ from syncpack.format import codec, keys
 from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
 from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
-from syncpack.store import chain
-from syncpack.store.matrix import ensure_link, link, raise_matrix, vec_blob
+from syncpack.exchange.links import ensure_link, link, raise_matrix
+from syncpack.store import chain, log, versions
+from syncpack.store import matrix as stored
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
-from syncpack.site import ROSTER, Member, Site, Transaction, wall_ms
+from syncpack.replicated import ROSTER, Member
+from syncpack.site import Site, Transaction, wall_ms
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, verify
 from syncpack.progress import expect
 
@@ -58,7 +60,7 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     series = PartSeries(tmpl, sign, max_size, opener, seed, seal_to)
     try:
         if progress:
-            expect(progress, conn.execute("SELECT count(*) FROM versions").fetchone()[0])
+            expect(progress, versions.count(conn))
         for rec in site.iter_versions():
             raw = codec.encode_record(rec)
             if not series.fits(len(raw)):
@@ -72,13 +74,11 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
         series.finish(True)
         parts = series.parts
         ensure_link(site, recipient)
-        conn.execute("UPDATE links SET out_seq=max(out_seq, ?), told=? WHERE peer=?",
-                     (seq, vec_blob(vec), recipient))
+        stored.note_sent(conn, recipient, seq, vec)
         for p in parts:
             h = p.header
-            conn.execute("INSERT INTO packets_out VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (h.packet_id, recipient, seq, h.part, h.kind, codec.packb([]), h.count,
-                          p.size, str(p.path), now))
+            log.record_out(conn, h.packet_id, recipient, seq, h.part, h.kind, codec.packb([]),
+                           h.count, p.size, str(p.path), now)
         raise_matrix(site, recipient, "sent", vec)
     except BaseException:
         series.abort()
@@ -204,3 +204,9 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
             p.close()
     site.invalidate()
     return site
+
+
+def snapshot_sender(site: Site) -> Member | None:
+    """The member whose snapshot seeded (or last re-seeded) this site, if it is a member."""
+    sender = log.last_snapshot_sender(site.conn)
+    return site.members_by_id().get(sender) if sender is not None else None

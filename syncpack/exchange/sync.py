@@ -22,7 +22,7 @@ from syncpack.format.codec import Header, Op
 from syncpack.format.csn import pack_csn
 from syncpack.errors import (ExportError, PacketError, PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
-from syncpack.store.matrix import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
+from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
                      ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
 from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, PartInfo, atomic_opener,
                       build_update_packets, order_blocks, packet_dir, packet_name)

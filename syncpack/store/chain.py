@@ -1,4 +1,5 @@
 """Each origin's history as the store keeps it: signed blocks, plus our own not yet sealed ops.
+Owns the tables ``blocks`` and ``changelog``.
 
 Format v2 (formats/BLOCKS.md): an origin encodes, signs and hash-chains its ops into blocks
 once; every other site keeps those blocks byte for byte (one row per block in ``blocks``) and
@@ -424,3 +425,21 @@ def first_epoch_since(conn, origin: bytes, lo: int, hi: int, hlc: int) -> int | 
     row = conn.execute("SELECT min(epoch) FROM changelog WHERE origin=? AND epoch>? AND "
                        "epoch<=? AND hlc>=?", (origin, lo, hi, hlc)).fetchone()
     return row[0]
+
+
+def append_ops(conn, ops: list[Op]) -> None:
+    """Append our own ops to the changelog (sealed later)."""
+    conn.executemany("INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
+                      for o in ops])
+
+
+def max_hlc(conn) -> int:
+    """The highest clock of any op held, in the changelog or in a block (0 if none)."""
+    return max(conn.execute("SELECT max(hlc) FROM changelog").fetchone()[0] or 0,
+               conn.execute("SELECT max(hlc_last) FROM blocks").fetchone()[0] or 0)
+
+
+def block_rows(conn) -> Iterator[tuple[bytes, int, int, bytes]]:
+    """(origin, lo, hi, data) of every stored block, in (origin, hi) order."""
+    return conn.execute("SELECT origin, lo, hi, data FROM blocks ORDER BY origin, hi")

@@ -1,4 +1,7 @@
 """The site store: one SQLite database per site directory, with versioned migrations.
+Owns the schema (every table's definition and its migrations) and the transactions; the
+rows of each table are read and written by the store module that owns it (see each one's
+docstring).
 
 WAL mode with ``synchronous=FULL``: a commit is on stable storage when it returns, and a crash
 at any instant leaves either the whole transaction or none of it.
@@ -7,9 +10,10 @@ The driver is ``apsw``, not the stdlib ``sqlite3``: the import path's own insert
 and ``changelog`` rows by ``executemany``) take 0.63x the wall and 0.58x the CPU time through it
 (``tools/bench_driver.py``, 1M ops), and it brings a current SQLite whatever the Python build
 links.  Like ``sqlite3`` with ``isolation_level=None`` it never begins a transaction on its own:
-``write_txn``/``read_txn`` are the only transactions.  Other modules use the connection's
-``execute``/``executemany``/``changes`` and cursors' ``fetchone``/``fetchall``, and catch the
-driver's errors by the names below, so only this module knows which driver it is.
+``write_txn``/``read_txn`` are the only transactions.  The other store modules use the
+connection's ``execute``/``executemany``/``changes`` and cursors' ``fetchone``/``fetchall``, and
+every module catches the driver's errors by the names below, so only this module knows which
+driver it is.  Outside ``syncpack/store/`` no module runs SQL.
 """
 
 from __future__ import annotations
@@ -166,6 +170,12 @@ def write_txn(conn: Connection) -> Iterator[Connection]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def integrity_check(conn: Connection) -> list[str]:
+    """SQLite's own check of the file: ``[]`` when sound, else its first complaints."""
+    rows = conn.execute("PRAGMA integrity_check").fetchall()
+    return [] if rows == [("ok",)] else [r[0] for r in rows[:5]]
 
 
 @contextmanager

@@ -1,0 +1,72 @@
+"""A site's view of its links to peers: the stored figures of :mod:`syncpack.store.matrix`
+for one site, joined with what only the site knows (its roster, its id)."""
+
+from __future__ import annotations
+
+from syncpack.rules import planning
+from syncpack.site import Site
+from syncpack.store import log
+from syncpack.store import matrix as stored
+from syncpack.store.matrix import ranges_blob, ranges_from_blob, vec_blob, vec_from_blob
+
+__all__ = ["matrix", "link", "ensure_link", "raise_matrix", "believed", "waiting_gaps",
+           "acknowledgements", "store_acknowledgements", "own_acknowledgement", "ack_floor",
+           "vec_blob", "vec_from_blob", "ranges_blob", "ranges_from_blob"]
+
+
+def matrix(site: Site, peer: bytes) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """(what we sent the peer, what it acknowledged), per origin."""
+    return stored.matrix(site.conn, peer)
+
+
+def link(site: Site, peer: bytes) -> dict:
+    """The link's counters (:func:`syncpack.store.matrix.link`)."""
+    return stored.link(site.conn, peer)
+
+
+def ensure_link(site: Site, peer: bytes) -> None:
+    stored.ensure_link(site.conn, peer)
+
+
+def raise_matrix(site: Site, peer: bytes, column: str, vec: dict[bytes, int]) -> None:
+    stored.raise_matrix(site.conn, peer, column, vec)
+
+
+def believed(site: Site, peer: bytes) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """(what we believe the peer holds, what it reported itself)."""
+    sent, acked = stored.matrix(site.conn, peer)
+    m = site.members_by_id(include_retired=True).get(peer)
+    base = m.base if m else {}
+    return planning.belief(sent, acked, base), acked
+
+
+def waiting_gaps(site: Site, sender: bytes | None = None) -> dict[bytes, tuple[int, int]]:
+    """What our parked packets wait for, merged per origin."""
+    out: dict[bytes, tuple[int, int]] = {}
+    for w in log.parked_waiting(site.conn, sender):
+        for o, (lo, hi) in ranges_from_blob(w).items():
+            cur = out.get(o)
+            out[o] = (lo, max(hi, cur[1])) if cur else (lo, hi)
+    v = site.vector()
+    return {o: (v.get(o, 0), hi) for o, (lo, hi) in out.items() if hi > v.get(o, 0)}
+
+
+def acknowledgements(site: Site) -> dict[bytes, tuple[int, dict[bytes, int], bytes]]:
+    """member -> (created_ms, vector, signature): each member's newest signed word."""
+    return stored.acknowledgements(site.conn)
+
+
+def store_acknowledgements(site: Site, acks) -> None:
+    """Keep each member's newest acknowledgement, and the one where it held the most of its
+    own origin (already verified by the verifier)."""
+    stored.store_acknowledgements(site.conn, site.site_id, acks)
+
+
+def own_acknowledgement(site: Site, member: bytes) -> tuple[int, dict[bytes, int], bytes] | None:
+    return stored.own_acknowledgement(site.conn, member)
+
+
+def ack_floor(site: Site) -> dict[bytes, int]:
+    """Per origin, the epoch every current member acknowledged holding, each in its own
+    signed word (``planning.ack_floor``)."""
+    return stored.ack_floor(site.conn, site.site_id, list(site.members_by_id()))

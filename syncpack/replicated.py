@@ -1,0 +1,146 @@
+"""The family's replicated state as one site reads it: the visible value of each key under the
+conflict policies, and syncpack's own replicated collections (the roster, the family settings,
+the collections' policies) read through those visible values.
+
+:class:`Site` delegates to a :class:`Replicated` it holds; the roster and the policies are
+cached there until :meth:`Replicated.invalidate` (after changes to replicated settings)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from syncpack.format import codec
+from syncpack.rules.conflict import Version, pick
+from syncpack.store import versions
+
+SYS_PREFIX = "$"
+ROSTER = "$roster"
+FAMILY = "$family"
+COLLECTIONS = "$collections"
+FAMILY_KEY = "settings"
+
+
+@dataclass
+class Member:
+    name: str
+    site_id: bytes
+    ed25519: bytes
+    x25519: bytes
+    priority: int
+    base: dict[bytes, int]
+    retired: bool
+
+    def to_value(self) -> dict:
+        return {"id": self.site_id, "ed25519": self.ed25519, "x25519": self.x25519,
+                "priority": self.priority, "base": [[o, e] for o, e in sorted(self.base.items())],
+                "retired": self.retired}
+
+    @classmethod
+    def from_value(cls, name: str, v: dict) -> "Member":
+        return cls(name, v["id"], v["ed25519"], v.get("x25519", b""), int(v.get("priority", 0)),
+                   {o: e for o, e in v.get("base", [])}, bool(v.get("retired", False)))
+
+
+def group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
+    """(collection, key, versions) per key of (collection, key, csn, value) rows sorted by key."""
+    cur_key = None
+    vs: list[Version] = []
+    for coll, key, csn, value in cur:
+        k = (coll, key)
+        if k != cur_key:
+            if cur_key is not None:
+                yield cur_key[0], cur_key[1], vs
+            cur_key, vs = k, []
+        vs.append(Version(csn, value is None, value))
+    if cur_key is not None:
+        yield cur_key[0], cur_key[1], vs
+
+
+class Replicated:
+    """Reads of one site's replicated state; every method takes the site's connection."""
+
+    def __init__(self) -> None:
+        self._roster: dict[str, Member] | None = None
+        self._policies: dict[str, str] | None = None
+
+    def invalidate(self) -> None:
+        """Forget cached roster and policies."""
+        self._roster = None
+        self._policies = None
+
+    def roster(self, conn) -> dict[str, Member]:
+        """The family's members by name, retired ones included."""
+        if self._roster is None:
+            out: dict[str, Member] = {}
+            for _c, key, raw in self.visible_rows(conn, ROSTER):
+                try:
+                    out[key] = Member.from_value(key, codec.decode_value(raw))
+                except (KeyError, TypeError, ValueError):
+                    continue
+            self._roster = out
+        return self._roster
+
+    def priorities(self, conn) -> dict[bytes, int]:
+        """Each member's priority under the ``priority`` policy, by site id."""
+        return {m.site_id: m.priority for m in self.roster(conn).values()}
+
+    def family_settings(self, conn) -> dict:
+        """The family's replicated settings (name, policy, sealing rule)."""
+        v = pick(versions.of_key(conn, FAMILY, FAMILY_KEY), "lww", {})
+        settings = codec.decode_value(v.value) if v is not None and v.value is not None else {}
+        # Imports refuse malformed settings; a store that holds some anyway still opens.
+        return settings if isinstance(settings, dict) else {}
+
+    def policies(self, conn) -> dict[str, str]:
+        """Collections that have their own conflict policy: name -> policy."""
+        if self._policies is None:
+            out = {}
+            for _c, key, raw in self.visible_rows(conn, COLLECTIONS):
+                try:
+                    out[key] = codec.decode_value(raw)["policy"]
+                except (KeyError, TypeError, ValueError):
+                    continue
+            self._policies = out
+        return self._policies
+
+    def policy_of(self, conn, collection: str) -> str:
+        """The conflict policy that decides the visible version in ``collection``."""
+        if collection.startswith(SYS_PREFIX):
+            return "lww"
+        return self.policies(conn).get(collection) or \
+            self.family_settings(conn).get("policy", "lww")
+
+    def visible_rows(self, conn, collection: str | None = None
+                     ) -> Iterator[tuple[str, str, bytes]]:
+        """(collection, key, msgpack value) of visible records, sorted."""
+        for coll, key, vs in group_versions(versions.rows(conn, collection)):
+            # syncpack's own collections are lww whatever the family says: the priorities come
+            # from the roster, which is read through here
+            policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(conn, coll)
+            v = vs[0] if len(vs) == 1 else pick(
+                vs, policy, self.priorities(conn) if policy == "priority" else {})
+            if v is not None and v.value is not None:
+                yield coll, key, v.value
+
+    def visible(self, conn, collection: str, key: str) -> bytes | None:
+        """The visible value of ``collection``/``key`` (msgpack), or None."""
+        vs = versions.of_key(conn, collection, key)
+        v = pick(vs, self.policy_of(conn, collection), self.priorities(conn)) if vs else None
+        return None if v is None else v.value
+
+    def digest(self, conn) -> tuple[str, int]:
+        """See :meth:`syncpack.site.Site.digest`."""
+        h = hashlib.sha256(b"syncpack digest v1\0")
+        n = 0
+        prio = self.priorities(conn)
+        for coll, key, vs in group_versions(versions.rows_by_csn(conn)):
+            if len(vs) == 1 and vs[0].value is None:
+                continue
+            v = pick(vs, self.policy_of(conn, coll), prio)
+            visible = v.value if v is not None else None
+            if visible is not None and not coll.startswith(SYS_PREFIX):
+                n += 1
+            h.update(codec.packb([coll, key, [[x.csn, x.value] for x in vs], visible]))
+        return h.hexdigest(), n

@@ -1,0 +1,191 @@
+"""Record state as stored: every surviving version of every key.  Owns the tables
+``versions`` (collection, key, CSN, value; a NULL value is a tombstone), ``superseded`` (CSNs an
+op listed as replaced before they arrived) and ``tomb_pending`` (tombstones noted for removal
+once every member acknowledged them).
+
+Which version is visible is decided by :mod:`syncpack.rules.conflict`; this module only reads
+and writes.  Everything runs on the caller's connection and inside its transaction."""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from syncpack.format.codec import Op
+from syncpack.format.csn import CSN_LEN
+from syncpack.rules.conflict import Version
+from syncpack.store import chain
+
+_ROWS = "SELECT collection, key, csn, value FROM versions"
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+def of_key(conn, collection: str, key: str) -> list[Version]:
+    """The surviving versions of one key."""
+    return [Version(c, v is None, v) for c, v in conn.execute(
+        "SELECT csn, value FROM versions WHERE collection=? AND key=?", (collection, key))]
+
+
+def csns_of_key(conn, collection: str, key: str) -> bytes:
+    """The CSNs of one key's surviving versions, concatenated in CSN order."""
+    return b"".join(r[0] for r in conn.execute(
+        "SELECT csn FROM versions WHERE collection=? AND key=? ORDER BY csn", (collection, key)))
+
+
+def rows(conn, collection: str | None = None) -> Iterator[tuple[str, str, bytes, bytes | None]]:
+    """(collection, key, csn, value) of every version, sorted by collection and key; one
+    collection or all."""
+    if collection is None:
+        return conn.execute(_ROWS + " ORDER BY collection, key")
+    return conn.execute(_ROWS + " WHERE collection=? ORDER BY key", (collection,))
+
+
+def rows_by_csn(conn) -> Iterator[tuple[str, str, bytes, bytes | None]]:
+    """(collection, key, csn, value) of every version in (collection, key, CSN) order."""
+    return conn.execute(_ROWS + " ORDER BY collection, key, csn")
+
+
+def scan(conn) -> Iterator[tuple[str, str, bytes, bytes | None]]:
+    """(collection, key, csn, value) of every version, in no particular order."""
+    return conn.execute(_ROWS)
+
+
+def count(conn) -> int:
+    return conn.execute("SELECT count(*) FROM versions").fetchone()[0]
+
+
+def conflict_rows(conn, collection: str | None = None) -> Iterator[tuple]:
+    """(collection, key, csn, value) of the keys with more than one surviving version, in
+    (collection, key, CSN) order."""
+    if collection is not None:
+        return conn.execute(
+            "SELECT v.collection, v.key, v.csn, v.value FROM versions v JOIN "
+            "(SELECT collection, key FROM versions WHERE collection=? GROUP BY collection, key "
+            "HAVING count(*) > 1) c USING (collection, key) ORDER BY v.collection, v.key, v.csn",
+            (collection,))
+    return conn.execute(
+        "SELECT v.collection, v.key, v.csn, v.value FROM versions v JOIN "
+        "(SELECT collection, key FROM versions GROUP BY collection, key "
+        "HAVING count(*) > 1) c USING (collection, key) ORDER BY v.collection, v.key, v.csn")
+
+
+def count_conflicts(conn) -> int:
+    """Keys in conflict outside syncpack's own ``$`` collections."""
+    return conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection NOT LIKE '$%' "
+        "GROUP BY collection, key HAVING count(*) > 1)").fetchone()[0]
+
+
+def collections(conn) -> set[str]:
+    return {c for (c,) in conn.execute("SELECT DISTINCT collection FROM versions")}
+
+
+def collection_exists(conn, name: str, policies: str) -> bool:
+    """Whether ``name`` holds a version, or has a record in the policies collection."""
+    return conn.execute("SELECT 1 FROM versions WHERE collection IN (?, ?) AND "
+                        "(collection=? OR key=?) LIMIT 1",
+                        (name, policies, name, name)).fetchone() is not None
+
+
+def any_superseded(conn) -> bool:
+    return conn.execute("SELECT 1 FROM superseded LIMIT 1").fetchone() is not None
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+def insert_many(conn, rows: Iterable[tuple[str, str, bytes, bytes | None]]) -> None:
+    conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
+
+
+def replace_key(conn, collection: str, key: str, csn: bytes, value: bytes | None,
+                had_versions: bool) -> None:
+    """A local write: the new version supersedes every surviving one of its key."""
+    if had_versions:
+        conn.execute("DELETE FROM versions WHERE collection=? AND key=?", (collection, key))
+    conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)", (collection, key, csn, value))
+
+
+def _op_known(conn, csn: bytes) -> bool:
+    hlc, origin, seq = int.from_bytes(csn[:8], "big"), csn[8:16], int.from_bytes(csn[16:], "big")
+    # An op trimmed from the changelog was applied before; it can never arrive again.
+    return chain.epoch_of(conn, hlc, origin, seq) is not None
+
+
+def apply_version(conn, op: Op, csn: bytes) -> None:
+    """Make ``op`` a surviving version of its key unless a known write superseded it, and
+    drop the versions it superseded."""
+    if op.replaced:
+        for i in range(0, len(op.replaced), CSN_LEN):
+            r = op.replaced[i:i + CSN_LEN]
+            conn.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
+                         (op.collection, op.key, r))
+            n = conn.changes()
+            if n == 0 and not _op_known(conn, r):
+                # Keyed by the key too: an op can only supersede versions of its own key,
+                # whatever CSNs it lists (a member listing another key's must not hide it).
+                conn.execute("INSERT OR IGNORE INTO superseded VALUES (?, ?, ?)",
+                             (op.collection, op.key, r))
+    conn.execute("DELETE FROM superseded WHERE collection=? AND key=? AND csn=?",
+                 (op.collection, op.key, csn))
+    if conn.changes():
+        return
+    conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
+                 (op.collection, op.key, csn, op.value))
+
+
+def rename_csn(conn, collection: str, key: str, old: bytes, new: bytes) -> None:
+    """A re-issued op's new CSN, wherever its old one survives."""
+    conn.execute("UPDATE versions SET csn=? WHERE collection=? AND key=? AND csn=?",
+                 (new, collection, key, old))
+    conn.execute("UPDATE superseded SET csn=? WHERE collection=? AND key=? AND csn=?",
+                 (new, collection, key, old))
+
+
+def clear(conn) -> None:
+    """Drop all record state (before a snapshot replaces it)."""
+    for table in ("versions", "superseded", "tomb_pending"):
+        conn.execute(f"DELETE FROM {table}")
+
+
+# --- tombstones waiting for removal ------------------------------------------------------------
+
+def pending_tombstones(conn) -> list[tuple[str, str, bytes, bytes]]:
+    """(collection, key, csn, vector blob) of the tombstones noted for removal."""
+    return conn.execute("SELECT collection, key, csn, after FROM tomb_pending").fetchall()
+
+
+def is_sole_version(conn, collection: str, key: str, csn: bytes) -> bool:
+    """Whether ``csn`` is still the only surviving version of its key."""
+    n, this = conn.execute("SELECT count(*), max(csn=?) FROM versions WHERE collection=? "
+                           "AND key=?", (csn, collection, key)).fetchone()
+    return n == 1 and bool(this)
+
+
+def forget_pending(conn, collection: str, key: str, csn: bytes) -> None:
+    conn.execute("DELETE FROM tomb_pending WHERE collection=? AND key=? AND csn=?",
+                 (collection, key, csn))
+
+
+def remove_tombstone(conn, collection: str, key: str, csn: bytes) -> None:
+    conn.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
+                 (collection, key, csn))
+    forget_pending(conn, collection, key, csn)
+
+
+def lone_tombstones_not_pending(conn) -> list[tuple[str, str, bytes]]:
+    """(collection, key, csn) of tombstones that are their key's only version and not yet
+    noted for removal."""
+    return conn.execute(
+        "SELECT v.collection, v.key, v.csn FROM versions v WHERE v.value IS NULL AND "
+        "NOT EXISTS (SELECT 1 FROM versions w WHERE w.collection=v.collection AND "
+        "w.key=v.key AND w.csn<>v.csn) AND NOT EXISTS (SELECT 1 FROM tomb_pending t "
+        "WHERE t.collection=v.collection AND t.key=v.key AND t.csn=v.csn)").fetchall()
+
+
+def note_pending(conn, collection: str, key: str, csn: bytes, after: bytes) -> None:
+    conn.execute("INSERT OR IGNORE INTO tomb_pending VALUES (?, ?, ?, ?)",
+                 (collection, key, csn, after))
+
+
+def count_pending(conn) -> int:
+    return conn.execute("SELECT count(*) FROM tomb_pending").fetchone()[0]
