@@ -265,7 +265,9 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
                                                 (now - min_age_ms) << 16)
                 if first is not None:
                     young[o] = first
-        plan = planning.scrub_floors(acked, floors, vec, young)
+        # Never the parts of a transaction still waiting for its last part: every member may
+        # hold their epochs, but this site has not applied them and needs them to.
+        plan = planning.scrub_floors(acked, floors, chain.applied_vector(c, vec), young)
         n_ops = 0
         for o, (lo, hi) in plan.items():
             n_ops += chain.count_range(c, o, lo, hi)
