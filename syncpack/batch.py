@@ -126,9 +126,7 @@ Summary
 from __future__ import annotations
 
 import difflib
-import fcntl
 import os
-import secrets
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -139,10 +137,12 @@ from typing import Any, Callable
 from syncpack.admin import inspection, metrics, recovery
 from syncpack.exchange import sync
 from syncpack.store import db
+from syncpack.outcome import error_outcome
 from syncpack.exchange.apply import is_known
 from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
                      PacketError, SiteError, SyncpackError)
-from syncpack.exchange.packets import DEFAULT_MAX_SIZE, fsync_dir, parse_size, prepare_outbox
+from syncpack.exchange.packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
+from syncpack.fileops import try_lock, write_atomic
 from syncpack.exchange.verify import find_packet_files, open_packet, printable
 from .site import Site
 
@@ -369,16 +369,10 @@ class BatchLog:
 def acquire_lock(site_dir: Path, site_name: str) -> int:
     """The batch lock: an fd holding ``flock(LOCK_EX | LOCK_NB)`` on ``SITE/batch.lock``."""
     lock_path = site_dir / BATCH_LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = try_lock(lock_path)
+    if fd is None:
         raise BatchLockedError(f"another batch round is running at site {site_name!r} "
-                               f"(it holds {lock_path})") from None
-    except BaseException:
-        os.close(fd)
-        raise
+                               f"(it holds {lock_path})")
     return fd
 
 
@@ -445,14 +439,9 @@ class _Round:
         """Run one action; a failure is recorded and the round goes on with the next one."""
         try:
             fn()
-        except SyncpackError as e:
-            self.fail(action, target, e.message, e.hint)
-        except db.DatabaseError as e:
-            self.fail(action, target, f"the site store cannot be used: {e}",
-                      "check the disk and run 'syncpack fsck'")
-        except OSError as e:
-            self.fail(action, target, f"{e.strerror or e}"
-                      + (f": {e.filename}" if e.filename else ""), None)
+        except (SyncpackError, db.DatabaseError, OSError) as e:
+            message, hint, _code = error_outcome(e)
+            self.fail(action, target, message, hint)
 
     def do_import(self, spec: ImportSpec) -> None:
         entry: dict[str, Any] = {"path": str(spec.path), "present": spec.path.exists()}
@@ -642,18 +631,7 @@ def write_metrics(path: Path, site: Site, summary: dict, t0: float,
 def write_textfile(path: Path, text: str) -> None:
     """Replace ``path`` atomically: a hidden temporary file in the same directory, fsynced,
     mode 0644, renamed over ``path``, the directory fsynced."""
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    write_atomic(path, text.encode("utf-8"), mode=0o644)
 
 
 def _summary(cfg: BatchConfig, site: Site, log_path: Path, started: str, rnd: _Round) -> dict:

@@ -22,6 +22,7 @@ import click
 from syncpack.admin import conflicts as conflicts_mod, inspection, metrics, recovery
 from syncpack.exchange import replica, sync
 from syncpack.format import keys
+from syncpack.outcome import error_outcome
 from syncpack.store import db
 from .version import VERSION
 from .errors import RecordNotFound, SyncpackError
@@ -151,11 +152,8 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SyncpackError as e:
-            fail(ctx.obj, e.message, e.hint, e.exit_code)
-        except db.DatabaseError as e:
-            fail(ctx.obj, f"the site store cannot be used: {e}",
-                 "check the disk and run 'syncpack fsck'; restore from a backup if it fails")
+        except (SyncpackError, db.DatabaseError, OSError) as e:
+            fail(ctx.obj, *error_outcome(e))
         except KeyboardInterrupt:
             # A second Ctrl-C must not cut the report short; the work is already stopped.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -163,8 +161,6 @@ class Group(click.Group):
             fail(ctx.obj, f"interrupted; {note}", hint, 130)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
-        except OSError as e:
-            fail(ctx.obj, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), None)
         except Exception as e:  # a bug: say so in one line; -v shows the traceback
             if ctx.obj is not None and ctx.obj.verbose:
                 traceback.print_exc()

@@ -15,7 +15,6 @@ no change.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import secrets
 import time
@@ -32,6 +31,7 @@ from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoined
                      RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
+from syncpack.fileops import locked
 from syncpack.format.names import check_site_name
 from syncpack.format.values import check_json_value
 # Also re-exported: applications and the packages above know these names from here.
@@ -343,16 +343,9 @@ class Site:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Serialises packet work (export, import, mkreplica, scrub) on one site."""
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise LockedError(f"another syncpack command is working on site "
-                                  f"{self.name!r}") from None
+        with locked(self.path / LOCK_FILE, lambda: LockedError(
+                f"another syncpack command is working on site {self.name!r}")):
             yield
-        finally:
-            os.close(fd)
 
     # -- op application (shared by local writes, imports and fsck's replay) --------------------
 

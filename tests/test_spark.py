@@ -197,8 +197,8 @@ def test_the_log_gives_every_plans_blocks_across_segments_and_row_groups(tmp_pat
                                                                           monkeypatch):
     """What the executors read (without Spark): each peer's planned blocks, in the plan's
     order, byte for byte the store's, from a log cut into many segments and row groups."""
-    monkeypatch.setattr(oplog, "ROW_GROUP_BYTES", 1)      # a row group per block
-    monkeypatch.setattr(oplog, "SEGMENT_BYTES", 1000)     # a few blocks per segment
+    monkeypatch.setattr(parquet_log, "ROW_GROUP_BYTES", 1)      # a row group per block
+    monkeypatch.setattr(parquet_log, "SEGMENT_BYTES", 1000)     # a few blocks per segment
     f = _copy(base, tmp_path / "f")
     with f.open("hub") as s:
         res = parquet_log.log_export(s)
@@ -263,8 +263,8 @@ def test_an_old_version_log_is_refused_and_log_export_rewrites_it(tmp_path, base
 @pytest.mark.parametrize("strategy", ["merge", "shuffle"])
 def test_engines_write_identical_packets_and_records(tmp_path, base, spark, strategy,
                                                      monkeypatch):
-    monkeypatch.setattr(oplog, "ROW_GROUP_BYTES", 1)      # the log in many row groups
-    monkeypatch.setattr(oplog, "SEGMENT_BYTES", 1000)     # and segments
+    monkeypatch.setattr(parquet_log, "ROW_GROUP_BYTES", 1)      # the log in many row groups
+    monkeypatch.setattr(parquet_log, "SEGMENT_BYTES", 1000)     # and segments
     fl, fs, local, sparked = _both(tmp_path, base, all_peers=True, max_size=12000,
                                    strategy=strategy)
     _assert_same_packets(local, sparked, tmp_path)
@@ -535,7 +535,7 @@ def test_no_executor_receives_key_material(tmp_path, base, spark, strategy, monk
         return real_broadcast(self, value)
 
     monkeypatch.setattr(SparkContext, "broadcast", broadcast)
-    for name in ("_merge_task", "_arrow_task"):
+    for name in ("_merge_task", "_arrow_task", "_rows_task"):
         real = getattr(spark_job, name)
 
         def closure(bc, ctx, acc, real=real):

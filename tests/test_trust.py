@@ -16,7 +16,7 @@ import pytest
 from conftest import run
 from test_recovery import (assert_converged, assert_no_epoch_reuse, raw_vector, site_id, status,
                            three_sites as three)
-from test_tamper import rebuild, sign_key, state, write
+from packetkit import rebuild, sign_key, state, write
 from syncpack.format import blocks, codec
 from syncpack.store import chain
 from syncpack.site import ROSTER, Member, Site
@@ -219,7 +219,7 @@ def test_ops_of_an_origin_that_never_was_a_member_are_refused(family, tmp_path):
         h.pop("acks", None)
     # B makes a block for the ghost origin (with its own key: no one holds a ghost's key) and
     # relays it as if the ghost were a member.
-    from test_tamper import ops_of
+    from packetkit import ops_of
     ops = [op for op in ops_of(pb.read_bytes()) if op.origin == b_id]
     lo = ops[0].epoch - 1
     family_id = codec.read_envelope(open(pb, "rb"), pb.stat().st_size).header.family

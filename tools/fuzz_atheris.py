@@ -63,7 +63,7 @@ def test_one_input(data: bytes) -> None:
 def make_corpus(out: Path) -> list[Path]:
     """Write a few genuine packets to start from."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import test_fuzz as tf
+    import fuzzkit as tf
     out.mkdir(parents=True, exist_ok=True)
     w = tf.build_world(Path(tempfile.mkdtemp(prefix="syncpack-atheris-")))
     files = []

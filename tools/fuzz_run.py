@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Mutation fuzzing of the import path, for long runs outside pytest.
 
-Builds the small family of ``tests/test_fuzz.py`` (sites a, b and r; an a->b update packet
+Builds the small family of ``tests/fuzzkit.py`` (sites a, b and r; an a->b update packet
 that applies, carrying blocks of a and of r, one that parks for a gap, a resync snapshot for
 b), then runs N mutated packets through ``syncpack.exchange.sync.import_packets`` at a scratch copy of b
-(``test_fuzz.judge``), and counts:
+(``fuzzkit.judge``), and counts:
 
 * **tracebacks**: any exception other than a ``PacketError`` (the CLI would print "internal
   error"), or a hang past the time limit;
@@ -20,7 +20,7 @@ b), then runs N mutated packets through ``syncpack.exchange.sync.import_packets`
 Mutations (chosen at random, reproducible with --seed): byte flips, byte sets, truncations,
 insertions, cut-outs (not re-signed); header field edits re-signed with the sender's key; body
 edits re-signed with a consistent body hash.  For update packets the body edits are the block
-edits of ``tests/test_fuzz.py`` (``edit_update_body``): a's own blocks re-made with edited ops or
+edits of ``tests/fuzzkit.py`` (``edit_update_body``): a's own blocks re-made with edited ops or
 columns and signed with a's key (valid blocks), blocks signed with a key that is not their
 origin's (must be refused for their signature, naming the origin), bytes changed inside blocks
 (must be refused), blocks dropped, duplicated or added; the header's ranges kept in step or
@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]   # this tree's syncpack, whatever is installed
 
-import test_fuzz as tf  # noqa: E402  (the harness helpers and the world)
+import fuzzkit as tf  # noqa: E402  (the harness helpers and the world)
 
 from syncpack.format import codec  # noqa: E402
 

@@ -8,12 +8,11 @@ being lost.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
-from syncpack.format.csn import format_csn
+from syncpack.format.csn import csn_origin, format_csn
 from syncpack.errors import UsageError
 from syncpack.store import versions
 from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, group_versions
@@ -27,7 +26,7 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
             "visible": None if win is None or win.value is None else
             codec.decode_value(win.value),
             "versions": [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
-                          "origin": names.get(v.csn[8:16], v.csn[8:16].hex()),
+                          "origin": names.get(csn_origin(v.csn), csn_origin(v.csn).hex()),
                           "deleted": v.deleted, "winner": v == win,
                           "value": None if v.value is None else codec.decode_value(v.value)}
                          for v in sorted(vs, key=lambda v: v.csn)]}
@@ -93,14 +92,6 @@ def set_priority(site: Site, member: str, priority: int) -> dict:
     with site.transaction(_system=True) as tx:
         tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
     return {"site": m.name, "priority": priority}
-
-
-def parse_json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"not valid JSON ({e.msg})",
-                         hint="quote strings, e.g. '\"text\"'") from None
 
 
 def set_family_setting(site: Site, name: str, value: Any) -> dict:

@@ -10,8 +10,7 @@ from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.store import chain, db, log, stash, versions
 from syncpack.store import matrix as stored
-from syncpack.rules.conflict import Version
-from syncpack.format.csn import CSN_LEN, pack_csn
+from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
 from syncpack.site import Site, check_collection
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
@@ -255,7 +254,7 @@ def _replay_check(site: Site) -> list[str]:
     for coll, key, csn, value in versions.scan(c):
         actual.setdefault((coll, key), {})[csn] = value
         if csn not in logged:
-            if floors.get(csn[8:16], 0) == 0:
+            if floors.get(csn_origin(csn), 0) == 0:
                 problems.append(f"version {csn.hex()} of {coll}/{key} has no changelog op")
             state.setdefault((coll, key), {})[csn] = value   # from a snapshot or trimmed
     superseded: set[tuple[str, str, bytes]] = set()
@@ -313,11 +312,3 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
         finally:
             pk.close()
     return {"packets": out, "errors": errors}
-
-
-def conflict_versions(site: Site, vs: list[Version]) -> list[dict]:
-    names = site.names()
-    from syncpack.format.csn import format_csn
-    return [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
-             "origin": names.get(v.csn[8:16], v.csn[8:16].hex()), "deleted": v.deleted,
-             "value": None if v.value is None else codec.decode_value(v.value)} for v in vs]

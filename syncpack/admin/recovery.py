@@ -11,7 +11,7 @@ from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain, stash, versions
 from syncpack.store import matrix as stored
-from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
+from syncpack.format.csn import CSN_LEN, csn_origin, next_hlc, pack_csn
 from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
@@ -307,7 +307,7 @@ def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
     after_blob = codec.packb(sorted([o, e] for o, e in vec.items() if e))
     pending = 0
     for coll, key, csn in versions.lone_tombstones_not_pending(c):
-        origin = csn[8:16]
+        origin = csn_origin(csn)
         held = chain.epoch_of(c, int.from_bytes(csn[:8], "big"), origin,
                               int.from_bytes(csn[16:], "big"))
         epoch = held if held is not None else site.floors().get(origin, 0)

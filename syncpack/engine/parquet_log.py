@@ -20,7 +20,6 @@ local logs get fsync and a writer lock file.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -39,7 +38,8 @@ from syncpack.format import blocks
 from syncpack.store import chain, db
 from syncpack.format.codec import Op
 from syncpack.errors import ExportError
-from syncpack.exchange.packets import BlockRef, fsync_dir
+from syncpack.exchange.packets import BlockRef
+from syncpack.fileops import fsync_dir, locked, write_atomic
 from syncpack.progress import expect
 from syncpack.site import Site, wall_ms
 
@@ -131,12 +131,7 @@ class LogLocation:
         final = self.path(rel)
         tmp = self.path(_tmp_name(rel))
         if self.local:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            fsync_dir(os.path.dirname(final))
+            write_atomic(final, data, tmp=tmp)
         else:
             with self.fs.open_output_stream(tmp) as f:
                 f.write(data)
@@ -190,15 +185,9 @@ class LogLocation:
             yield
             return
         os.makedirs(self.root, exist_ok=True)
-        fd = os.open(self.path(LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ExportError(f"another process is writing the log at {self.text}") from None
+        with locked(self.path(LOCK_FILE), lambda: ExportError(
+                f"another process is writing the log at {self.text}")):
             yield
-        finally:
-            os.close(fd)
 
 
 def _tmp_name(rel: str) -> str:

@@ -22,8 +22,8 @@ the same site state and parameters, and records them in the store the same way:
 3. The driver writes every packet file (:func:`syncpack.exchange.packets.finish_planned_packets`):
    prefix, the staged body copied in bounded pieces and hashed again, then the header built
    and signed here, under a temporary name, fsynced and renamed; then it removes the staged
-   bodies and records the exports with :func:`syncpack.exchange.sync.record_exports`.  A failure
-   anywhere leaves no packet of this run and records nothing.
+   bodies, and the export driver both engines share (:func:`syncpack.exchange.sync.run_export`)
+   records the exports.  A failure anywhere leaves no packet of this run and records nothing.
 
 The private keys never leave the driver, by construction: nothing broadcast or captured in a
 task closure holds key material (``tests/test_spark.py`` pickles both to check), because the
@@ -80,15 +80,15 @@ from typing import Callable, Iterable, Iterator
 
 from syncpack import errors
 from syncpack.engine import parquet_log
-from syncpack.store import chain
+from syncpack.store import chain, exports
 from syncpack.format.codec import RawBodyWriter
 from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MadeBody, PartInfo, \
     atomic_opener, build_update_packets, finish_planned_packets, packet_dir, packet_name, \
     plan_packets, sealer_for
 from syncpack.progress import expect
-from syncpack.site import Site, wall_ms
-from syncpack.exchange.sync import ExportedPacket, PeerPlan, plan_exports, record_exports, select_peers
+from syncpack.site import Site
+from syncpack.exchange.sync import ExportedPacket, PeerPlan, plan_exports, run_export
 
 STRATEGIES = ("merge", "shuffle")
 DEFAULT_MASTER = "local[*]"
@@ -171,12 +171,23 @@ class SparkSessionHandle:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def active_session(SparkSession):
+    """The session this process already runs (the caller's own, say), or None.  Public API
+    only: ``SparkSession.active()`` also sees a session made in another thread, which
+    ``getActiveSession()`` (thread-local in the JVM) would miss."""
+    try:
+        return SparkSession.active()
+    except Exception:   # pyspark raises its own runtime error when there is none
+        return None
+
+
 def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = None,
                   app_name: str = "syncpack") -> SparkSessionHandle:
     """Reuse the process's Spark session, or start one with syncpack's settings."""
     SparkContext, SparkSession = _import_pyspark()
-    if SparkContext._active_spark_context is not None:
-        return SparkSessionHandle(SparkSession.builder.getOrCreate(), False, None, None)
+    running = active_session(SparkSession)
+    if running is not None:
+        return SparkSessionHandle(running, False, None, None)
     _check_java()
     local = master.startswith("local")
     if local:
@@ -343,25 +354,33 @@ def _merge_task(bc, ctx: _TaskCtx, acc):
     return run
 
 
+def _rows_task(bc, ctx: _TaskCtx, acc):
+    """mapPartitions function of the ``shuffle`` strategy: ``(pid, pos, data)`` rows of one or
+    more peers, each peer's rows contiguous and in plan order, in; one outcome per peer out."""
+
+    def run(rows):
+        jobs = bc.value
+        for pid, group in groupby(rows, key=itemgetter(0)):
+            job = jobs[pid]
+            refs = _from_rows(((pos, bytes(data)) for _pid, pos, data in group), job, ctx)
+            yield _make_bodies(job, refs, ctx)
+            acc.add(job.ops)
+
+    return run
+
+
 def _arrow_task(bc, ctx: _TaskCtx, acc):
-    """mapInArrow function of the ``shuffle`` strategy: ``(pid, pos, data)`` rows of one or
-    more peers, each peer's rows contiguous and in plan order, as Arrow batches in; one outcome
-    per peer out."""
+    """mapInArrow function of the ``shuffle`` strategy: :func:`_rows_task` on Arrow batches."""
+    by_rows = _rows_task(bc, ctx, acc)
 
     def run(batches):
         import pyarrow as pa
-
-        jobs = bc.value
 
         def rows():
             for b in batches:
                 yield from zip(*(b.column(i).to_pylist() for i in range(3)))
 
-        for pid, group in groupby(rows(), key=itemgetter(0)):
-            job = jobs[pid]
-            refs = _from_rows((row[1:] for row in group), job, ctx)
-            payload = _make_bodies(job, refs, ctx)
-            acc.add(job.ops)
+        for payload in by_rows(rows()):
             yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())],
                                              names=["payload"])
 
@@ -417,28 +436,20 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown Spark strategy {strategy!r}; choose one of "
                          f"{', '.join(STRATEGIES)}")
-    if not to and not all_peers:
-        raise UsageError("name the peers with --to PEER (repeatable) or use --all")
     out = Path(out_dir)
     stats = stats if stats is not None else {}
     own = log_dir is None
     loc = parquet_log.LogLocation(parquet_log.default_log_dir(site) if own else log_dir)
-    with site.lock():
-        peers = select_peers(site, to, all_peers)
-        now = wall_ms() if now_ms is None else now_ms
-        sign = site.signer()    # the key stays in this process: only the driver signs
+
+    def write(peers: list[bytes], now: int, sign) -> list[tuple[PeerPlan, list[PartInfo]]]:
         conn = site.conn
-        if chain.has_pending(conn, site.site_id):
-            with site.write_txn():
-                # The local engine's rule, so both engines send the same blocks.
-                site.seal_pending(max_block=seal_max or max_size // 2)
         t0 = time.perf_counter()
         starter: _SessionStarter | None = None
-        conn.execute("BEGIN")  # one read snapshot: plan, log catch-up and coverage check
+        exports.begin_snapshot(conn)  # one read snapshot: plan, log catch-up and coverage check
         try:
             plans = plan_exports(site, peers, now, failed, sign=sign)
             seal = [site.seal_key(p.peer, encrypt) for p in plans]
-            sizes = [_block_sizes(conn, p.blocks) for p in plans]
+            sizes = [exports.block_sizes(conn, p.blocks) for p in plans]
             # Every cut is decided here, before any job: executors only fill planned bodies.
             cuts = {i: plan_packets(p.blocks, sizes[i], p.template, max_size, seed, seal[i])
                     for i, p in enumerate(plans) if p.ranges}
@@ -456,7 +467,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
                 starter.discard()
             raise
         finally:
-            conn.execute("ROLLBACK")
+            exports.end_snapshot(conn)
         stats["snapshot_s"] = round(time.perf_counter() - t0, 3)
         written: dict[int, list[PartInfo]] = {}
         stage: _Staging | None = None
@@ -493,27 +504,14 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
             for p in written[i]:  # the paths as the local engine reports them
                 p.path = packet_dir(out, site.name, plan.name) / packet_name(
                     p.header.seq, p.header.part)
-        record_exports(site, [(plan, written[i]) for i, plan in enumerate(plans)], now)
-    result = []
-    for i, plan in enumerate(plans):
-        for p in written[i]:
-            result.append(ExportedPacket(
-                p.path, plan.name, p.header.count, p.size,
-                {site.name_of(o): [lo, hi] for o, (lo, hi) in sorted(p.header.ranges.items())},
-                p.header.seq, p.header.part))
-    return result
+        return [(plan, written[i]) for i, plan in enumerate(plans)]
+
+    return run_export(site, to, all_peers, max_size, now_ms, seal_max, write)
 
 
 def _opener(out: Path, sender: str, plan: PeerPlan):
     seq = plan.template.seq
     return atomic_opener(packet_dir(out, sender, plan.name), lambda part: packet_name(seq, part))
-
-
-def _block_sizes(conn, blocks: list[chain.StoredBlock]) -> list[int]:
-    """The planned blocks' lengths, as the store holds them (the log holds the same bytes:
-    every block read from it is checked against the plan)."""
-    q = "SELECT length(data) FROM blocks WHERE origin=? AND hi=? AND lo=?"
-    return [conn.execute(q, (b.origin, b.hi, b.lo)).fetchone()[0] for b in blocks]
 
 
 def _remove_outputs(out: Path, sender: str, plans: list[PeerPlan]) -> None:
@@ -598,6 +596,11 @@ class _SessionStarter:
             self._box["error"] = e
         self._box["seconds"] = time.perf_counter() - self._t0
 
+    @property
+    def seconds(self) -> float:
+        """How long the start took (once :meth:`result` returned)."""
+        return self._box["seconds"]
+
     def result(self) -> SparkSessionHandle:
         """The session; the caller now owns it (and stops it)."""
         self._thread.join()
@@ -619,7 +622,7 @@ def _run_jobs(jobs: list[_Job], loc: parquet_log.LogLocation, staging, seed: byt
     t0 = time.perf_counter()
     handle = starter.result()
     stats["session_wait_s"] = round(time.perf_counter() - t0, 3)
-    stats["session_s"] = round(starter._box["seconds"], 3)
+    stats["session_s"] = round(starter.seconds, 3)
     ok = False
     stage = None
     try:
@@ -708,31 +711,14 @@ def _shuffle_action(spark, jobs: list[_Job], loc: parquet_log.LogLocation, bc, c
           .repartition(n, "bucket")
           .sortWithinPartitions("pid", "pos")
           .drop("bucket"))
-    return _map_in_arrow(df, _arrow_task(bc, ctx, acc), "payload binary").collect
-
-
-def _map_in_arrow(df, func, schema: str):
-    """``df.mapInArrow``.  pyspark's public method insists on pandas although an Arrow map never
-    uses it (neither the driver nor the worker imports it); without pandas, build the same UDF
-    through the function that method calls."""
     try:
         import pandas  # noqa: F401
     except ImportError:
-        pass
-    else:
-        return df.mapInArrow(func, schema)
-    try:
-        from pyspark.sql import DataFrame
-        from pyspark.sql.pandas.functions import vectorized_udf
-        from pyspark.util import PythonEvalType
-
-        udf = vectorized_udf(func, schema, PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-        col = udf(*[df[c] for c in df.columns])
-        return DataFrame(df._jdf.mapInArrow(col._jc, False, None), df.sparkSession)
-    except Exception as e:
-        raise SparkUnavailableError(
-            f"the shuffle strategy needs pandas with this pyspark ({type(e).__name__}: {e})",
-            hint="pip install pandas, or use the default merge strategy") from None
+        # pyspark's mapInArrow insists on pandas although an Arrow map never uses it; without
+        # pandas the same rows, in the same partitions and order, go through the public RDD
+        # API instead (one more copy of each row, no reach into pyspark's internals).
+        return df.rdd.mapPartitions(_rows_task(bc, ctx, acc)).collect
+    return df.mapInArrow(_arrow_task(bc, ctx, acc), "payload binary").collect
 
 
 def _collect_with_progress(action, acc, progress):

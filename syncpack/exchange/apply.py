@@ -10,7 +10,6 @@ verifier); claims about our own history go through :func:`syncpack.admin.recover
 from __future__ import annotations
 
 import heapq
-import os
 import shutil
 from pathlib import Path
 from typing import Iterable
@@ -21,11 +20,12 @@ from syncpack.rules import planning
 from syncpack.store import chain, db, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
-from syncpack.format.csn import pack_csn
+from syncpack.format.csn import csn_origin, pack_csn
 from syncpack.errors import EpochCollisionError, PacketBodyError, PacketSenderError
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
-from syncpack.exchange.packets import PACKET_SUFFIX, fsync_dir
+from syncpack.exchange.packets import PACKET_SUFFIX
+from syncpack.fileops import write_atomic
 from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
@@ -449,14 +449,10 @@ def park(site: Site, pk: OpenPacket, gaps: dict[bytes, tuple[int, int]], shown: 
     h = pk.header
     fname = parked_name(h)
     dest = site.parked_dir() / fname
-    tmp = dest.with_suffix(".tmp")
     pk.f.seek(0)
-    with open(tmp, "wb") as out:
-        shutil.copyfileobj(pk.f, out, 1 << 20)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, dest)
-    fsync_dir(dest.parent)      # the rename is durable before the store points at the file
+    # the rename is durable before the store points at the file
+    write_atomic(dest, lambda out: shutil.copyfileobj(pk.f, out, 1 << 20),
+                 tmp=dest.with_suffix(".tmp"))
     with site.write_txn() as conn:
         log.park(conn, h.sender, h.packet_id, h.seq, h.part, fname, shown, ranges_blob(gaps),
                  wall_ms())
@@ -474,7 +470,7 @@ def _check_record(site: Site, rec, vector: dict[bytes, int],
                   roster: dict[str, Member]) -> None:
     """Every version in a snapshot comes from an origin the snapshot's vector covers (or from
     us), and roster records obey the same rules as roster ops."""
-    origin = rec.csn[8:16]
+    origin = csn_origin(rec.csn)
     if vector.get(origin, 0) <= 0 and origin != site.site_id:
         raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
                               f"origin its vector does not cover")

@@ -1,7 +1,8 @@
 """Cutting a stream of blocks into signed packets, and writing packet files safely.
 
-:func:`build_update_packets` is the one cutting rule: both the local exporter and the Spark job
-call it with the same blocks in the same order (:func:`order_blocks`) and get the same bytes.
+:class:`CutRule` is the one cutting rule: the local exporter (:func:`build_update_packets`, which
+has the blocks' bytes) and the Spark job (:func:`plan_packets`, which has only their sizes) both
+follow it over the same blocks in the same order (:func:`order_blocks`) and get the same bytes.
 The unit of cutting is a block (origin-signed, never altered or split by anyone else).
 """
 
@@ -18,6 +19,7 @@ from typing import BinaryIO, Callable, Iterable
 from syncpack.format import blocks, codec
 from syncpack.format.codec import Header
 from syncpack.errors import ExportError, MediumFullError, OutboxError
+from syncpack.fileops import commit_temp, temp_name
 from syncpack.format.names import check_site_name
 
 DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
@@ -82,10 +84,55 @@ def sealer_for(seal_to: bytes | None, pid: bytes, seed: bytes | None):
     return lambda sink: SealWriter(sink, seal_to, pid, seed)
 
 
-def sealed_fields(template: Header, body: codec.BodyWriter) -> dict:
-    if not body.epk:
+def sealed_fields(template: Header, epk: bytes) -> dict:
+    """The header fields that tell a sealed body (by its ephemeral public key) from a plain one."""
+    if not epk:
         return {}
-    return {"mandatory": [*template.mandatory, codec.FEATURE_SEAL], "seal_epk": body.epk}
+    return {"mandatory": [*template.mandatory, codec.FEATURE_SEAL], "seal_epk": epk}
+
+
+def body_budget(template: Header, origins: list[bytes], max_size: int) -> int:
+    """Bytes a body may take in a packet of at most ``max_size`` bytes whose header is built
+    from ``template``; too little room for any body is the user's --max-size error."""
+    budget = max_size - codec.framing_overhead() - codec.header_reserve(template, origins)
+    if budget < 1024:
+        raise ExportError(f"--max-size {max_size} leaves no room for a body next to a "
+                          f"header for {len(origins)} origins; --max-size "
+                          f"{size_text(max_size - budget + 1024)} or more would do")
+    return budget
+
+
+def too_big_error(what: str, n: int, max_size: int, need: int) -> ExportError:
+    return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
+                       f"{max_size} allows; --max-size {size_text(need)} or more "
+                       f"would do", hint="packets are cut between blocks and between "
+                                         "records, never inside one")
+
+
+class CutRule:
+    """Where a stream of blocks is cut into parts: a part takes blocks while their bytes fit
+    its body's room, and a block never splits.  Decided from sizes alone, so the writer that
+    has the bytes (:func:`build_update_packets`) and the planner that has only their sizes
+    (:func:`plan_packets`) cut in the same places."""
+
+    def __init__(self, template: Header, max_size: int, sealed: bool):
+        self.max_size = max_size
+        self.budget = body_budget(template, template.origin_table(), max_size)
+        self.room = codec.raw_body_room(self.budget, sealed)
+        self.out = 0
+        self.count = 0
+
+    def place(self, n: int, items: int) -> bool:
+        """Take a block of ``n`` bytes and ``items`` ops; True when a new part must begin
+        with it.  A block that no part can hold is an error."""
+        cut = self.out + n > self.room and self.count > 0
+        if cut:
+            self.out = self.count = 0
+        if self.out + n > self.room:
+            raise too_big_error("block", n, self.max_size, self.max_size - self.budget + n)
+        self.out += n
+        self.count += items
+        return cut
 
 
 @dataclass
@@ -113,12 +160,7 @@ class PartSeries:
         self.raw_body = raw_body
         self.seed, self.seal_to, self.max_size = seed, seal_to, max_size
         self.origins = template.origin_table()
-        self.budget = (max_size - codec.framing_overhead()
-                       - codec.header_reserve(template, self.origins))
-        if self.budget < 1024:
-            raise ExportError(f"--max-size {max_size} leaves no room for a body next to a "
-                              f"header for {len(self.origins)} origins; --max-size "
-                              f"{size_text(max_size - self.budget + 1024)} or more would do")
+        self.budget = body_budget(template, self.origins, max_size)
         self.parts: list[PartInfo] = []
         self.part = -1
         self._open()
@@ -142,17 +184,14 @@ class PartSeries:
         self.count += items
 
     def too_big(self, n: int, what: str) -> ExportError:
-        need = self.max_size - self.budget + self.body.room_needed(n)
-        return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
-                           f"{self.max_size} allows; --max-size {size_text(need)} or more "
-                           f"would do", hint="packets are cut between blocks and between "
-                                             "records, never inside one")
+        return too_big_error(what, n, self.max_size,
+                             self.max_size - self.budget + self.body.room_needed(n))
 
     def finish(self, final: bool, **fields) -> PartInfo:
         length, digest = self.body.finish()
         hdr = replace(self.template, part=self.part, final=final, packet_id=self.pid,
                       count=self.count, body_len=length, body_hash=digest,
-                      **sealed_fields(self.template, self.body), **fields)
+                      **sealed_fields(self.template, self.body.epk), **fields)
         size = codec.finish_packet(self.f, hdr, self.origins, self.sign)
         info = PartInfo(self._commit(True), hdr, size)
         self.parts.append(info)
@@ -211,15 +250,13 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
     The template gives every header field except the per-part ones.  With ``seal_to`` (the
     recipient's X25519 public key) every body is sealed so only the recipient can read it."""
     template = blocks_template(template)
+    rule = CutRule(template, max_size, bool(seal_to))
     series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
     fields = _PartFields(template)
     try:
         for b in blocks:
-            n = len(b.data)
-            if not series.fits(n) and series.count:
+            if rule.place(len(b.data), b.hi - b.lo):
                 series.cut(**fields.take())
-            if not series.fits(n):
-                raise series.too_big(n, "block")
             series.write(b.data, b.hi - b.lo)
             fields.add(b)
             if progress:
@@ -300,43 +337,27 @@ def plan_packets(metas: Iterable, sizes: Iterable[int], template: Header, max_si
     """Cut the blocks described by ``metas`` (anything with origin, lo, hi, hlc_last and
     last_seq; in :func:`order_blocks` order) of ``sizes`` bytes into parts."""
     template = blocks_template(template)
-    origins = template.origin_table()
-    budget = max_size - codec.framing_overhead() - codec.header_reserve(template, origins)
-    if budget < 1024:
-        raise ExportError(f"--max-size {max_size} leaves no room for a body next to a "
-                          f"header for {len(origins)} origins; --max-size "
-                          f"{size_text(max_size - budget + 1024)} or more would do")
-    room = budget
-    if seal_to:
-        from syncpack.format import seal
-        room -= seal.overhead(budget)
+    rule = CutRule(template, max_size, bool(seal_to))
     parts: list[PlannedPart] = []
     fields = _PartFields(template)
-    state = {"first": 0, "out": 0, "count": 0}
+    state = {"first": 0, "count": 0}
 
     def close(end: int) -> None:
         k = len(parts)
         parts.append(PlannedPart(k, packet_id(seed, template.sender, template.recipient,
                                               template.seq, k),
                                  state["first"], end, state["count"], fields.take()))
-        state.update(first=end, out=0, count=0)
+        state.update(first=end, count=0)
 
     i = 0
     for i, (b, n) in enumerate(zip(metas, sizes)):
-        if state["out"] + n > room and state["count"]:
+        if rule.place(n, b.hi - b.lo):
             close(i)
-        if state["out"] + n > room:
-            need = max_size - budget + n
-            raise ExportError(f"one block ({n} bytes) is larger than --max-size "
-                              f"{max_size} allows; --max-size {size_text(need)} or more "
-                              f"would do", hint="packets are cut between blocks and between "
-                                                "records, never inside one")
-        state["out"] += n
         state["count"] += b.hi - b.lo
         fields.add(b)
         i += 1
     close(i)
-    return PacketPlan(template, max_size, budget, seal_to, parts)
+    return PacketPlan(template, max_size, rule.budget, seal_to, parts)
 
 
 @dataclass(frozen=True)
@@ -373,8 +394,7 @@ def finish_planned_packets(plan: PacketPlan, sign: Callable[[bytes], bytes], ope
                                   f"writer ({n} bytes read, {body.length} reported)",
                                   hint="check the staging location; nothing was recorded, "
                                        "run the export again")
-            sealed = ({"mandatory": [*plan.template.mandatory, codec.FEATURE_SEAL],
-                       "seal_epk": body.epk} if body.epk else {})
+            sealed = sealed_fields(plan.template, body.epk)
             hdr = replace(plan.template, part=pp.part, final=pp.part == len(plan.parts) - 1,
                           packet_id=pp.packet_id, count=pp.count, body_len=n,
                           body_hash=body.digest, **sealed, **pp.fields)
@@ -418,7 +438,7 @@ def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
 
     def opener(part: int):
         final = directory / name_for(part)
-        tmp = directory / f".{final.name}.{secrets.token_hex(4)}.tmp"
+        tmp = temp_name(final)
         try:
             # A file where a directory should be (OUT itself, or OUT/<to>/<from>) is a typed
             # export error naming the directory, like any other failure to write there.
@@ -433,11 +453,7 @@ def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
                     f.close()
                     tmp.unlink(missing_ok=True)
                     return final
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
-                os.replace(tmp, final)
-                fsync_dir(directory)
+                commit_temp(f, tmp, final)
                 return final
             except OSError as e:
                 try:
@@ -486,10 +502,3 @@ def _os_error(e: OSError, directory: Path) -> ExportError:
                        hint="check the medium and run the export again; nothing was recorded "
                             "as sent")
 
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,7 +8,6 @@ the store untouched.
 
 from __future__ import annotations
 
-import heapq
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,9 +15,9 @@ from typing import Callable, Iterable, Iterator
 
 from syncpack.format import codec
 from syncpack.rules import planning
-from syncpack.store import chain, history
+from syncpack.store import chain, exports, history
 from syncpack.exchange.apply import ForkDetected, apply_packet, apply_snapshot, drop_parked, is_known, park
-from syncpack.format.codec import Header, Op
+from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
 from syncpack.errors import (ExportError, PacketError, PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
@@ -135,14 +134,6 @@ def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes]
     return (e, pack_csn(held[0], peer, held[1])) if held else None
 
 
-def merged_ops(site: Site, ranges: dict[bytes, tuple[int, int]]) -> Iterator[Op]:
-    """Ops of all ranges in CSN order (each origin's epoch order is its CSN order)."""
-    its = [site.iter_changelog(o, lo, hi) for o, (lo, hi) in ranges.items()]
-    if len(its) == 1:
-        return its[0]
-    return heapq.merge(*its, key=lambda op: (op.hlc, op.origin, op.seq))
-
-
 def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
               sign: Callable[[bytes], bytes] | None, budget: int = RELAY_ACK_BUDGET) -> list:
     """Our own signed acknowledgement, and the members' own ones this peer has not been
@@ -153,8 +144,7 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
         own = {o: e for o, e in vec.items() if e}
         out.append((site.site_id, now_ms, None,
                     sign(codec.ack_signed_bytes(site.family_id, site.site_id, now_ms, own))))
-    told = dict(site.conn.execute("SELECT member, created_ms FROM acks_told WHERE peer=?",
-                                  (peer,)))
+    told = exports.acks_told(site.conn, peer)
     members = site.members_by_id()
     own = own_acknowledgement(site, peer)
     if own is not None and own[0] > told.get(peer, 0):
@@ -162,13 +152,11 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
     # The longest-waiting first.  Only the ones that go are decoded (a hub of a thousand
     # members holds a thousand vectors of a thousand entries); each costs its differences from
     # our own vector on the wire (codec.ack_delta).
-    fresh = sorted((told.get(m, 0), m, c) for m, c in site.conn.execute(
-        "SELECT member, created_ms FROM acks")
-        if m != peer and m in members and c > told.get(m, 0))
+    fresh = sorted((told.get(m, 0), m, c) for m, c in exports.ack_times(site.conn)
+                   if m != peer and m in members and c > told.get(m, 0))
     header_vec = {o: e for o, e in vec.items() if e}
     for _t, m, c in fresh:
-        v, sig = site.conn.execute("SELECT vector, signature FROM acks WHERE member=?",
-                                   (m,)).fetchone()
+        v, sig = exports.ack_of(site.conn, m)
         v = vec_from_blob(v)
         # its bytes on the wire, each origin index counted at its widest (3 bytes)
         cost = 96 + len(codec.packb([[0xFFFF, e] for e in
@@ -189,7 +177,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
     the packets for the others.  ``sign`` signs our acknowledgement for the header."""
     vec = site.vector()
     floor = site.floors()
-    seeded = {o: e for o, e in site.conn.execute("SELECT origin, seeded FROM vector")}
+    seeded = exports.seeded_epochs(site.conn)
     recovering = site.state == RECOVERING
     plans = []
     for peer in peers:
@@ -271,25 +259,11 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
     ``seal_max`` bounds the blocks our unsealed ops become (default: half of ``max_size``;
     a caller exporting to several media passes half of the smallest)."""
     out = Path(out_dir)
-    if not to and not all_peers:
-        raise UsageError("name the peers with --to PEER (repeatable) or use --all")
-    with site.lock():
-        peers = select_peers(site, to, all_peers)
-        now = wall_ms() if now_ms is None else now_ms
-        sign = site.signer()
-        # A block of ours that cannot fit a packet with its header (a transaction sealed at
-        # commit, larger than this medium) is sealed again as parts.
-        reseal_above = max_size - RESEAL_HEADROOM
-        if chain.has_pending(site.conn, site.site_id) or chain.has_oversized(
-                site.conn, site.site_id, reseal_above):
-            with site.write_txn():
-                # Our small transactions become blocks now, once, each small enough for a
-                # packet of this export (packets are cut between blocks only).
-                site.seal_pending(max_block=seal_max or max_size // 2,
-                                  reseal_above=reseal_above)
+
+    def write(peers: list[bytes], now: int, sign) -> list[tuple[PeerPlan, list[PartInfo]]]:
         written: list[tuple[PeerPlan, list[PartInfo]]] = []
         conn = site.conn
-        conn.execute("BEGIN")  # one read snapshot for plan and ops alike
+        exports.begin_snapshot(conn)  # one read snapshot for plan and ops alike
         try:
             plans = plan_exports(site, peers, now, failed, sign)
             expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
@@ -300,22 +274,51 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
                                              max_size, opener, seed, progress,
                                              seal_to=site.seal_key(plan.peer, encrypt))
                 written.append((plan, parts))
-            conn.execute("COMMIT")
+            exports.end_snapshot(conn, keep=True)
         except BaseException:
-            conn.execute("ROLLBACK")
+            exports.end_snapshot(conn)
             for _plan, parts in written:
                 for p in parts:
                     p.path.unlink(missing_ok=True)
             raise
+        return written
+
+    return run_export(site, to, all_peers, max_size, now_ms, seal_max, write)
+
+
+Writer = Callable[[list[bytes], int, Callable[[bytes], bytes]],
+                  list[tuple[PeerPlan, list[PartInfo]]]]
+
+
+def run_export(site: Site, to: list[str] | None, all_peers: bool, max_size: int,
+               now_ms: int | None, seal_max: int | None, write: Writer) -> list[ExportedPacket]:
+    """The export driver every engine shares: under the site lock, pick the peers, seal our
+    pending transactions into blocks (one rule, so every engine sends the same blocks), let
+    the engine's ``write(peers, now, sign)`` plan and write the packets, then record what was
+    written.  Only the writing differs between engines."""
+    if not to and not all_peers:
+        raise UsageError("name the peers with --to PEER (repeatable) or use --all")
+    with site.lock():
+        peers = select_peers(site, to, all_peers)
+        now = wall_ms() if now_ms is None else now_ms
+        sign = site.signer()    # the key stays in this process: only the driver signs
+        # A block of ours that cannot fit a packet with its header (a transaction sealed at
+        # commit, larger than this medium) is sealed again as parts.
+        reseal_above = max_size - RESEAL_HEADROOM
+        if chain.has_pending(site.conn, site.site_id) or chain.has_oversized(
+                site.conn, site.site_id, reseal_above):
+            with site.write_txn():
+                # Our small transactions become blocks now, once, each small enough for a
+                # packet of this export (packets are cut between blocks only).
+                site.seal_pending(max_block=seal_max or max_size // 2,
+                                  reseal_above=reseal_above)
+        written = write(peers, now, sign)
         record_exports(site, written, now)
-    result = []
-    for plan, parts in written:
-        for p in parts:
-            result.append(ExportedPacket(
-                p.path, plan.name, p.header.count, p.size,
-                {site.name_of(o): [lo, hi] for o, (lo, hi) in sorted(p.header.ranges.items())},
-                p.header.seq, p.header.part))
-    return result
+    return [ExportedPacket(p.path, plan.name, p.header.count, p.size,
+                           {site.name_of(o): [lo, hi]
+                            for o, (lo, hi) in sorted(p.header.ranges.items())},
+                           p.header.seq, p.header.part)
+            for plan, parts in written for p in parts]
 
 
 def record_exports(site: Site, written: list[tuple[PeerPlan, list[PartInfo]]],
@@ -325,18 +328,16 @@ def record_exports(site: Site, written: list[tuple[PeerPlan, list[PartInfo]]],
     with site.write_txn() as conn:
         for plan, parts in written:
             ensure_link(site, plan.peer)
-            conn.execute("UPDATE links SET out_seq=max(out_seq, ?), told=? WHERE peer=?",
-                         (plan.template.seq, vec_blob(plan.template.vector), plan.peer))
-            conn.executemany(
-                "INSERT INTO acks_told VALUES (?, ?, ?) ON CONFLICT(peer, member) DO UPDATE "
-                "SET created_ms=max(created_ms, excluded.created_ms)",
-                [(plan.peer, m, c) for m, c, _v, _s in plan.template.acks
-                 if m != site.site_id])
+            exports.record_link_sent(conn, plan.peer, plan.template.seq,
+                                     vec_blob(plan.template.vector))
+            exports.record_acks_told(conn, plan.peer,
+                                     [(m, c) for m, c, _v, _s in plan.template.acks
+                                      if m != site.site_id])
             for p in parts:
                 h = p.header
-                conn.execute("INSERT INTO packets_out VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (h.packet_id, h.recipient, h.seq, h.part, h.kind,
-                              ranges_blob(h.ranges), h.count, p.size, str(p.path), now))
+                exports.record_packet_out(conn, h.packet_id, h.recipient, h.seq, h.part, h.kind,
+                                          ranges_blob(h.ranges), h.count, p.size, str(p.path),
+                                          now)
                 raise_matrix(site, plan.peer, "sent",
                              {o: hi for o, (lo, hi) in h.ranges.items()})
 
@@ -475,9 +476,7 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
     roster may have changed since they were parked)."""
     out = []
     res.parked = []
-    for sender, pid, fname, shown in site.conn.execute(
-            "SELECT sender, packet_id, file, origin_path FROM parked "
-            "ORDER BY sender, seq, part").fetchall():
+    for sender, pid, fname, shown in exports.parked_rows(site.conn):
         f = site.parked_dir() / fname
         c = None
         try:
@@ -490,7 +489,7 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
         except PacketError as e:
             res.rejected.append({"path": shown or str(f), "error": f"parked packet: {e}",
                                  "hint": e.hint})
-            site.conn.execute("DELETE FROM parked WHERE sender=? AND packet_id=?", (sender, pid))
+            exports.forget_parked(site.conn, sender, pid)
             f.unlink(missing_ok=True)
             continue
         out.append(c)

@@ -29,11 +29,9 @@ from contextlib import contextmanager
 from itertools import accumulate, chain, repeat
 from typing import Callable, Iterable, Iterator, NamedTuple
 
-import msgpack
-import zstandard
-
+from syncpack.format import codec
 from syncpack.format.codec import MAX_VALUE_BYTES, ZSTD_MAX_WINDOW, Op
-from syncpack.format.csn import CSN_LEN, SITE_ID_LEN
+from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketLimitError,
                      PacketSignatureError, PacketVersionError)
 
@@ -71,18 +69,13 @@ FLAG_MORE = 0x01
 FLAG_CONT = 0x02
 KNOWN_FLAGS = FLAG_MORE | FLAG_CONT
 
-# Writers' zstd setting (readers accept any frame within the limits): level 3 with a minimum
-# match of 7 bytes instead of level 3's 5.  Measured by tools/bench_blocks.py: on the issue's
-# bulk workload 27.7 bytes/op against 29.1 at plain level 3 (26.9 at level 1), on the small one
-# 28.3 against 32.9 (27.7), on JSON-like records 32.6 against 32.8 (34.4 at level 1): 5-byte
-# matches inside random text cost more than the literals they replace.
-ZSTD_LEVEL = 3
-ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
-    ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0)
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# The writers' zstd setting is codec's (the one module that sets msgpack and zstd options).
+ZSTD_LEVEL = codec.ZSTD_LEVEL
+ZSTD_PARAMS = codec.BLOCK_ZSTD_PARAMS
+_ZSTD_MAGIC = codec.ZSTD_MAGIC
 
 _HLC_ORIGIN = struct.Struct(">Q8s")
-_CSN_PACK = struct.Struct(">Q8sI").pack
+_CSN_PACK = CSN_STRUCT.pack
 _tuple_new = tuple.__new__       # the first 16 bytes of every CSN of a transaction
 
 
@@ -314,7 +307,7 @@ def _csn_ok(replaced: bytes) -> bool:
 
 def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
                  sign: Callable[[bytes], bytes],
-                 level: int | zstandard.ZstdCompressionParameters | None = None,
+                 level: int | codec.ZstdParams | None = None,
                  more: bool = False) -> bytes:
     """One block of ``ops``: all of ``origin``, consecutive epochs from the first, whole
     transactions in CSN order (each starts at seq 0, its ops share one hlc and count up;
@@ -410,20 +403,12 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
     if first_seq:
         columns.append(first_seq)
     try:
-        raw = msgpack.packb(columns, use_bin_type=True)
+        raw = codec.packb(columns)
     except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
         raise BlockEncodeError(f"ops cannot be encoded: {e}") from None
     if len(raw) > MAX_BLOCK_RAW:
         raise BlockEncodeError(f"{len(raw)} bytes of ops exceed a block ({MAX_BLOCK_RAW})")
-    # Content size in the frame header: the reader checks it equals raw_len, which bounds the
-    # decompressor's output before it allocates.  No zstd checksum: body_hash covers the body.
-    if level is None:
-        zc = zstandard.ZstdCompressor(compression_params=ZSTD_PARAMS)
-    elif isinstance(level, zstandard.ZstdCompressionParameters):     # tools/bench_blocks.py
-        zc = zstandard.ZstdCompressor(compression_params=level)
-    else:
-        zc = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
-    body = zc.compress(raw)
+    body = codec.block_compressor(level).compress(raw)
     header = _FIXED.pack(MAGIC, VERSION, flags, origin, lo, hi, len(txn_lens), hlcs[0], hlcs[-1],
                          prev_hash, hashlib.blake2b(body, digest_size=HASH_LEN).digest(),
                          len(raw), len(body))
@@ -556,16 +541,16 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
     if bytes(body[:4]) != _ZSTD_MAGIC:
         raise bad("body is not a zstd frame")
     try:
-        params = zstandard.get_frame_parameters(body)
+        params = codec.zstd_frame_parameters(body)
         if params.content_size != info.raw_len:
             raise bad(f"compressed frame declares {params.content_size} bytes, the header "
                       f"{info.raw_len}")
         if params.window_size > ZSTD_MAX_WINDOW:
             raise BlockLimitError(f"zstd window of {params.window_size} bytes exceeds the limit",
                                   origin, lo, hi)
-        d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
+        d = codec.bounded_decompressor()
         raw = d.decompress(body)
-    except zstandard.ZstdError as e:
+    except codec.ZstdError as e:
         raise bad(f"body does not decompress: {e}") from None
     if not d.eof:
         raise bad("body ends inside its compressed frame")
@@ -585,12 +570,10 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
             raise ValueError("nested array in a column")
         return obj
     try:
-        cols = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=False,
-                               max_str_len=MAX_STR_BYTES, max_bin_len=MAX_VALUE_BYTES,
-                               max_array_len=max(n, N_COLUMNS + info.cont), max_map_len=0,
-                               max_ext_len=0, list_hook=hook)
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
-            ValueError, TypeError, OverflowError, RecursionError) as e:
+        cols = codec.unpack_limited(raw, max_str_len=MAX_STR_BYTES, max_bin_len=MAX_VALUE_BYTES,
+                                    max_array_len=max(n, N_COLUMNS + info.cont), max_map_len=0,
+                                    max_ext_len=0, list_hook=hook)
+    except codec.MSGPACK_ERRORS as e:
         raise bad(f"malformed columns: {e}") from None
     del raw     # the columns hold what is needed; the decompressed bytes can go now
     cont = info.cont

@@ -24,7 +24,9 @@ from typing import NamedTuple
 CSN_LEN = 20
 SITE_ID_LEN = 8
 LOGICAL_BITS = 16
-_CSN = struct.Struct(">Q8sI")
+# The one declaration of the layout; blocks and codec pack with it too.
+CSN_STRUCT = struct.Struct(">Q8sI")
+_CSN = CSN_STRUCT
 
 
 class CSN(NamedTuple):
@@ -53,6 +55,21 @@ def pack_csn(hlc: int, origin: bytes, seq: int) -> bytes:
 
 def unpack_csn(raw: bytes) -> CSN:
     return CSN.unpack(raw)
+
+
+def csn_hlc(csn: bytes) -> int:
+    """The clock of a packed CSN, without unpacking the rest."""
+    return int.from_bytes(csn[:8], "big")
+
+
+def csn_origin(csn: bytes) -> bytes:
+    """The origin site id of a packed CSN."""
+    return bytes(csn[8:16])
+
+
+def csn_seq(csn: bytes) -> int:
+    """The position in its transaction of a packed CSN's op."""
+    return int.from_bytes(csn[16:20], "big")
 
 
 def hlc_from_ms(ms: int) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Iterable, NamedTuple
 
+from syncpack.format.csn import csn_origin
+
 POLICIES = ("lww", "priority")
 
 
@@ -20,8 +22,7 @@ class Version(NamedTuple):
     value: bytes | None  # msgpack-encoded value; None for a tombstone
 
 
-def _origin(csn: bytes) -> bytes:
-    return csn[8:16]
+_origin = csn_origin
 
 
 def pick(versions: Iterable[Version], policy: str, priorities: dict[bytes, int]) -> Version | None:

@@ -73,19 +73,6 @@ def lag(vector: Vector, believed: Vector, peer: bytes, peer_reported: Vector) ->
     return total
 
 
-def vmax(a: Vector, b: Vector) -> dict[bytes, int]:
-    out = dict(a)
-    for o, e in b.items():
-        if e > out.get(o, 0):
-            out[o] = e
-    return out
-
-
-def vmin_all(vectors: list[Vector], origins) -> dict[bytes, int]:
-    """Per origin, the least epoch over all vectors (0 where any lacks it)."""
-    return {o: min((v.get(o, 0) for v in vectors), default=0) for o in origins}
-
-
 # --- decisions about what to believe and when to act (pure; the store only feeds them) --------
 
 def ack_floor(own: Vector, acknowledgements: list[Vector]) -> dict[bytes, int]:

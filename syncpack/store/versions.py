@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from syncpack.format.codec import Op
-from syncpack.format.csn import CSN_LEN
+from syncpack.format.csn import CSN_LEN, csn_hlc, csn_origin, csn_seq
 from syncpack.rules.conflict import Version
 from syncpack.store import chain
 
@@ -106,7 +106,7 @@ def replace_key(conn, collection: str, key: str, csn: bytes, value: bytes | None
 
 
 def _op_known(conn, csn: bytes) -> bool:
-    hlc, origin, seq = int.from_bytes(csn[:8], "big"), csn[8:16], int.from_bytes(csn[16:], "big")
+    hlc, origin, seq = csn_hlc(csn), csn_origin(csn), csn_seq(csn)
     # An op trimmed from the changelog was applied before; it can never arrive again.
     return chain.epoch_of(conn, hlc, origin, seq) is not None
 
