@@ -159,7 +159,8 @@ def _family(root: Path) -> Family:
         for i in range(300):
             with s.transaction() as tx:
                 for j in range(i % 3 + 1):
-                    tx.put("parts", f"k{(i * 5 + j) % 200}", {"i": i, "pad": os.urandom(400).hex()})
+                    tx.put("parts", f"k{(i * 5 + j) % 200}",
+                           {"i": i, "pad": os.urandom(400).hex()})
     f.put("p2", "parts", "from-p2", [2])
     f.sync("p2", "hub")
     with f.open("hub") as s:
@@ -167,7 +168,7 @@ def _family(root: Path) -> Family:
             for j in range(40):
                 tx.put("parts", f"late{j}", j)
         with s.write_txn():
-            s.seal_pending(max_block=30000)     # blocks small enough for several packets
+            s.seal_pending(max_block=5000)      # blocks small enough for several packets
     return f
 
 
