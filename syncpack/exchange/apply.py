@@ -243,7 +243,9 @@ class _Applier:
                 if len(ops) != info.hi - start or ops[0].seq != 0:
                     raise PacketBodyError(
                         f"last part of a transaction of {self.site.name_of(info.origin)} "
-                        f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts")
+                        f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts",
+                        hint="this site no longer holds them (restored from a backup?); ask "
+                             "a peer for a snapshot with 'syncpack resync --to THIS_SITE'")
                 whole.append(ops)
         n = 0
         for op in heapq.merge(*streams, key=lambda op: (op.hlc, op.origin, op.seq)):
