@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import csn_origin, format_csn
@@ -34,8 +35,18 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
 
 def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
     cur = versions.conflict_rows(site.conn, collection)
-    return [_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
-            if collection is not None or not c.startswith(SYS_PREFIX)]
+    found = [_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
+             if collection is not None or not c.startswith(SYS_PREFIX)]
+    # Rows of attached tables that the application's schema refused (docs/attach.md).
+    clashes = {(c, k): text for c, k, text in attach_core.clash_list(site, collection)}
+    for d in found:
+        d["constraint"] = clashes.pop((d["collection"], d["key"]), None)
+    for (c, k), text in sorted(clashes.items()):
+        d = _describe(site, c, k, site.versions(c, k))
+        d["constraint"] = text
+        found.append(d)
+    found.sort(key=lambda d: (d["collection"], d["key"]))
+    return found
 
 
 def resolve(site: Site, collection: str, key: str, pick_version: str | None = None,
@@ -44,7 +55,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
         raise UsageError("give exactly one of --pick VERSION or --value JSON",
                          hint="'syncpack conflicts COLLECTION' lists the surviving versions")
     vs = site.versions(collection, key)
-    if len(vs) < 2:
+    if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
                          hint=f"'syncpack conflicts {collection}' lists the keys in conflict")
     if pick_version is not None:
@@ -61,6 +72,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
             raise UsageError(str(e), hint=getattr(e, "hint", None)) from None
     with site.transaction() as tx:
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
+    attach_core.sync_app(site)               # into an attached table (retrying a clash)
     return {"collection": collection, "key": key,
             "value": None if raw is None else codec.decode_value(raw),
             "deleted": raw is None, "superseded": len(vs)}

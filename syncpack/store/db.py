@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -155,6 +155,20 @@ MIGRATIONS: list[str] = [
     DROP TABLE superseded;
     ALTER TABLE superseded_v3 RENAME TO superseded;
     DELETE FROM changelog WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id');
+    """,
+    # An attached application database (syncpack/store/attached.py, docs/attach.md).
+    """
+    CREATE TABLE attached(id INTEGER PRIMARY KEY CHECK (id = 1), db_path TEXT NOT NULL,
+                          captured_seq INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE attached_tables(name TEXT PRIMARY KEY, pk TEXT NOT NULL, columns TEXT NOT NULL,
+                                 create_sql TEXT NOT NULL, last_capture_ms INTEGER,
+                                 last_apply_ms INTEGER) WITHOUT ROWID;
+    CREATE TABLE attach_pending(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
+                                PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
+    CREATE TABLE attach_clashes(collection TEXT NOT NULL, key TEXT NOT NULL,
+                                constraint_text TEXT NOT NULL, at_ms INTEGER NOT NULL,
+                                PRIMARY KEY(collection, key)) WITHOUT ROWID;
+    CREATE TABLE attach_capturing(x);
     """,
 ]
 
