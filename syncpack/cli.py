@@ -67,6 +67,11 @@ class Ctx:
         elif human is not None and human != "" and not self.quiet:
             click.echo(escaped(human))
 
+    def warn(self, text: str) -> None:
+        """A warning is a diagnostic: stderr (also beside --json), not when quiet."""
+        if not self.quiet:
+            click.echo(f"warning: {escaped(text)}", err=True)
+
     def say(self, text: str) -> None:
         """More of the human result (a summary line, the next step to take): stdout, not in
         --json mode (stdout holds the document) and not when quiet."""
@@ -634,7 +639,10 @@ def _no_interrupt():
     try:
         yield
     finally:
-        if old is not None:
+        # The program itself keeps ignoring it until it exits (a Ctrl-C while the
+        # interpreter shuts down would still turn a finished import into a signal death);
+        # an embedding caller gets its handler back.
+        if old is not None and not _STANDALONE:
             signal.signal(signal.SIGINT, old)
 
 
@@ -1185,7 +1193,7 @@ def attach_(obj: Ctx, database, tables, all_tables, as_json):
     s = obj.open()
     doc = attach_core.attach(s, database, list(tables), all_tables)
     for w in doc["warnings"]:
-        obj.say(f"warning: {w}")
+        obj.warn(w)
     obj.emit(doc,
              "\n".join(f"attached {t['table']} ({t['rows']} rows, key "
                        f"{', '.join(t['primary_key'])})" for t in doc["tables"]))
@@ -1279,7 +1287,12 @@ def keyinfo(obj: Ctx):
     obj.emit(doc, "\n".join(f"{k}: {v}" for k, v in doc.items()))
 
 
+_STANDALONE = False     # set by main(): the syncpack program, not a caller embedding the CLI
+
+
 def main() -> None:
+    global _STANDALONE
+    _STANDALONE = True
     cli(prog_name="syncpack")
 
 
