@@ -52,7 +52,8 @@ def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
 def resolve(site: Site, collection: str, key: str, pick_version: str | None = None,
             value: Any = None, has_value: bool = False) -> dict:
     if (pick_version is None) == (not has_value):
-        raise UsageError("give exactly one of --pick VERSION or --value JSON")
+        raise UsageError("give exactly one of --pick VERSION or --value JSON",
+                         hint="'syncpack conflicts COLLECTION' lists the surviving versions")
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
@@ -68,7 +69,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
         try:
             raw = codec.encode_value(value)
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(str(e), hint=getattr(e, "hint", None)) from None
     with site.transaction() as tx:
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
     attach_core.sync_app(site)               # into an attached table (retrying a clash)
@@ -80,7 +81,8 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
 def create_collection(site: Site, name: str, policy: str) -> dict:
     check_collection(name)
     if policy not in POLICIES:
-        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
+                         hint="lww: the newest write wins; priority: the higher-priority site")
     if versions.collection_exists(site.conn, name, COLLECTIONS):
         raise UsageError(f"collection {name!r} already exists (policy "
                          f"{site.policy_of(name)})",
