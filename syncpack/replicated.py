@@ -13,7 +13,7 @@ from typing import Iterator
 
 from syncpack.format import codec
 from syncpack.rules.conflict import Version, pick
-from syncpack.store import versions
+from syncpack.store import fields, versions
 
 SYS_PREFIX = "$"
 ROSTER = "$roster"
@@ -119,6 +119,11 @@ class Replicated:
             # syncpack's own collections are lww whatever the family says: the priorities come
             # from the roster, which is read through here
             policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(conn, coll)
+            if policy == "merge" and len(vs) > 1:
+                raw = fields.visible_value(conn, coll, key, vs, self.priorities(conn))
+                if raw is not None:
+                    yield coll, key, raw
+                continue
             v = vs[0] if len(vs) == 1 else pick(
                 vs, policy, self.priorities(conn) if policy == "priority" else {})
             if v is not None and v.value is not None:
@@ -127,6 +132,9 @@ class Replicated:
     def visible(self, conn, collection: str, key: str) -> bytes | None:
         """The visible value of ``collection``/``key`` (msgpack), or None."""
         vs = versions.of_key(conn, collection, key)
+        policy = self.policy_of(conn, collection)
+        if policy == "merge" and len(vs) > 1:
+            return fields.visible_value(conn, collection, key, vs, self.priorities(conn))
         v = pick(vs, self.policy_of(conn, collection), self.priorities(conn)) if vs else None
         return None if v is None else v.value
 
@@ -138,8 +146,12 @@ class Replicated:
         for coll, key, vs in group_versions(versions.rows_by_csn(conn)):
             if len(vs) == 1 and vs[0].value is None:
                 continue
-            v = pick(vs, self.policy_of(conn, coll), prio)
-            visible = v.value if v is not None else None
+            policy = self.policy_of(conn, coll)
+            if policy == "merge" and len(vs) > 1:
+                visible = fields.visible_value(conn, coll, key, vs, prio)
+            else:
+                v = pick(vs, policy, prio)
+                visible = v.value if v is not None else None
             if visible is not None and not coll.startswith(SYS_PREFIX):
                 n += 1
             h.update(codec.packb([coll, key, [[x.csn, x.value] for x in vs], visible]))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from syncpack.format import codec, keys
-from syncpack.store import chain, db, matrix, meta, versions
+from syncpack.store import chain, db, fields, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.csn import next_hlc, pack_csn
@@ -347,6 +347,8 @@ class Site:
     def apply_version(self, op: Op, csn: bytes) -> None:
         """Make ``op`` a surviving version of its key unless a known write superseded it, and
         drop the versions it superseded."""
+        if self.policy_of(op.collection) == "merge":
+            fields.note_write(self.conn, op.collection, op.key, csn, op.value, op.replaced)
         versions.apply_version(self.conn, op, csn)
 
     def signer(self) -> Callable[[bytes], bytes]:
@@ -450,6 +452,8 @@ class Transaction:
         replaced = versions.csns_of_key(site.conn, collection, key)
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
+        if site.policy_of(collection) == "merge":
+            fields.note_write(site.conn, collection, key, csn, raw, replaced)
         versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
         self.ops.append(op)
 
