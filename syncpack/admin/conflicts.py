@@ -92,6 +92,14 @@ def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
     return [d for d in found if d is not None]
 
 
+def count_conflicts(site: Site) -> int:
+    """Keys in conflict, as :func:`list_conflicts` counts them (under ``merge``, a key whose
+    concurrent writes changed different fields is merged, not in conflict)."""
+    if "merge" not in site.policies().values() and site.family_policy() != "merge":
+        return versions.count_conflicts(site.conn)
+    return len(list_conflicts(site))
+
+
 def _site_id(site: Site, name: str) -> bytes:
     return site.member_named(name).site_id
 

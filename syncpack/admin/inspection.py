@@ -13,6 +13,7 @@ from syncpack.store import matrix as stored
 from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
 from syncpack.site import Site, check_collection
+from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
@@ -84,7 +85,7 @@ def status(site: Site) -> dict:
                        "waiting_for": {site.name_of(o): [max(lo, vec.get(o, 0)), hi]
                                        for o, (lo, hi) in sorted(ranges_from_blob(w).items())
                                        if hi > vec.get(o, 0)}})
-    conflicts = versions.count_conflicts(site.conn)
+    conflicts = count_conflicts(site)
     changelog = chain.count(site.conn)
     from syncpack.admin.recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
