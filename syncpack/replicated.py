@@ -64,11 +64,13 @@ class Replicated:
     def __init__(self) -> None:
         self._roster: dict[str, Member] | None = None
         self._policies: dict[str, str] | None = None
+        self._default: str | None = None
 
     def invalidate(self) -> None:
         """Forget cached roster and policies."""
         self._roster = None
         self._policies = None
+        self._default = None
 
     def roster(self, conn) -> dict[str, Member]:
         """The family's members by name, retired ones included."""
@@ -109,8 +111,12 @@ class Replicated:
         """The conflict policy that decides the visible version in ``collection``."""
         if collection.startswith(SYS_PREFIX):
             return "lww"
-        return self.policies(conn).get(collection) or \
-            self.family_settings(conn).get("policy", "lww")
+        own = self.policies(conn).get(collection)
+        if own:
+            return own
+        if self._default is None:   # asked on every write, to know if it is a merge
+            self._default = self.family_settings(conn).get("policy", "lww")
+        return self._default
 
     def visible_rows(self, conn, collection: str | None = None
                      ) -> Iterator[tuple[str, str, bytes]]:
