@@ -34,45 +34,71 @@ def _split(replaced: bytes) -> list[bytes]:
     return [replaced[i:i + CSN_LEN] for i in range(0, len(replaced), CSN_LEN)]
 
 
-def _history(conn, collection: str, key: str, csns: Iterable[bytes]
-             ) -> dict[bytes, FieldVersion]:
-    out = {}
-    for csn in csns:
-        row = conn.execute("SELECT value, stamps FROM field_history WHERE collection=? AND "
-                           "key=? AND csn=?", (collection, key, csn)).fetchone()
-        if row is None:
-            row = conn.execute("SELECT value, NULL FROM versions WHERE collection=? AND key=? "
-                               "AND csn=?", (collection, key, csn)).fetchone()
-        if row is not None:
-            out[csn] = _version(csn, row[0], row[1])
+def _version(csn: bytes, raw: bytes | None, stamps: dict | None) -> FieldVersion:
+    fields = to_fields(raw)
+    st = stamps if stamps is not None else own_stamps(csn, fields)
+    return FieldVersion(csn, fields, st, raw if fields is None else None)
+
+
+def _stamped(conn, collection: str, key: str, csn: bytes, memo: dict, depth: int = 0
+             ) -> tuple[FieldVersion, bool] | None:
+    """A version with its stamps, and whether they are final (everything it was based on is
+    known); None if this site never held it.  Stamps left open when a write arrived before a
+    version it replaced are worked out here, so they do not depend on the arrival order."""
+    if csn in memo:
+        return memo[csn]
+    row = conn.execute("SELECT value, stamps, replaced FROM field_history WHERE collection=? "
+                       "AND key=? AND csn=?", (collection, key, csn)).fetchone()
+    if row is None:
+        row = conn.execute("SELECT value FROM versions WHERE collection=? AND key=? AND csn=?",
+                           (collection, key, csn)).fetchone()
+        # a version applied as a plain insert replaced nothing: it set every field it has
+        out = None if row is None else (_version(csn, row[0], None), True)
+    elif row[1] is not None:
+        out = (_version(csn, row[0], codec.unpackb(row[1])), True)
+    elif depth > 200:
+        out = (_version(csn, row[0], None), False)
+    else:
+        st, final = _stamps_of(conn, collection, key, csn, row[0], row[2], memo, depth + 1)
+        out = (_version(csn, row[0], st), final)
+    memo[csn] = out
     return out
 
 
-def _version(csn: bytes, raw: bytes | None, stamps: bytes | None) -> FieldVersion:
-    fields = to_fields(raw)
-    st = codec.unpackb(stamps) if stamps is not None else own_stamps(csn, fields)
-    return FieldVersion(csn, fields, st, raw if fields is None else None)
+def _stamps_of(conn, collection: str, key: str, csn: bytes, raw: bytes | None, replaced: bytes,
+               memo: dict, depth: int = 0) -> tuple[dict[str, bytes], bool]:
+    bases = [_stamped(conn, collection, key, r, memo, depth) for r in _split(replaced)]
+    final = all(b is not None and b[1] for b in bases)
+    live = [b[0] for b in bases if b is not None and b[0].fields is not None]
+    base = merge(live) if live else None
+    return stamp_write(csn, to_fields(raw), base.fields if base else None,
+                       base.winners if base else {}), final
 
 
 def note_write(conn, collection: str, key: str, csn: bytes, raw: bytes | None,
                replaced: bytes) -> None:
     """Record a version of a merge collection before it is applied (and before the versions it
-    replaces are dropped): its stamps against the merged record of what it replaced."""
+    replaces are dropped): its stamps against the merged record of what it replaced, or none
+    yet if one of those has not arrived."""
     if conn.execute("SELECT 1 FROM field_history WHERE collection=? AND key=? AND csn=?",
                     (collection, key, csn)).fetchone():
         return
-    rs = _split(replaced)
-    known = _history(conn, collection, key, rs)
-    for r, v in known.items():   # keep what this write is based on, should a sibling follow
-        conn.execute("INSERT OR IGNORE INTO field_history VALUES (?, ?, ?, ?, ?, ?)",
-                     (collection, key, r, v.whole if v.fields is None else
-                      from_fields(dict(v.fields)), codec.packb(dict(v.stamps)), b""))
-    live = [v for v in known.values() if v.fields is not None]
-    base = merge(live) if live else None
-    stamps = stamp_write(csn, to_fields(raw), base.fields if base else None,
-                         base.winners if base else {})
+    memo: dict = {}
+    for r in _split(replaced):   # keep what this write is based on, should a sibling follow
+        got = _stamped(conn, collection, key, r, memo)
+        if got is not None and got[1]:
+            conn.execute("INSERT OR IGNORE INTO field_history VALUES (?, ?, ?, ?, ?, ?)",
+                         (collection, key, r, _raw_of(conn, collection, key, r),
+                          codec.packb(dict(got[0].stamps)), b""))
+    stamps, final = _stamps_of(conn, collection, key, csn, raw, replaced, memo)
     conn.execute("INSERT INTO field_history VALUES (?, ?, ?, ?, ?, ?)",
-                 (collection, key, csn, raw, codec.packb(stamps), replaced))
+                 (collection, key, csn, raw, codec.packb(stamps) if final else None, replaced))
+
+
+def _raw_of(conn, collection: str, key: str, csn: bytes) -> bytes | None:
+    row = conn.execute("SELECT value FROM versions WHERE collection=? AND key=? AND csn=?",
+                       (collection, key, csn)).fetchone()
+    return None if row is None else row[0]
 
 
 def _parents(conn, collection: str, key: str) -> dict[bytes, list[bytes]]:
@@ -87,8 +113,11 @@ def merged(conn, collection: str, key: str, vs: list[Version],
     if len(vs) == 1:
         v = vs[0]
         return merge([_version(v.csn, v.value, None)], priorities)
-    hist = _history(conn, collection, key, [v.csn for v in vs])
-    fvs = [hist.get(v.csn) or _version(v.csn, v.value, None) for v in vs]
+    memo: dict = {}
+    fvs = []
+    for v in vs:
+        got = _stamped(conn, collection, key, v.csn, memo)
+        fvs.append(got[0] if got is not None else _version(v.csn, v.value, None))
     return merge(fvs, priorities, _parents(conn, collection, key))
 
 
