@@ -291,3 +291,16 @@ def test_random_field_edits_converge(ops, prio):
                 seen.append(list(s.records()))
                 assert inspection.fsck(s)["ok"]
         assert all(x == seen[0] for x in seen)
+
+
+def test_field_update_benchmark_runs(tmp_path):
+    """tools/bench_field_update.py end to end at a tiny size (no assertion on the figures)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    tool = Path(__file__).resolve().parent.parent / "tools" / "bench_field_update.py"
+    r = subprocess.run([sys.executable, str(tool), "--records", "20", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["records"] == 20 and doc["update_packet_bytes"] > 0 and doc["load_packet_bytes"] > 0
