@@ -304,3 +304,29 @@ def test_field_update_benchmark_runs(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["records"] == 20 and doc["update_packet_bytes"] > 0 and doc["load_packet_bytes"] > 0
+
+
+def test_lww_conflicts_show_the_fields_that_differ_and_resolve_per_field(tmp_path):
+    fam = Family(tmp_path)
+    fam.init("a")
+    fam.add("b", via="a")
+    run("put", "inv", "k", json.dumps({"qty": 1, "bin": "A", "same": 0}), site=fam.path("a"))
+    run("put", "inv", "k", json.dumps({"qty": 2, "bin": "B", "same": 0}), site=fam.path("b"))
+    fam.full_exchange(rounds=1)
+    (c,) = run("conflicts", site=fam.path("a"), json_mode=True).json["conflicts"]
+    assert [f["field"] for f in c["fields"]] == ["bin", "qty"]
+    for f in c["fields"]:
+        assert sorted(x["site"] for x in f["values"]) == ["a", "b"]
+        assert sum(x["winner"] for x in f["values"]) == 1
+    for args, msg in ((["--field", "qty=nobody"], "nobody"), (["--field", "=a"], "FIELD=SITE"),
+                      (["--pick", "a", "--value", "1"], "--value"), ([], "--value")):
+        r = run("conflicts", "resolve", "inv", "k", *args, site=fam.path("a"))
+        assert r.code != 0 and msg in r.err, (args, r)
+    r = run("conflicts", "resolve", "inv", "k", "--pick", "b", "--field", "bin=a",
+            site=fam.path("a"), json_mode=True)
+    assert r.code == 0 and r.json["value"] == {"qty": 2, "bin": "A", "same": 0}, r
+    fam.full_exchange(rounds=1)
+    for s in ("a", "b"):
+        r = run("get", "inv", "k", site=fam.path(s), json_mode=True)
+        assert r.json["value"] == {"qty": 2, "bin": "A", "same": 0}
+        assert run("conflicts", site=fam.path(s), json_mode=True).json["conflicts"] == []
