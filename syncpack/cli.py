@@ -825,6 +825,8 @@ def conflicts(ctx):
         for v in c["versions"]:
             shown = "<deleted>" if v["deleted"] else _shown(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
+        if c["policy"] == "merge" and c["visible"] is not None:
+            lines.append(f"  = merged  {_shown(c['visible'])}")
         for f in c["fields"]:
             lines.append(f"  field {printable(f['field'])}:")
             for x in f["values"]:
