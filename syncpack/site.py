@@ -453,7 +453,7 @@ class Transaction:
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
         if site.policy_of(collection) == "merge":
-            fields.note_write(site.conn, collection, key, csn, raw, replaced)
+            fields.note_write(site.conn, collection, key, csn, raw, replaced, local=True)
         versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
         self.ops.append(op)
 

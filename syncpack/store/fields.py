@@ -76,12 +76,16 @@ def _stamps_of(conn, collection: str, key: str, csn: bytes, raw: bytes | None, r
 
 
 def note_write(conn, collection: str, key: str, csn: bytes, raw: bytes | None,
-               replaced: bytes) -> None:
+               replaced: bytes, local: bool = False) -> None:
     """Record a version of a merge collection before it is applied (and before the versions it
     replaces are dropped): its stamps against the merged record of what it replaced, or none
     yet if one of those has not arrived."""
-    if conn.execute("SELECT 1 FROM field_history WHERE collection=? AND key=? AND csn=?",
-                    (collection, key, csn)).fetchone():
+    if local and not replaced or conn.execute(
+            "SELECT 1 FROM field_history WHERE collection=? AND key=? AND csn=?",
+            (collection, key, csn)).fetchone():
+        # A local first write sets every field it has and is surely in versions: read from
+        # there like a plain insert, kept here once a later write replaces it (below), so a
+        # bulk load costs nothing.  An arriving one may have been replaced already: kept.
         return
     memo: dict = {}
     for r in _split(replaced):   # keep what this write is based on, should a sibling follow
