@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from syncpack.admin import conflicts as conflicts_mod, inspection, metrics, recovery
+from syncpack.attach import core as attach_core
 from syncpack.exchange import replica, sync
 from syncpack.format import keys
 from syncpack.outcome import error_outcome
@@ -185,7 +186,10 @@ def _shown(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=_not_json)
 
 
-def _not_json(value: Any) -> str:
+def _not_json(value: Any) -> Any:
+    # A BLOB of an attached table (docs/attach.md) shows tagged, as hex.
+    if isinstance(value, bytes):
+        return {"$blob": value.hex()}
     # Values the API now refuses may still arrive from a site running an older syncpack.
     return f"<{type(value).__name__}: not JSON>"
 
@@ -776,6 +780,8 @@ def status(obj: Ctx, fmt):
                                                                  rec["claims_dismissed"])))
         if rec.get("next_step"):
             lines.append(f"next: {printable(rec['next_step'])}")
+    if doc.get("attached"):
+        lines.append(_attached_text(doc["attached"]))
     obj.emit(doc, "\n".join(lines))
 
 
@@ -821,7 +827,9 @@ def conflicts(ctx):
     found = conflicts_mod.list_conflicts(s, collection)
     lines = []
     for c in found:
-        lines.append(f"{printable(c['collection'])}/{printable(c['key'])} ({c['policy']}):")
+        lines.append(f"{printable(c['collection'])}/{printable(c['key'])} ({c['policy']}):"
+                     + (f" refused by the local schema: {c['constraint']}"
+                        if c.get("constraint") else ""))
         for v in c["versions"]:
             shown = "<deleted>" if v["deleted"] else _shown(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
@@ -1122,6 +1130,111 @@ def log_export(obj: Ctx, directory):
     if not obj.json:
         obj.say(f"log {doc['log']}: wrote {doc['ops_written']} op(s) in "
                 f"{doc['segments_written']} segment(s)")
+
+
+# --- attached application databases (docs/attach.md) -------------------------------------------
+
+def _local_json(f):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document on stdout (as the global --json).")(f)
+
+
+@cli.command("attach")
+@click.argument("database", type=click.Path(dir_okay=False))
+@click.option("--table", "tables", multiple=True, metavar="T",
+              help="Table to replicate (repeat); it needs a declared PRIMARY KEY.")
+@click.option("--all-tables", is_flag=True, help="Replicate every table of DATABASE.")
+@_local_json
+@click.pass_obj
+def attach_(obj: Ctx, database, tables, all_tables, as_json):
+    """Replicate tables of an application's SQLite database, the application unchanged.
+
+    Rows already in the tables become this site's changes; from now on every committed
+    INSERT, UPDATE and DELETE of any program is captured, and records from peers are written
+    into the tables.  Applications should set a busy timeout (docs/attach.md).
+
+    \b
+    Example:
+      syncpack --site boston attach /srv/shop/shop.db --table orders --table customers
+    """
+    obj.json = obj.json or as_json
+    s = obj.open()
+    doc = attach_core.attach(s, database, list(tables), all_tables)
+    for w in doc["warnings"]:
+        obj.say(f"warning: {w}")
+    obj.emit(doc,
+             "\n".join(f"attached {t['table']} ({t['rows']} rows, key "
+                       f"{', '.join(t['primary_key'])})" for t in doc["tables"]))
+
+
+@cli.command("detach")
+@click.argument("database", type=click.Path(dir_okay=False))
+@click.option("--table", "tables", multiple=True, metavar="T",
+              help="Table to stop replicating (repeat; default: all).")
+@_local_json
+@click.pass_obj
+def detach_(obj: Ctx, database, tables, as_json):
+    """Stop replicating tables of the attached database (their rows stay in place).
+
+    \b
+    Example:
+      syncpack --site boston detach /srv/shop/shop.db --table orders
+    """
+    obj.json = obj.json or as_json
+    s = obj.open()
+    doc = attach_core.detach(s, database, list(tables) or None)
+    obj.emit(doc, "\n".join(f"detached {t}" for t in doc["detached"]))
+
+
+@cli.command("attached")
+@_local_json
+@click.pass_obj
+def attached_(obj: Ctx, as_json):
+    """Show the attached database and, per table, rows and changes on their way.
+
+    'pending' counts the application's changes not yet captured into the changelog.
+
+    \b
+    Example:
+      syncpack --site boston attached
+    """
+    obj.json = obj.json or as_json
+    s = obj.open()
+    doc = attach_core.report(s) or {"database": None, "tables": []}
+    obj.emit(doc, _attached_text(doc))
+
+
+def _attached_text(doc: dict) -> str:
+    if not doc.get("database"):
+        return "nothing attached"
+    lines = [f"database {doc['database']}",
+             f"{'table':20} {'rows':>10} {'pending':>8}  {'last capture (UTC)':18}  "
+             f"last apply (UTC)"]
+    for t in doc["tables"]:
+        rows = "?" if t["rows"] is None else t["rows"]
+        lines.append(f"{printable(t['table']):20} {rows:>10} {t['pending']:>8}  "
+                     f"{_utc(t['last_capture']):18}  {_utc(t['last_apply'])}")
+    return "\n".join(lines)
+
+
+@cli.command("capture")
+@_local_json
+@click.pass_obj
+def capture_(obj: Ctx, as_json):
+    """Move the attached application's committed changes into the changelog now.
+
+    export, import, batch and status do this by themselves first.
+
+    \b
+    Example:
+      syncpack --site boston capture
+    """
+    obj.json = obj.json or as_json
+    s = obj.open()
+    doc = attach_core.capture(s)
+    obj.emit(doc, f"captured {doc['captured']} change(s), applied {doc['applied']} record(s)"
+             + (f", {doc['clashes']} refused by the schema (see 'syncpack conflicts')"
+                if doc["clashes"] else ""))
 
 
 @cli.command()

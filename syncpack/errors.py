@@ -174,3 +174,8 @@ class SiteClosedError(SiteError):
     """A :class:`~syncpack.Site` was used after :meth:`~syncpack.Site.close`."""
 
     default_hint = "open the site again with syncpack.open_site(PATH)"
+
+
+class AttachError(SyncpackError):
+    """An application database or table cannot be attached, detached or written; nothing
+    was changed."""

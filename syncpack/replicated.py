@@ -19,6 +19,7 @@ SYS_PREFIX = "$"
 ROSTER = "$roster"
 FAMILY = "$family"
 COLLECTIONS = "$collections"
+TABLES = "$tables"               # definitions of attached application tables (docs/attach.md)
 FAMILY_KEY = "settings"
 
 

@@ -93,3 +93,23 @@ def test_bench_cli_smoke(tmp_path):
     for what in ("export", "import"):
         assert g[what]["peak_rss_mb"] > g["idle_peak_rss_mb"] > 0, what
     assert list(tmp_path.iterdir()) == []       # the temporary sites are removed
+
+
+def test_bench_attach_smoke(tmp_path):
+    """tools/bench_attach.py runs end to end at a tiny size and reports every figure."""
+    tool = BENCH.parent / "bench_attach.py"
+    r = subprocess.run([sys.executable, str(tool), "--rows", "2000", "--bulk", "1000",
+                        "--single", "20", "--repeat", "1", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    for kind in ("bulk", "single"):
+        assert res["app_writes"][kind]["ratio"] > 0
+    p = res["pipeline"]
+    assert p["rows"] == 2000
+    for k in ("capture_s", "capture_rows_per_s", "import_s", "changeset_apply_s",
+              "import_vs_changeset_apply", "capture_rss_mb", "import_rss_mb"):
+        assert p[k] > 0, k
+    assert set(res["targets"]) == {"bulk_write_ratio", "single_write_ratio",
+                                   "capture_rows_per_s", "import_vs_changeset_apply"}
+    assert list(tmp_path.iterdir()) == []

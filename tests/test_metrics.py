@@ -38,6 +38,8 @@ def test_every_family_has_help_and_type_before_its_samples():
     doc = status_doc(peers={"sanfran": {"lag_ops": 3, "unacknowledged_ops": 5,
                                         "last_received_ms": 1_700_000_000_250,
                                         "last_sent_ms": None}})
+    doc["attached"] = {"database": "/srv/shop.db",
+                       "tables": [{"table": "orders", "rows": 5, "pending": 2}]}
     text = metrics.render(doc, metrics.BatchRound(1_700_000_100.5, 2.25, True, 0,
                                                   {"applied": 2}, 1_700_000_100.5))
     assert text.endswith("\n") and not text.endswith("\n\n")
@@ -57,6 +59,8 @@ def test_every_family_has_help_and_type_before_its_samples():
     assert seen == [n for n, _, _ in metrics.FAMILIES]    # every family, in table order
     got = parse(text)
     assert got["syncpack_peer_lag_ops"] == [({"site": "boston", "peer": "sanfran"}, 3.0)]
+    assert got["syncpack_attached_pending_changes"] == [({"site": "boston", "table": "orders"},
+                                                         2.0)]
     assert got["syncpack_peer_unacked_ops"][0][1] == 5.0
     assert got["syncpack_peer_last_packet_received_timestamp_seconds"][0][1] == 1_700_000_000.25
     assert got["syncpack_peer_last_packet_sent_timestamp_seconds"][0][1] == 0   # never

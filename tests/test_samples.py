@@ -47,3 +47,17 @@ def test_demo_refuses_a_demo_directory_that_is_not_empty(tmp_path):
                        env=_env(DEMO=str(used)), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "not empty" in r.stderr, r.stderr
     assert [p.name for p in used.iterdir()] == ["keep.txt"]
+
+
+def test_attach_demo_three_shops_converge(tmp_path):
+    """samples/attach_demo.sh: three applications writing plain SQL end with equal tables."""
+    start = tmp_path / "start"
+    start.mkdir()
+    env = _env(TMPDIR=str(tmp_path))
+    env.pop("DEMO", None)
+    r = subprocess.run(["bash", str(SAMPLES / "attach_demo.sh")], cwd=start, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "converged: the three shops hold equal tables" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert list(start.iterdir()) == []

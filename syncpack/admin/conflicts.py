@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import csn_origin, format_csn
@@ -66,12 +67,13 @@ def _plain_fields(vs: list[Version], win: bytes | None, who, names) -> list[dict
     return out
 
 
-def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict | None:
+def _describe(site: Site, coll: str, key: str, vs: list[Version],
+              force: bool = False) -> dict | None:
     names = site.names()
     policy = site.policy_of(coll)
     rows, visible = _field_rows(site, coll, key, vs)
     win = None if policy == "merge" else pick(vs, policy, site.priorities())
-    if policy == "merge" and not rows and all(v.value is not None for v in vs) and \
+    if policy == "merge" and not force and not rows and all(v.value is not None for v in vs) and \
             all(fields.to_fields(v.value) is not None for v in vs):
         return None      # concurrent writes to different fields: merged, nothing to decide
     return {"collection": coll, "key": key, "policy": policy, "visible": visible,
@@ -87,9 +89,19 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict | None
 
 def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
     cur = versions.conflict_rows(site.conn, collection)
-    found = (_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
-             if collection is not None or not c.startswith(SYS_PREFIX))
-    return [d for d in found if d is not None]
+    found = [d for d in (_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
+                         if collection is not None or not c.startswith(SYS_PREFIX))
+             if d is not None]
+    # Rows of attached tables that the application's schema refused (docs/attach.md).
+    clashes = {(c, k): text for c, k, text in attach_core.clash_list(site, collection)}
+    for d in found:
+        d["constraint"] = clashes.pop((d["collection"], d["key"]), None)
+    for (c, k), text in sorted(clashes.items()):
+        d = _describe(site, c, k, site.versions(c, k), force=True)
+        d["constraint"] = text
+        found.append(d)
+    found.sort(key=lambda d: (d["collection"], d["key"]))
+    return found
 
 
 def count_conflicts(site: Site) -> int:
@@ -114,7 +126,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
             not has_value and pick_version is None and not field_picks:
         raise UsageError("give --value JSON, or --pick VERSION|SITE and/or --field FIELD=SITE")
     vs = site.versions(collection, key)
-    if len(vs) < 2:
+    if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
                          hint=f"'syncpack conflicts {collection}' lists the keys in conflict")
     if has_value:
@@ -126,6 +138,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
         raw = _chosen(site, collection, key, vs, pick_version, field_picks)
     with site.transaction() as tx:
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
+    attach_core.sync_app(site)               # into an attached table (retrying a clash)
     return {"collection": collection, "key": key,
             "value": None if raw is None else codec.decode_value(raw),
             "deleted": raw is None, "superseded": len(vs)}

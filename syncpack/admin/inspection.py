@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.store import chain, db, log, stash, versions
@@ -62,6 +63,7 @@ def _origin_by_name(site: Site, name: str) -> bytes:
 
 
 def status(site: Site) -> dict:
+    attach_core.sync_app(site, wait=False)     # an attached application's changes count too
     vec = site.vector()
     received, sent_at = _last_packet_times(site)
     peers = {}
@@ -90,7 +92,8 @@ def status(site: Site) -> dict:
     from syncpack.admin.recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
-            "changelog_ops": changelog, "vector": site.named(vec)}
+            "changelog_ops": changelog, "vector": site.named(vec),
+            "attached": attach_core.report(site)}
 
 
 def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:
@@ -207,6 +210,7 @@ def fsck(site: Site) -> dict:
         if max_hlc > int(site.meta("hlc", 0)):
             problems.append("clock is behind a CSN in the changelog")
         problems += _replay_check(site)
+    problems += attach_core.check(site)
     return {"ok": not problems, "problems": problems,
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
 

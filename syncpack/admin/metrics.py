@@ -47,6 +47,11 @@ FAMILIES: list[tuple[str, str, str]] = [
      "0 if never."),
     ("syncpack_peer_last_packet_sent_timestamp_seconds", "gauge",
      "Unix time this site last wrote a packet for the peer; 0 if never."),
+    ("syncpack_attached_pending_changes", "gauge",
+     "Changes the attached application committed to the table that are not yet captured "
+     "into the changelog."),
+    ("syncpack_attached_rows", "gauge",
+     "Rows in the attached application table."),
     ("syncpack_batch_last_run_timestamp_seconds", "gauge",
      "Unix time the last batch round ended."),
     ("syncpack_batch_last_run_ok", "gauge",
@@ -125,6 +130,11 @@ def samples(status: dict, batch: BatchRound | None = None) \
             (lab, _seconds(d.get("last_received_ms"))))
         out["syncpack_peer_last_packet_sent_timestamp_seconds"].append(
             (lab, _seconds(d.get("last_sent_ms"))))
+    for t in (status.get("attached") or {}).get("tables", []):
+        lab = {**site, "table": t["table"]}
+        out["syncpack_attached_pending_changes"].append((lab, t["pending"]))
+        if t.get("rows") is not None:
+            out["syncpack_attached_rows"].append((lab, t["rows"]))
     if batch is not None:
         out["syncpack_batch_last_run_timestamp_seconds"].append((site, batch.finished_s))
         out["syncpack_batch_last_run_ok"].append((site, int(batch.ok)))

@@ -29,7 +29,7 @@ from syncpack.fileops import write_atomic
 from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
-from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, Member
+from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES, Member
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import OpenPacket, packet_blocks, resolved_acks, verify_block
 
@@ -154,6 +154,12 @@ def check_system_entry(site: Site, collection: str, key: str, raw: bytes | None,
     elif collection == COLLECTIONS:
         ok = (isinstance(key, str) and bool(key) and not key.startswith(SYS_PREFIX)
               and (value is None or isinstance(value, dict) and value.get("policy") in POLICIES))
+    elif collection == TABLES:
+        ok = (isinstance(key, str) and bool(key) and not key.startswith(SYS_PREFIX)
+              and (value is None or isinstance(value, dict)
+                   and isinstance(value.get("create_sql"), str)
+                   and isinstance(value.get("pk"), list) and value["pk"]
+                   and all(isinstance(c, str) for c in value["pk"])))
     else:
         ok = False
     if not ok:

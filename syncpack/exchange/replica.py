@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from syncpack.attach import core as attach_core
 from syncpack.format import codec, keys
 from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
@@ -135,6 +136,7 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
         site.invalidate()
         return ident.site_id, name, Path(out_dir), max_size, seed
 
+    attach_core.sync_app(site)      # the snapshot holds the attached application's changes
     with site.lock():
         return _write_snapshot_committed(site, add_member, progress=progress, seal_to=seal)
 
@@ -145,6 +147,7 @@ def resync_export(site: Site, peer: str, out_dir: str | os.PathLike,
     m = site.member_named(peer)
     if m.site_id == site.site_id:
         raise UsageError("resync sends a snapshot to another member")
+    attach_core.sync_app(site)
     with site.lock():
         seal = site.seal_key(m.site_id, encrypt)
         return _write_snapshot_committed(

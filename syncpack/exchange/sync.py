@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain, exports
@@ -294,6 +295,7 @@ def run_export(site: Site, to: list[str] | None, all_peers: bool, max_size: int,
     written.  Only the writing differs between engines."""
     if not to and not all_peers:
         raise UsageError("name the peers with --to PEER (repeatable) or use --all")
+    attach_core.sync_app(site)      # an attached application's changes go out too
     with site.lock():
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
@@ -371,6 +373,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     ``result``, the outcome is collected there as it happens, so a caller interrupted midway
     (Ctrl-C) still knows which packets were applied and committed."""
     res = result if result is not None else ImportResult()
+    attach_core.sync_app(site)      # local changes first: an import never hides one
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -443,6 +446,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
         finally:
             for c in opened:
                 c.pk.close()
+    attach_core.sync_app(site)      # what arrived, into the attached application's tables
     return res
 
 

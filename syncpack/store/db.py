@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -156,7 +156,21 @@ MIGRATIONS: list[str] = [
     ALTER TABLE superseded_v3 RENAME TO superseded;
     DELETE FROM changelog WHERE origin IS NOT (SELECT value FROM meta WHERE key='site_id');
     """,
-    # 4: the merge policy.  Every version ever applied in a merge collection, with the field
+    # An attached application database (syncpack/store/attached.py, docs/attach.md).
+    """
+    CREATE TABLE attached(id INTEGER PRIMARY KEY CHECK (id = 1), db_path TEXT NOT NULL,
+                          captured_seq INTEGER NOT NULL DEFAULT 0);
+    CREATE TABLE attached_tables(name TEXT PRIMARY KEY, pk TEXT NOT NULL, columns TEXT NOT NULL,
+                                 create_sql TEXT NOT NULL, last_capture_ms INTEGER,
+                                 last_apply_ms INTEGER) WITHOUT ROWID;
+    CREATE TABLE attach_pending(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
+                                PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
+    CREATE TABLE attach_clashes(collection TEXT NOT NULL, key TEXT NOT NULL,
+                                constraint_text TEXT NOT NULL, at_ms INTEGER NOT NULL,
+                                PRIMARY KEY(collection, key)) WITHOUT ROWID;
+    CREATE TABLE attach_capturing(x);
+    """,
+    # 5: the merge policy.  Every version ever applied in a merge collection, with the field
     # stamps it was given and the CSNs it replaced, kept after it is superseded: a later write
     # based on it is stamped against it (syncpack/store/fields.py).
     """

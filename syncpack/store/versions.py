@@ -97,6 +97,13 @@ def insert_many(conn, rows: Iterable[tuple[str, str, bytes, bytes | None]]) -> N
     conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
 
 
+def remove_listed(conn, rows: list[tuple[str, str, bytes]]) -> None:
+    """Remove the named versions ``(collection, key, csn)`` (those a bulk local write
+    supersedes; the key's other versions stay, concurrent with it)."""
+    if rows:
+        conn.executemany("DELETE FROM versions WHERE collection=? AND key=? AND csn=?", rows)
+
+
 def replace_key(conn, collection: str, key: str, csn: bytes, value: bytes | None,
                 had_versions: bool) -> None:
     """A local write: the new version supersedes every surviving one of its key."""

@@ -1,0 +1,587 @@
+"""Attach, capture, apply, detach: an application's own SQLite tables as collections.
+
+See docs/attach.md for the model.  The order of commits is what makes a crash harmless:
+
+- capture reads the application's committed changes in one snapshot and writes them as this
+  site's ops in one store transaction that also records how far it read (``captured_seq``);
+  the application's change rows are deleted only after that commit, and rows at or below
+  ``captured_seq`` are skipped if they are still there;
+- apply holds the application's write lock, captures first (so an application change is never
+  overwritten before it is in the changelog), writes each pending key's visible record, each
+  row in a savepoint (a row the local schema refuses is rolled back alone and recorded as a
+  clash), commits the application's file, and only then clears the pending keys in the store.
+  A crash before that leaves the keys pending, and writing a visible record twice is harmless.
+
+The lock order is always the application's file, then the store; every step holds the site's
+own lock (one syncpack command at a time works on an attachment).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from syncpack.attach import rows
+from syncpack.errors import AttachError, LockedError, UsageError
+from syncpack.format import codec
+from syncpack.rules.conflict import Version, pick
+from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
+from syncpack.store import appdb, attached, chain
+
+# An attach's initial rows travel as replication transactions of at most this many rows, as
+# 'load' cuts them.
+ATTACH_TXN_OPS = 100_000
+ATTACH_TXN_BYTES = 32 * 1024 * 1024
+# Keys looked up in the store per round trip while capturing, rows written per statement
+# batch while applying.
+CAPTURE_CHUNK = 10_000
+APPLY_CHUNK = 10_000
+
+
+def _path(db_path: str | os.PathLike) -> Path:
+    return Path(db_path).expanduser().resolve()
+
+
+def is_attached(site: Site) -> bool:
+    return attached.attachment(site.conn) is not None
+
+
+@contextmanager
+def _open_attached(site: Site) -> Iterator[tuple[appdb.Connection, dict[str, appdb.TableInfo]]]:
+    path, _seq = attached.attachment(site.conn)
+    app = appdb.open_app(Path(path))
+    try:
+        infos = {}
+        for name in attached.tables(site.conn):
+            t = appdb.table_info(app, name)
+            if t is None:
+                raise AttachError(f"attached table {name} is gone from {path}",
+                                  hint=f"'syncpack detach {path} --table {name}' stops "
+                                       f"replicating it")
+            infos[name] = t
+        yield app, infos
+    finally:
+        app.close()
+
+
+# --- capture ------------------------------------------------------------------------------------
+
+def _record(t: appdb.TableInfo, row: tuple | None) -> bytes | None:
+    return None if row is None else codec.encode_value(dict(zip(t.columns, row)))
+
+
+def _visible(site: Site, name: str, vs: list[tuple[bytes, bytes | None]]) -> Version | None:
+    versions = [Version(c, v is None, v) for c, v in vs]
+    if not versions:
+        return None
+    if len(versions) == 1:
+        return versions[0]
+    return pick(versions, site.policy_of(name), site.priorities())
+
+
+def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> int:
+    """Move the application's committed changes into the changelog; the caller holds the
+    site lock and a transaction on ``app`` (read or write).  Returns changes captured."""
+    att = attached.attachment(site.conn)
+    if att is None:
+        return 0
+    since = att[1]
+    upto = appdb.max_seq(app)
+    if upto <= since:
+        return 0
+    now = wall_ms()
+    conn = site.conn
+    written = 0
+    with site.transaction() as tx:
+        attached.begin_capturing(conn)
+        any_pending = attached.has_pending(conn)
+        # A table's first capture into an empty collection needs no look-ups.
+        used = {n: attached.collection_used(conn, n) for n in infos}
+        size = 0
+        for name, t in infos.items():
+            single = len(t.pk) == 1
+            for part in rows.chunks(appdb.changed_rows(app, t, since, upto), CAPTURE_CHUNK):
+                items = [(rows.encode_key(key, single), _record(t, row)) for _s, key, row in part]
+                keys = [k for k, _r in items]
+                current = attached.versions_for(conn, name, keys) if used[name] else {}
+                unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
+                batch = []
+                for key, raw in items:
+                    vs = current.get(key, ())
+                    if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
+                        continue    # nothing new (written back as it was, or born and gone)
+                    n = len(key) + len(raw or b"")
+                    # One capture is one replication transaction, so no application
+                    # transaction is split; only a backlog beyond a block's limits is cut
+                    # (docs/attach.md).
+                    if tx.seq + len(batch) >= chain.MAX_TXN_OPS or \
+                            size + n > chain.MAX_TXN_BYTES:
+                        tx.write_many(name, batch)
+                        batch = []
+                        tx.split()
+                        size = 0
+                    size += n
+                    u = unseen.get(key, ())
+                    batch.append((key, raw, [c for c, _v in vs if c not in u]))
+                tx.write_many(name, batch)
+                written += len(batch)
+        attached.set_captured(conn, upto)
+        attached.touch(conn, list(infos), "last_capture_ms", now)
+        attached.end_capturing(conn)
+    return written
+
+
+def _forget(app: appdb.Connection, site: Site) -> None:
+    att = attached.attachment(site.conn)
+    if att is not None:
+        appdb.forget_changes(app, att[1])
+
+
+# --- apply --------------------------------------------------------------------------------------
+
+def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
+           ) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
+    """Write every pending key's visible record into the application's tables; the caller
+    holds the write lock of ``app``.  Returns (done keys, clashes) per table."""
+    conn = site.conn
+    done: dict[str, list[str]] = {}
+    clashes: dict[str, dict[str, str]] = {}
+    order = rows.fk_order({n: t.parents for n, t in infos.items()})
+    deletes: list[tuple[str, str, tuple]] = []
+    for name in order:
+        t = infos[name]
+        w = appdb.Writer(app, t)
+        aff = [t.affinity.get(c, "BLOB") for c in t.pk]
+        puts: list[tuple[str, dict]] = []
+        for key, vs in _grouped(attached.pending_versions(conn, name)):
+            if len(vs) == 1:
+                raw = vs[0][1]      # no conflict: the one version is visible
+            else:
+                v = _visible(site, name, vs)
+                raw = None if v is None else v.value
+            if raw is None:
+                deletes.append((name, key, rows.decode_key(key, aff)))
+                continue
+            value = codec.decode_value(raw)
+            if isinstance(value, dict):
+                puts.append((key, value))
+            else:
+                clashes.setdefault(name, {})[key] = "the record is not a row of the table"
+            if len(puts) >= APPLY_CHUNK:
+                _put_all(w, name, puts, done, clashes)
+                puts = []
+        _put_all(w, name, puts, done, clashes)
+    # Children go before their parents.
+    rank = {n: i for i, n in enumerate(order)}
+    for name, key, vals in sorted(deletes, key=lambda d: -rank[d[0]]):
+        err = appdb.Writer(app, infos[name]).delete(vals)
+        if err:
+            clashes.setdefault(name, {})[key] = err
+        else:
+            done.setdefault(name, []).append(key)
+    return done, clashes
+
+
+def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
+    key, vs = None, []
+    for k, csn, value in cur:
+        if k != key:
+            if key is not None:
+                yield key, vs
+            key, vs = k, []
+        if csn is not None:
+            vs.append((csn, value))
+    if key is not None:
+        yield key, vs
+
+
+def _put_all(w: appdb.Writer, name: str, puts: list[tuple[str, dict]],
+             done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
+    for key, err in zip((k for k, _v in puts), w.put_many([v for _k, v in puts])):
+        if err:
+            clashes.setdefault(name, {})[key] = err
+        else:
+            done.setdefault(name, []).append(key)
+
+
+def _settle(site: Site, done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
+    """After the application's commit: the keys written are no longer pending; clashes stay
+    pending (retried on every apply) and are listed by 'conflicts'."""
+    now = wall_ms()
+    with site.write_txn() as conn:
+        for name, keys in done.items():
+            if name not in clashes and len(keys) == attached.pending_count(conn, name):
+                attached.clear_all_pending(conn, name)    # everything written (the common case)
+            else:
+                attached.clear_pending(conn, name, keys)
+            attached.clear_clashes(conn, name, keys)
+        for name, m in clashes.items():
+            for key, text in m.items():
+                attached.set_clash(conn, name, key, text, now)
+        attached.touch(conn, set(done) | set(clashes), "last_apply_ms", now)
+
+
+def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> None:
+    """A table whose triggers are missing (a crash inside attach, or the application dropped
+    and re-created the table): put them back and compare the whole table with the store, so
+    whatever changed unseen becomes local ops."""
+    for name, t in infos.items():
+        if not appdb.has_capture(app, name):
+            appdb.install_capture(app, t)
+            _load_rows(site, app, t, rescan=True)
+
+
+def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bool) -> int:
+    """Rows of ``t`` that differ from the store become local ops.  At attach they are
+    concurrent with whatever the store holds (``rescan=False``); on a rescan they replace what
+    the application had seen.  Keys the store holds and the table lacks are deleted on a
+    rescan only."""
+    conn = site.conn
+    name = t.name
+    single = len(t.pk) == 1
+    key_at = [t.columns.index(c) for c in t.pk]
+    n = 0
+    with site.transaction() as tx:
+        attached.begin_capturing(conn)
+        size = 0
+        seen_keys: set[str] = set()
+        pending = set(attached.pending_keys(conn, name)) if rescan else set()
+        for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
+            items = []
+            for row in part:
+                key = rows.encode_key(tuple(row[i] for i in key_at), single)
+                if rescan:
+                    seen_keys.add(key)
+                    if key in pending:
+                        continue
+                items.append((key, _record(t, row)))
+            current = attached.versions_for(conn, name, [k for k, _r in items])
+            batch = []
+            for key, raw in items:
+                vs = current.get(key, ())
+                if len(vs) == 1 and vs[0][1] == raw:
+                    continue
+                if tx.seq + len(batch) >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
+                    tx.write_many(name, batch)
+                    batch = []
+                    tx.split()
+                    size = 0
+                size += len(key) + len(raw)
+                batch.append((key, raw, [c for c, _v in vs] if rescan else []))
+            tx.write_many(name, batch)
+            n += len(batch)
+        if rescan:
+            gone = []
+            for key, vs in _grouped((k, c, v) for k, c, v in
+                                    attached.visible_candidates(conn, name)):
+                if key in seen_keys or key in pending:
+                    continue
+                v = _visible(site, name, vs)
+                if v is not None and v.value is not None:
+                    gone.append((key, None, [c for c, _v in vs]))
+            tx.write_many(name, gone)
+            n += len(gone)
+        attached.end_capturing(conn)
+    return n
+
+
+def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> dict:
+    """Capture, then apply, under the application's write lock."""
+    with appdb.write_txn(app):
+        _heal(site, app, infos)
+        captured = _capture(site, app, infos)
+        done, clashes = ({}, {})
+        if attached.has_pending(site.conn):
+            done, clashes = _apply(site, app, infos)
+        _forget(app, site)
+    if done or clashes:
+        _settle(site, done, clashes)
+    return {"captured": captured, "applied": sum(len(v) for v in done.values()),
+            "clashes": sum(len(v) for v in clashes.values())}
+
+
+def sync_app(site: Site, *, wait: bool = True) -> dict | None:
+    """Capture the application's changes and write pending records into its tables: what
+    'export', 'import', 'batch' and 'status' do first (and import after).  None when nothing
+    is attached, or the site is busy with another command and ``wait`` is false, or it is
+    recovering from a restore (local writes wait; the changes stay in the application's
+    change table)."""
+    if not is_attached(site) or site.state == "recovering":
+        return None
+    try:
+        with site.lock():
+            if not is_attached(site):
+                return None
+            with _open_attached(site) as (app, infos):
+                # The bulk of a capture under a read snapshot: the application keeps writing
+                # (in WAL mode); the write lock is held only for what came in meanwhile and
+                # for writing peers' records.
+                with appdb.read_txn(app):
+                    early = _capture(site, app, infos)
+                doc = _cycle(site, app, infos)
+                doc["captured"] += early
+                return doc
+    except (LockedError, AttachError):
+        # 'status' must answer even when the database is gone or busy; it shows that itself.
+        if wait:
+            raise
+        return None
+
+
+def capture(site: Site) -> dict:
+    """``syncpack capture``: the application's committed changes into the changelog now (and
+    pending records into the application's tables)."""
+    if not is_attached(site):
+        raise UsageError("no database is attached to this site",
+                         hint="attach one with 'syncpack attach DB --table T'")
+    doc = sync_app(site)
+    if doc is None:
+        raise UsageError(f"site {site.name!r} is recovering from a restore; local changes are "
+                         f"captured once it has recovered",
+                         hint="import packets from the peers ('syncpack status' shows what is "
+                              "missing)")
+    return doc
+
+
+# --- attach and detach --------------------------------------------------------------------------
+
+def _definition(site: Site, name: str) -> dict | None:
+    v = site.get(TABLES, name, None)
+    return v if isinstance(v, dict) else None
+
+
+def attach(site: Site, db_path: str | os.PathLike, names: list[str],
+           all_tables: bool = False) -> dict:
+    """Start replicating tables of an application database (docs/attach.md)."""
+    if not names and not all_tables:
+        raise UsageError("name the tables with --table T (repeatable) or use --all-tables")
+    if names and all_tables:
+        raise UsageError("use either --table T... or --all-tables")
+    path = _path(db_path)
+    with site.lock():
+        att = attached.attachment(site.conn)
+        if att is not None and att[0] != str(path):
+            raise AttachError(f"site {site.name!r} already has {att[0]} attached; a site "
+                              f"replicates one application database",
+                              hint=f"'syncpack detach {att[0]}' first, or use another site")
+        app = appdb.open_app(path)
+        try:
+            return _attach_locked(site, app, path, names, all_tables)
+        finally:
+            app.close()
+
+
+def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) -> str | None:
+    """Why ``name`` cannot be attached, or None."""
+    if name in current:
+        return f"table {name} is already attached"
+    if name.startswith(SYS_PREFIX) or name.startswith("_syncpack_") \
+            or name.startswith("sqlite_"):
+        return f"table name {name!r} is reserved"
+    t = appdb.table_info(app, name)
+    d = _definition(site, name)
+    if t is None:
+        if d is None:
+            return f"no table {name} in the database (and no peer has attached one so named)"
+        return None
+    if t.virtual:
+        return f"table {name} is a virtual table; only ordinary tables can be replicated"
+    if not t.pk:
+        return f"table {name} has no declared PRIMARY KEY; a replicated row needs a key"
+    if d is None and attached.collection_used(site.conn, name):
+        return f"table name {name} is already used by a collection of this family"
+    if d is not None and list(d.get("pk", [])) != t.pk:
+        return (f"table {name} is keyed by ({', '.join(t.pk)}) here but by "
+                f"({', '.join(d.get('pk', []))}) in the family")
+    return None
+
+
+def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[str],
+                   all_tables: bool) -> dict:
+    current = attached.tables(site.conn)
+    if all_tables:
+        names = [n for n in appdb.user_tables(app) if n not in current]
+        if not names:
+            raise AttachError(f"{path} has no table left to attach")
+    names = list(dict.fromkeys(names))
+    problems = [p for p in (_check_table(site, app, n, current) for n in names) if p]
+    if problems:
+        raise AttachError("; ".join(problems) + "; nothing was attached",
+                          hint="tables need a declared PRIMARY KEY (single or composite) and "
+                               "a name no collection uses")
+    out, warnings = [], []
+    with appdb.write_txn(app):
+        infos = {}
+        for n in current:
+            t = appdb.table_info(app, n)
+            if t is not None:
+                infos[n] = t
+        _capture(site, app, infos)     # what the attached tables hold so far, first
+        for n in names:
+            if appdb.table_info(app, n) is None:
+                appdb.create_table(app, n, _definition(site, n)["create_sql"])
+        new = {n: appdb.table_info(app, n) for n in names}
+        for t in new.values():
+            appdb.install_capture(app, t)
+        upto = appdb.max_seq(app)
+        with site.write_txn() as conn:
+            if attached.attachment(conn) is None:
+                attached.set_attachment(conn, str(path), upto)
+            attached.set_captured(conn, upto)
+            for n, t in new.items():
+                attached.mark_all_pending(conn, n)
+                attached.add_table(conn, n, t.pk, t.columns, t.create_sql)
+        with site.transaction() as tx:
+            for n, t in new.items():
+                d = {"create_sql": t.create_sql, "pk": t.pk, "columns": t.columns}
+                if _definition(site, n) != d:
+                    tx.write_raw(TABLES, n, codec.encode_value(d))
+        for n, t in new.items():
+            rows_n = appdb.count_rows(app, n)
+            _load_rows(site, app, t, rescan=False)
+            w = rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql)
+            if w:
+                warnings.append(w)
+            out.append({"table": n, "rows": rows_n, "primary_key": t.pk})
+        infos.update(new)
+        done, clashes = _apply(site, app, infos)
+        _forget(app, site)
+    _settle(site, done, clashes)
+    with appdb.read_txn(app):
+        for o in out:
+            o["rows"] = appdb.count_rows(app, o["table"])
+    return {"database": str(path), "tables": out, "warnings": warnings}
+
+
+def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = None) -> dict:
+    """Stop replicating tables (all of them by default): their changes are captured one last
+    time, the triggers go, the rows stay in place, the records stay in the family."""
+    path = _path(db_path)
+    with site.lock():
+        att = attached.attachment(site.conn)
+        if att is None or att[0] != str(path):
+            raise AttachError(f"{path} is not attached to site {site.name!r}",
+                              hint="'syncpack attached' shows what is")
+        current = attached.tables(site.conn)
+        names = list(dict.fromkeys(names)) if names else list(current)
+        unknown = [n for n in names if n not in current]
+        if unknown:
+            raise AttachError(f"table(s) {', '.join(unknown)} are not attached; nothing was "
+                              f"detached", hint="'syncpack attached' lists them")
+        with _open_attached(site) as (app, infos):
+            if site.state != "recovering":
+                _cycle(site, app, infos)
+            with appdb.write_txn(app):
+                for n in names:
+                    appdb.drop_capture(app, n)
+                if set(names) == set(current):
+                    appdb.drop_capture_tables(app)
+            with site.write_txn() as conn:
+                for n in names:
+                    attached.remove_table(conn, n)
+    return {"database": str(path), "detached": names}
+
+
+# --- reports ------------------------------------------------------------------------------------
+
+def report(site: Site) -> dict | None:
+    """What is attached, per table: rows, changes not yet captured, last capture and apply."""
+    att = attached.attachment(site.conn)
+    if att is None:
+        return None
+    path, since = att
+    tables = attached.tables(site.conn)
+    counts: dict[str, int] = {}
+    row_counts: dict[str, int | None] = {n: None for n in tables}
+    try:
+        app = appdb.open_app(Path(path))
+    except AttachError:
+        app = None
+    if app is not None:
+        try:
+            with appdb.read_txn(app):
+                counts = appdb.pending_counts(app, since)
+                for n in tables:
+                    if appdb.has_table(app, n):
+                        row_counts[n] = appdb.count_rows(app, n)
+        finally:
+            app.close()
+    return {"database": path, "tables": [
+        {"table": n, "rows": row_counts[n], "pending": counts.get(n, 0),
+         "to_apply": attached.pending_count(site.conn, n),
+         "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
+        for n, d in tables.items()]}
+
+
+def clash_list(site: Site, collection: str | None = None) -> list[tuple[str, str, str]]:
+    """(table, key, constraint message) of each visible record the local schema refused."""
+    if not is_attached(site):
+        return []
+    return [(c, k, t) for c, k, t, _at in attached.clashes(site.conn, collection)]
+
+
+def versions(site: Site, collection: str, key: str) -> list[Version]:
+    """The surviving versions of a key, for a clash that is not a version conflict."""
+    return [Version(c, v is None, v) for c, v in attached.versions_of(site.conn, collection, key)]
+
+
+def clash_of(site: Site, collection: str, key: str) -> str | None:
+    return attached.clash_of(site.conn, collection, key) if is_attached(site) else None
+
+
+def check(site: Site) -> list[str]:
+    """fsck: each attached table equals the visible records, except keys still on their way
+    (changes not captured yet, records not applied yet) and clashes, which are counted."""
+    att = attached.attachment(site.conn)
+    if att is None:
+        return []
+    problems: list[str] = []
+    path, since = att
+    try:
+        ctx = _open_attached(site)
+        app, infos = ctx.__enter__()
+    except AttachError as e:
+        return [f"attached database: {e.message}"]
+    try:
+        with appdb.read_txn(app):
+            for name, t in infos.items():
+                if not appdb.has_capture(app, name):
+                    problems.append(f"attached table {name} has lost its capture triggers "
+                                    f"(the next capture compares the whole table)")
+                    continue
+                skip = set(attached.pending_keys(site.conn, name))
+                skip |= {k for c, k, _t, _a in attached.clashes(site.conn, name)}
+                single = len(t.pk) == 1
+                for _s, key_vals, _r in appdb.changed_rows(app, t, since, 1 << 62):
+                    skip.add(rows.encode_key(key_vals, single))
+                app_rows = {}
+                for row in appdb.scan(app, t):
+                    rec = dict(zip(t.columns, row))
+                    app_rows[rows.encode_key(tuple(rec[c] for c in t.pk), single)] = rec
+                visible = {}
+                last = None
+                for key, _csn, _v in attached.visible_candidates(site.conn, name):
+                    if key == last:
+                        continue
+                    last = key
+                    v = _visible(site, name, attached.versions_of(site.conn, name, key))
+                    if v is not None and v.value is not None:
+                        visible[key] = codec.decode_value(v.value)
+                bad = []
+                for key in sorted(set(app_rows) | set(visible)):
+                    if key in skip:
+                        continue
+                    a, b = app_rows.get(key), visible.get(key)
+                    if a is None or b is None or rows.typed(a) != rows.typed(
+                            {c: b.get(c) for c in a}):
+                        bad.append(key)
+                for key in bad[:10]:
+                    problems.append(f"attached table {name}: row {key} differs from the "
+                                    f"visible record")
+                if len(bad) > 10:
+                    problems.append(f"attached table {name}: ... and {len(bad) - 10} more rows")
+    finally:
+        ctx.__exit__(None, None, None)
+    return problems

@@ -1,0 +1,118 @@
+"""Pure rules for attached tables: how a row's primary key becomes a record key and back, how
+a row becomes a record value, and in which order tables are written.  No I/O.
+
+A record of an attached table is a map {column: value} whose values keep their SQLite type
+exactly: msgpack keeps integers (64-bit) apart from floats, text apart from bytes, and nil, so
+``typeof()`` is the same at every site.
+
+The record key is the primary key: a single-column key of INTEGER or TEXT value is that value as
+text (``42``, ``p-100``); any other key (several columns, a REAL or BLOB value, text that
+starts with ``[``) is a JSON array,
+with bytes as ``{"hex": "..."}`` and floats in their exact repr.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+INT_AFFINITY = ("INTEGER", "REAL", "NUMERIC")
+
+
+def encode_key(values: tuple, single: bool | None = None) -> str:
+    """The record key of a row whose primary key holds ``values`` (in key column order)."""
+    if len(values) == 1 and (single is None or single):
+        v = values[0]
+        if isinstance(v, str) and not v.startswith("["):
+            return v
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+    return json.dumps([_jsonable(v) for v in values], separators=(",", ":"),
+                      ensure_ascii=False)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return {"hex": v.hex()}
+    if isinstance(v, float):
+        return {"real": repr(v)}
+    return v
+
+
+def _from_json(v: Any) -> Any:
+    if isinstance(v, dict):
+        if "hex" in v:
+            return bytes.fromhex(v["hex"])
+        if "real" in v:
+            return float(v["real"])
+    return v
+
+
+def decode_key(key: str, affinities: list[str]) -> tuple:
+    """The primary key values of record key ``key`` of a table whose key columns have these
+    affinities (one per column)."""
+    if len(affinities) == 1 and not key.startswith("["):
+        if affinities[0] == "BLOB":
+            # No affinity converts for us: a number written as text must be bound as one.
+            try:
+                return (int(key),) if str(int(key)) == key else (key,)
+            except ValueError:
+                return (key,)
+        return (key,)
+    try:
+        vals = json.loads(key)
+    except ValueError:
+        return (key,)
+    if not isinstance(vals, list) or len(vals) != len(affinities):
+        return (key,)
+    return tuple(_from_json(v) for v in vals)
+
+
+def typed(row: dict) -> dict:
+    """A row with each value tagged by its Python type, for exact comparison (1 != 1.0)."""
+    return {k: (type(v).__name__, v) for k, v in row.items()}
+
+
+def fk_order(parents: dict[str, list[str]]) -> list[str]:
+    """Tables ordered parents first (a table after every table it references), ties by
+    name; a cycle is broken at the name order (its rows may then clash and retry)."""
+    out: list[str] = []
+    done: set[str] = set()
+    visiting: set[str] = set()
+
+    def visit(t: str) -> None:
+        if t in done or t in visiting:
+            return
+        visiting.add(t)
+        for p in sorted(parents.get(t, [])):
+            if p in parents and p != t:
+                visit(p)
+        visiting.discard(t)
+        done.add(t)
+        out.append(t)
+
+    for t in sorted(parents):
+        visit(t)
+    return out
+
+
+def integer_key_warning(table: str, pk: list[str], affinities: dict[str, str],
+                        create_sql: str) -> str | None:
+    """A warning when ``table`` is keyed by one INTEGER column (a rowid alias, often given
+    out by SQLite): two sites inserting at once pick the same numbers."""
+    if len(pk) == 1 and affinities.get(pk[0]) == "INTEGER":
+        return (f"table {table} is keyed by INTEGER column {pk[0]}: rows inserted at two sites "
+                f"before they sync may get the same key, and then show as conflicts; give each "
+                f"site its own key range, or use text keys (docs/attach.md, 'Integer keys')")
+    return None
+
+
+def chunks(items: Iterable, n: int):
+    buf = []
+    for x in items:
+        buf.append(x)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf

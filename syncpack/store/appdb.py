@@ -1,0 +1,377 @@
+"""SQL that runs against an application's own SQLite database (see docs/attach.md).
+
+syncpack never asks the application to load anything: capture is done by triggers stored in the
+application's file, so they fire on every connection of every program.  Each trigger appends the
+primary key of the changed row to ``_syncpack_changes`` (key only, so a one-row write stays
+cheap); the capture step reads the current row itself.  Writes made by syncpack are not
+captured: syncpack's apply transaction holds the write lock, inserts a row into
+``_syncpack_applying`` and deletes it before COMMIT, and every trigger has
+``WHEN NOT EXISTS (SELECT 1 FROM _syncpack_applying)``.  That row is never committed, so no
+other connection ever sees it.
+
+Only this module knows the shape of those tables and triggers.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import apsw
+
+from syncpack.errors import AttachError
+
+Connection = apsw.Connection
+ConstraintError = apsw.ConstraintError
+# The application may hold the write lock for a while (a bulk transaction); we wait as long.
+BUSY_TIMEOUT_MS = 60_000
+CHANGES = "_syncpack_changes"
+APPLYING = "_syncpack_applying"
+TRIGGER_PREFIX = "_syncpack_"
+# Key columns of the change table; more are added when a table with a longer key is attached.
+MIN_KEY_COLS = 4
+
+
+def q(name: str) -> str:
+    """An SQL identifier, quoted."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass
+class TableInfo:
+    name: str
+    create_sql: str
+    columns: list[str]
+    pk: list[str]
+    affinity: dict[str, str]      # column -> INTEGER/REAL/TEXT/NUMERIC/BLOB
+    virtual: bool
+    uniques: list[list[str]]      # other UNIQUE indexes (plain columns only)
+    parents: list[str]            # tables this one references by FOREIGN KEY
+
+
+def open_app(path: Path) -> Connection:
+    """Open the application's database for capture and apply; never creates the file."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(16)
+    except FileNotFoundError:
+        raise AttachError(f"{path}: no such file",
+                          hint="give the path of the application's SQLite database") from None
+    except IsADirectoryError:
+        raise AttachError(f"{path} is a directory, not an SQLite database") from None
+    except OSError as e:
+        raise AttachError(f"{path} cannot be read ({e.strerror})") from None
+    if magic and magic != b"SQLite format 3\0":       # an empty file is an empty database
+        raise AttachError(f"{path} is not an SQLite database",
+                          hint="attach the application's SQLite database file")
+    try:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+    except apsw.Error as e:
+        raise AttachError(f"{path} cannot be opened as an SQLite database ({e})") from None
+    return conn
+
+
+@contextmanager
+def read_txn(conn: Connection) -> Iterator[Connection]:
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("ROLLBACK")
+
+
+@contextmanager
+def write_txn(conn: Connection) -> Iterator[Connection]:
+    """Our writes into the application's file: the write lock up front (we wait for the
+    application's writers), the applying marker so our own writes are not captured, and the
+    marker gone before COMMIT."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if has_table(conn, APPLYING):
+            conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
+        yield conn
+        if has_table(conn, APPLYING):
+            conn.execute(f"DELETE FROM {APPLYING}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def has_table(conn: Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_schema WHERE type='table' AND name=?",
+                        (name,)).fetchone() is not None
+
+
+def user_tables(conn: Connection) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_schema WHERE type='table' AND name NOT LIKE 'sqlite_%' "
+        "AND name NOT LIKE '\\_syncpack\\_%' ESCAPE '\\' ORDER BY name")]
+
+
+def _affinity(decl: str) -> str:
+    # SQLite's rules (datatype3.html §3.1), in their order.
+    d = (decl or "").upper()
+    if "INT" in d:
+        return "INTEGER"
+    if any(s in d for s in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if "BLOB" in d or not d:
+        return "BLOB"
+    if any(s in d for s in ("REAL", "FLOA", "DOUB")):
+        return "REAL"
+    return "NUMERIC"
+
+
+def table_info(conn: Connection, name: str) -> TableInfo | None:
+    row = conn.execute("SELECT sql FROM sqlite_schema WHERE type='table' AND name=?",
+                       (name,)).fetchone()
+    if row is None:
+        return None
+    sql = row[0] or ""
+    virtual = sql.upper().lstrip().startswith("CREATE VIRTUAL")
+    cols, pk, aff = [], [], {}
+    if not virtual:
+        xinfo = conn.execute(f"PRAGMA table_xinfo({q(name)})").fetchall()
+        # cid, name, type, notnull, dflt, pk, hidden: generated columns cannot be written
+        for _cid, col, decl, _nn, _d, pkn, hidden in xinfo:
+            if hidden:
+                continue
+            cols.append(col)
+            aff[col] = _affinity(decl)
+        pk = [c for _i, c, _t, _n, _d, pkn, _h in sorted(xinfo, key=lambda r: r[5]) if pkn]
+    uniques = []
+    if not virtual:
+        for _seq, iname, unique, origin, partial in conn.execute(
+                f"PRAGMA index_list({q(name)})").fetchall():
+            if not unique or origin == "pk" or partial:
+                continue
+            icols = [r[2] for r in conn.execute(f"PRAGMA index_info({q(iname)})")]
+            if icols and all(c is not None for c in icols):
+                uniques.append(icols)
+    parents = sorted({r[2] for r in conn.execute(f"PRAGMA foreign_key_list({q(name)})")}) \
+        if not virtual else []
+    return TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents)
+
+
+def create_table(conn: Connection, name: str, sql: str) -> None:
+    """Create a table from the definition that travelled with its records: one CREATE TABLE
+    statement of that name and nothing else (the text comes from a peer)."""
+    seen: list[str] = []
+
+    def only_one(_cursor, stmt, _bindings):
+        seen.append(stmt)
+        return len(seen) == 1 and stmt.lstrip().upper().startswith("CREATE TABLE")
+
+    cur = conn.cursor()
+    cur.exec_trace = only_one
+    try:
+        cur.execute(sql)
+    except apsw.ExecTraceAbort:
+        raise AttachError(f"the definition of table {name!r} from the peers is not one "
+                          f"CREATE TABLE statement; nothing was created") from None
+    except apsw.Error as e:
+        raise AttachError(f"cannot create table {name!r} from the peers' definition ({e})") \
+            from None
+    if not has_table(conn, name):
+        raise AttachError(f"the peers' definition of table {name!r} creates another table")
+
+
+# --- capture tables and triggers ----------------------------------------------------------------
+
+def key_cols(conn: Connection) -> int:
+    if not has_table(conn, CHANGES):
+        return 0
+    return sum(1 for r in conn.execute(f"PRAGMA table_info({CHANGES})") if r[1].startswith("k"))
+
+
+def install_capture(conn: Connection, t: TableInfo) -> None:
+    """The change table, the applying marker and the triggers of table ``t``; the caller
+    holds the write lock."""
+    n = max(MIN_KEY_COLS, len(t.pk))
+    if not has_table(conn, CHANGES):
+        ks = ", ".join(f"k{i}" for i in range(n))
+        # A plain rowid (AUTOINCREMENT would cost every write an update of sqlite_sequence):
+        # new numbers follow the largest present, and forget_changes always keeps the largest,
+        # so a number is never reused and "seq > captured_seq" never skips a new change.
+        conn.execute(f"CREATE TABLE {CHANGES}(seq INTEGER PRIMARY KEY, tbl TEXT NOT NULL, {ks})")
+    else:
+        for i in range(key_cols(conn), n):
+            conn.execute(f"ALTER TABLE {CHANGES} ADD COLUMN k{i}")
+    if not has_table(conn, APPLYING):
+        conn.execute(f"CREATE TABLE {APPLYING}(x)")
+        # We are inside our own write transaction (write_txn found no marker table to mark).
+        conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
+    drop_capture(conn, t.name)
+    tn = t.name.replace("'", "''")
+    ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
+    new = ", ".join(f"NEW.{q(c)}" for c in t.pk)
+    old = ", ".join(f"OLD.{q(c)}" for c in t.pk)
+    moved = " OR ".join(f"OLD.{q(c)} IS NOT NEW.{q(c)}" for c in t.pk)
+    when = f"WHEN NOT EXISTS (SELECT 1 FROM {APPLYING})"
+    ins = f"INSERT INTO {CHANGES}(tbl, {ks})"
+    tq = q(t.name)
+    name = lambda kind: q(f"{TRIGGER_PREFIX}{t.name}_{kind}")  # noqa: E731
+    conn.execute(f"CREATE TRIGGER {name('ins')} AFTER INSERT ON {tq} {when} "
+                 f"BEGIN {ins} VALUES ('{tn}', {new}); END")
+    conn.execute(f"CREATE TRIGGER {name('upd')} AFTER UPDATE ON {tq} {when} "
+                 f"BEGIN {ins} VALUES ('{tn}', {new}); "
+                 f"{ins} SELECT '{tn}', {old} WHERE {moved}; END")
+    conn.execute(f"CREATE TRIGGER {name('del')} AFTER DELETE ON {tq} {when} "
+                 f"BEGIN {ins} VALUES ('{tn}', {old}); END")
+    if t.uniques:
+        # INSERT OR REPLACE removes a row that clashes on another UNIQUE index without firing
+        # its DELETE trigger; note the keys of such rows before the insert.  (Nothing is kept
+        # if the insert fails: the statement's changes, these included, are undone.)
+        body = " ".join(
+            f"{ins} SELECT '{tn}', " + ", ".join(q(c) for c in t.pk) + f" FROM {tq} WHERE "
+            + " AND ".join(f"{q(c)} = NEW.{q(c)}" for c in u) + ";" for u in t.uniques)
+        conn.execute(f"CREATE TRIGGER {name('rep')} BEFORE INSERT ON {tq} {when} "
+                     f"BEGIN {body} END")
+
+
+def drop_capture(conn: Connection, table: str) -> None:
+    for kind in ("ins", "upd", "del", "rep"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {q(TRIGGER_PREFIX + table + '_' + kind)}")
+
+
+def has_capture(conn: Connection, table: str) -> bool:
+    names = {f"{TRIGGER_PREFIX}{table}_{k}" for k in ("ins", "upd", "del")}
+    got = {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_schema WHERE type='trigger' AND tbl_name=?", (table,))}
+    return names <= got
+
+
+def drop_capture_tables(conn: Connection) -> None:
+    conn.execute(f"DROP TABLE IF EXISTS {CHANGES}")
+    conn.execute(f"DROP TABLE IF EXISTS {APPLYING}")
+
+
+def max_seq(conn: Connection) -> int:
+    """The highest change number given so far."""
+    if not has_table(conn, CHANGES):
+        return 0
+    return conn.execute(f"SELECT coalesce(max(seq), 0) FROM {CHANGES}").fetchone()[0]
+
+
+def pending_counts(conn: Connection, since: int) -> dict[str, int]:
+    """Per table, changes committed after ``since`` (not yet captured)."""
+    if not has_table(conn, CHANGES):
+        return {}
+    return dict(conn.execute(f"SELECT tbl, count(*) FROM {CHANGES} WHERE seq > ? GROUP BY tbl",
+                             (since,)).fetchall())
+
+
+def changed_rows(conn: Connection, t: TableInfo, since: int, upto: int
+                 ) -> Iterator[tuple[int, tuple, tuple | None]]:
+    """(last seq, key values, current row or None) of each key of ``t`` changed in
+    (since, upto], in order of each key's last change; the caller holds a read snapshot."""
+    ks = [f"c.k{i}" for i in range(len(t.pk))]
+    on = " AND ".join(f"t.{q(c)} = {k}" for c, k in zip(t.pk, ks))
+    cols = ", ".join(f"t.{q(c)}" for c in t.columns)
+    present = f"t.{q(t.pk[0])} IS NOT NULL"
+    sql = (f"SELECT max(c.seq) AS s, {', '.join(ks)}, {present}, {cols} FROM {CHANGES} c "
+           f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
+           f"GROUP BY {', '.join(ks)} ORDER BY s")
+    n = len(t.pk)
+    for row in conn.execute(sql, (t.name, since, upto)):
+        key = tuple(row[1:1 + n])
+        yield row[0], key, (tuple(row[2 + n:]) if row[1 + n] else None)
+
+
+def forget_changes(conn: Connection, upto: int) -> None:
+    """Captured rows are no longer needed (the store remembers how far it captured)."""
+    if has_table(conn, CHANGES):
+        # The largest stays: the next number is always above it (see install_capture).
+        conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ? AND seq < "
+                     f"(SELECT max(seq) FROM {CHANGES})", (upto,))
+
+
+def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
+    """Every row of ``t`` (columns in ``t.columns`` order)."""
+    cols = ", ".join(q(c) for c in t.columns)
+    return conn.execute(f"SELECT {cols} FROM {q(t.name)}")
+
+
+def count_rows(conn: Connection, table: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM {q(table)}").fetchone()[0]
+
+
+class Writer:
+    """Writes visible records into one table, one row per savepoint: a row the local schema
+    refuses (UNIQUE, CHECK, NOT NULL, FOREIGN KEY) is rolled back alone and reported."""
+
+    def __init__(self, conn: Connection, t: TableInfo):
+        self.conn, self.t = conn, t
+        where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
+        self._delete = f"DELETE FROM {q(t.name)} WHERE {where}"
+        self._cols = set(t.columns)
+        self._sql: dict[tuple[str, ...], str] = {}
+
+    def _upsert(self, cols: tuple[str, ...]) -> str:
+        sql = self._sql.get(cols)
+        if sql is None:
+            names = ", ".join(q(c) for c in cols)
+            marks = ", ".join("?" for _ in cols)
+            rest = [c for c in cols if c not in self.t.pk]
+            tail = ("DO UPDATE SET " + ", ".join(f"{q(c)}=excluded.{q(c)}" for c in rest)
+                    if rest else "DO NOTHING")
+            sql = self._sql[cols] = (f"INSERT INTO {q(self.t.name)}({names}) VALUES ({marks}) "
+                                     f"ON CONFLICT({', '.join(q(c) for c in self.t.pk)}) {tail}")
+        return sql
+
+    def put(self, row: dict) -> str | None:
+        cols = tuple(c for c in row if c in self._cols)
+        return self._one(self._upsert(cols), [row[c] for c in cols])
+
+    def put_many(self, rows: list[dict]) -> list[str | None]:
+        """Each row's constraint message or None; the whole batch in one savepoint, and row by
+        row only when something in it is refused."""
+        if not rows:
+            return []
+        cols = tuple(c for c in rows[0] if c in self._cols)
+        first = rows[0].keys()
+        if all(r.keys() == first for r in rows):
+            self.conn.execute("SAVEPOINT syncpack_batch")
+            try:
+                self.conn.executemany(self._upsert(cols), [[r[c] for c in cols] for r in rows])
+            except apsw.ConstraintError:
+                self.conn.execute("ROLLBACK TO syncpack_batch")
+                self.conn.execute("RELEASE syncpack_batch")
+            else:
+                self.conn.execute("RELEASE syncpack_batch")
+                return [None] * len(rows)
+        return [self.put(r) for r in rows]
+
+    def delete(self, key: tuple) -> str | None:
+        return self._one(self._delete, list(key))
+
+    def _one(self, sql: str, args: list) -> str | None:
+        self.conn.execute("SAVEPOINT syncpack_row")
+        try:
+            self.conn.execute(sql, args)
+        except apsw.ConstraintError as e:
+            self.conn.execute("ROLLBACK TO syncpack_row")
+            self.conn.execute("RELEASE syncpack_row")
+            return str(e).replace("ConstraintError: ", "")
+        self.conn.execute("RELEASE syncpack_row")
+        return None
+
+
+def fetch_row(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:
+    cols = ", ".join(q(c) for c in t.columns)
+    where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
+    return conn.execute(f"SELECT {cols} FROM {q(t.name)} WHERE {where}", key).fetchone()
+
+
+def foreign_keys_ok(conn: Connection, tables: Iterable[str]) -> list[str]:
+    out = []
+    for t in tables:
+        for r in conn.execute(f"PRAGMA foreign_key_check({q(t)})"):
+            out.append(f"{r[0]} row {r[1]} references a missing {r[2]} row")
+    return out

@@ -1,0 +1,210 @@
+"""The store's side of an attached application database (docs/attach.md).
+
+Tables (created by the store's migration 4, :mod:`syncpack.store.db`):
+
+- ``attached``: the one attached database of this site and how far its changes were captured
+  (``captured_seq``: the application's change numbers up to it are in the changelog; a capture
+  commits its ops and the new number in one store transaction, so a crash on either side of
+  that commit neither loses nor repeats a change);
+- ``attached_tables``: each replicated table, its key columns and definition, and times;
+- ``attach_pending``: per key of an attached table whose surviving versions changed in the
+  store and are not yet written into the application's table, the CSNs that arrived (the
+  application has not seen them: a local write captured meanwhile does not replace them, it
+  is concurrent with them); ``x''`` stands for "a version went away";
+- ``attach_clashes``: keys whose visible record the application's schema refused (UNIQUE,
+  CHECK, NOT NULL, FOREIGN KEY), with the constraint, retried on every apply;
+- ``attach_capturing``: a marker row inserted and removed inside a capture's own transaction,
+  so the triggers that fill ``attach_pending`` skip what capture writes (the application
+  already holds it).
+
+The triggers on ``versions`` exist only while something is attached, so a site without an
+attachment pays nothing on import.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from syncpack.store.db import Connection
+
+
+_TRIGGERS = [
+    "CREATE TRIGGER IF NOT EXISTS attach_versions_ins AFTER INSERT ON versions "
+    "WHEN NOT EXISTS (SELECT 1 FROM attach_capturing) AND "
+    "EXISTS (SELECT 1 FROM attached_tables WHERE name = NEW.collection) "
+    "BEGIN INSERT OR IGNORE INTO attach_pending VALUES (NEW.collection, NEW.key, NEW.csn); END",
+    "CREATE TRIGGER IF NOT EXISTS attach_versions_del AFTER DELETE ON versions "
+    "WHEN NOT EXISTS (SELECT 1 FROM attach_capturing) AND "
+    "EXISTS (SELECT 1 FROM attached_tables WHERE name = OLD.collection) "
+    "BEGIN INSERT OR IGNORE INTO attach_pending VALUES (OLD.collection, OLD.key, x''); END",
+]
+
+
+def attachment(conn: Connection) -> tuple[str, int] | None:
+    """(database path, captured_seq), or None when nothing is attached."""
+    row = conn.execute("SELECT db_path, captured_seq FROM attached").fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def set_attachment(conn: Connection, path: str, captured_seq: int) -> None:
+    conn.execute("INSERT OR REPLACE INTO attached(id, db_path, captured_seq) VALUES (1, ?, ?)",
+                 (path, captured_seq))
+    for t in _TRIGGERS:
+        conn.execute(t)
+
+
+def set_captured(conn: Connection, seq: int) -> None:
+    conn.execute("UPDATE attached SET captured_seq=max(captured_seq, ?)", (seq,))
+
+
+def tables(conn: Connection) -> dict[str, dict]:
+    out = {}
+    for name, pk, cols, sql, cap, app in conn.execute(
+            "SELECT name, pk, columns, create_sql, last_capture_ms, last_apply_ms "
+            "FROM attached_tables ORDER BY name"):
+        out[name] = {"pk": json.loads(pk), "columns": json.loads(cols), "create_sql": sql,
+                     "last_capture_ms": cap, "last_apply_ms": app}
+    return out
+
+
+def add_table(conn: Connection, name: str, pk: list[str], columns: list[str],
+              create_sql: str) -> None:
+    conn.execute("INSERT INTO attached_tables(name, pk, columns, create_sql) VALUES (?, ?, ?, ?)",
+                 (name, json.dumps(pk), json.dumps(columns), create_sql))
+
+
+def remove_table(conn: Connection, name: str) -> None:
+    for sql in ("DELETE FROM attached_tables WHERE name=?",
+                "DELETE FROM attach_pending WHERE collection=?",
+                "DELETE FROM attach_clashes WHERE collection=?"):
+        conn.execute(sql, (name,))
+    if conn.execute("SELECT 1 FROM attached_tables LIMIT 1").fetchone() is None:
+        conn.execute("DELETE FROM attached")
+        conn.execute("DROP TRIGGER IF EXISTS attach_versions_ins")
+        conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
+
+
+def touch(conn: Connection, names, column: str, at_ms: int) -> None:
+    assert column in ("last_capture_ms", "last_apply_ms")
+    conn.executemany(f"UPDATE attached_tables SET {column}=? WHERE name=?",
+                     [(at_ms, n) for n in names])
+
+
+def begin_capturing(conn: Connection) -> None:
+    conn.execute("INSERT INTO attach_capturing VALUES (1)")
+
+
+def end_capturing(conn: Connection) -> None:
+    conn.execute("DELETE FROM attach_capturing")
+
+
+def mark_all_pending(conn: Connection, collection: str) -> None:
+    """Every surviving version of ``collection`` is news to the application's table."""
+    conn.execute("INSERT OR IGNORE INTO attach_pending SELECT collection, key, csn "
+                 "FROM versions WHERE collection=?", (collection,))
+
+
+def unseen(conn: Connection, collection: str, key: str) -> set[bytes]:
+    return {r[0] for r in conn.execute(
+        "SELECT csn FROM attach_pending WHERE collection=? AND key=?", (collection, key))}
+
+
+def has_pending(conn: Connection) -> bool:
+    return conn.execute("SELECT 1 FROM attach_pending LIMIT 1").fetchone() is not None
+
+
+def pending_keys(conn: Connection, collection: str) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT DISTINCT key FROM attach_pending WHERE collection=? ORDER BY key",
+        (collection,))]
+
+
+def pending_count(conn: Connection, collection: str) -> int:
+    return conn.execute("SELECT count(DISTINCT key) FROM attach_pending WHERE collection=?",
+                        (collection,)).fetchone()[0]
+
+
+def clear_pending(conn: Connection, collection: str, keys: list[str]) -> None:
+    conn.executemany("DELETE FROM attach_pending WHERE collection=? AND key=?",
+                     [(collection, k) for k in keys])
+
+
+def versions_of(conn: Connection, collection: str, key: str) -> list[tuple[bytes, bytes | None]]:
+    return conn.execute("SELECT csn, value FROM versions WHERE collection=? AND key=? "
+                        "ORDER BY csn", (collection, key)).fetchall()
+
+
+def set_clash(conn: Connection, collection: str, key: str, text: str, at_ms: int) -> None:
+    conn.execute("INSERT OR REPLACE INTO attach_clashes VALUES (?, ?, ?, ?)",
+                 (collection, key, text, at_ms))
+
+
+def clear_clashes(conn: Connection, collection: str, keys: list[str]) -> None:
+    conn.executemany("DELETE FROM attach_clashes WHERE collection=? AND key=?",
+                     [(collection, k) for k in keys])
+
+
+def clashes(conn: Connection, collection: str | None = None) -> list[tuple[str, str, str, int]]:
+    if collection is None:
+        return conn.execute("SELECT collection, key, constraint_text, at_ms FROM attach_clashes "
+                            "ORDER BY collection, key").fetchall()
+    return conn.execute("SELECT collection, key, constraint_text, at_ms FROM attach_clashes "
+                        "WHERE collection=? ORDER BY key", (collection,)).fetchall()
+
+
+def clash_of(conn: Connection, collection: str, key: str) -> str | None:
+    row = conn.execute("SELECT constraint_text FROM attach_clashes WHERE collection=? AND key=?",
+                       (collection, key)).fetchone()
+    return row[0] if row else None
+
+
+def collection_used(conn: Connection, collection: str) -> bool:
+    return conn.execute("SELECT 1 FROM versions WHERE collection=? LIMIT 1",
+                        (collection,)).fetchone() is not None
+
+
+def visible_candidates(conn: Connection, collection: str) -> Iterator[tuple[str, bytes, bytes | None]]:
+    """(key, csn, value) of every surviving version of ``collection``, by key."""
+    return conn.execute("SELECT key, csn, value FROM versions WHERE collection=? ORDER BY key, csn",
+                        (collection,))
+
+
+def versions_for(conn: Connection, collection: str, keys: list[str]
+                 ) -> dict[str, list[tuple[bytes, bytes | None]]]:
+    """Surviving versions of many keys at once: key -> [(csn, value)] in CSN order."""
+    out: dict[str, list[tuple[bytes, bytes | None]]] = {}
+    if not keys:
+        return out
+    for key, csn, value in conn.executemany(
+            "SELECT key, csn, value FROM versions WHERE collection=? AND key=? ORDER BY csn",
+            [(collection, k) for k in keys]):
+        out.setdefault(key, []).append((csn, value))
+    return out
+
+
+def unseen_for(conn: Connection, collection: str, keys: list[str]) -> dict[str, set[bytes]]:
+    """Pending CSNs of many keys at once (see :func:`unseen`)."""
+    out: dict[str, set[bytes]] = {}
+    if not keys:
+        return out
+    for key, csn in conn.executemany(
+            "SELECT key, csn FROM attach_pending WHERE collection=? AND key=?",
+            [(collection, k) for k in keys]):
+        if csn:
+            out.setdefault(key, set()).add(csn)
+    return out
+
+
+def pending_versions(conn: Connection, collection: str
+                     ) -> Iterator[tuple[str, bytes | None, bytes | None]]:
+    """(key, csn, value) of every surviving version of every pending key of ``collection``
+    (csn None: the key has no version left), by key."""
+    return conn.execute(
+        "SELECT p.key, v.csn, v.value FROM (SELECT DISTINCT key FROM attach_pending "
+        "WHERE collection=?) p LEFT JOIN versions v ON v.collection=? AND v.key=p.key "
+        "ORDER BY p.key, v.csn", (collection, collection))
+
+
+def clear_all_pending(conn: Connection, collection: str) -> None:
+    conn.execute("DELETE FROM attach_pending WHERE collection=?", (collection,))
