@@ -467,8 +467,13 @@ class Transaction:
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
         gone, rows = [], []
+        merge = site.policy_of(collection) == "merge"
         for key, raw, replaced in items:
             seq = self.seq
+            if merge:
+                fields.note_write(site.conn, collection, key,
+                                  pack_csn(self.hlc, site.site_id, seq), raw,
+                                  b"".join(replaced), local=True)
             self.seq += 1
             self.epoch += 1
             self.ops.append(Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw,
