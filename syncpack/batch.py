@@ -475,6 +475,10 @@ class _Round:
                                     f"{_ranges_text(p['waiting_for'])}")
         for r in res.rejected:
             self.log.line("import", f"REJECTED {r['path']}: {r['error']}")
+        for f in res.forks:
+            self.fail("import", f["path"], f"fork: {f['origin']} signed two histories of its "
+                      f"epoch {f['epoch']}; that range was not applied",
+                      "'syncpack status' shows the evidence, which travels to every member")
 
     def do_export(self, spec: ExportSpec) -> None:
         to_shown = "all" if spec.to is None else spec.to

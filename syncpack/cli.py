@@ -615,6 +615,10 @@ def import_(obj: Ctx, paths):
         obj.emit(res.to_json())
     for r in res.rejected:
         echo_error(f"{r['path']}: {r['error']}")
+    for f in res.forks:
+        echo_error(f"{f['path']}: fork: {f['origin']} signed two histories of its epoch "
+                   f"{f['epoch']}; that range was not applied, the evidence is kept and "
+                   f"passed on (see 'syncpack status')")
     if not obj.json:
         lines = []
         for p in res.parked:
@@ -624,7 +628,7 @@ def import_(obj: Ctx, paths):
         # other sites' packets does not read as an import that worked.
         lines.append(_import_summary(res))
         obj.say("\n".join(lines))
-    if res.rejected:
+    if res.rejected or res.forks:
         sys.exit(1)
 
 
@@ -780,6 +784,11 @@ def status(obj: Ctx, fmt):
                                                                  rec["claims_dismissed"])))
         if rec.get("next_step"):
             lines.append(f"next: {printable(rec['next_step'])}")
+    for f in doc["forks"]:
+        lines.append(f"fork ({f['state']}): {printable(f['origin'])} signed two histories of its "
+                     f"epoch {f['epoch']}: blocks " + " and ".join(
+                         f"{b['epochs'][0]}..{b['epochs'][1]} #{b['hash'][:12]}"
+                         + (" (held here)" if b["held_here"] else "") for b in f["blocks"]))
     if doc.get("attached"):
         lines.append(_attached_text(doc["attached"]))
     obj.emit(doc, "\n".join(lines))

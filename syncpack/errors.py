@@ -108,6 +108,21 @@ class EpochCollisionError(PacketError):
                     "'syncpack restore'?); this site kept its data")
 
 
+class ForkedMemberError(PacketError):
+    """A member signed two histories of one of its epochs (docs/design.md §3.10)."""
+
+    default_hint = ("'syncpack status' shows the evidence; the member heals by itself if it "
+                    "was restored from a backup, otherwise retire it with 'syncpack rmreplica'")
+
+
+class ForkFoundError(EpochCollisionError):
+    """This import found a fork: the forked range was not applied, the rest of the packet was."""
+
+    default_hint = ("the evidence is kept and travels to every member; 'syncpack status' shows "
+                    "it. The origin heals by itself if it was restored from a backup, otherwise "
+                    "retire it with 'syncpack rmreplica'")
+
+
 class ClockSkewError(PacketError):
     default_hint = "fix the sender's clock; the packet was not applied"
 

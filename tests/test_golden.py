@@ -141,8 +141,8 @@ def full_check(data: bytes, public: bytes, unseal=None) -> list:
 
 
 def test_every_vector_is_present():
-    assert NAMES == ["v2-snapshot", "v2-update-ack-only", "v2-update-basic", "v2-update-sealed",
-                     "v2-update-split-p0", "v2-update-split-p1"]
+    assert NAMES == ["v2-snapshot", "v2-update-ack-only", "v2-update-basic", "v2-update-fork",
+                     "v2-update-sealed", "v2-update-split-p0", "v2-update-split-p1"]
     for n in NAMES + [LEGACY]:
         assert (VECTORS / f"{n}.spk").is_file() and (VECTORS / f"{n}.json").is_file()
     # format 1 survives only as the one packet that tests its refusal
@@ -509,6 +509,36 @@ def test_ack_only_has_empty_body():
     assert doc["layout"]["header_offset"] == 9 and doc["blocks"] == []
     assert full_check(data, bytes.fromhex(doc["signer_ed25519"])) == []
     assert h["tip"] == [5, load("v2-update-basic")[1]["ops"][-1]["csn"]]
+
+
+def test_fork_evidence_by_hand():
+    """PACKET.md 4 ('heads', 'forks'), BLOCKS.md 3.1-3.2 and design §3.10: two headers charlie
+    signed, read by hand, contradict each other; the head is one of them."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    data, doc = load("v2-update-fork")
+    assert full_check(data, bytes.fromhex(doc["signer_ed25519"])) == []
+    h = doc["header"]
+    assert h["opt"] == ["forks"] and h["count"] == 0
+    a, b = (bytes.fromhex(x) for x in h["forks"][0])
+    assert a < b and len(a) == len(b) == 186
+    assert bytes.fromhex(h["heads"][0]) in (a, b)
+    charlie = Ed25519PublicKey.from_public_bytes(gen.public_key("charlie"))
+    fields = []
+    for raw in (a, b):
+        charlie.verify(raw[122:186], b"syncpack block signature v2\x00" + gen.FAMILY_ID + raw[:122])
+        f = BLOCK_HEADER.unpack(raw[:122])
+        assert f[3] == gen.C
+        fields.append(f)
+    (_, _, _, _, lo1, hi1, _, _, last1, prev1, body1, _, _) = fields[0]
+    (_, _, _, _, lo2, hi2, _, _, last2, prev2, body2, _, _) = fields[1]
+    # the same place in charlie's chain, two different ops for epoch 3
+    assert (lo1, hi1, prev1) == (lo2, hi2, prev2) == (2, 3, prev1)
+    assert last1 != last2 and body1 != body2
+    from syncpack.rules import forks as fork_rules
+    infos = [blocks.read_block_header(x, gen.FAMILY_ID, header_only=True) for x in (a, b)]
+    facts = [fork_rules.HeaderFacts(i.origin, i.lo, i.hi, i.hlc_first, i.hlc_last, i.prev_hash,
+                                    i.block_hash) for i in infos]
+    assert fork_rules.fork_epoch(*facts) == 3
 
 
 # --- reproducing the bytes -----------------------------------------------------------------------

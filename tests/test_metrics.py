@@ -26,10 +26,13 @@ def parse(text: str) -> dict[str, list]:
     return out
 
 
-def status_doc(site="boston", peers=None, state="normal", parked=0, conflicts=0, ops=10):
+def status_doc(site="boston", peers=None, state="normal", parked=0, conflicts=0, ops=10,
+               forks=None):
     return {"site": site, "family": "fam", "state": state, "conflicts": conflicts,
             "changelog_ops": ops, "parked": [{"seq": i} for i in range(parked)],
-            "peers": peers if peers is not None else {}}
+            "peers": peers if peers is not None else {},
+            "forks": forks if forks is not None else [{"origin": "chicago", "epoch": 7,
+                                                       "state": "open"}]}
 
 
 # --- the renderer -----------------------------------------------------------------------------
@@ -58,6 +61,9 @@ def test_every_family_has_help_and_type_before_its_samples():
             assert 'site="boston"' in line
     assert seen == [n for n, _, _ in metrics.FAMILIES]    # every family, in table order
     got = parse(text)
+    assert got["syncpack_forks_open"] == [({"site": "boston"}, 1.0)]
+    assert got["syncpack_fork"] == [({"site": "boston", "origin": "chicago", "epoch": "7",
+                                      "state": "open"}, 1.0)]
     assert got["syncpack_peer_lag_ops"] == [({"site": "boston", "peer": "sanfran"}, 3.0)]
     assert got["syncpack_attached_pending_changes"] == [({"site": "boston", "table": "orders"},
                                                          2.0)]

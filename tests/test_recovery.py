@@ -377,20 +377,21 @@ def test_forged_epoch_collision_is_refused_and_data_kept(family):
     (part,) = build_update_packets([BlockRef.of(block)], tmpl, sign, 1 << 20,
                                    atomic_opener(media, lambda n: f"forged-{n}.spk"))
 
-    r = run("import", part.path, site=fam.path("A"))
-    assert r.code == 1, r
-    assert "epoch collision" in r.err and f"epoch {held} of B" in r.err, r
     with fam.open("A") as s:
         pk = verify.open_packet(part.path)
         try:
             verify.verify(s, pk)                     # signed by a current member: passes
-            with pytest.raises(EpochCollisionError):
+            with pytest.raises(apply.ForkFound):     # B's two signed blocks prove a fork
                 apply.apply_packet(s, pk)
         finally:
             pk.close()
+    # Issue 23: a fork of B, loudly; B's range is not applied, the evidence is kept.
+    r = run("import", part.path, site=fam.path("A"), json_mode=True)
+    assert r.code == 1, r
+    assert "fork: B signed two histories" in r.err and f"epoch {held}" in r.err, r
+    assert [(f["origin"], f["epoch"]) for f in r.json["forks"]] == [("B", held)]
+    with fam.open("A") as s:
         assert s.get("t", "k") == "genuine" and s.get("t", "other", None) is None
-        assert s.conn.execute("SELECT count(*) FROM packets_in WHERE packet_id=?",
-                              (part.header.packet_id,)).fetchone()[0] == 0
         assert s.conn.execute("SELECT count(*) FROM parked").fetchone()[0] == 0
     assert (fam.digest("A"), raw_vector(fam, "A"), changelog(fam, "A")) == before
     assert fsck_ok(fam, "A")

@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from syncpack.exchange import sync  # noqa: E402
 from syncpack.format import blocks, codec, keys
 from syncpack.store import chain
+from syncpack.store import forks as fork_store  # noqa: E402
 from syncpack.format.codec import Op  # noqa: E402
 from syncpack.exchange.links import raise_matrix, store_acknowledgements  # noqa: E402
 from syncpack.site import ROSTER, Member, Site  # noqa: E402
@@ -53,6 +54,9 @@ def main() -> None:
     ap.add_argument("--changed", type=float, default=1.0,
                     help="fraction of origins in which a member's acknowledgement differs from "
                          "the hub's vector (1.0: all, the worst case)")
+    ap.add_argument("--forks", type=int, default=0,
+                    help="pieces of fork evidence the hub holds (each travels as two signed "
+                         "block headers, docs/design.md §3.10; at most 16 go per header)")
     args = ap.parse_args()
     rnd = random.Random(args.seed)
     n = args.members
@@ -103,6 +107,12 @@ def main() -> None:
                     info = blocks.read_block_header(raw, hub.family_id)
                     chain.store_block(c, info, len(ops) - 1)
                     prev = info.block_hash
+        with hub.write_txn() as c:
+            # fork evidence: pairs of (shape-correct) signed headers, as 'forks' carries them
+            for i in range(args.forks):
+                m, _k = others[1 + i % (len(others) - 1)]
+                a, b = rnd.randbytes(186), rnd.randbytes(186)
+                fork_store.record(c, m.site_id, i + 1, min(a, b), max(a, b), now)
         peer = others[0][0]
         with hub.write_txn():
             # the peer's last packet told us what it holds (its own acknowledgement), as after
@@ -120,7 +130,8 @@ def main() -> None:
             sizes.append(len(wire))
             if len(sizes) == 1:
                 parts = {f: len(codec.packb(v)) for f, v in h.to_wire(h.origin_table()).items()
-                         if f in ("origins", "vector", "ranges", "anchors", "acks")}
+                         if f in ("origins", "vector", "ranges", "anchors", "acks", "heads",
+                                  "forks")}
                 bare = replace(h, ranges={}, anchors={})
                 bare_size = len(codec.packb(bare.to_wire(bare.origin_table())))
             new = {m for m, _c, _v, _s in h.acks if m not in (hub.site_id, peer.site_id)}

@@ -469,6 +469,28 @@ def write_vectors(directory: Path) -> list[str]:
     doc["seal"] = _seal_json(part.path, part.header, "bravo")
     docs[name] = doc
 
+    # 6. Fork evidence: charlie signed two blocks for its epoch 3, both continuing its block
+    #    of epochs 1..2 (one went to alpha, one to bravo).  bravo -> alpha, no blocks: 'heads'
+    #    shows bravo's newest block of charlie (so alpha, holding the other, finds the fork),
+    #    'forks' the pair of signed headers (byte order), announced by the advisory 'forks'.
+    name = PREFIX + "update-fork"
+    prev = chains.last[C]
+    one = blocks.encode_block(FAMILY_ID, C, prev, [Op(C, 3, hlc(5_000), 0, "parts", "k",
+                                                      val("to alpha"), b"")],
+                              signing_key("charlie").sign)
+    two = blocks.encode_block(FAMILY_ID, C, prev, [Op(C, 3, hlc(5_500), 0, "parts", "k",
+                                                      val("to bravo"), b"")],
+                              signing_key("charlie").sign)
+    h1, h2 = one[:blocks.HEADER_LEN], two[:blocks.HEADER_LEN]
+    tmpl = update_template(B, A, seq=2, created_ms=CREATED_MS + 210_000, vector={A: 11, C: 3},
+                           recv_seq=5, heads=[h2], forks=[(min(h1, h2), max(h1, h2))],
+                           advisory=[codec.FEATURE_FORKS])
+    ((part, _held),) = write_update(directory, name, [], tmpl, "bravo")
+    docs[name] = _describe(part.path, part.header, tmpl.origin_table(), "bravo",
+                           "update bravo->alpha without blocks: a head (bravo's newest block "
+                           "of charlie) and fork evidence (two blocks charlie signed for its "
+                           "epoch 3)", raws=[])
+
     # 5. A snapshot packet alpha -> echo (replica creation), one part: records in one zstd
     #    frame, as in format 1.
     name = PREFIX + "snapshot"

@@ -12,6 +12,8 @@ from syncpack.rules import planning
 from syncpack.store import chain, db, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn
+from syncpack.store import forks as fork_store
+from syncpack.exchange import forks
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
 from syncpack.site import Site, check_collection
 from syncpack.admin.conflicts import count_conflicts
@@ -93,7 +95,8 @@ def status(site: Site) -> dict:
     return {"site": site.name, "family": site.family_name, "state": site.state,
             "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec),
-            "attached": attach_core.report(site)}
+            "attached": attach_core.report(site),
+            "forks": [forks.describe(site, f) for f in fork_store.all_forks(site.conn)]}
 
 
 def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:

@@ -38,6 +38,11 @@ FAMILIES: list[tuple[str, str, str]] = [
      "Packets kept at the site that wait for earlier packets before they can apply."),
     ("syncpack_conflicts", "gauge",
      "Keys with more than one surviving version (concurrent writes to resolve)."),
+    ("syncpack_forks_open", "gauge",
+     "Members frozen here because they signed two histories (open fork evidence)."),
+    ("syncpack_fork", "gauge",
+     "Always 1 per piece of fork evidence; labels name the origin, the fork epoch and the "
+     "state (open: frozen here; healed; ended)."),
     ("syncpack_peer_lag_ops", "gauge",
      "Ops this site holds that the peer is not known to hold (what the next export sends)."),
     ("syncpack_peer_unacked_ops", "gauge",
@@ -122,6 +127,11 @@ def samples(status: dict, batch: BatchRound | None = None) \
         out["syncpack_changelog_ops"].append((site, status["changelog_ops"]))
         out["syncpack_parked_packets"].append((site, len(status["parked"])))
         out["syncpack_conflicts"].append((site, status["conflicts"]))
+        out["syncpack_forks_open"].append(
+            (site, sum(f["state"] == "open" for f in status.get("forks", []))))
+    for f in status.get("forks", []):
+        out["syncpack_fork"].append(({**site, "origin": f["origin"], "epoch": str(f["epoch"]),
+                                       "state": f["state"]}, 1))
     for peer, d in status.get("peers", {}).items():
         lab = {**site, "peer": peer}
         out["syncpack_peer_lag_ops"].append((lab, d["lag_ops"]))

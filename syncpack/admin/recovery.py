@@ -12,6 +12,7 @@ from syncpack.rules import planning
 from syncpack.store import chain, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import CSN_LEN, csn_origin, next_hlc, pack_csn
+from syncpack.store import forks as fork_store
 from syncpack.errors import UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
@@ -100,7 +101,7 @@ def note_report(site: Site, h, applied: bool) -> None:
                 _set_id_map(site, "recover_tip_claims", tips)
                 stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch "
                                 f"{h.tip[0]} of this site (restored from a backup, then "
-                                f"written to?)")
+                                f"written to?)", from_epoch=h.tip[0])
     if h.tip is not None and not tip_differs and h.tip[0] <= held:
         tips = _id_map(site, "recover_tip_claims")
         if tips.pop(h.sender, None) is not None:
@@ -173,22 +174,31 @@ def maybe_finish(site: Site) -> bool:
     return True
 
 
-def stash_own(site: Site, reason: str) -> int:
-    """Set aside every own op above our floor and wind our vector back to it.  Called inside a
-    write transaction.
+def stash_own(site: Site, reason: str, from_epoch: int | None = None) -> int:
+    """Set aside our own ops from ``from_epoch`` on (every one above our floor without it) and
+    wind our vector back to just below them.  Called inside a write transaction.
 
     Our history forked after a restore: our copy may hold ops the family never saw (written
-    after the restore, under epochs peers already hold with other ops).  We cannot tell which,
-    so all of them step aside: peers send our genuine ops back (they return to the changelog
-    when their CSN matches), and what is left once every peer has reported is re-issued under
-    fresh epochs.  Record state is untouched throughout."""
+    after the restore, under epochs peers already hold with other ops).  The history below the
+    first epoch shown to differ is the family's (a fork changes every block hash from where it
+    happens, and the peer that showed it holds the same past), so it stays; from there on we
+    cannot tell which ops are the family's, so all of them step aside: peers send our genuine
+    ops back (they return to the changelog when their CSN matches), and what is left once every
+    peer has reported is re-issued under fresh epochs.  If the fork began lower still, the
+    next packet's anchor shows it and this runs again from there.  Record state is untouched
+    throughout."""
     c = site.conn
     me = site.site_id
     floor = site.floors().get(me, 0)
-    ops = chain.take_all(c, me)
+    if from_epoch is None or from_epoch <= floor + 1:
+        ops = chain.take_all(c, me)
+        top = floor
+    else:
+        ops = chain.take_from(c, me, from_epoch)
+        top = from_epoch - 1
     stash.put(c, ops)
     n = len(ops)
-    stored.set_epoch(c, me, floor)
+    stored.set_epoch(c, me, min(site.vector().get(me, 0), top))
     site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
     enter_recovering(site, reason)
     return n
@@ -252,6 +262,11 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
     # A dry run writes nothing: every write below is guarded by 'not dry_run'.
     with site.lock(), site.write_txn() as c:
         acked = ack_floor(site)
+        for f in fork_store.all_forks(c):
+            # Acknowledgements count epochs, not which version: a forked origin's ops from the
+            # fork on stay until the fork has ended, so a site can still revert them.
+            if f.state != fork_store.ENDED and f.origin in acked:
+                acked[f.origin] = min(acked[f.origin], f.epoch - 1)
         floors = site.floors()
         vec = site.vector()
         young: dict[bytes, int] = {}

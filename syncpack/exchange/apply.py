@@ -21,7 +21,8 @@ from syncpack.store import chain, db, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import csn_origin, pack_csn
-from syncpack.errors import EpochCollisionError, PacketBodyError, PacketSenderError
+from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
+                             PacketSignatureError)
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from syncpack.exchange.packets import PACKET_SUFFIX
@@ -32,6 +33,8 @@ from syncpack.rules.conflict import POLICIES
 from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES, Member
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import OpenPacket, packet_blocks, resolved_acks, verify_block
+from syncpack.exchange import forks
+from syncpack.store import forks as fork_store
 
 APPLY_BATCH = 20_000
 
@@ -41,6 +44,16 @@ class ForkDetected(Exception):
     def __init__(self, epoch: int):
         super().__init__(epoch)
         self.epoch = epoch
+
+
+class ForkFound(Exception):
+    """Internal: a block of the packet and one we hold prove that their origin signed two
+    histories (``syncpack.rules.forks``).  The packet is rolled back; the caller keeps the
+    evidence and applies the packet again without that origin's range."""
+
+    def __init__(self, origin: bytes, epoch: int, a: bytes, b: bytes):
+        super().__init__(origin, epoch)
+        self.origin, self.epoch, self.a, self.b = origin, epoch, a, b
 
 
 # --- what a verified header teaches us ---------------------------------------------------------
@@ -65,6 +78,7 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
             # It lost what we told it, its own acknowledgements included: they are the proof
             # of how much of its own history it once held.
             stored.forget_acks_told(conn, peer)
+            fork_store.forget_heads_told(conn, peer)
         stored.set_acked_created(conn, peer, h.created_ms)
     stored.note_received(conn, peer, h.seq, h.recv_seq, h.waiting)
     _wind_back(site, peer, h)
@@ -80,6 +94,7 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
         # Idle senders do not ask, so sites that export before they import fall quiet.
         stored.forget_told(conn, peer)
     store_acknowledgements(site, resolved_acks(h))
+    forks.learn(site, h)
     recovery.note_report(site, h, applied)
 
 
@@ -273,13 +288,17 @@ class _Applier:
         return 1
 
 
-def _check_anchors(site: Site, h: Header) -> set[bytes]:
+def _check_anchors(site: Site, h: Header, frozen: dict[bytes, int],
+                   bad: dict[bytes, EpochCollisionError]) -> set[bytes]:
     """Each range's anchor (the CSN of the op just below it) against ours.  Returns the
     origins whose anchor we confirmed: their histories agree with ours up to the range (a fork
     changes every CSN from where it happens), so a first block that does not chain onto our
-    block there was sealed again by its origin after a restore, not forked."""
+    block there was sealed again by its origin after a restore, not forked.  An anchor of
+    another origin that differs goes into ``bad``: its first block may prove a fork."""
     confirmed = set()
     for o, csn in h.anchors.items():
+        if o in frozen:
+            continue
         lo = h.ranges[o][0]
         held = chain.op_id_at(site.conn, o, lo)
         if held is not None and pack_csn(held[0], o, held[1]) == csn:
@@ -291,19 +310,37 @@ def _check_anchors(site: Site, h: Header) -> set[bytes]:
                 f"epoch collision: this site holds a different op as epoch {lo} of "
                 f"{site.name_of(o)} than the one the packet's range continues; refused")
             e.origin, e.epoch = o, lo
-            raise e
+            bad[o] = e
     return confirmed
 
 
+def _prove_fork(site: Site, raw, sender: str, prev: bytes | None) -> None:
+    """A block that disagrees with our history (its chain, its anchor or its ops): raise
+    :class:`ForkFound` if its header and one of ours prove a fork (its signature checked,
+    the chain not)."""
+    try:
+        info = verify_block(site, raw, sender, False, prev)
+    except (blocks.BlockError, PacketSenderError, PacketSignatureError):
+        return
+    found = forks.contradiction(site, info)
+    if found is not None:
+        raise ForkFound(info.origin, *found)
+
+
 def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
-                 parked_file: Path | None = None) -> int:
+                 parked_file: Path | None = None, found_here: frozenset = frozenset()) -> int:
     """Apply one verified, gap-free packet in one transaction; returns ops applied.
 
     Each block is checked against its origin's key and our chain as it is reached (after the
     blocks before it applied, so a member added earlier in the packet is known), must continue
     its origin's range in the header, and the blocks must come in travelling order
     (:func:`syncpack.exchange.packets.order_blocks`); blocks whose clocks overlap are merged into CSN
-    order.  Any failure rolls the whole packet back."""
+    order.  Any failure rolls the whole packet back.
+
+    A fork this packet shows (:class:`ForkFound`) rolls it back too; the caller keeps the
+    evidence and applies it again, with ``found_here`` naming the origins it just found
+    forked: their ranges are left out, and a packet of theirs is not refused for it (only
+    packets of members known forked before are)."""
     h = pk.header
     now = wall_ms()
     conn = site.conn
@@ -313,7 +350,10 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
             vec = site.vector()
             for o in h.ranges:
                 stored.ensure_origin(conn, o)
-            anchored = _check_anchors(site, h)
+            frozen = forks.frozen(site)
+            bad_anchor: dict[bytes, EpochCollisionError] = {}
+            anchored = _check_anchors(site, h, frozen, bad_anchor)
+            skipped: set[bytes] = set()
             ap = _Applier(site, vec, progress)
             cursor = {o: lo for o, (lo, _hi) in h.ranges.items()}
             win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]] = []
@@ -326,6 +366,12 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                 # chain comparison could blame its origin.
                 peek = blocks.read_block_header(raw)
                 origin = peek.origin
+                if origin in bad_anchor:
+                    # The range does not continue our history of this origin: a fork if its
+                    # first block proves one, else an epoch collision.
+                    if cursor.get(origin) == peek.lo:
+                        _prove_fork(site, raw, sender, None)
+                    raise bad_anchor[origin]
                 if cursor.get(origin) != peek.lo or peek.hi > h.ranges[origin][1]:
                     raise PacketBodyError(
                         f"block of {site.name_of(origin)} (epochs {peek.lo + 1}..{peek.hi}) "
@@ -335,11 +381,17 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                 # packet; before it, in our store (unless the anchor vouched, see above).
                 prev = last_hash.get(origin) if not first else None
                 chained = not first or origin not in anchored
+                if origin in frozen:
+                    skipped.add(origin)     # its ops wait until it heals or is retired
+                if origin in skipped:
+                    cursor[origin] = peek.hi
+                    continue
                 try:
                     info = verify_block(site, raw, sender, chained, prev)
                 except blocks.BlockChainError:
                     if origin == site.site_id:
                         raise ForkDetected(peek.lo) from None   # our history forked: recover
+                    _prove_fork(site, raw, sender, prev)
                     raise
                 except PacketSenderError:
                     if not win:
@@ -360,6 +412,10 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                     mine = chain.block_ending_at(conn, o, info.hi)
                     if mine is not None and mine.lo == info.lo and mine.hash == info.block_hash:
                         continue        # the very block we hold (relayed to us twice)
+                if info.lo < vec.get(o, 0) and o != site.site_id:
+                    found = forks.contradiction(site, info)
+                    if found is not None:
+                        raise ForkFound(o, *found)
                 if win and (info.hlc_first > win_hlc or
                             win_ops + info.count > MERGE_WINDOW_OPS):
                     ap.window(win)
@@ -376,9 +432,12 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                     f"{site.name_of(short[0])} end at epoch {cursor[short[0]]}, not "
                     f"{h.ranges[short[0]][1]}")
             for o, (lo, hi) in h.ranges.items():
-                stored.raise_epoch(conn, o, hi)
+                if o not in skipped:
+                    stored.raise_epoch(conn, o, hi)
             if h.hlc_max > int(site.meta("hlc", 0)):
                 site.set_meta("hlc", h.hlc_max)     # bounded by the verifier's skew check
+            if h.sender in forks.frozen(site) and h.sender not in found_here:
+                forks.refuse_sender(site, h)
             note_header(site, h, applied=True)
             log.record_in(conn, h.sender, h.packet_id, h.seq, h.part, h.kind, ap.applied,
                           str(pk.path), now)

@@ -17,10 +17,13 @@ from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain, exports
-from syncpack.exchange.apply import ForkDetected, apply_packet, apply_snapshot, drop_parked, is_known, park
+from syncpack.store import forks as fork_store
+from syncpack.exchange import forks
+from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, apply_snapshot,
+                                     drop_parked, is_known, park)
 from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
-from syncpack.errors import (ExportError, PacketError, PacketSenderError, ScrubbedError,
+from syncpack.errors import (ExportError, ForkFoundError, PacketError, PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
                      ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
@@ -40,6 +43,8 @@ RELAY_ACK_BUDGET = 32 * 1024
 # in, so a header stays under 64 KiB in a family of a thousand sites whatever else it carries.
 HEADER_BUDGET = 56 * 1024
 MIN_ACK_BUDGET = 4 * 1024
+# Fork evidence, heads and 'kept' take at most this fraction of a packet's --max-size.
+FORK_ROOM_DIVISOR = 256
 
 
 # --- export -----------------------------------------------------------------------------------
@@ -66,6 +71,7 @@ class PeerPlan:
     ranges: dict[bytes, tuple[int, int]]
     template: Header
     blocks: list[chain.StoredBlock] = field(default_factory=list)   # in the order they go
+    heads: list[tuple[bytes, int]] = field(default_factory=list)    # (origin, hi) shown
 
 
 def _anchors(site: Site, ranges: dict[bytes, tuple[int, int]], metas: list[chain.StoredBlock],
@@ -167,11 +173,14 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
 
 def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                  failed: list[SyncpackError] | None = None,
-                 sign: Callable[[bytes], bytes] | None = None) -> list[PeerPlan]:
+                 sign: Callable[[bytes], bytes] | None = None,
+                 max_size: int | None = None) -> list[PeerPlan]:
     """Inside a read snapshot: what each peer lacks, and the header it will get.  A peer that
     cannot be served (below our changelog floor, or a roster name that cannot be a path)
     raises, or with ``failed`` is left out and its error collected, so one peer does not stop
-    the packets for the others.  ``sign`` signs our acknowledgement for the header."""
+    the packets for the others.  ``sign`` signs our acknowledgement for the header.  What the
+    header says of forks takes at most 1/256 of ``max_size`` (advisory: it must never be what
+    keeps a block from fitting a packet)."""
     vec = site.vector()
     floor = site.floors()
     seeded = exports.seeded_epochs(site.conn)
@@ -212,21 +221,27 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         lk = link(site, peer)
         sent, acked = matrix(site, peer)
         unconfirmed = any(e > acked.get(o, 0) for o, e in sent.items())
-        if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering):
+        kept, evidence, heads = forks.for_header(
+            site, peer, None if max_size is None else max_size // FORK_ROOM_DIVISOR)
+        if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering) and \
+                not heads and not fork_store.news_for(site.conn, peer):
             continue
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
+                      advisory=[codec.FEATURE_FORKS] if heads or evidence or kept else [],
                       family=site.family_id, sender=site.site_id,
                       recipient=peer, packet_id=b"", seq=lk["out_seq"] + 1, part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),
                       tip=tip_for(site, peer, vec), anchors=_anchors(site, ranges, metas, peer),
-                      reply=bool(ranges) or unconfirmed or recovering, recovering=recovering)
+                      reply=bool(ranges) or unconfirmed or recovering, recovering=recovering,
+                      heads=[hd for _o, _hi, hd in heads], forks=evidence,
+                      kept=kept)
         # what the part headers hold besides the acknowledgements: the template and the ranges
         full = replace(tmpl, ranges=ranges)
         rest = len(codec.packb(full.to_wire(full.origin_table())))
         tmpl.acks = _acks_for(site, peer, vec, now_ms, sign,
                               max(MIN_ACK_BUDGET, min(RELAY_ACK_BUDGET, HEADER_BUDGET - rest)))
-        plans.append(PeerPlan(peer, name, ranges, tmpl, metas))
+        plans.append(PeerPlan(peer, name, ranges, tmpl, metas, [(o, hi) for o, hi, _ in heads]))
     return plans
 
 
@@ -262,7 +277,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         conn = site.conn
         exports.begin_snapshot(conn)  # one read snapshot for plan and ops alike
         try:
-            plans = plan_exports(site, peers, now, failed, sign)
+            plans = plan_exports(site, peers, now, failed, sign, max_size)
             expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
@@ -300,6 +315,8 @@ def run_export(site: Site, to: list[str] | None, all_peers: bool, max_size: int,
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
         sign = site.signer()    # the key stays in this process: only the driver signs
+        with site.write_txn():
+            forks.end_retired(site)     # a member retired since: one history kept
         if chain.has_pending(site.conn, site.site_id):
             with site.write_txn():
                 # Our small transactions become blocks now, once, each small enough for a
@@ -326,6 +343,7 @@ def record_exports(site: Site, written: list[tuple[PeerPlan, list[PartInfo]]],
             exports.record_acks_told(conn, plan.peer,
                                      [(m, c) for m, c, _v, _s in plan.template.acks
                                       if m != site.site_id])
+            fork_store.note_heads_told(conn, plan.peer, plan.heads)
             for p in parts:
                 h = p.header
                 exports.record_packet_out(conn, h.packet_id, h.recipient, h.seq, h.part, h.kind,
@@ -349,11 +367,13 @@ class ImportResult:
     skipped_why: dict[str, str] = field(default_factory=dict)
     # Files in a searched directory that are not packets at all.
     ignored: list[str] = field(default_factory=list)
+    # Forks this import found: an origin signed two histories (docs/design.md §3.10).
+    forks: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
-                "skipped": self.skipped, "ignored": self.ignored}
+                "skipped": self.skipped, "ignored": self.ignored, "forks": self.forks}
 
 
 @dataclass
@@ -422,6 +442,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 snaps.setdefault((h.sender, h.seq), []).append(c)
             else:
                 cands.append(c)
+        with site.write_txn():
+            forks.end_retired(site)
         try:
             for group in snaps.values():
                 _apply_snapshot(site, group, res, progress)
@@ -443,6 +465,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     break
             for c, err in unknown:
                 res.rejected.append({"path": c.display, "error": str(err)})
+            with site.write_txn():
+                forks.end_retired(site)     # a retirement may have arrived just now
         finally:
             for c in opened:
                 c.pk.close()
@@ -517,6 +541,7 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
             drop_parked(site, c.pk.header, c.parked_file)
 
     seen: set[tuple[bytes, bytes]] = set()
+    found: dict[tuple[bytes, bytes], set[bytes]] = {}
     changed = True
     while changed:
         changed = False
@@ -529,16 +554,37 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
                 else:
                     res.duplicates.append(c.display)
                 continue
-            if planning.gaps(h.ranges, site.vector()):
+            if h.kept:
+                with site.write_txn():
+                    forks.note_kept(site, h)    # it healed: before the gap check
+            frozen = forks.frozen(site)
+            if planning.gaps({o: r for o, r in h.ranges.items() if o not in frozen},
+                             site.vector()):
                 still.append(c)
                 continue
             try:
-                n = apply_packet(site, c.pk, progress=progress, parked_file=c.parked_file)
+                n = apply_packet(site, c.pk, progress=progress, parked_file=c.parked_file,
+                                 found_here=frozenset(found.get((h.sender, h.packet_id), ())))
             except ForkDetected as e:
                 with site.write_txn():
                     stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch "
-                                    f"{e.epoch} of this site")
+                                    f"{e.epoch} of this site", from_epoch=e.epoch)
                 still.append(c)      # retried (or parked) against the wound-back vector
+                changed = True
+                continue
+            except ForkFound as e:
+                if e.origin in found.get((h.sender, h.packet_id), ()):
+                    # evidence known here and no longer open (healed, or ended): refuse
+                    reject(c, ForkFoundError(
+                        f"{site.name_of(e.origin)} signed two histories of its epoch "
+                        f"{e.epoch}; this packet carries the one not kept here; refused"))
+                    continue
+                with site.write_txn():
+                    forks.note(site, e.origin, e.epoch, e.a, e.b)
+                found.setdefault((h.sender, h.packet_id), set()).add(e.origin)
+                res.forks.append({"path": c.display, "origin": site.name_of(e.origin),
+                                  "epoch": e.epoch})
+                still.append(c)      # applied again, without the forked range
                 changed = True
                 continue
             except PacketSenderError as e:

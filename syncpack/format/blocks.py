@@ -171,11 +171,13 @@ def block_hash(family: bytes, header: bytes) -> bytes:
 
 
 def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
-                      exact: bool = True) -> BlockInfo:
+                      exact: bool = True, header_only: bool = False) -> BlockInfo:
     """Parse and sanity-check the fixed header; the body is neither hashed nor decoded.
 
     ``exact``: ``raw`` must be exactly one block (else it may continue with further blocks, see
-    :func:`iter_blocks`).  ``family`` fills in ``block_hash`` (None without it)."""
+    :func:`iter_blocks`).  ``family`` fills in ``block_hash`` (None without it).
+    ``header_only``: ``raw`` is the signed header alone (:data:`HEADER_LEN` bytes, as fork
+    evidence carries it), without the body."""
     if isinstance(raw, bytearray):
         raw = bytes(raw)
     if not isinstance(raw, (bytes, memoryview)):
@@ -213,6 +215,10 @@ def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
     if body_len > MAX_BLOCK_BODY:
         raise BlockLimitError(f"body of {body_len} bytes exceeds the limit", origin, lo, hi)
     end = HEADER_LEN + body_len
+    if header_only:
+        if n != HEADER_LEN:
+            raise BlockError(f"{n} bytes, not a signed block header ({HEADER_LEN})", origin)
+        end = n
     if n < end:
         raise BlockError(f"truncated: {n} bytes of {end}", origin, lo, hi)
     if exact and n != end:
@@ -267,6 +273,18 @@ def verify_block(block: bytes | memoryview | BlockInfo, public_key: bytes, famil
             f"{info.prev_hash.hex()[:16]}…, held {expected_prev.hex()[:16]}…): the origin "
             f"forked its history or reused an epoch", *who)
     return dataclasses.replace(info, block_hash=bh, body_checked=True)
+
+
+def header_signed_by(info: BlockInfo, public_key: bytes, family: bytes) -> bool:
+    """Whether the origin's key signed this header (the body is not needed: fork evidence)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(
+            info.signature, signed_bytes(family, info.header))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 # --- encoding ----------------------------------------------------------------------------------

@@ -172,6 +172,12 @@ SUPPORTED_VERSIONS = (2,)
 OLDER_VERSIONS = (1,)   # known, no longer read: their ops carry no origin's signature
 END_MAGIC = b"SPKE"
 SIG_LEN = 64
+# Fork evidence and heads carry signed block headers (formats/BLOCKS.md 3.1 and 3.2), at most
+# this many of each per packet header.
+BLOCK_HEADER_LEN = 186
+MAX_HEADS = 64
+MAX_FORKS = 16
+MAX_KEPT = 16
 _PREFIX = struct.Struct(">8sB")           # magic, version
 _FOOTER = struct.Struct(">I64s4s")        # header length, Ed25519 signature, end magic
 MIN_PACKET = _PREFIX.size + _FOOTER.size
@@ -182,7 +188,10 @@ KIND_SNAPSHOT = "snapshot"
 FEATURE_BLOCKS = "blocks"       # the body of an update packet: origin-signed blocks
 KNOWN_MANDATORY = frozenset({"zstd", FEATURE_BLOCKS, "seal-x25519-chacha20poly1305"})
 FEATURE_SEAL = "seal-x25519-chacha20poly1305"
-KNOWN_ADVISORY: frozenset[str] = frozenset()
+# Fork evidence, heads and 'kept' in the header (docs/design.md §3.10): old readers may ignore
+# them (they then find forks only where the blocks meet).
+FEATURE_FORKS = "forks"
+KNOWN_ADVISORY: frozenset[str] = frozenset({FEATURE_FORKS})
 
 
 ACK_CONTEXT = b"syncpack acknowledgement v1\x00"
@@ -249,6 +258,14 @@ class Header:
     # own has vector None (it is the header's vector, made at the header's 'created'); the
     # others are relayed word for word from the members that signed them.
     acks: list[tuple[bytes, int, dict[bytes, int] | None, bytes]] = field(default_factory=list)
+    # Signed headers of the sender's newest block of some origins, so a recipient holding
+    # another block there finds the fork (docs/design.md §3.10); and fork evidence: pairs of
+    # signed headers of one origin that contradict each other.
+    heads: list[bytes] = field(default_factory=list)
+    forks: list[tuple[bytes, bytes]] = field(default_factory=list)
+    # Block hashes of the sender's own origin: at forks of its history it healed, the version
+    # it kept (its signed word, as this whole header is).
+    kept: list[bytes] = field(default_factory=list)
 
     @property
     def sealed(self) -> bool:
@@ -298,6 +315,12 @@ class Header:
             h["acks"] = [[ix[m], created, None if vec is None else
                           [[ix[o], e] for o, e in sorted(ack_delta(self.vector, vec).items())],
                           sig] for m, created, vec, sig in self.acks]
+        if self.heads:
+            h["heads"] = list(self.heads)
+        if self.forks:
+            h["forks"] = [[a, b] for a, b in self.forks]
+        if self.kept:
+            h["kept"] = list(self.kept)
         if self.kind == KIND_SNAPSHOT:
             h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
                            for m in self.roster]
@@ -419,6 +442,22 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
         vec = None if a[2] is None else apply_ack_delta(hdr.vector,
                                                         _pairs({"v": a[2]}, "v", origins))
         hdr.acks.append((m, a[1], vec, a[3]))
+    heads = h.get("heads", [])
+    _need(isinstance(heads, list) and len(heads) <= MAX_HEADS
+          and all(isinstance(x, bytes) and len(x) == BLOCK_HEADER_LEN for x in heads),
+          f"field 'heads' must be at most {MAX_HEADS} signed block headers")
+    hdr.heads = list(heads)
+    forks = h.get("forks", [])
+    _need(isinstance(forks, list) and len(forks) <= MAX_FORKS
+          and all(isinstance(p, list) and len(p) == 2 and all(
+              isinstance(x, bytes) and len(x) == BLOCK_HEADER_LEN for x in p) for p in forks),
+          f"field 'forks' must be at most {MAX_FORKS} pairs of signed block headers")
+    hdr.forks = [(a, b) for a, b in forks]
+    kept = h.get("kept", [])
+    _need(isinstance(kept, list) and len(kept) <= MAX_KEPT
+          and all(isinstance(x, bytes) and len(x) == 32 for x in kept),
+          f"field 'kept' must be at most {MAX_KEPT} block hashes")
+    hdr.kept = list(kept)
     if hdr.sealed:
         seal = h.get("seal")
         _need(isinstance(seal, dict) and isinstance(seal.get("epk"), bytes)

@@ -225,6 +225,21 @@ def take_all(conn, origin: bytes) -> list[Op]:
     return ops
 
 
+def take_from(conn, origin: bytes, epoch: int) -> list[Op]:
+    """Remove and return every op of ``origin`` from ``epoch`` on (a fork's set-aside: the
+    history before it is the family's).  A block holding epochs on both sides goes whole; its
+    ops below ``epoch`` stay, as unsealed ops (sealed again when next needed)."""
+    row = conn.execute("SELECT min(lo) FROM blocks WHERE origin=? AND hi>=?",
+                       (origin, epoch)).fetchone()
+    cut = epoch - 1 if row[0] is None else min(row[0], epoch - 1)
+    ops = list(iter_ops(conn, origin, cut, (1 << 63) - 1))
+    conn.execute("DELETE FROM blocks WHERE origin=? AND hi>?", (origin, cut))
+    conn.execute("DELETE FROM changelog WHERE origin=? AND epoch>?", (origin, cut))
+    keep = [op for op in ops if op.epoch < epoch]
+    conn.executemany("INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)", keep)
+    return [op for op in ops if op.epoch >= epoch]
+
+
 def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
     txn: list[Op] = []
     for op in ops:

@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -170,7 +170,20 @@ MIGRATIONS: list[str] = [
                                 PRIMARY KEY(collection, key)) WITHOUT ROWID;
     CREATE TABLE attach_capturing(x);
     """,
-    # 5: the merge policy.  Every version ever applied in a merge collection, with the field
+    # 5: forks (docs/design.md §3.10).  Evidence that an origin signed two histories: both
+    # signed block headers (a <= b by bytes), the first epoch both hold, and what became of it
+    # here ('open': the origin is frozen; 'healed': it continued the version we hold; 'ended':
+    # retired, one history kept).  heads_told: the top block of each origin we last showed
+    # each peer, so a peer holding another version of it learns of the fork.
+    """
+    CREATE TABLE forks(origin BLOB NOT NULL, epoch INTEGER NOT NULL, a BLOB NOT NULL,
+                       b BLOB NOT NULL, found_ms INTEGER NOT NULL,
+                       state TEXT NOT NULL DEFAULT 'open',
+                       PRIMARY KEY(origin, a, b)) WITHOUT ROWID;
+    CREATE TABLE heads_told(peer BLOB NOT NULL, origin BLOB NOT NULL, hi INTEGER NOT NULL,
+                            PRIMARY KEY(peer, origin)) WITHOUT ROWID;
+    """,
+    # 6: the merge policy.  Every version ever applied in a merge collection, with the field
     # stamps it was given and the CSNs it replaced, kept after it is superseded: a later write
     # based on it is stamped against it (syncpack/store/fields.py).
     """

@@ -1,0 +1,221 @@
+"""Forks: an origin that signed two histories (docs/design.md §3.10, docs/trust.md).
+
+A site finds a fork where a signed block it receives (in a packet body, or as a head in a
+packet header) contradicts one it holds (:func:`syncpack.rules.forks.fork_epoch`); it keeps
+both signed headers as evidence and passes them on in its packet headers, so every member
+learns of it within a round.  What it does then:
+
+- the origin is **frozen** here: its ops from the fork epoch wait, packets it sends are
+  refused naming the evidence, until it heals or is retired;
+- the origin **heals** when a block it signed continues, past the fork, the version this site
+  holds (its signed word that it kept that version);
+- a site shown evidence that **it** forked keeps the version of the peer that showed it, sets
+  aside its own ops from the fork epoch and re-issues them under new epochs
+  (:func:`syncpack.admin.recovery.stash_own`);
+- a fork of a **retired** member ends with one history kept everywhere
+  (:func:`syncpack.rules.forks.winner`): a site holding the other reverts it and receives the
+  kept one in ordinary rounds.
+
+Everything here runs inside the caller's write transaction.
+"""
+
+from __future__ import annotations
+
+from syncpack.admin import recovery
+from syncpack.errors import ForkedMemberError
+from syncpack.format import blocks
+from syncpack.format import codec
+from syncpack.format.codec import MAX_FORKS, MAX_HEADS, MAX_KEPT, Header
+from syncpack.rules import forks as rules
+from syncpack.site import Site, wall_ms
+from syncpack.store import forks as store
+
+# Heads cost 186 bytes each: a few per packet, the ones a peer has not seen first.
+HEADS_PER_PACKET = 16
+assert HEADS_PER_PACKET <= MAX_HEADS
+
+
+def facts(info: blocks.BlockInfo) -> rules.HeaderFacts:
+    return rules.HeaderFacts(info.origin, info.lo, info.hi, info.hlc_first, info.hlc_last,
+                             info.prev_hash, info.block_hash)
+
+
+def signed_header(site: Site, raw: bytes) -> blocks.BlockInfo | None:
+    """A signed block header from elsewhere, if its origin (a member, retired or not) signed
+    it for this family; None otherwise (evidence nobody could check is not evidence)."""
+    try:
+        info = blocks.read_block_header(raw, site.family_id, header_only=True)
+    except blocks.BlockError:
+        return None
+    m = site.members_by_id(include_retired=True).get(info.origin)
+    if m is None or not blocks.header_signed_by(info, m.ed25519, site.family_id):
+        return None
+    return info
+
+
+def contradiction(site: Site, theirs: blocks.BlockInfo) -> tuple[int, bytes, bytes] | None:
+    """(fork epoch, a, b) if a block we hold and ``theirs`` (signed, its hash known) prove
+    that their origin signed two histories."""
+    for raw in store.headers_overlapping(site.conn, theirs.origin, theirs.lo, theirs.hi):
+        ours = blocks.read_block_header(raw, site.family_id, header_only=True)
+        e = rules.fork_epoch(facts(ours), facts(theirs))
+        if e is not None:
+            a, b = rules.canonical(raw, bytes(theirs.raw[:blocks.HEADER_LEN]))
+            return e, a, b
+    return None
+
+
+def note(site: Site, origin: bytes, epoch: int, a: bytes, b: bytes) -> bool:
+    """Keep evidence; returns whether it is new here.  Evidence about our own origin makes us
+    heal at once."""
+    new = store.record(site.conn, origin, epoch, a, b, wall_ms())
+    if new and origin == site.site_id:
+        _heal_own(site, store.Fork(origin, epoch, a, b, 0, store.OPEN))
+    return new
+
+
+def learn(site: Site, h: Header) -> list[store.Fork]:
+    """What a verified header shows: evidence it carries, and heads that contradict blocks
+    we hold.  Returns the forks new here.  Signatures are checked only where something would
+    be kept (evidence we already hold, and heads that agree with us, cost no verification)."""
+    before = {(f.origin, f.a, f.b) for f in store.all_forks(site.conn)}
+    for a, b in h.forks:
+        a, b = rules.canonical(a, b)
+        if store.known(site.conn, a[6:14], a, b):
+            continue
+        ia, ib = signed_header(site, a), signed_header(site, b)
+        if ia is None or ib is None:
+            continue
+        e = rules.fork_epoch(facts(ia), facts(ib))
+        if e is not None:
+            note(site, ia.origin, e, a, b)
+    for raw in h.heads:
+        try:
+            info = blocks.read_block_header(raw, site.family_id, header_only=True)
+        except blocks.BlockError:
+            continue
+        found = contradiction(site, info)
+        if found is not None and signed_header(site, raw) is not None:
+            note(site, info.origin, *found)
+    return [f for f in store.all_forks(site.conn) if (f.origin, f.a, f.b) not in before]
+
+
+def _heal_own(site: Site, f: store.Fork) -> None:
+    """Evidence that we signed two histories (restored from a backup, then written to): keep
+    the version our peers hold, the one of the two we do not hold, by setting our own ops
+    aside from the fork epoch; the family sends its version back and what is left is issued
+    again under new epochs, so nothing is lost and no epoch is used twice."""
+    me = site.site_id
+    ours = {bytes(x) for x in store.headers_overlapping(site.conn, me, f.epoch - 1, f.epoch)}
+    if (f.a in ours) != (f.b in ours):
+        other = f.b if f.a in ours else f.a
+        keep = blocks.read_block_header(other, site.family_id, header_only=True).block_hash
+        site.set_meta("fork_kept", codec.packb([keep, *kept_for_header(site)][:MAX_KEPT]))
+        recovery.stash_own(site, f"this site signed two versions of its epoch {f.epoch} (a "
+                                 f"peer holds the other one: restored from a backup, then "
+                                 f"written to?)", from_epoch=f.epoch)
+    store.set_state(site.conn, f, store.HEALED)
+
+
+def frozen(site: Site) -> dict[bytes, int]:
+    """Origins frozen here (open evidence), each with its fork epoch; never our own."""
+    return {o: e for o, e in store.frozen(site.conn).items() if o != site.site_id}
+
+
+def note_kept(site: Site, h: Header) -> None:
+    """A packet of a frozen member naming, in its signed header, the version it kept at a
+    fork: it healed.  If it kept the version we do not hold, ours is reverted and the kept one
+    comes in ordinary rounds."""
+    if not h.kept or h.sender == site.site_id:
+        return
+    kept = set(h.kept)
+    for f in store.open_forks(site.conn, h.sender):
+        a = blocks.read_block_header(f.a, site.family_id, header_only=True)
+        b = blocks.read_block_header(f.b, site.family_id, header_only=True)
+        chosen = [x for x in (a, b) if x.block_hash in kept]
+        if len(chosen) != 1:
+            continue
+        held = store.headers_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
+        if held and bytes(chosen[0].raw[:blocks.HEADER_LEN]) not in held:
+            store.revert_from(site.conn, f.origin, f.epoch)
+            site.invalidate()
+        store.set_state(site.conn, f, store.HEALED)
+
+
+def kept_for_header(site: Site) -> list[bytes]:
+    """What our packets say we kept at forks of our own history (newest first)."""
+    raw = site.meta("fork_kept")
+    return list(codec.unpackb(raw))[:MAX_KEPT] if raw else []
+
+
+def refuse_sender(site: Site, h: Header) -> None:
+    """A packet from a member frozen here is refused, naming the evidence."""
+    fs = store.open_forks(site.conn, h.sender)
+    if fs and h.sender != site.site_id:
+        f = fs[0]
+        raise ForkedMemberError(
+            f"{site.name_of(h.sender)} signed two histories of its epoch {f.epoch} (evidence: "
+            f"blocks {_short(site, f.a)} and {_short(site, f.b)}); its packets are refused "
+            f"until it heals or is retired")
+
+
+def _short(site: Site, raw: bytes) -> str:
+    info = blocks.read_block_header(raw, site.family_id, header_only=True)
+    return f"{info.lo + 1}..{info.hi} #{info.block_hash.hex()[:12]}"
+
+
+def describe(site: Site, f: store.Fork) -> dict:
+    a = blocks.read_block_header(f.a, site.family_id, header_only=True)
+    b = blocks.read_block_header(f.b, site.family_id, header_only=True)
+    held = store.headers_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
+    return {"origin": site.name_of(f.origin), "epoch": f.epoch, "state": f.state,
+            "found_ms": f.found_ms,
+            "blocks": [{"epochs": [x.lo + 1, x.hi], "hash": x.block_hash.hex(),
+                        "held_here": raw in held} for x, raw in ((a, f.a), (b, f.b))]}
+
+
+def for_header(site: Site, peer: bytes, room: int | None = None
+               ) -> tuple[list[bytes], list[tuple[bytes, bytes]], list[tuple[bytes, int, bytes]]]:
+    """What a packet to ``peer`` says of forks, within ``room`` header bytes (None: the
+    per-field limits only): what we kept at forks of our own history; our evidence, open and
+    healed first, then ended (a member that has not heard of a fork yet still needs it to keep
+    the same history when the forked member is retired), newest first; and our newest block of
+    origins the peer has not been shown."""
+    left = (1 << 62) if room is None else room
+    kept = []
+    for k in kept_for_header(site):
+        if left < 34:
+            break
+        kept.append(k)
+        left -= 34
+    fs = list(reversed(store.all_forks(site.conn)))
+    ev = []
+    for f in [f for f in fs if f.state != store.ENDED] + [f for f in fs if f.state == store.ENDED]:
+        if len(ev) == MAX_FORKS or left < 2 * 188:
+            break
+        ev.append((f.a, f.b))
+        left -= 2 * 188
+    heads = store.heads_to_tell(site.conn, peer, min(HEADS_PER_PACKET, max(0, left // 188)))
+    return kept, ev, heads
+
+
+def end_retired(site: Site) -> int:
+    """Forks of members retired since: one history is kept everywhere.  A site holding the
+    other one reverts the origin's ops from the fork on (they come back, the kept version,
+    from any peer that holds it).  Returns how many forks ended."""
+    retired = {o for o, m in site.members_by_id(include_retired=True).items() if m.retired}
+    n = 0
+    for f in store.all_forks(site.conn):
+        if f.origin not in retired or f.state == store.ENDED:
+            continue
+        a = blocks.read_block_header(f.a, site.family_id, header_only=True)
+        b = blocks.read_block_header(f.b, site.family_id, header_only=True)
+        keep = rules.winner(facts(a), facts(b))
+        lose = b if keep.block_hash == a.block_hash else a
+        held = store.headers_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
+        if bytes(lose.raw[:blocks.HEADER_LEN]) in held:
+            store.revert_from(site.conn, f.origin, f.epoch)
+            site.invalidate()
+        store.set_state(site.conn, f, store.ENDED)
+        n += 1
+    return n

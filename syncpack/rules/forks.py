@@ -1,0 +1,60 @@
+"""When two signed block headers of one origin prove that it signed two histories.
+
+Pure functions (docs/design.md §3.10).  A header alone is enough for a third site to check the
+proof: the origin's signature covers every field used here, and no body is needed, so the
+evidence is small enough to travel in packet headers.
+
+Two headers ``a`` and ``b`` of the same origin, with different block hashes, prove a fork when
+one of these holds:
+
+- same ``hi`` and different ``hlc_last``: the op at epoch ``hi`` is the last one of each
+  block's last transaction, so the two blocks name two ops with different CSNs for that epoch;
+- same ``lo`` and different ``hlc_first``: the same for epoch ``lo + 1``;
+- same ``lo``, ``hi`` and ``prev_hash``: the same ops after the same past always encode to
+  the same bytes (the origin's encoding and signature are deterministic), so two different
+  blocks there hold different ops.
+
+Blocks of one honest history may overlap (an origin seals its ops again after a restore, in
+other groups), but they never meet any of these conditions: they hold the same ops, so every
+shared epoch has the same clock.  The fork epoch reported is the first epoch both blocks hold:
+the histories may differ from there on (they may also differ earlier; a site healing its own
+fork finds that out as its peers send their version, see ``admin/recovery.py``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class HeaderFacts(NamedTuple):
+    """What the proof reads from a signed block header."""
+    origin: bytes
+    lo: int
+    hi: int
+    hlc_first: int
+    hlc_last: int
+    prev_hash: bytes
+    block_hash: bytes
+
+
+def fork_epoch(a: HeaderFacts, b: HeaderFacts) -> int | None:
+    """The first epoch the two blocks both hold if together they prove a fork, else None."""
+    if a.origin != b.origin or a.block_hash == b.block_hash:
+        return None
+    same_hi = a.hi == b.hi
+    same_lo = a.lo == b.lo
+    if (same_hi and a.hlc_last != b.hlc_last) or (same_lo and a.hlc_first != b.hlc_first) \
+            or (same_lo and same_hi and a.prev_hash == b.prev_hash):
+        return max(a.lo, b.lo) + 1
+    return None
+
+
+def canonical(a: bytes, b: bytes) -> tuple[bytes, bytes]:
+    """The pair in one order (by bytes), so every site names and stores one fork once."""
+    return (a, b) if a <= b else (b, a)
+
+
+def winner(a: HeaderFacts, b: HeaderFacts) -> HeaderFacts:
+    """The history every site keeps when a fork is ended by retiring its member: a
+    deterministic choice that needs nothing but the evidence (the lower block hash)."""
+    return a if a.block_hash <= b.block_hash else b

@@ -1,0 +1,266 @@
+"""Issue 23, forks (docs/design.md §3.10, docs/trust.md): an origin that signs two histories
+is found at every site, the evidence travels, the member is frozen until it heals or is
+retired; and point 3 of issue 19: a careless restore heals without a person.
+
+The equivocating member is made the way it happens: a copy of its directory (its key
+included) writes another op under the same epoch, so both versions are genuinely signed by
+it; everything a user would check goes through the ``syncpack`` command."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import Family, run
+from test_recovery import (assert_converged, assert_no_epoch_reuse, backup, cli_export,
+                           cli_import, fsck_ok, put_back, raw_vector, site_id, status,
+                           three_sites, vector)
+
+
+def twin(fam: Family, name: str) -> str:
+    """A second copy of a site, key and all: what signs the second history."""
+    other = f"{name}-twin"
+    dest = fam.root / other
+    shutil.copytree(fam.path(name), dest)
+    fam.sites[other] = dest
+    return other
+
+
+def drop(fam: Family, name: str) -> None:
+    shutil.rmtree(fam.sites.pop(name))
+
+
+def rounds(fam: Family, names: list[str], n: int = 3) -> None:
+    for _ in range(n):
+        for a in names:
+            for b in names:
+                if a != b:
+                    out, _pk = cli_export(fam, a, b)
+                    run("import", out, site=fam.path(b), json_mode=True)
+
+
+def forks_at(fam: Family, name: str) -> list[dict]:
+    return status(fam, name)["forks"]
+
+
+def equivocate(fam: Family) -> None:
+    """C gives A one version of its next epoch and B another, both signed by C."""
+    c2 = twin(fam, "C")
+    fam.put("C", "t", "k", "to A")
+    fam.put(c2, "t", "k", "to B")
+    out, _ = cli_export(fam, "C", "A")
+    cli_import(fam, "A", out)
+    out, _ = cli_export(fam, c2, "B")
+    cli_import(fam, "B", out)
+    drop(fam, c2)
+
+
+def test_an_equivocating_member_is_found_everywhere_and_retiring_it_converges(family):
+    fam = three_sites(family)
+    equivocate(fam)
+    with fam.open("A") as s:
+        assert s.get("t", "k") == "to A"
+    with fam.open("B") as s:
+        assert s.get("t", "k") == "to B"
+
+    fam.put("C", "t", "later", "from C")     # before C hears of it
+    rounds(fam, ["A", "B"], 1)
+    for name in ("A", "B"):
+        fs = forks_at(fam, name)
+        assert [(f["origin"], f["state"]) for f in fs] == [("C", "open")], (name, fs)
+        assert fs[0]["epoch"] == raw_vector(fam, name)[site_id(fam, "C")]
+        assert sorted(b["held_here"] for b in fs[0]["blocks"]) == [False, True]
+    # C is frozen: its packets are refused, naming the evidence
+    out, _ = cli_export(fam, "C", "A")
+    r = run("import", out, site=fam.path("A"))
+    assert r.code == 1 and "signed two histories" in r.err and "evidence" in r.err, r
+    with fam.open("A") as s:
+        assert s.get("t", "later", None) is None
+
+    # every member learns of it within a round, C too, and the text and metrics show it
+    out, _ = cli_export(fam, "A", "C")
+    run("import", out, site=fam.path("C"))
+    assert forks_at(fam, "C")
+    r = run("status", site=fam.path("B"))
+    assert "fork (open): C signed two histories" in r.out, r
+    r = run("status", "--format", "prometheus", site=fam.path("A"))
+    assert 'syncpack_forks_open{site="A"} 1' in r.out, r
+    assert 'syncpack_fork{site="A",origin="C"' in r.out and 'state="open"} 1' in r.out, r
+
+    # acknowledgements count epochs, not versions: scrub keeps the forked range until the end
+    rounds(fam, ["A", "B"], 2)
+    for name in ("A", "B"):
+        assert run("scrub", site=fam.path(name)).code == 0
+        c = site_id(fam, "C")
+        with fam.open(name) as s:
+            assert s.floors().get(c, 0) < forks_at(fam, name)[0]["epoch"]
+
+    # retiring it ends the fork everywhere with one history: equal digests
+    r = run("rmreplica", "C", site=fam.path("A"))
+    assert r.code == 0, r
+    rounds(fam, ["A", "B"], 3)
+    assert fam.digest("A") == fam.digest("B")
+    for name in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["ended"]
+        assert fsck_ok(fam, name)
+    with fam.open("A") as a, fam.open("B") as b:
+        assert a.get("t", "k") == b.get("t", "k") in ("to A", "to B")
+
+
+def test_a_relay_carrying_the_second_version_gets_a_loud_error_and_changes_nothing(family):
+    fam = three_sites(family)
+    fam.add("D", via="A")
+    fam.full_exchange(2)
+    c2 = twin(fam, "C")
+    fam.put("C", "t", "k", "first")
+    fam.put(c2, "t", "k", "second")
+    out, _ = cli_export(fam, "C", "A")
+    cli_import(fam, "A", out)
+    out, _ = cli_export(fam, c2, "D")
+    cli_import(fam, "D", out)
+    drop(fam, c2)
+    before = (fam.digest("A"), vector(fam, "A"))
+
+    out, pk = cli_export(fam, "D", "A")
+    assert pk and "C" in pk[0]["ranges"]
+    r = run("import", out, site=fam.path("A"), json_mode=True)
+    assert r.code == 1, r
+    assert "fork" in r.err and "C signed two histories" in r.err, r
+    assert [(f["origin"]) for f in r.json["forks"]] == ["C"]
+    assert (fam.digest("A"), vector(fam, "A")) == before
+    with fam.open("A") as s:
+        assert s.get("t", "k") == "first"
+    assert [f["state"] for f in forks_at(fam, "A")] == ["open"]
+    assert fsck_ok(fam, "A")
+
+
+def test_a_careless_restore_heals_by_ordinary_rounds_keeping_the_careless_write(family):
+    """Issue 19 point 3: backup, more writes, exchange, restore by copying, one local write,
+    ordinary rounds only."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.put("B", "t", "b0", "before the backup")
+    fam.sync("B", "A")
+    fam.add("C", via="A")                    # C holds b0 only inside its snapshot
+    fam.full_exchange(2)
+    for name in ("A", "C"):     # everyone acknowledged b0: no peer can send it to B again
+        assert run("scrub", site=fam.path(name)).code == 0
+    copy = backup(fam, "B")
+    fam.put("B", "t", "b1", "after the backup")
+    fam.full_exchange(1)
+    put_back(fam, "B", copy)                 # no 'syncpack restore'
+    fam.put("B", "t", "careless", "written after the copy came back")
+
+    rounds(fam, ["A", "B", "C"], 4)
+    for name in ("A", "B", "C"):
+        assert status(fam, name)["state"] == "normal", status(fam, name)
+        assert all(f["state"] != "open" for f in forks_at(fam, name)), forks_at(fam, name)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in ("A", "B", "C"):
+        with fam.open(name) as s:
+            assert s.get("t", "careless") == "written after the copy came back"
+            assert s.get("t", "b1") == "after the backup"
+            assert s.get("t", "b0") == "before the backup"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_schedules_with_an_equivocating_member_never_end_in_silent_disagreement(
+        family, seed):
+    """C and a copy of it (same key) each write and hand their versions to random sites, then
+    packets go between random pairs, some lost.  However it goes, after ordinary rounds the
+    other sites either hold equal data or every one of them reports the fork."""
+    import random
+    rnd = random.Random(seed)
+    fam = three_sites(family)
+    fam.add("D", via="A")
+    fam.full_exchange(2)
+    c2 = twin(fam, "C")
+    others = ["A", "B", "D"]
+    for who, tag in (("C", "one"), (c2, "two")):
+        for i in range(rnd.randint(1, 2)):
+            fam.put(who, "t", f"k{i}", f"{tag}-{i}")
+        for to in rnd.sample(others, rnd.randint(1, 2)):
+            fam.sync(who, to)
+    drop(fam, c2)
+    everyone = others + ["C"]
+    for _ in range(12):
+        a, b = rnd.sample(everyone, 2)
+        pk = fam.export(a, b)
+        if rnd.random() < 0.8:             # the rest are lost on the way
+            fam.import_(b, pk)
+    for _ in range(2):
+        for a in others:
+            for b in others:
+                if a != b:
+                    fam.sync(a, b)
+    digests = {n: fam.digest(n) for n in others}
+    reported = {n: bool(forks_at(fam, n)) for n in others}
+    assert len(set(digests.values())) == 1 or all(reported.values()), (digests, reported)
+    for n in others:
+        assert fsck_ok(fam, n)
+
+    # retiring C ends the fork everywhere, with one history: equal digests
+    assert run("rmreplica", "C", site=fam.path(rnd.choice(others))).code == 0
+    for _ in range(3):
+        for a in others:
+            for b in others:
+                if a != b:
+                    fam.sync(a, b)
+    digests = {n: fam.digest(n) for n in others}
+    assert len(set(digests.values())) == 1, (digests, {n: forks_at(fam, n) for n in others})
+    for n in others:
+        assert fsck_ok(fam, n)
+        assert all(f["state"] == "ended" for f in forks_at(fam, n))
+
+
+def test_a_careless_restore_found_by_its_peers_first_heals_and_is_unfrozen(family):
+    """The restored site exports before it imports: its peers find the fork (two versions of
+    its epoch, both signed by it), freeze it, and pass the evidence back; it keeps their
+    version, re-issues its write and says so, signed, which ends the freeze."""
+    fam = three_sites(family)
+    fam.put("B", "t", "b0", "before the backup")
+    fam.full_exchange(1)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "b1", "after the backup")
+    fam.full_exchange(1)
+    put_back(fam, "B", copy)
+    fam.put("B", "t", "careless", "written after the copy came back")
+
+    for peer in ("A", "C"):
+        out, _ = cli_export(fam, "B", peer)
+        r = run("import", out, site=fam.path(peer), json_mode=True)
+        assert r.code == 1 and [f["origin"] for f in r.json["forks"]] == ["B"], r
+        assert [f["state"] for f in forks_at(fam, peer)] == ["open"]
+    rounds(fam, ["A", "B", "C"], 4)
+    for name in ("A", "C"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["healed"], forks_at(fam, name)
+    assert status(fam, "B")["state"] == "normal"
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in ("A", "B", "C"):
+        with fam.open(name) as s:
+            assert s.get("t", "careless") == "written after the copy came back"
+            assert s.get("t", "b1") == "after the backup"
+
+
+def test_an_equivocating_member_that_heals_converges_without_retiring(family):
+    """Shown the evidence, the member keeps one version and says so, signed: the sites
+    holding the other revert it and take the kept one; digests end equal everywhere."""
+    fam = three_sites(family)
+    equivocate(fam)
+    rounds(fam, ["A", "B"], 1)
+    assert forks_at(fam, "A") and forks_at(fam, "B")
+    rounds(fam, ["A", "B", "C"], 4)
+    for name in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["healed"], forks_at(fam, name)
+    assert status(fam, "C")["state"] == "normal"
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    with fam.open("A") as a:
+        kept = a.get("t", "k")
+    assert kept in ("to A", "to B")
+    with fam.open("C") as s:      # what C wrote itself is not lost: re-issued if not kept
+        assert s.get("t", "k") == kept
