@@ -19,16 +19,28 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from syncpack.admin import conflicts as conflicts_mod, inspection, metrics, recovery
-from syncpack.attach import core as attach_core
-from syncpack.exchange import replica, sync
-from syncpack.format import keys
 from syncpack.outcome import error_outcome
 from syncpack.store import db
 from .errors import RecordNotFound, SyncpackError
-from syncpack.exchange.packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
+from .lazy import OnFirstUse
 from .site import Site
-from syncpack.exchange.verify import printable
+
+# Each command imports what it runs when it runs (see syncpack.lazy).
+attach_core = OnFirstUse("syncpack.attach.core")
+conflicts_mod = OnFirstUse("syncpack.admin.conflicts")
+inspection = OnFirstUse("syncpack.admin.inspection")
+metrics = OnFirstUse("syncpack.admin.metrics")
+recovery = OnFirstUse("syncpack.admin.recovery")
+replica = OnFirstUse("syncpack.exchange.replica")
+sync = OnFirstUse("syncpack.exchange.sync")
+keys = OnFirstUse("syncpack.format.keys")
+packets = OnFirstUse("syncpack.exchange.packets")
+verify = OnFirstUse("syncpack.exchange.verify")
+
+
+def printable(text: object) -> str:
+    s = str(text)
+    return s if s.isprintable() else verify.printable(s)   # most text needs no escaping
 
 
 def escaped(text: str) -> str:
@@ -202,14 +214,14 @@ def _create_out_option(f):
 
 
 def _outbox(out: str, create: bool) -> None:
-    prepare_outbox(out, create, "pass --create-out to create it")
+    packets.prepare_outbox(out, create, "pass --create-out to create it")
 
 
 def _size(ctx, param, value):
     if value is None:
-        return DEFAULT_MAX_SIZE
+        return packets.DEFAULT_MAX_SIZE
     try:
-        return parse_size(value)
+        return packets.parse_size(value)
     except ValueError as e:
         raise click.BadParameter(str(e))
 

@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import os
 import secrets
+import struct
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from itertools import repeat
 from typing import Any, Callable, Iterator
 
-from syncpack.format import codec, keys
+from syncpack.format import codec
+from syncpack.lazy import OnFirstUse
 from syncpack.store import chain, db, fields, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
-from syncpack.format.csn import next_hlc, pack_csn
+from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
 from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
@@ -37,8 +40,13 @@ from syncpack.format.values import check_json_value
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
                                  SYS_PREFIX, TABLES, Member, Replicated)
 
+keys = OnFirstUse("syncpack.format.keys")    # cryptography: only to create or sign
+
 PARKED_DIR = "parked"
 LOCK_FILE = "lock"
+
+
+_U32 = struct.Struct(">I")     # the seq at the end of a CSN
 
 
 def wall_ms() -> int:
@@ -58,7 +66,7 @@ def check_collection(name: str) -> None:
                          f"for syncpack itself: {name!r}")
 
 
-def _check_key(key: str) -> None:
+def check_key(key: str) -> None:
     if not isinstance(key, str):
         raise UsageError("a key must be a string")
     if len(key) > MAX_NAME_CHARS:
@@ -285,6 +293,11 @@ class Site:
         """This site's vector: origin site id -> highest epoch held."""
         return matrix.vector(self.conn)
 
+    def last_hlc(self) -> int:
+        """The hybrid logical clock's state: at or above every CSN this site made or saw."""
+        tip = chain.own_tip(self.conn, self.site_id)
+        return max(int(self.meta("hlc", 0)), tip[1] if tip else 0)
+
     def floors(self) -> dict[bytes, int]:
         """Per origin, the highest epoch no longer in the changelog (trimmed or seeded)."""
         return matrix.floors(self.conn)
@@ -403,7 +416,7 @@ class Transaction:
         self.site = site
         self.system = system
         c = site.conn
-        self.hlc = next_hlc(int(site.meta("hlc", 0)), site.clock())
+        self.hlc = next_hlc(site.last_hlc(), site.clock())
         self.epoch = matrix.epoch(c, site.site_id)
         self.ops: list[Op] = []
         self.seq = 0
@@ -414,7 +427,7 @@ class Transaction:
         ``collection``/``key``.  Raises :class:`InvalidValueError` (a :class:`SyncpackError`)
         for anything else, and :class:`UsageError` for a bad collection or key."""
         check_collection(collection)
-        _check_key(key)
+        check_key(key)
         check_json_value(value)
         try:
             raw = codec.encode_value(value)
@@ -429,7 +442,7 @@ class Transaction:
         """Delete ``collection``/``key`` (a tombstone is recorded even if it is absent,
         so the delete still wins over older concurrent writes)."""
         check_collection(collection)
-        _check_key(key)
+        check_key(key)
         self.write_raw(collection, key, None)
 
     def set_policy(self, collection: str, policy: str) -> None:
@@ -483,6 +496,53 @@ class Transaction:
         versions.remove_listed(site.conn, gone)
         versions.insert_many(site.conn, rows)
 
+    def write_rows(self, rows: list[tuple[str, str, bytes | None]]) -> None:
+        """:meth:`write_raw` for each ``(collection, key, encoded value or None)`` in order,
+        with the store's reads and writes batched: one ``executemany`` looks up the keys'
+        versions and one writes the new ones, so a record costs one B-tree write.  The caller
+        has checked the rows (``syncpack load`` checks each line as it reads it); unlike
+        :meth:`write_many` it looks the versions up itself, and a key may come twice."""
+        if not rows:
+            return
+        site = self.site
+        if any(site.policy_of(c) == "merge" for c in {r[0] for r in rows}):
+            for c, k, raw in rows:      # merge collections stamp each write's fields
+                self.write_raw(c, k, raw)
+            return
+        origin = site.site_id
+        if any(c.startswith(SYS_PREFIX) for c in {r[0] for r in rows}):
+            self.touched_system = True
+        n = len(rows)
+        seq0, epoch0, hlc = self.seq, self.epoch, self.hlc
+        self.seq += n
+        self.epoch += n
+        prefix = pack_csn(hlc, origin, 0)[:CSN_LEN - 4]
+        csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
+        keys = [(c, k) for c, k, _v in rows]
+        unique = dict.fromkeys(keys)
+        held = versions.csns_of_keys(site.conn, unique)
+        new = tuple.__new__     # builds each Op in C (Op(...) runs a Python __new__)
+        if not held and len(unique) == n:
+            # new keys, each once (a first load): nothing replaced, every row stays
+            colls, names, raws = zip(*rows)
+            self.ops.extend(map(new, repeat(Op), zip(
+                repeat(origin), range(epoch0 + 1, epoch0 + 1 + n), repeat(hlc),
+                range(seq0, seq0 + n), colls, names, raws, repeat(b""))))
+            versions.replace_many(site.conn, (), sorted(zip(colls, names, csns, raws)))
+            return
+        gone = list(held)
+        last: dict[tuple[str, str], tuple[bytes, bytes | None]] = {}
+        ops = self.ops
+        for (coll, key, raw), k, csn, seq in zip(rows, keys, csns, range(seq0, seq0 + n)):
+            old = held.get(k)
+            # a key written twice in one batch: the later op supersedes the earlier one
+            held[k] = [csn]
+            last[k] = (csn, raw)
+            ops.append(new(Op, (origin, epoch0 + 1 + seq - seq0, hlc, seq, coll, key, raw,
+                                b"".join(old) if old else b"")))
+        versions.replace_many(site.conn, gone, sorted(
+            (c, k, csn, raw) for (c, k), (csn, raw) in last.items()))
+
     def split(self) -> None:
         """End this replication transaction and begin the next one inside the same store
         transaction: what was written so far travels as one unit, the rest as another (a
@@ -497,7 +557,8 @@ class Transaction:
         if not self.ops:
             return
         site = self.site
-        n_bytes = sum(len(o.key) + len(o.value or b"") for o in self.ops)
+        _o, _e, _h, _s, _c, keys_, values, _r = zip(*self.ops)
+        n_bytes = sum(map(len, keys_)) + sum(map(len, filter(None, values)))
         if len(self.ops) > chain.MAX_TXN_OPS or n_bytes > chain.MAX_TXN_BYTES:
             raise TransactionTooLargeError(
                 f"one transaction is limited to {chain.MAX_TXN_OPS} changes and "
@@ -510,10 +571,12 @@ class Transaction:
             # and an export later only copies it.  Older unsealed ops go first (the chain).
             site.seal_pending()
             chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer())
+            matrix.set_epoch(site.conn, site.site_id, self.epoch)
+            site.set_meta("hlc", self.hlc)
         else:
+            # The changelog rows carry our new epoch and clock (chain.own_tip): a small
+            # transaction writes no vector or meta page.
             site.record_ops(self.ops)
-        matrix.set_epoch(site.conn, site.site_id, self.epoch)
-        site.set_meta("hlc", self.hlc)
         self.ops = []
 
 

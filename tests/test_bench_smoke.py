@@ -82,7 +82,8 @@ def test_bench_cli_smoke(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert set(res["ratios"]) == {"bulk_import_vs_apply", "bulk_export_vs_apply",
+    assert set(res["ratios"]) == {"load_vs_plain_sqlite", "api_txn_vs_plain_sqlite",
+                                  "bulk_import_vs_apply", "bulk_export_vs_apply",
                                   "bulk_packet_vs_patchset_zstd3", "small_import_vs_apply"}
     assert all(v > 0 for v in res["ratios"].values())
     b = res["bulk"]

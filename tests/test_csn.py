@@ -142,7 +142,7 @@ def test_site_csns_ascend_when_the_clock_jumps_back(tmp_path):
         # the jumps back were absorbed by the logical counter, the jump forward was taken
         assert hlcs[2] == hlcs[0] + 1 and hlcs[4] == hlcs[2] + 1
         assert hlcs[8] == hlc_from_ms(now + 20_000)
-        assert int(s.meta("hlc")) == hlcs[-1]
+        assert s.last_hlc() == hlcs[-1]
 
 
 @settings(max_examples=15, deadline=None)

@@ -508,19 +508,16 @@ def test_decompression_bomb_rejected_quickly_with_bounded_memory(world, byte):
 def test_largest_block_body_a_member_can_sign_is_refused_in_bounded_time(world, byte):
     """A frame that honestly declares MAX_BLOCK_RAW (256 MiB) of one byte: the format lets a
     block decompress that far, so it is decompressed and refused by the column decoder.  The
-    peak is bounded by the block limit (the decompressed body, and msgpack's copy of what
-    follows a complete object: see the xfail test below), not by the frame."""
+    peak is one decompressed body (see the test below), not the frame's claim."""
     top = blocks.MAX_BLOCK_RAW
     msg, err = bomb_import(world, signed_bomb(world, rle_frame(top, byte, content_size=top), top),
-                           limit_mb=2 * top // 2 ** 20 + 64, seconds=30)
+                           limit_mb=top // 2 ** 20 + 64, seconds=30)
     assert "malformed columns" in msg or "columns" in msg, msg
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "blocks._decode: msgpack.unpackb raises ExtraData carrying a copy of every byte after "
-    "the first complete object, so a 32 KiB body declaring 256 MiB of zeros costs 2 x 256 "
-    "MiB at its peak, not the one allocation formats/BLOCKS.md 4.1 promises"))
 def test_block_decoding_peaks_at_one_decompressed_body():
+    """A body of one small object and 256 MiB of zeros after it: refused within one
+    decompressed body's memory (the column decoder reads it in pieces and copies no tail)."""
     top = blocks.MAX_BLOCK_RAW
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     k = Ed25519PrivateKey.generate()

@@ -360,7 +360,7 @@ def test_forged_epoch_collision_is_refused_and_data_kept(family):
     before = (fam.digest("A"), raw_vector(fam, "A"), changelog(fam, "A"))
 
     with fam.open("A") as s:
-        family_id, a_vec, hlc = s.family_id, s.vector(), int(s.meta("hlc"))
+        family_id, a_vec, hlc = s.family_id, s.vector(), s.last_hlc()
     forged = [
         # epoch `held` of B, which A holds as the op that wrote "genuine"
         Op(b, held, hlc + 1, 0, "t", "k", codec.encode_value("forged"), b""),

@@ -27,7 +27,7 @@ def snapshot(site: Site) -> tuple:
     return (site.digest(), site.vector(),
             c.execute("SELECT count(*) FROM changelog").fetchone()[0],
             c.execute("SELECT collection, key, csn, value FROM versions ORDER BY 1, 2, 3").fetchall(),
-            site.meta("hlc"))
+            site.last_hlc())
 
 
 def changelog_count(path: Path) -> int:
@@ -189,7 +189,10 @@ def break_delete_middle_op(p: Path):
 
 
 def break_bump_vector(p: Path):
-    sql(p, ("UPDATE vector SET epoch=epoch+1 WHERE origin=?", (_own(p),)))
+    # our own epoch is the larger of the vector row and the changelog's newest op (a small
+    # transaction writes only the latter): claim one more than both
+    sql(p, ("UPDATE vector SET epoch=(SELECT max(epoch) FROM changelog WHERE origin=?1) + 1 "
+            "WHERE origin=?1", (_own(p),)))
 
 
 def break_change_value(p: Path):
@@ -199,7 +202,7 @@ def break_change_value(p: Path):
 
 def break_version_without_op(p: Path):
     with Site.open(p) as s:
-        hlc = int(s.meta("hlc"))
+        hlc = s.last_hlc()
     sql(p, ("INSERT INTO versions VALUES ('parts', 'ghost', ?, ?)",
             (pack_csn(hlc - 5, _own(p), 0), codec.encode_value("boo"))))
 

@@ -213,7 +213,7 @@ def reissue_stash(site: Site) -> int:
         return 0
     me = site.site_id
     epoch = site.vector().get(me, 0)
-    hlc = int(site.meta("hlc", 0))
+    hlc = site.last_hlc()
     rename: dict[bytes, bytes] = {}
     new_ops = []
     txn_key = None

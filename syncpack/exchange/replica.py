@@ -52,7 +52,7 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     roster = [{"name": m.name, "id": m.site_id, "ed25519": m.ed25519, "x25519": m.x25519,
                "priority": m.priority} for m in site.roster().values() if not m.retired]
     seq = link(site, recipient)["out_seq"] + 1
-    hlc = int(site.meta("hlc", 0))
+    hlc = site.last_hlc()
     tmpl = Header(kind=codec.KIND_SNAPSHOT, family=site.family_id, sender=site.site_id,
                   recipient=recipient, packet_id=b"", seq=seq, part=0, final=False,
                   created_ms=now, vector=vec, roster=roster, hlc_max=hlc)

@@ -12,14 +12,15 @@ bounded before anything is allocated, library errors become :class:`PacketError`
 from __future__ import annotations
 
 import hashlib
+import io
 import struct
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple
 
 import msgpack
-import zstandard
 
 from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN
+from syncpack.lazy import OnFirstUse
 from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
                      PacketSealError, PacketVersionError)
 
@@ -39,22 +40,39 @@ ZSTD_MAX_WINDOW = 1 << 27               # refuse frames that ask for more than 1
 # 5-byte matches inside random text cost more than the literals they replace.  Content size in
 # the frame header (the reader checks it, which bounds its output before it allocates); no zstd
 # checksum (the signed body hash covers the body).
-BLOCK_ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
-    ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0)
+# zstandard is imported on first use (syncpack.lazy: a get or put never compresses), so the
+# names below that come from it are made when first asked for (module __getattr__).
+zstandard = OnFirstUse("zstandard")
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-ZstdParams = zstandard.ZstdCompressionParameters
-ZstdError = zstandard.ZstdError
-zstd_frame_parameters = zstandard.get_frame_parameters
+_FROM_ZSTD = {
+    "BLOCK_ZSTD_PARAMS": lambda: zstandard.ZstdCompressionParameters.from_level(
+        ZSTD_LEVEL, min_match=7, write_content_size=1, write_checksum=0),
+    "ZstdParams": lambda: zstandard.ZstdCompressionParameters,
+    "ZstdError": lambda: zstandard.ZstdError,
+    "zstd_frame_parameters": lambda: zstandard.get_frame_parameters,
+}
+
+
+def _from_zstd(name: str) -> Any:
+    if name not in globals():
+        globals()[name] = _FROM_ZSTD[name]()     # made once
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_ZSTD:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _from_zstd(name)
 # what a malformed msgpack input may raise
 MSGPACK_ERRORS = (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, msgpack.OutOfData,
-                  ValueError, TypeError, OverflowError, RecursionError)
+                  msgpack.BufferFull, ValueError, TypeError, OverflowError, RecursionError)
 
 
 def block_compressor(level: "int | zstandard.ZstdCompressionParameters | None" = None):
     """The compressor of a block's body: the writers' setting, or (tools/bench_blocks.py)
     given parameters or a plain level with the same frame options."""
     if level is None:
-        return zstandard.ZstdCompressor(compression_params=BLOCK_ZSTD_PARAMS)
+        return zstandard.ZstdCompressor(compression_params=_from_zstd("BLOCK_ZSTD_PARAMS"))
     if isinstance(level, zstandard.ZstdCompressionParameters):
         return zstandard.ZstdCompressor(compression_params=level)
     return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
@@ -70,6 +88,24 @@ def unpack_limited(data, **limits) -> Any:
     return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False, **limits)
 
 
+UNPACK_PIECE = 1 << 20
+
+
+def unpack_limited_in_pieces(data: bytes, **limits) -> Any:
+    """:func:`unpack_limited` for a large input that must hold one object: an Unpacker reads
+    it in pieces (BytesIO shares the bytes), so bytes after the object are counted, never
+    copied (unpackb's ExtraData error carries a copy of them).  Its buffer holds at most one
+    piece beyond the largest string or bin the limits allow."""
+    big = max(limits.get("max_bin_len", 0), limits.get("max_str_len", 0))
+    unpacker = msgpack.Unpacker(io.BytesIO(data), read_size=UNPACK_PIECE,
+                                max_buffer_size=big + 2 * UNPACK_PIECE, raw=False,
+                                use_list=True, strict_map_key=False, **limits)
+    obj = unpacker.unpack()
+    if unpacker.tell() != len(data):
+        raise ValueError(f"{len(data) - unpacker.tell()} bytes after the first object")
+    return obj
+
+
 def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
@@ -77,6 +113,12 @@ def packb(obj: Any) -> bytes:
 def unpackb(data: bytes) -> Any:
     """Decode trusted bytes (our own store)."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def value_packer() -> Callable[[Any], bytes]:
+    """:func:`packb` for many values in a row: one reusable Packer (making one per call is
+    most of packb's cost for a small value).  Raises as packb does, and recovers after."""
+    return msgpack.Packer(use_bin_type=True).pack
 
 
 def encode_value(value: Any) -> bytes:

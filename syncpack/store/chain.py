@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from itertools import accumulate
 from typing import Callable, Iterable, Iterator
 
 from syncpack.format import blocks
+from syncpack.store import matrix, meta
 from syncpack.format.blocks import ZERO_HASH, BlockInfo
 from syncpack.format.codec import Op
 
@@ -154,10 +156,9 @@ def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
 
 def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
     """The epoch of the op with CSN ``(hlc, origin, seq)`` if we hold it, else None."""
-    row = conn.execute("SELECT epoch FROM changelog WHERE hlc=? AND origin=? AND seq=?",
-                       (hlc, origin, seq)).fetchone()
-    if row:
-        return row[0]
+    e = _changelog_epoch_of(conn, hlc, origin, seq)
+    if e is not None:
+        return e
     for r in conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hlc_first<=? AND "
                           f"hlc_last>=?", (origin, hlc, hlc)).fetchall():
         b = _stored(r)
@@ -167,6 +168,50 @@ def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
             if op.hlc == hlc and op.seq == seq:
                 return op.epoch
     return None
+
+
+def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
+    # The changelog holds our own ops only, in consecutive epochs whose CSNs ascend with them:
+    # bisect the epochs (no CSN index to keep up in every commit, see db.py migration 6).
+    lo, hi = conn.execute("SELECT min(epoch), max(epoch) FROM changelog WHERE origin=?",
+                          (origin,)).fetchone()
+    if lo is None:
+        return None
+    want = (hlc, seq)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
+                           (origin, mid)).fetchone()
+        if row is None:         # not consecutive after all: look at every row
+            row = conn.execute("SELECT epoch FROM changelog WHERE origin=? AND hlc=? AND seq=?",
+                               (origin, hlc, seq)).fetchone()
+            return row[0] if row else None
+        if row == want:
+            return mid
+        if row < want:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return None
+
+
+def own_tip(conn, origin: bytes) -> tuple[int, int] | None:
+    """``(epoch, hlc)`` of our newest unsealed op, or None.  A small transaction writes only
+    its changelog rows (and versions): the vector's and meta's record of our own epoch and
+    clock catch up when the changelog is emptied (:func:`settle_own`), so readers take the
+    larger of both."""
+    return conn.execute("SELECT epoch, hlc FROM changelog WHERE origin=? ORDER BY epoch DESC "
+                        "LIMIT 1", (origin,)).fetchone()
+
+
+def settle_own(conn, origin: bytes) -> None:
+    """Carry our newest unsealed op's epoch and clock into the vector and meta, before
+    changelog rows go (sealed, trimmed or set aside)."""
+    tip = own_tip(conn, origin)
+    if tip is None:
+        return
+    matrix.raise_epoch(conn, origin, tip[0])
+    meta.put(conn, "hlc", max(int(meta.get(conn, "hlc", 0)), tip[1]))
 
 
 def held_ranges(conn) -> dict[bytes, tuple[int, int, int]]:
@@ -213,6 +258,7 @@ def trim(conn, origin: bytes, floor: int) -> int:
                                (origin, floor)).fetchall():
         n += hi - lo
     conn.execute("DELETE FROM blocks WHERE origin=? AND hi<=?", (origin, floor))
+    settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (origin, floor))
     return n + conn.changes()
 
@@ -220,6 +266,7 @@ def trim(conn, origin: bytes, floor: int) -> int:
 def take_all(conn, origin: bytes) -> list[Op]:
     """Remove and return every op of ``origin`` we hold (a restore's set-aside)."""
     ops = list(iter_ops(conn, origin, 0, (1 << 63) - 1))
+    settle_own(conn, origin)
     conn.execute("DELETE FROM blocks WHERE origin=?", (origin,))
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return ops
@@ -233,6 +280,7 @@ def take_from(conn, origin: bytes, epoch: int) -> list[Op]:
                        (origin, epoch)).fetchone()
     cut = epoch - 1 if row[0] is None else min(row[0], epoch - 1)
     ops = list(iter_ops(conn, origin, cut, (1 << 63) - 1))
+    settle_own(conn, origin)        # the clock must not go back with the ops set aside
     conn.execute("DELETE FROM blocks WHERE origin=? AND hi>?", (origin, cut))
     conn.execute("DELETE FROM changelog WHERE origin=? AND epoch>?", (origin, cut))
     keep = [op for op in ops if op.epoch < epoch]
@@ -253,6 +301,23 @@ def _txns(ops: Iterable[Op]) -> Iterator[list[Op]]:
 
 def _op_bytes(op: Op) -> int:
     return len(op.key) + len(op.value or b"") + len(op.collection) + len(op.replaced) + 8
+
+
+def _txns_with_bytes(ops: list[Op]) -> Iterator[tuple[list[Op], int]]:
+    """:func:`_txns`, each with the sum of its ops' :func:`_op_bytes`, computed over whole
+    columns (a bulk load's transaction is 100,000 ops)."""
+    if not ops:
+        return
+    _o, _e, _h, seqs, colls, keys, values, reps = zip(*ops)
+    starts = [i for i, q in enumerate(seqs) if q == 0 and i]
+    sizes = list(accumulate(map(sum, zip(map(len, colls), map(len, keys), map(len, reps),
+                                         map(len, map(_or_empty, values)))), initial=0))
+    for a, b in zip([0, *starts], [*starts, len(ops)]):
+        yield ops[a:b], sizes[b] - sizes[a] + 8 * (b - a)
+
+
+def _or_empty(value: bytes | None) -> bytes:
+    return value or b""
 
 
 def seal(conn, family: bytes, origin: bytes, ops: list[Op], sign: Callable[[bytes], bytes],
@@ -281,8 +346,7 @@ def seal(conn, family: bytes, origin: bytes, ops: list[Op], sign: Callable[[byte
 
     txns: list[list[Op]] = []
     n = size = 0
-    for txn in _txns(ops):
-        tb = sum(map(_op_bytes, txn))
+    for txn, tb in _txns_with_bytes(ops):
         if txns and (n + len(txn) > BLOCK_OPS or size + tb > raw_cap):
             emit(txns)
             txns, n, size = [], 0, 0
@@ -304,6 +368,7 @@ def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], byt
     if not ops:
         return 0
     seal(conn, family, origin, ops, sign, max_block)
+    settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return len(ops)
 

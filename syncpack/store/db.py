@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -183,7 +183,16 @@ MIGRATIONS: list[str] = [
     CREATE TABLE heads_told(peer BLOB NOT NULL, origin BLOB NOT NULL, hi INTEGER NOT NULL,
                             PRIMARY KEY(peer, origin)) WITHOUT ROWID;
     """,
-    # 6: the merge policy.  Every version ever applied in a merge collection, with the field
+    # 6: a one-put transaction writes one changelog row and its version, nothing else (the
+    # Speed issue): the changelog holds only our own ops, whose CSNs ascend with their epochs,
+    # so a CSN is found by bisecting epochs (store/chain.py epoch_of) and the CSN index, a
+    # third B-tree page in every commit, goes; our own epoch and clock are read from the
+    # changelog's last row instead of being rewritten in vector and meta each time
+    # (store/chain.py own_tip).
+    """
+    DROP INDEX IF EXISTS changelog_csn;
+    """,
+    # 7: the merge policy.  Every version ever applied in a merge collection, with the field
     # stamps it was given and the CSNs it replaced, kept after it is superseded: a later write
     # based on it is stamped against it (syncpack/store/fields.py).
     """

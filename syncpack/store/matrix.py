@@ -32,9 +32,16 @@ def ranges_from_blob(b: bytes | None) -> dict[bytes, tuple[int, int]]:
 
 # --- the vector --------------------------------------------------------------------------------
 
+# Our own origin's row is not rewritten by every small local transaction: its newest unsealed
+# op in the changelog (which holds our own ops only) may be above it (chain.own_tip), so the
+# epoch held is the larger of the two; chain.settle_own writes it back before changelog rows go.
+_HELD = ("max(epoch, coalesce((SELECT max(c.epoch) FROM changelog c "
+         "WHERE c.origin=vector.origin), 0))")
+
+
 def vector(conn) -> dict[bytes, int]:
     """Origin site id -> highest epoch held."""
-    return {o: e for o, e in conn.execute("SELECT origin, epoch FROM vector")}
+    return {o: e for o, e in conn.execute(f"SELECT origin, {_HELD} FROM vector")}
 
 
 def floors(conn) -> dict[bytes, int]:
@@ -44,7 +51,7 @@ def floors(conn) -> dict[bytes, int]:
 
 def epoch(conn, origin: bytes) -> int:
     """The epoch held of an origin the vector lists."""
-    return conn.execute("SELECT epoch FROM vector WHERE origin=?", (origin,)).fetchone()[0]
+    return conn.execute(f"SELECT {_HELD} FROM vector WHERE origin=?", (origin,)).fetchone()[0]
 
 
 def add_origin(conn, origin: bytes) -> None:

@@ -1,0 +1,132 @@
+"""The Speed issue's behaviour (its figures are measured by tools/bench_cli.py, not here): a
+command imports only what it runs, and a bulk load writes what one put at a time would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from hypothesis import given, settings, strategies as st
+
+from conftest import run
+from syncpack.admin import inspection
+from syncpack.site import Site
+from syncpack.store import chain
+
+HEAVY = ("cryptography", "zstandard", "pyarrow", "tqdm", "syncpack.exchange.sync",
+         "syncpack.exchange.apply", "syncpack.admin.inspection")
+
+_PROBE = """
+import sys
+from syncpack.cli import main
+sys.argv = ["syncpack", "--site", sys.argv[1]] + sys.argv[2:]
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+heavy = [m for m in {heavy!r} if m in sys.modules]
+print("HEAVY", ",".join(heavy), file=sys.stderr)
+"""
+
+
+def _heavy_imports(*args) -> list[str]:
+    r = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY), *map(str, args)],
+                       capture_output=True, text=True)
+    line = [x for x in r.stderr.splitlines() if x.startswith("HEAVY")]
+    assert line, r.stderr
+    return [m for m in line[-1][len("HEAVY "):].split(",") if m]
+
+
+def test_get_and_put_import_no_crypto_compression_or_packet_code(tmp_path):
+    site = tmp_path / "a"
+    assert run("init", site, "--family", "f", "--site", "a").code == 0
+    assert _heavy_imports(site, "put", "c", "k", '{"n": 1}') == []
+    assert _heavy_imports(site, "get", "c", "k") == []
+    assert _heavy_imports(site, "ls", "c") == []
+    # a command that needs them still gets them
+    assert "syncpack.admin.inspection" in _heavy_imports(site, "status")
+
+
+keys_ = st.sampled_from([f"k{i}" for i in range(6)])
+values = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1),
+                   st.text(max_size=8), st.lists(st.integers(0, 9), max_size=3),
+                   st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2))
+lines = st.lists(st.tuples(st.sampled_from(["c", "d"]), keys_,
+                           st.one_of(st.just(None), values.map(lambda v: ("v", v)))),
+                 min_size=1, max_size=25)
+
+
+@settings(max_examples=20, deadline=None)
+@given(before=lines, batch=lines)
+def test_load_leaves_what_one_put_at_a_time_leaves(tmp_path_factory, before, batch):
+    """A bulk load (versions looked up and written in batches, a key written twice in one
+    file) ends with the records, surviving versions and superseded lists that the same
+    writes one by one through the API leave."""
+    root = tmp_path_factory.mktemp("load")
+    a, b = root / "a", root / "b"
+    for p in (a, b):
+        Site.init_family(p, "fam", "s", "lww").close()
+    clock = iter(range(10**6, 10**7, 1000))
+
+    def write(site: Site, rows) -> None:
+        with site.transaction() as tx:
+            for coll, key, v in rows:
+                tx.put(coll, key, v[1]) if v else tx.delete(coll, key)
+
+    f = root / "batch.jsonl"
+    f.write_text("".join(json.dumps({"collection": c, "key": k, "value": v[1]} if v else
+                                    {"collection": c, "key": k, "delete": True}) + "\n"
+                         for c, k, v in batch))
+    for p, bulk in ((a, True), (b, False)):
+        with Site.open(p, clock=lambda: 0) as s:
+            write(s, before)
+        if bulk:
+            with Site.open(p) as s:
+                inspection.load(s, f)
+        else:
+            with Site.open(p) as s:
+                write(s, batch)
+    with Site.open(a) as sa, Site.open(b) as sb:
+        assert list(sa.records()) == list(sb.records())
+
+        def shape(s: Site):
+            # CSNs differ between the two sites (their clocks and ids); compare what each op
+            # superseded as positions in the site's own history
+            ops = list(s.iter_changelog(s.site_id, 0, 10**9))
+            pos = {o.csn: i for i, o in enumerate(ops)}
+            return ([(o.collection, o.key, o.value,
+                      [pos[o.replaced[i:i + 20]] for i in range(0, len(o.replaced), 20)])
+                     for o in ops if not o.collection.startswith("$")],
+                    sorted((r.collection, r.key, pos[r.csn]) for r in s.iter_versions()
+                           if not r.collection.startswith("$")))
+        assert shape(sa) == shape(sb)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=30))
+def test_own_epoch_clock_and_csn_lookup_come_from_the_changelog(tmp_path_factory, sizes):
+    """Small transactions write only their changelog rows and versions: the site's own epoch,
+    its clock and the lookup of a CSN by bisecting epochs must still see every op, and they
+    must carry over once the ops are sealed and the changelog is emptied."""
+    p = tmp_path_factory.mktemp("tip") / "a"
+    Site.init_family(p, "fam", "a").close()
+    with Site.open(p) as s:
+        for t, n in enumerate(sizes):
+            with s.transaction() as tx:
+                for i in range(n):
+                    tx.put("c", f"k{t}-{i}", i)
+        ops = list(s.iter_changelog(s.site_id, 0, 10**9))
+        assert s.vector()[s.site_id] == ops[-1].epoch == 2 + sum(sizes)
+        assert s.last_hlc() == ops[-1].hlc
+        for op in ops:
+            assert chain.epoch_of(s.conn, op.hlc, op.origin, op.seq) == op.epoch
+        assert chain.epoch_of(s.conn, ops[-1].hlc + 1, s.site_id, 0) is None
+        with s.write_txn():
+            s.seal_pending()
+        assert not chain.has_pending(s.conn, s.site_id)
+        assert s.vector()[s.site_id] == ops[-1].epoch and s.last_hlc() == ops[-1].hlc
+        with s.transaction() as tx:
+            tx.put("c", "after", 1)
+        assert s.vector()[s.site_id] == ops[-1].epoch + 1
+        assert s.last_hlc() > ops[-1].hlc
