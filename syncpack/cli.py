@@ -876,7 +876,8 @@ class _ConflictsGroup(Group):
 
     def format_usage(self, ctx, formatter):
         formatter.write_usage(ctx.command_path, "[COLLECTION] | resolve COLLECTION KEY "
-                                                "(--pick VERSION | --value JSON)")
+                                                "(--pick VERSION|SITE | --field FIELD=SITE... "
+                                                "| --value JSON)")
 
 
 @cli.group(cls=_ConflictsGroup, invoke_without_command=True)
@@ -903,6 +904,13 @@ def conflicts(ctx):
         for v in c["versions"]:
             shown = "<deleted>" if v["deleted"] else _shown(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
+        if c["policy"] == "merge" and c["visible"] is not None:
+            lines.append(f"  = merged  {_shown(c['visible'])}")
+        for f in c["fields"]:
+            lines.append(f"  field {printable(f['field'])}:")
+            for x in f["values"]:
+                shown = "<absent>" if x["absent"] else _shown(x["value"])
+                lines.append(f"    {'*' if x['winner'] else ' '} {x['site']}  {shown}")
     obj.emit({"conflicts": found}, "\n".join(lines))
     if not obj.json:
         obj.say(f"{len(found)} key(s) in conflict" + ("; * marks the visible version" if found
@@ -912,21 +920,30 @@ def conflicts(ctx):
 @conflicts.command("resolve")
 @click.argument("collection")
 @click.argument("key")
-@click.option("--pick", "pick_version", metavar="VERSION", help="Keep this surviving version.")
+@click.option("--pick", "pick_version", metavar="VERSION|SITE",
+              help="Keep this surviving version, or this site's side of every field in "
+                   "conflict.")
+@click.option("--field", "field_picks", metavar="FIELD=SITE", multiple=True,
+              help="Take FIELD from SITE's value (repeatable).")
 @click.option("--value", "value", metavar="JSON", help="Write this value instead.")
 @click.pass_obj
-def conflicts_resolve(obj: Ctx, collection, key, pick_version, value):
+def conflicts_resolve(obj: Ctx, collection, key, pick_version, field_picks, value):
     """Write a new version that supersedes every surviving version of KEY.
 
     \b
     Example:
       syncpack conflicts resolve parts p-100 --value '{"qty": 12}'
+      syncpack conflicts resolve parts p-100 --pick boston
+      syncpack conflicts resolve parts p-100 --field qty=boston --field bin=chicago
     """
-    if (pick_version is None) == (value is None):
-        raise click.UsageError("give exactly one of --pick VERSION or --value JSON")
+    if value is not None and (pick_version is not None or field_picks) or \
+            value is None and pick_version is None and not field_picks:
+        raise click.UsageError("give --value JSON, or --pick VERSION|SITE and/or "
+                               "--field FIELD=SITE")
     s = obj.open()
     v = _json_value(value) if value is not None else None
-    doc = conflicts_mod.resolve(s, collection, key, pick_version, v, value is not None)
+    doc = conflicts_mod.resolve(s, collection, key, pick_version, v, value is not None,
+                                field_picks)
     obj.emit(doc)
     obj.say(f"resolved {collection}/{key}: superseded {doc['superseded']} version(s)")
 
@@ -944,8 +961,9 @@ def collection():
 
 @collection.command("create")
 @click.argument("name")
-@click.option("--policy", type=click.Choice(["lww", "priority"]), required=True,
-              help="lww: greatest CSN wins; priority: the higher-priority site wins.")
+@click.option("--policy", type=click.Choice(["lww", "priority", "merge"]), required=True,
+              help="lww: greatest CSN wins; priority: the higher-priority site wins; merge: "
+                   "per field of JSON objects, same field by priority then CSN.")
 @click.pass_obj
 def collection_create(obj: Ctx, name, policy):
     """Create collection NAME with a conflict policy (replicated to every site).

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 from syncpack.format import codec
 from syncpack.lazy import OnFirstUse
-from syncpack.store import chain, db, matrix, meta, versions
+from syncpack.store import chain, db, fields, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
@@ -365,6 +365,8 @@ class Site:
     def apply_version(self, op: Op, csn: bytes) -> None:
         """Make ``op`` a surviving version of its key unless a known write superseded it, and
         drop the versions it superseded."""
+        if self.policy_of(op.collection) == "merge":
+            fields.note_write(self.conn, op.collection, op.key, csn, op.value, op.replaced)
         versions.apply_version(self.conn, op, csn)
 
     def signer(self) -> Callable[[bytes], bytes]:
@@ -476,6 +478,8 @@ class Transaction:
         replaced = versions.csns_of_key(site.conn, collection, key)
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
+        if site.policy_of(collection) == "merge":
+            fields.note_write(site.conn, collection, key, csn, raw, replaced, local=True)
         versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
         self.ops.append(op)
 
@@ -489,8 +493,13 @@ class Transaction:
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
         gone, rows = [], []
+        merge = site.policy_of(collection) == "merge"
         for key, raw, replaced in items:
             seq = self.seq
+            if merge:
+                fields.note_write(site.conn, collection, key,
+                                  pack_csn(self.hlc, site.site_id, seq), raw,
+                                  b"".join(replaced), local=True)
             self.seq += 1
             self.epoch += 1
             self.ops.append(Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw,
@@ -509,6 +518,10 @@ class Transaction:
         if not rows:
             return
         site = self.site
+        if any(site.policy_of(c) == "merge" for c in {r[0] for r in rows}):
+            for c, k, raw in rows:      # merge collections stamp each write's fields
+                self.write_raw(c, k, raw)
+            return
         origin = site.site_id
         if any(c.startswith(SYS_PREFIX) for c in {r[0] for r in rows}):
             self.touched_system = True

@@ -17,6 +17,7 @@ from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
 from syncpack.site import MAX_NAME_CHARS, Site, check_collection, check_key
+from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
@@ -93,7 +94,7 @@ def status(site: Site) -> dict:
                        "waiting_for": {site.name_of(o): [max(lo, vec.get(o, 0)), hi]
                                        for o, (lo, hi) in sorted(ranges_from_blob(w).items())
                                        if hi > vec.get(o, 0)}})
-    conflicts = versions.count_conflicts(site.conn)
+    conflicts = count_conflicts(site)
     changelog = chain.count(site.conn)
     # parts of a transaction too large for one block, held until its last part arrives
     incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
