@@ -14,7 +14,8 @@ hint.
 
 from .errors import InvalidValueError, SiteClosedError, SyncpackError
 from .site import Site, Transaction, open_site
+from .version import VERSION
 
 __all__ = ["Site", "Transaction", "open_site", "SyncpackError", "InvalidValueError",
            "SiteClosedError"]
-__version__ = "0.1.0"
+__version__ = VERSION

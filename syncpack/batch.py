@@ -493,13 +493,21 @@ class _Round:
         # needed, a roster name that cannot be a path) is one failure, the others still get
         # their packets.
         failed: list[SyncpackError] | None = [] if spec.to is None else None
-        pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
-                           max_size=spec.max_size, progress=self.progress,
-                           encrypt=spec.encrypt, failed=failed,
-                           seal_max=min(e.max_size for e in self.cfg.exports) // 2)
+        who = "all" if spec.to is None else ",".join(spec.to)
+        try:
+            pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
+                               max_size=spec.max_size, progress=self.progress,
+                               encrypt=spec.encrypt, failed=failed,
+                               seal_max=min(e.max_size for e in self.cfg.exports) // 2)
+        except SyncpackError as e:
+            # the summary must not say "nothing to send" for an outbox that failed, and the
+            # error names the peers the outbox serves, not only the shared directory
+            entry["failed"] = True
+            self.fail("export", f"{spec.out} -> {getattr(e, 'peer', None) or who}", e.message,
+                      e.hint)
+            return
         entry["packets"] = [p.to_json() for p in pkts]
         self.exported += entry["packets"]
-        who = "all" if spec.to is None else ",".join(spec.to)
         for e in failed or []:
             self.fail("export", f"{spec.out} -> {getattr(e, 'peer', '?')}", e.message, e.hint)
         if pkts:
@@ -664,7 +672,9 @@ def format_summary(doc: dict) -> str:
     for e in doc["outboxes"]:
         who = e["to"] if isinstance(e["to"], str) else ", ".join(e["to"])
         pk = e["packets"]
-        if pk:
+        if e.get("failed"):
+            lines.append(f"  export {e['out']} -> {who}: failed (see the error lines)")
+        elif pk:
             lines.append(f"  export {e['out']} -> {who}: {len(pk)} packet(s), "
                          f"{sum(p['ops'] for p in pk)} ops, {sum(p['bytes'] for p in pk)} bytes")
         else:

@@ -21,6 +21,7 @@ import click
 
 from syncpack.outcome import error_outcome
 from syncpack.store import db
+from .version import VERSION
 from .errors import RecordNotFound, SyncpackError
 from .lazy import OnFirstUse
 from .site import Site
@@ -66,17 +67,28 @@ class Ctx:
         click.get_current_context().call_on_close(s.close)
         return s
 
+    # One rule for every command (docs/commands.md, "Output"): what a command did or found
+    # is its result and goes to stdout; errors, hints and progress are diagnostics and go to
+    # stderr.  -q prints nothing when the command succeeds (its exit code says so, like
+    # grep -q); --json still writes its one document, which the caller asked for by name.
+
     def emit(self, doc: dict, human: str | None = None) -> None:
         """The JSON document on stdout in --json mode, else the human text on stdout."""
         if self.json:
             click.echo(json.dumps(doc, indent=2, sort_keys=False, default=_not_json))
-        elif human is not None and human != "":
+        elif human is not None and human != "" and not self.quiet:
             click.echo(escaped(human))
 
-    def say(self, text: str) -> None:
-        """Human remarks: stderr, and only when not quiet."""
+    def warn(self, text: str) -> None:
+        """A warning is a diagnostic: stderr (also beside --json), not when quiet."""
         if not self.quiet:
-            click.echo(escaped(text), err=True)
+            click.echo(f"warning: {escaped(text)}", err=True)
+
+    def say(self, text: str) -> None:
+        """More of the human result (a summary line, the next step to take): stdout, not in
+        --json mode (stdout holds the document) and not when quiet."""
+        if not self.quiet and not self.json:
+            click.echo(escaped(text))
 
     @contextmanager
     def progress(self, label: str, unit: str = "ops") -> Iterator[_Bar | None]:
@@ -230,9 +242,10 @@ def _size(ctx, param, value):
 @click.option("--site", "site", metavar="DIR", help="Site directory (default: $SYNCPACK_SITE, "
               "else the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
+              "to stderr, the exit code says how it went.")
 @click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")
-@click.version_option(package_name="syncpack")
+@click.version_option(version=VERSION, prog_name="syncpack")
 @click.pass_context
 def cli(ctx, site, as_json, quiet, verbose):
     """Offline replication by signed, compressed update packets.
@@ -523,8 +536,8 @@ def fsck(obj: Ctx):
     if not doc["ok"]:
         for p in doc["problems"]:
             echo_error(p)
-        click.echo("hint: restore the site from a backup, or re-seed it with a snapshot",
-                   err=True)
+        echo_error("fsck found the problems above",
+                   "restore the site from a backup, or re-seed it with a snapshot")
         sys.exit(1)
     if not obj.json:
         obj.say(f"ok: {doc['changelog_ops']} changelog ops checked")
@@ -620,13 +633,36 @@ def import_(obj: Ctx, paths):
     """
     s = obj.open()
     res = sync.ImportResult()
-    obj.on_interrupt(lambda: _import_interrupted(res))
+    obj.on_interrupt(lambda: _import_interrupted(s, res))
     with obj.progress("import") as tick:
         sync.import_packets(s, paths, progress=tick, result=res)
+    # The work is done and committed: a Ctrl-C from here on would only cut the report short
+    # and turn a complete import's exit code into 130.
+    with _no_interrupt():
+        _import_report(obj, res)
+
+
+@contextmanager
+def _no_interrupt():
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:      # not the main thread (an embedding caller): nothing to hold off
+        old = None
+    try:
+        yield
+    finally:
+        # The program itself keeps ignoring it until it exits (a Ctrl-C while the
+        # interpreter shuts down would still turn a finished import into a signal death);
+        # an embedding caller gets its handler back.
+        if old is not None and not _STANDALONE:
+            signal.signal(signal.SIGINT, old)
+
+
+def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
     if obj.json:
         obj.emit(res.to_json())
     for r in res.rejected:
-        echo_error(f"{r['path']}: {r['error']}")
+        echo_error(f"{r['path']}: {r['error']}", r.get("hint"))
     for f in res.forks:
         echo_error(f"{f['path']}: fork: {f['origin']} signed two histories of its epoch "
                    f"{f['epoch']}; that range was not applied, the evidence is kept and "
@@ -650,6 +686,8 @@ def _import_summary(res: sync.ImportResult) -> str:
         parts.append(f"{len(res.applied)} packet(s) applied ({res.ops_applied:,} op(s))")
     for n, what in ((len(res.duplicates), "duplicate(s) (applied before)"),
                     (len(res.parked), "parked (waiting for earlier packets)"),
+                    (len(res.incomplete), "large transaction(s) held until their last part "
+                                          "arrives"),
                     (len(res.rejected), "rejected")):
         if n:
             parts.append(f"{n} {what}")
@@ -664,9 +702,12 @@ def _import_summary(res: sync.ImportResult) -> str:
     return "import: " + ("; ".join(parts) if parts else "no packets found")
 
 
-def _import_interrupted(res: sync.ImportResult) -> str:
-    kept = (f"{len(res.applied)} packet(s) applied and kept ({res.ops_applied:,} op(s))"
-            if res.applied else "no packet was applied")
+def _import_interrupted(s, res: sync.ImportResult) -> tuple[str, str]:
+    # from the store, not from what the loop had noted: the interruption may have come
+    # between a packet's commit and the note
+    done = sync.committed_since(s, res)
+    kept = (f"{len(done)} packet(s) applied and kept ({sum(n for _p, n in done):,} op(s)): "
+            + ", ".join(printable(p) for p, _n in done) if done else "no packet was applied")
     return (f"{kept}; the packet being applied was rolled back whole",
             "run the same import again: applied packets are skipped as duplicates")
 
@@ -692,10 +733,14 @@ def lspacket(obj: Ctx, paths):
     for p in doc["packets"]:
         rng = ", ".join(f"{o} {lo + 1}-{hi}" for o, (lo, hi) in p["ranges"].items()) or "-"
         human.append(f"{p['path']}: {p['kind']} {p['from']} -> {p['to']} seq {p['seq']} part "
-                     f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}")
+                     f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}, "
+                     + ("sealed" if p["sealed"] else "not sealed"))
+    if any(not p["named"] for p in doc["packets"]):
+        human.append("sites shown by id: only a member site knows their names (run with "
+                     "--site DIR to name them and check signatures)")
     obj.emit(doc, "\n".join(human))
     for e in doc["errors"]:
-        echo_error(f"{e['path']}: {e['error']}")
+        echo_error(f"{e['path']}: {e['error']}", e.get("hint"))
     if doc["errors"]:
         sys.exit(1)
 
@@ -772,7 +817,8 @@ def status(obj: Ctx, fmt):
     s = obj.open()
     doc = inspection.status(s)
     if fmt == "prometheus":
-        click.echo(metrics.render(doc), nl=False)
+        if not obj.quiet:
+            click.echo(metrics.render(doc), nl=False)
         return
     lines = [f"site {doc['site']} ({doc['state']}), family {printable(doc['family'])}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
@@ -787,6 +833,10 @@ def status(obj: Ctx, fmt):
         w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
         lines.append(f"parked: packet {p['seq']}.{p['part']} from {printable(p['from'])} "
                      f"waits for {printable(w)}")
+    for t in doc["incomplete_transactions"]:
+        lines.append(f"incomplete: a transaction of {printable(t['origin'])} from epoch "
+                     f"{t['epochs'][0]}, {t['parts']} part(s) held up to epoch {t['epochs'][1]}; "
+                     f"applied when its last part arrives")
     rec = doc["recovery"]
     if rec["state"] == "recovering":
         lines.append(f"recovering ({printable(rec['reason'])}): holds epoch {rec['own_epoch']} of "
@@ -826,7 +876,8 @@ class _ConflictsGroup(Group):
 
     def format_usage(self, ctx, formatter):
         formatter.write_usage(ctx.command_path, "[COLLECTION] | resolve COLLECTION KEY "
-                                                "(--pick VERSION | --value JSON)")
+                                                "(--pick VERSION|SITE | --field FIELD=SITE... "
+                                                "| --value JSON)")
 
 
 @cli.group(cls=_ConflictsGroup, invoke_without_command=True)
@@ -853,6 +904,13 @@ def conflicts(ctx):
         for v in c["versions"]:
             shown = "<deleted>" if v["deleted"] else _shown(v["value"])
             lines.append(f"  {'*' if v['winner'] else ' '} {v['version']}  {shown}")
+        if c["policy"] == "merge" and c["visible"] is not None:
+            lines.append(f"  = merged  {_shown(c['visible'])}")
+        for f in c["fields"]:
+            lines.append(f"  field {printable(f['field'])}:")
+            for x in f["values"]:
+                shown = "<absent>" if x["absent"] else _shown(x["value"])
+                lines.append(f"    {'*' if x['winner'] else ' '} {x['site']}  {shown}")
     obj.emit({"conflicts": found}, "\n".join(lines))
     if not obj.json:
         obj.say(f"{len(found)} key(s) in conflict" + ("; * marks the visible version" if found
@@ -862,21 +920,30 @@ def conflicts(ctx):
 @conflicts.command("resolve")
 @click.argument("collection")
 @click.argument("key")
-@click.option("--pick", "pick_version", metavar="VERSION", help="Keep this surviving version.")
+@click.option("--pick", "pick_version", metavar="VERSION|SITE",
+              help="Keep this surviving version, or this site's side of every field in "
+                   "conflict.")
+@click.option("--field", "field_picks", metavar="FIELD=SITE", multiple=True,
+              help="Take FIELD from SITE's value (repeatable).")
 @click.option("--value", "value", metavar="JSON", help="Write this value instead.")
 @click.pass_obj
-def conflicts_resolve(obj: Ctx, collection, key, pick_version, value):
+def conflicts_resolve(obj: Ctx, collection, key, pick_version, field_picks, value):
     """Write a new version that supersedes every surviving version of KEY.
 
     \b
     Example:
       syncpack conflicts resolve parts p-100 --value '{"qty": 12}'
+      syncpack conflicts resolve parts p-100 --pick boston
+      syncpack conflicts resolve parts p-100 --field qty=boston --field bin=chicago
     """
-    if (pick_version is None) == (value is None):
-        raise click.UsageError("give exactly one of --pick VERSION or --value JSON")
+    if value is not None and (pick_version is not None or field_picks) or \
+            value is None and pick_version is None and not field_picks:
+        raise click.UsageError("give --value JSON, or --pick VERSION|SITE and/or "
+                               "--field FIELD=SITE")
     s = obj.open()
     v = _json_value(value) if value is not None else None
-    doc = conflicts_mod.resolve(s, collection, key, pick_version, v, value is not None)
+    doc = conflicts_mod.resolve(s, collection, key, pick_version, v, value is not None,
+                                field_picks)
     obj.emit(doc)
     obj.say(f"resolved {collection}/{key}: superseded {doc['superseded']} version(s)")
 
@@ -894,8 +961,9 @@ def collection():
 
 @collection.command("create")
 @click.argument("name")
-@click.option("--policy", type=click.Choice(["lww", "priority"]), required=True,
-              help="lww: greatest CSN wins; priority: the higher-priority site wins.")
+@click.option("--policy", type=click.Choice(["lww", "priority", "merge"]), required=True,
+              help="lww: greatest CSN wins; priority: the higher-priority site wins; merge: "
+                   "per field of JSON objects, same field by priority then CSN.")
 @click.pass_obj
 def collection_create(obj: Ctx, name, policy):
     """Create collection NAME with a conflict policy (replicated to every site).
@@ -1076,7 +1144,7 @@ def batch(obj: Ctx, config):
     elif not obj.quiet:
         obj.emit(doc, batch_mod.format_summary(doc))
     for r in doc["imported"]["rejected"]:
-        echo_error(f"{r['path']}: {r['error']}")
+        echo_error(f"{r['path']}: {r['error']}", r.get("hint"))
     for e in doc["errors"]:
         echo_error(f"{e['action']} {e['target']}: {e['error']}", e["hint"])
     sys.exit(doc["exit_code"])
@@ -1164,7 +1232,7 @@ def attach_(obj: Ctx, database, tables, all_tables, as_json):
     s = obj.open()
     doc = attach_core.attach(s, database, list(tables), all_tables)
     for w in doc["warnings"]:
-        obj.say(f"warning: {w}")
+        obj.warn(w)
     obj.emit(doc,
              "\n".join(f"attached {t['table']} ({t['rows']} rows, key "
                        f"{', '.join(t['primary_key'])})" for t in doc["tables"]))
@@ -1258,7 +1326,12 @@ def keyinfo(obj: Ctx):
     obj.emit(doc, "\n".join(f"{k}: {v}" for k, v in doc.items()))
 
 
+_STANDALONE = False     # set by main(): the syncpack program, not a caller embedding the CLI
+
+
 def main() -> None:
+    global _STANDALONE
+    _STANDALONE = True
     cli(prog_name="syncpack")
 
 

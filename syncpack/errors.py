@@ -51,12 +51,26 @@ class RecoveringError(SyncpackError):
     """Local writes are refused while the site waits for its own ops to come back."""
 
 
+class AlreadyRecoveringError(SyncpackError):
+    """'syncpack restore' at a site that is already recovering: a second declaration would
+    restart the wait and forget the reports already received."""
+
+    default_hint = ("'syncpack status' shows what it waits for; export to every peer and "
+                    "import their packets. 'syncpack restore --finish' ends the wait by hand")
+
+
 class PacketError(SyncpackError):
     """A packet failed verification.  Subclasses name the check that failed."""
+
+    default_hint = ("nothing of it was applied; get a fresh copy of the packet from its "
+                    "sender (or have it export again)")
 
 
 class PacketFormatError(PacketError):
     """Size, magic, framing or encoding is wrong: the file is not a well-formed packet."""
+
+    default_hint = ("the file is damaged (a medium pulled out while writing?) or not a "
+                    "packet; get a fresh copy from the sender, nothing of it was applied")
 
 
 class PacketVersionError(PacketError):
@@ -102,6 +116,9 @@ class PacketPolicyError(PacketError):
 class PacketLimitError(PacketError):
     """The packet asks for more memory than we allow an untrusted input."""
 
+    default_hint = ("the packet is damaged or forged: no packet syncpack writes asks for "
+                    "that much; get a fresh copy from the sender")
+
 
 class EpochCollisionError(PacketError):
     default_hint = ("the sender reused an epoch (was it restored from a backup without "
@@ -132,7 +149,7 @@ class ScrubbedError(SyncpackError):
 
 
 class ExportError(SyncpackError):
-    pass
+    """Packets could not be written; nothing was recorded as sent."""
 
 
 class OutboxError(ExportError):
@@ -174,10 +191,24 @@ class MetricsWriteError(SyncpackError):
 
 class InvalidValueError(UsageError):
     """A record value that is not plain JSON (bytes, NaN, infinities, non-string keys, other
-    objects): refused before anything is written, so every site can show and ship it."""
+    objects): refused before anything is written, so every site can show and ship it.
+
+    On the command line an unacceptable value or name is a usage error (exit 2), whichever
+    check finds it: the same code as a value that is not JSON at all."""
+
+    exit_code = 2
 
     default_hint = ("store JSON values only: dicts with string keys, lists, strings, finite "
                     "numbers, true/false/null")
+
+
+class InvalidNameError(UsageError):
+    """A collection name or key that cannot be used: empty, too long, or reserved.  One rule
+    for both kinds of name (exit 2 on the command line, as for an invalid value)."""
+
+    exit_code = 2
+    default_hint = ("collections and keys are non-empty strings; names starting with '$' "
+                    "belong to syncpack")
 
 
 class TransactionTooLargeError(UsageError):

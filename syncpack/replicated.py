@@ -13,7 +13,7 @@ from typing import Iterator
 
 from syncpack.format import codec
 from syncpack.rules.conflict import Version, pick
-from syncpack.store import versions
+from syncpack.store import fields, versions
 
 SYS_PREFIX = "$"
 ROSTER = "$roster"
@@ -65,11 +65,13 @@ class Replicated:
     def __init__(self) -> None:
         self._roster: dict[str, Member] | None = None
         self._policies: dict[str, str] | None = None
+        self._default: str | None = None
 
     def invalidate(self) -> None:
         """Forget cached roster and policies."""
         self._roster = None
         self._policies = None
+        self._default = None
 
     def roster(self, conn) -> dict[str, Member]:
         """The family's members by name, retired ones included."""
@@ -110,8 +112,12 @@ class Replicated:
         """The conflict policy that decides the visible version in ``collection``."""
         if collection.startswith(SYS_PREFIX):
             return "lww"
-        return self.policies(conn).get(collection) or \
-            self.family_settings(conn).get("policy", "lww")
+        own = self.policies(conn).get(collection)
+        if own:
+            return own
+        if self._default is None:   # asked on every write, to know if it is a merge
+            self._default = self.family_settings(conn).get("policy", "lww")
+        return self._default
 
     def visible_rows(self, conn, collection: str | None = None
                      ) -> Iterator[tuple[str, str, bytes]]:
@@ -120,6 +126,11 @@ class Replicated:
             # syncpack's own collections are lww whatever the family says: the priorities come
             # from the roster, which is read through here
             policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(conn, coll)
+            if policy == "merge" and len(vs) > 1:
+                raw = fields.visible_value(conn, coll, key, vs, self.priorities(conn))
+                if raw is not None:
+                    yield coll, key, raw
+                continue
             v = vs[0] if len(vs) == 1 else pick(
                 vs, policy, self.priorities(conn) if policy == "priority" else {})
             if v is not None and v.value is not None:
@@ -128,6 +139,9 @@ class Replicated:
     def visible(self, conn, collection: str, key: str) -> bytes | None:
         """The visible value of ``collection``/``key`` (msgpack), or None."""
         vs = versions.of_key(conn, collection, key)
+        policy = self.policy_of(conn, collection)
+        if policy == "merge" and len(vs) > 1:
+            return fields.visible_value(conn, collection, key, vs, self.priorities(conn))
         v = pick(vs, self.policy_of(conn, collection), self.priorities(conn)) if vs else None
         return None if v is None else v.value
 
@@ -139,8 +153,12 @@ class Replicated:
         for coll, key, vs in group_versions(versions.rows_by_csn(conn)):
             if len(vs) == 1 and vs[0].value is None:
                 continue
-            v = pick(vs, self.policy_of(conn, coll), prio)
-            visible = v.value if v is not None else None
+            policy = self.policy_of(conn, coll)
+            if policy == "merge" and len(vs) > 1:
+                visible = fields.visible_value(conn, coll, key, vs, prio)
+            else:
+                v = pick(vs, policy, prio)
+                visible = v.value if v is not None else None
             if visible is not None and not coll.startswith(SYS_PREFIX):
                 n += 1
             h.update(codec.packb([coll, key, [[x.csn, x.value] for x in vs], visible]))

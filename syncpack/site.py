@@ -26,11 +26,12 @@ from typing import Any, Callable, Iterator
 
 from syncpack.format import codec
 from syncpack.lazy import OnFirstUse
-from syncpack.store import chain, db, matrix, meta, versions
+from syncpack.store import chain, db, fields, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
-from .errors import (InvalidValueError, LockedError, NotJoinedError, RecordNotFound,
+from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError,
+                     RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
 from syncpack.fileops import locked
@@ -58,19 +59,21 @@ MAX_NAME_CHARS = 16 * 1024       # collections and keys; readers accept far more
 
 def check_collection(name: str) -> None:
     if not isinstance(name, str) or not name:
-        raise UsageError("a collection name must be a non-empty string")
+        raise InvalidNameError("a collection name must be a non-empty string")
     if len(name) > MAX_NAME_CHARS:
-        raise UsageError(f"a collection name is limited to {MAX_NAME_CHARS} characters")
+        raise InvalidNameError(f"a collection name is limited to {MAX_NAME_CHARS} characters")
     if name.startswith(SYS_PREFIX):
-        raise UsageError(f"collection names starting with '{SYS_PREFIX}' are reserved "
-                         f"for syncpack itself: {name!r}")
+        raise InvalidNameError(f"collection names starting with '{SYS_PREFIX}' are reserved "
+                               f"for syncpack itself: {name!r}")
 
 
 def check_key(key: str) -> None:
-    if not isinstance(key, str):
-        raise UsageError("a key must be a string")
+    # the same rule as for collection names: an empty key is as unusable (it cannot be typed
+    # back on a command line, and 'ls' shows nothing for it)
+    if not isinstance(key, str) or not key:
+        raise InvalidNameError("a key must be a non-empty string")
     if len(key) > MAX_NAME_CHARS:
-        raise UsageError(f"a key is limited to {MAX_NAME_CHARS} characters")
+        raise InvalidNameError(f"a key is limited to {MAX_NAME_CHARS} characters")
 
 
 class Site:
@@ -150,9 +153,11 @@ class Site:
                     policy: str = "lww", priority: int = 0) -> "Site":
         """Create a new family whose first site lives at ``path``."""
         if policy not in POLICIES:
-            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
+                             hint="lww: the newest write wins; priority: the higher-priority "
+                                  "site")
         if not family:
-            raise UsageError("the family needs a name")
+            raise UsageError("the family needs a name", hint="init DIR --family NAME --site NAME")
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = secrets.token_bytes(16)
         with db.write_txn(conn):
@@ -360,6 +365,8 @@ class Site:
     def apply_version(self, op: Op, csn: bytes) -> None:
         """Make ``op`` a surviving version of its key unless a known write superseded it, and
         drop the versions it superseded."""
+        if self.policy_of(op.collection) == "merge":
+            fields.note_write(self.conn, op.collection, op.key, csn, op.value, op.replaced)
         versions.apply_version(self.conn, op, csn)
 
     def signer(self) -> Callable[[bytes], bytes]:
@@ -368,12 +375,18 @@ class Site:
             self._sign = keys.load_signing_key(self.path).sign
         return self._sign
 
-    def seal_pending(self, max_block: int | None = None) -> int:
+    def seal_pending(self, max_block: int | None = None,
+                     reseal_above: int | None = None) -> int:
         """Seal our unsealed ops into blocks (before they leave in a packet or a snapshot
         counts on them), of at most ``max_block`` bytes where whole transactions allow; the
         caller holds a write transaction."""
-        return chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer(),
-                                  max_block)
+        n = chain.seal_pending(self.conn, self.family_id, self.site_id, self.signer(),
+                               max_block)
+        if reseal_above is not None:
+            # a transaction sealed whole at commit may be larger than this medium allows
+            chain.reseal_oversized(self.conn, self.family_id, self.site_id, self.signer(),
+                                   reseal_above, max_block or reseal_above)
+        return n
 
     def record_ops(self, ops: list[Op]) -> None:
         """Append our own ops to the changelog (sealed later); the caller holds a write
@@ -447,7 +460,9 @@ class Transaction:
         """Give ``collection`` its own conflict policy (replicated like any write)."""
         check_collection(collection)
         if policy not in POLICIES:
-            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+            raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
+                             hint="lww: the newest write wins; priority: the higher-priority "
+                                  "site")
         self.write_raw(COLLECTIONS, collection, codec.encode_value({"policy": policy}))
 
     def write_raw(self, collection: str, key: str, raw: bytes | None) -> None:
@@ -463,6 +478,8 @@ class Transaction:
         replaced = versions.csns_of_key(site.conn, collection, key)
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
+        if site.policy_of(collection) == "merge":
+            fields.note_write(site.conn, collection, key, csn, raw, replaced, local=True)
         versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
         self.ops.append(op)
 
@@ -492,8 +509,13 @@ class Transaction:
             versions.insert_many(site.conn, zip(repeat(collection), names, csns, raws))
             return
         gone, rows = [], []
+        merge = site.policy_of(collection) == "merge"
         for key, raw, replaced in items:
             seq = self.seq
+            if merge:
+                fields.note_write(site.conn, collection, key,
+                                  pack_csn(self.hlc, site.site_id, seq), raw,
+                                  b"".join(replaced), local=True)
             self.seq += 1
             self.epoch += 1
             self.ops.append(Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw,
@@ -512,6 +534,10 @@ class Transaction:
         if not rows:
             return
         site = self.site
+        if any(site.policy_of(c) == "merge" for c in {r[0] for r in rows}):
+            for c, k, raw in rows:      # merge collections stamp each write's fields
+                self.write_raw(c, k, raw)
+            return
         origin = site.site_id
         if any(c.startswith(SYS_PREFIX) for c in {r[0] for r in rows}):
             self.touched_system = True

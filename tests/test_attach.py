@@ -533,3 +533,41 @@ def test_chunks_keep_order_and_bound_each_list(items, n):
     assert [x for p in parts for x in p] == items
     assert all(1 <= len(p) <= n for p in parts)
     assert all(len(p) == n for p in parts[:-1])
+
+
+@pytest.mark.parametrize("order", [("a", "b", "c"), ("c", "b", "a")])
+def test_merge_policy_merges_an_attached_table_per_column(tmp_path, order):
+    """Under ``merge`` (docs/design.md §7) concurrent updates of different columns of one row
+    both reach every site's table; the same column changed twice is a conflict naming it."""
+    sites = make_family(tmp_path, ("a", "b", "c"), "lww", {"b": 1})
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, SCHEMA)
+    sp(sites["a"], "collection", "create", "items", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    attach_all(sites, dbs, ("items",))
+    app(dbs["a"], ["INSERT INTO items(id, i, t, n) VALUES ('k', 1, 'base', 0)"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], ["UPDATE items SET i = 2 WHERE id = 'k'"])
+    app(dbs["b"], ["UPDATE items SET t = 'from b', n = 5 WHERE id = 'k'"])
+    app(dbs["c"], ["UPDATE items SET n = 9 WHERE id = 'k'"])
+    for a in order:
+        out = tmp_path / "one" / a
+        out.mkdir(parents=True, exist_ok=True)
+        sp(sites[a], "export", "--all", "--out", out)
+        for b in sites:
+            if b != a:
+                sp(sites[b], "import", out)
+    exchange(tmp_path, sites)
+    assert_converged(sites, dbs, ("items",))
+    (row,) = table(dbs["c"], "items")
+    assert (row[0], row[2], row[6], row[10]) == ("k", 2, "from b", 5)   # n: b outranks c
+    for n in sites:
+        (c,) = run("--json", "conflicts", "items", site=sites[n]).json["conflicts"]
+        assert [f["field"] for f in c["fields"]] == ["n"]
+    assert len({sp(sites[n], "digest").out for n in sites}) == 1
+    sp(sites["a"], "conflicts", "resolve", "items", "k", "--field", "n=c")
+    exchange(tmp_path, sites)
+    assert_converged(sites, dbs, ("items",))
+    (row,) = table(dbs["b"], "items")
+    assert (row[2], row[6], row[10]) == (2, "from b", 9)

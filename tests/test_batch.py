@@ -138,7 +138,7 @@ def test_batch_human_summary_and_quiet(family):
 def test_per_peer_outboxes_and_max_size(family):
     three_sites(family)
     for i in range(40):
-        family.put("boston", "parts", f"p{i}", {"blob": os.urandom(200).hex()})
+        family.put("boston", "parts", f"p{i}", {"blob": os.urandom(4000).hex()})
     media = family.root / "m"
     cfg = write_config(family.root / "etc" / "boston.toml", f"""
 site = "{family.path('boston')}"
@@ -149,7 +149,7 @@ create = true
 [[export]]
 out = "{media / 'to_bangalore'}"
 to = ["bangalore"]
-max_size = "4K"
+max_size = "64K"
 create = true
 """)
     r = run("--json", "batch", cfg)
@@ -158,7 +158,7 @@ create = true
     assert [o["to"] for o in doc["outboxes"]] == [["sanfran"], ["bangalore"]]
     assert len(packets_under(media / "to_sanfran")) == 1
     small = packets_under(media / "to_bangalore")
-    assert len(small) > 1 and all(p.stat().st_size <= 4096 for p in small)
+    assert len(small) > 1 and all(p.stat().st_size <= 64 * 1024 for p in small)
     assert all(p.parent.parent.name == "bangalore" for p in small)
     # The small packets apply at bangalore by a batch round there, each on its own.
     cfg_b = write_config(family.root / "etc" / "bangalore.toml", f"""

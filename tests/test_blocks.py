@@ -70,7 +70,8 @@ def prev_for(info_or_doc) -> bytes | None:
 # --- golden vectors ------------------------------------------------------------------------------
 
 def test_vectors_exist():
-    assert NAMES == ["v2-block-basic", "v2-block-charlie", "v2-block-next"]
+    assert NAMES == ["v2-block-basic", "v2-block-charlie", "v2-block-next", "v2-block-part1",
+                     "v2-block-part2"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,6 +95,8 @@ def test_vector_by_hand(name):
     cols = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(body), raw=False)
     assert gen._hex(cols) == doc["columns"]
     # the ops, rebuilt from the columns by the rules of section 4
+    first_seq = cols.pop() if h["flags"] & 2 else 0     # a later part: the seq it starts at
+    assert len(cols) == 9
     txn_lens, deltas, names, run_coll, run_len, ks, vs, rep_at, rep = cols
     hlcs = [h["hlc_first"]]
     for d in deltas:
@@ -104,7 +107,7 @@ def test_vector_by_hand(name):
     origin = bytes.fromhex(h["origin"])
     ops, i = [], 0
     for hl, n in zip(hlcs, txn_lens):
-        for seq in range(n):
+        for seq in range(first_seq, first_seq + n):
             ops.append(Op(origin, h["lo"] + 1 + i, hl, seq, colls[i], ks[i], vs[i],
                           reps.get(i, b"")))
             i += 1
@@ -144,6 +147,25 @@ def test_chain_of_the_vectors():
     assert [(i.lo, i.hi) for i in walked] == [(0, 6), (6, 8)]
     assert [i.block_hash for i in walked] == [b1.block_hash, b2.block_hash]
     assert blocks.verify_block(walked[1], ALPHA_PUB, FAMILY, walked[0].block_hash).hi == 8
+
+
+def test_parts_of_the_vectors_make_one_transaction():
+    nxt, _ = load("v2-block-next")
+    p1, d1 = load("v2-block-part1")
+    p2, d2 = load("v2-block-part2")
+    i0 = blocks.verify_block(nxt, ALPHA_PUB, FAMILY, None)
+    i1 = blocks.verify_block(p1, ALPHA_PUB, FAMILY, i0.block_hash)
+    i2 = blocks.verify_block(p2, ALPHA_PUB, FAMILY, i1.block_hash)
+    assert (i1.flags, i1.more, i1.cont) == (1, True, False)
+    assert (i2.flags, i2.more, i2.cont) == (2, False, True)
+    ops = list(blocks.decode_ops(i1)) + list(blocks.decode_ops(i2))
+    assert [o.seq for o in ops] == [0, 1, 2, 3, 4] and len({o.hlc for o in ops}) == 1
+    assert [op_json(o) for o in ops] == d1["ops"] + d2["ops"]
+    # a part holds one transaction: a second one under the flag is refused
+    bad = bytearray(load("v2-block-basic")[0])
+    bad[5] = 1
+    with pytest.raises(BlockError, match="part"):
+        blocks.read_block_header(bytes(bad))
 
 
 def test_vectors_reproduce_byte_for_byte(tmp_path):
@@ -289,8 +311,10 @@ def check(raw: bytes, expected_prev: bytes | None = blocks.ZERO_HASH, pub: bytes
 def _expected(pos: int) -> tuple[type, ...]:
     if pos < 4:
         return (BlockError,)                              # magic
-    if pos < 6:
-        return (BlockVersionError,)                       # version, flags
+    if pos < 5:
+        return (BlockVersionError,)                       # version
+    if pos == 5:        # flags: unknown bits, or a part's flag the header or signature refutes
+        return (BlockVersionError, BlockError, BlockSignatureError)
     if pos < 122:                                         # header: sanity check or signature
         return (BlockError, BlockSignatureError)
     if pos < 186:

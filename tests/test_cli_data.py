@@ -135,8 +135,9 @@ def test_put_with_invalid_json_is_a_usage_error(a):
 def test_reserved_collection_names_are_refused(a, cmd):
     n = changelog_count(a)
     r = run(*cmd, site=a)
-    assert r.code == 1, r
+    assert r.code == 2, r       # a name that cannot be used: a usage error, as a bad value
     assert r.err.startswith("error: collection names starting with '$' are reserved")
+    assert "hint: " in r.err
     assert changelog_count(a) == n
     with Site.open(a) as s:
         assert "a" in s.roster()                                     # roster intact

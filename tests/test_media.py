@@ -50,14 +50,14 @@ def test_full_medium_mid_export_leaves_no_partial_packet(family, monkeypatch, tm
         for t in range(20):
             with s.transaction() as tx:
                 for i in range(50):
-                    tx.put("c", f"k{t}-{i}", {"pad": os.urandom(40).hex()})
+                    tx.put("c", f"k{t}-{i}", {"pad": os.urandom(150).hex()})
     usb = tmp_path / "usb"
     with family.open("a") as s:
         before = s.conn.execute("SELECT count(*) FROM packets_out").fetchone()[0]
         matrix_before = s.conn.execute("SELECT * FROM matrix ORDER BY 1, 2").fetchall()
-    # Room for one 32 KiB packet and part of the next.
-    _fill_medium_after(monkeypatch, 40 * 1024)
-    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "32K",
+    # Room for one 64 KiB packet and part of the next.
+    _fill_medium_after(monkeypatch, 80 * 1024)
+    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
             site=family.path("a"))
     assert r.code == 1, r
     assert "full" in r.err and "no partial packet" in r.err
@@ -68,10 +68,10 @@ def test_full_medium_mid_export_leaves_no_partial_packet(family, monkeypatch, tm
         assert s.conn.execute("SELECT * FROM matrix ORDER BY 1, 2").fetchall() == matrix_before
     monkeypatch.undo()
     # With room again the same export works and the peer converges.
-    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "32K",
+    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
             site=family.path("a"), json_mode=True)
     assert r.code == 0 and len(r.json["packets"]) >= 2
-    assert all(p["bytes"] <= 32 * 1024 for p in r.json["packets"])
+    assert all(p["bytes"] <= 64 * 1024 for p in r.json["packets"])
     assert run("import", usb, site=family.path("b")).code == 0
     assert family.digest("a") == family.digest("b")
 

@@ -87,7 +87,7 @@ def test_api_refuses_values_that_are_not_json_and_changes_nothing(a, coll, key, 
             with site.transaction() as tx:
                 tx.put("parts", "fine", {"would": "be rolled back too"})
                 tx.put(coll, key, value)
-        assert e.value.exit_code == 1 and e.value.message
+        assert e.value.exit_code == 2 and e.value.message and e.value.hint   # a usage error
     finally:
         site.close()
     assert state(a) == before
@@ -117,7 +117,10 @@ def test_json_values_of_every_kind_are_accepted(a):
 def test_cli_refuses_nan_from_put_and_load(a, tmp_path):
     before = state(a)
     r = run("put", "parts", "k", "NaN", site=a)
-    assert r.code == 1 and "error: " in r.err and "hint: " in r.err, r
+    assert r.code == 2 and "error: " in r.err and "hint: " in r.err, r   # as invalid JSON
+    for name in (("", "k"), ("parts", "")):     # one rule for empty names, of either kind
+        r = run("put", *name, "1", site=a)
+        assert r.code == 2 and "non-empty" in r.err and "hint: " in r.err, r
     f = tmp_path / "nan.jsonl"
     f.write_text('{"collection": "parts", "key": "ok", "value": 1}\n'
                  '{"collection": "parts", "key": "bad", "value": Infinity}\n')
@@ -225,7 +228,7 @@ def test_import_summary_counts_skipped_files_of_every_kind(family, tmp_path):
 
     r = run("import", inbox, site=family.path("b"))
     assert r.code == 0, r
-    assert r.err.splitlines() == ["import: 3 file(s) skipped (1 for other sites, 1 of another "
+    assert r.out.splitlines() == ["import: 3 file(s) skipped (1 for other sites, 1 of another "
                                   "family, 1 not packets)"]
     assert "applied" not in r.err
     assert state(family.path("b")) == before
@@ -239,10 +242,10 @@ def test_import_summary_counts_skipped_files_of_every_kind(family, tmp_path):
     r = run("import", inbox, site=family.path("b"))
     assert r.code == 0, r
     # Two ops: p1 and c's roster entry, which b had not heard of.
-    assert r.err.splitlines() == ["import: 1 packet(s) applied (2 op(s)); 3 file(s) skipped "
+    assert r.out.splitlines() == ["import: 1 packet(s) applied (2 op(s)); 3 file(s) skipped "
                                   "(1 for other sites, 1 of another family, 1 not packets)"]
     r = run("import", inbox / "b.spk", site=family.path("b"))
-    assert r.err.splitlines() == ["import: 1 duplicate(s) (applied before)"], r
+    assert r.out.splitlines() == ["import: 1 duplicate(s) (applied before)"], r
     assert run("import", tmp_path / "empty_ok", site=family.path("b")).code == 1
 
 
@@ -255,9 +258,9 @@ def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
     before = state(ab.path("b"))
     r = run("import", bad, site=ab.path("b"))
     assert r.code == 1, r
-    lines = r.err.splitlines()
-    assert lines[0].startswith(f"error: {bad}: ") and lines[-1] == "import: 1 rejected", r
-    assert "applied" not in r.err
+    # the error is a diagnostic (stderr), the summary the result (stdout)
+    assert r.err.startswith(f"error: {bad}: ") and r.out == "import: 1 rejected\n", r
+    assert "applied" not in r.err + r.out
     assert state(ab.path("b")) == before
 
 
@@ -265,13 +268,15 @@ def test_a_rejected_import_says_so_without_an_applied_line_first(ab, tmp_path):
 
 def test_max_size_too_small_says_which_size_would_do(ab, tmp_path):
     import random
-    text = random.Random(1).randbytes(10_000).hex()     # ~10 KB even compressed
+    text = random.Random(1).randbytes(100_000).hex()    # one record of ~100 KB compressed
     ab.put("a", "parts", "big", {"blob": text})
     usb = tmp_path / "usb"
     usb.mkdir()
-    r = run("export", "--to", "b", "--out", usb, "--max-size", "8K", site=ab.path("a"))
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "32K", site=ab.path("a"))
+    assert r.code == 2 and "at least 64K" in r.err, r
+    r = run("export", "--to", "b", "--out", usb, "--max-size", "64K", site=ab.path("a"))
     assert r.code == 1, r
-    m = re.search(r"one block \((\d+) bytes\) is larger than --max-size 8192 allows; "
+    m = re.search(r"one block \((\d+) bytes\) is larger than --max-size 65536 allows; "
                   r"--max-size (\d+)K or more would do", r.err)
     assert m and "hint: " in r.err, r
     assert not list(usb.rglob("*.spk"))
@@ -290,7 +295,7 @@ def test_mkreplica_export_prints_the_real_next_command(ab, tmp_path):
     assert r.code == 0, r
     packet_dir = usb / "n" / "a"
     cmd = f"syncpack --site '{newdir}' mkreplica import {packet_dir}"
-    assert cmd in r.err, r
+    assert cmd in r.out, r
     # The command works as printed.
     args = shlex.split(cmd)[1:]
     assert run(*args).code == 0

@@ -134,7 +134,7 @@ def test_replay_of_an_applied_packet_is_a_duplicate(ab):
     assert r.json["ops_applied"] == 0
     assert state(fam.path("b")) == before
     r = run("import", p, site=fam.path("b"))
-    assert "1 duplicate(s) (applied before)" in r.err, r
+    assert "1 duplicate(s) (applied before)" in r.out, r
 
 
 def test_old_packet_whose_ops_are_all_held_changes_nothing(ab):

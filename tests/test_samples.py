@@ -61,3 +61,26 @@ def test_attach_demo_three_shops_converge(tmp_path):
     assert "converged: the three shops hold equal tables" in r.stdout
     assert "Traceback" not in r.stderr
     assert list(start.iterdir()) == []
+
+
+def _readme_block(heading: str) -> str:
+    text = (SAMPLES.parent / "README.md").read_text()
+    section = text.split(f"## {heading}\n", 1)[1]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_setup_puts_syncpack_on_path_and_is_seen_by_type_checkers():
+    setup = _readme_block("Set up")
+    assert ". .venv/bin/activate" in setup          # syncpack is on PATH for what follows
+    # an editable install a type checker can follow: a real path on sys.path, not an import hook
+    assert "editable_mode=compat" in setup
+    assert (SAMPLES.parent / "syncpack" / "py.typed").is_file()
+
+
+def test_readme_family_in_five_minutes_works_as_written(tmp_path):
+    """The quick start, after the set-up (the venv's bin on PATH), in an empty directory."""
+    script = _readme_block("A family in five minutes")
+    r = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == '{"name": "bolt", "qty": 40}', r.stdout

@@ -159,7 +159,8 @@ def _family(root: Path) -> Family:
         for i in range(300):
             with s.transaction() as tx:
                 for j in range(i % 3 + 1):
-                    tx.put("parts", f"k{(i * 5 + j) % 200}", {"i": i, "pad": os.urandom(40).hex()})
+                    tx.put("parts", f"k{(i * 5 + j) % 200}",
+                           {"i": i, "pad": os.urandom(400).hex()})
     f.put("p2", "parts", "from-p2", [2])
     f.sync("p2", "hub")
     with f.open("hub") as s:
@@ -209,7 +210,7 @@ def test_cli_export_on_a_cluster_reaches_the_medium(cluster, tmp_path, monkeypat
     assert r.code == 0, r
     sent_before = _sent(sites / "hub")
     r = run("export", "--to", "p1", "--to", "p2", "--out", "medium", "--create-out",
-            "--max-size", "16K", "--engine", "spark", "--spark-master", cluster.url,
+            "--max-size", "64K", "--engine", "spark", "--spark-master", cluster.url,
             "--log", log, "--staging", staging, site="sites/hub", json_mode=True)
     assert r.code == 0, r
     sparked = r.json["packets"]
@@ -219,7 +220,7 @@ def test_cli_export_on_a_cluster_reaches_the_medium(cluster, tmp_path, monkeypat
     assert os.listdir(cluster.shared / "staging") == []     # this run's bodies are gone
 
     r = run("export", "--to", "p1", "--to", "p2", "--out", tmp_path / "medium-local",
-            "--create-out", "--max-size", "16K", site=local.path("hub"), json_mode=True)
+            "--create-out", "--max-size", "64K", site=local.path("hub"), json_mode=True)
     assert r.code == 0, r
     assert _shape(sparked, cluster.hidden / "medium") == \
         _shape(r.json["packets"], tmp_path / "medium-local")

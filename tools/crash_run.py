@@ -188,6 +188,9 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
     # The data: PARTS equal transactions (one 'load' each) of puts, so the a->b update is cut
     # into PARTS packets, then a small one of deletes (scrub then has tombstones to consider).
     per = max(1, ops // PARTS)
+    # Some random bytes in every value, so each load's block is well above the smallest
+    # --max-size (64K) and the size found below cuts one load per packet.
+    pad_rng = random.Random(7)
     for p in range(PARTS + 1):
         f = T / f"ops{p}.jsonl"
         with open(f, "w") as out:
@@ -199,7 +202,8 @@ def build_world(root: Path, ops: int = 20000, write_txns: int = 60, write_width:
                                           "delete": True}) + "\n")
                 else:
                     out.write(json.dumps({"collection": "c", "key": f"k{p}-{i:07d}",
-                                          "value": {"n": i, "part": p, "pad": "x" * 24}}) + "\n")
+                                          "value": {"n": i, "part": p, "pad": "x" * 24,
+                                                    "r": pad_rng.randbytes(12).hex()}}) + "\n")
         sp("load", f, site=a)
         f.unlink()
     # mkreplica import: a snapshot for c made by a throw-away copy of a (so that a's own roster
@@ -294,7 +298,9 @@ def _one_txn_size(a: Path, work: Path) -> int:
             pk.close()
     base = largest + overhead
     try:
-        for slack in (2048, 1024, 3072, 512, 4096, 1536, 256, 6144, 8192):
+        # at least the room an export keeps for the header beside one of its own blocks
+        # (sync.RESEAL_HEADROOM), else the load would be sealed again as parts
+        for slack in (4608, 5120, 6144, 4096, 7168, 8192, 10240):
             size = base + slack
             shutil.rmtree(probe, ignore_errors=True)
             shutil.rmtree(work / "probe_site", ignore_errors=True)

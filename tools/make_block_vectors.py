@@ -83,6 +83,15 @@ def next_ops() -> list[Op]:
     ]
 
 
+T7 = hlc(10_000)
+
+
+def split_ops() -> list[Op]:
+    """alpha's third transaction, epochs 9..13, too large for the medium it must cross: it
+    travels as two parts, epochs 9..11 (flag MORE) and 12..13 (flag CONT, first seq 3)."""
+    return [Op(A, 9 + i, T7, i, "blobs", f"b{i}", val({"chunk": i}), b"") for i in range(5)]
+
+
 def charlie_ops() -> list[Op]:
     """charlie's first block: one op, the smallest block there is."""
     return [Op(C, 1, T6, 0, "notes", "c1", val(1), b"")]
@@ -122,7 +131,7 @@ def _describe(name: str, raw: bytes, signer: str, description: str, ops: list[Op
         "layout": {"size": len(raw), "header_len": blocks.SIGNED_LEN,
                    "signature_offset": blocks.SIGNED_LEN, "body_offset": blocks.HEADER_LEN,
                    "body_len": info.body_len},
-        "header": {"magic": blocks.MAGIC.hex(), "version": blocks.VERSION, "flags": 0,
+        "header": {"magic": blocks.MAGIC.hex(), "version": blocks.VERSION, "flags": info.flags,
                    "origin": info.origin.hex(), "lo": info.lo, "hi": info.hi,
                    "txns": info.txns, "hlc_first": info.hlc_first, "hlc_last": info.hlc_last,
                    "prev_hash": info.prev_hash.hex(), "body_hash": info.body_hash.hex(),
@@ -156,6 +165,20 @@ def write_vectors(directory: Path) -> list[str]:
     out[name] = blocks.encode_block(FAMILY_ID, A, prev, ops, sign_a)
     docs[name] = _describe(name, out[name], "alpha", "alpha's second block: epochs 7..8, one "
                            "transaction; prev_hash is the block hash of v2-block-basic", ops)
+
+    prev = bytes.fromhex(docs[PREFIX + "next"]["block_hash"])
+    ops = split_ops()
+    name = PREFIX + "part1"
+    out[name] = blocks.encode_block(FAMILY_ID, A, prev, ops[:3], sign_a, more=True)
+    docs[name] = _describe(name, out[name], "alpha", "the first part of alpha's third "
+                           "transaction: epochs 9..11, flags 01 (MORE: it continues in the next "
+                           "block); prev_hash is the block hash of v2-block-next", ops[:3])
+    prev = bytes.fromhex(docs[name]["block_hash"])
+    name = PREFIX + "part2"
+    out[name] = blocks.encode_block(FAMILY_ID, A, prev, ops[3:], sign_a)
+    docs[name] = _describe(name, out[name], "alpha", "the last part of that transaction: "
+                           "epochs 12..13, flags 02 (CONT: it began in the previous block), the "
+                           "tenth body element 3 is the seq of its first op", ops[3:])
 
     name = PREFIX + "charlie"
     ops = charlie_ops()

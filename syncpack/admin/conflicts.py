@@ -14,61 +14,129 @@ from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import csn_origin, format_csn
-from syncpack.errors import UsageError
-from syncpack.store import versions
+from syncpack.errors import SyncpackError, UsageError
+from syncpack.store import fields, versions
 from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, group_versions
 from syncpack.site import Site, check_collection
 
 
-def _describe(site: Site, coll: str, key: str, vs: list[Version]) -> dict:
+def _decoded(raw: bytes | None) -> Any:
+    return None if raw is None else codec.decode_value(raw)
+
+
+def _field_rows(site: Site, coll: str, key: str, vs: list[Version]) -> tuple[list[dict], Any]:
+    """The fields that differ between the surviving versions (each with the value every site
+    holds and which one shows), and the visible value."""
     names = site.names()
-    win = pick(vs, site.policy_of(coll), site.priorities())
-    return {"collection": coll, "key": key, "policy": site.policy_of(coll),
-            "visible": None if win is None or win.value is None else
-            codec.decode_value(win.value),
+    policy = site.policy_of(coll)
+
+    def who(csn: bytes) -> str:
+        return names.get(csn_origin(csn), csn_origin(csn).hex())
+
+    if policy == "merge":
+        m = fields.merged(site.conn, coll, key, vs, site.priorities())
+        if m is None or m.fields is None:
+            win = None if m is None else m.whole
+            visible = None if win is None else _decoded(
+                next(v.value for v in vs if v.csn == win.csn))
+            return _plain_fields(vs, win.csn if win else None, who, names), visible
+        rows = [{"field": f, "values": [
+                    {"site": who(st), "version": format_csn(st, names), "absent": b is None,
+                     "value": None if b is None else codec.unpackb(b),
+                     "winner": st == m.winners[f]} for st, b in cand.items()]}
+                for f, cand in sorted(m.conflicts.items())]
+        return rows, fields.decoded(m.fields)
+    win = pick(vs, policy, site.priorities())
+    return _plain_fields(vs, None if win is None else win.csn, who, names), \
+        None if win is None else _decoded(win.value)
+
+
+def _plain_fields(vs: list[Version], win: bytes | None, who, names) -> list[dict]:
+    """Fields whose values differ between versions that are all maps (a delete or a value that
+    is not a map differs as a whole: no fields)."""
+    maps = {v.csn: fields.to_fields(v.value) for v in vs}
+    if any(m is None for m in maps.values()):
+        return []
+    out = []
+    for f in sorted({f for m in maps.values() for f in m}):
+        if len({m.get(f) for m in maps.values()}) > 1:
+            out.append({"field": f, "values": [
+                {"site": who(c), "version": format_csn(c, names), "absent": f not in m,
+                 "value": codec.unpackb(m[f]) if f in m else None, "winner": c == win}
+                for c, m in sorted(maps.items())]})
+    return out
+
+
+def _describe(site: Site, coll: str, key: str, vs: list[Version],
+              force: bool = False) -> dict | None:
+    names = site.names()
+    policy = site.policy_of(coll)
+    rows, visible = _field_rows(site, coll, key, vs)
+    win = None if policy == "merge" else pick(vs, policy, site.priorities())
+    if policy == "merge" and not force and not rows and all(v.value is not None for v in vs) and \
+            all(fields.to_fields(v.value) is not None for v in vs):
+        return None      # concurrent writes to different fields: merged, nothing to decide
+    return {"collection": coll, "key": key, "policy": policy, "visible": visible,
+            "fields": rows,
             "versions": [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
                           "origin": names.get(csn_origin(v.csn), csn_origin(v.csn).hex()),
-                          "deleted": v.deleted, "winner": v == win,
-                          "value": None if v.value is None else codec.decode_value(v.value)}
+                          "deleted": v.deleted,
+                          "winner": v == win if policy != "merge" else
+                          _decoded(v.value) == visible,
+                          "value": _decoded(v.value)}
                          for v in sorted(vs, key=lambda v: v.csn)]}
 
 
 def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
     cur = versions.conflict_rows(site.conn, collection)
-    found = [_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
-             if collection is not None or not c.startswith(SYS_PREFIX)]
+    found = [d for d in (_describe(site, c, k, vs) for c, k, vs in group_versions(cur)
+                         if collection is not None or not c.startswith(SYS_PREFIX))
+             if d is not None]
     # Rows of attached tables that the application's schema refused (docs/attach.md).
     clashes = {(c, k): text for c, k, text in attach_core.clash_list(site, collection)}
     for d in found:
         d["constraint"] = clashes.pop((d["collection"], d["key"]), None)
     for (c, k), text in sorted(clashes.items()):
-        d = _describe(site, c, k, site.versions(c, k))
+        d = _describe(site, c, k, site.versions(c, k), force=True)
         d["constraint"] = text
         found.append(d)
     found.sort(key=lambda d: (d["collection"], d["key"]))
     return found
 
 
+def count_conflicts(site: Site) -> int:
+    """Keys in conflict, as :func:`list_conflicts` counts them (under ``merge``, a key whose
+    concurrent writes changed different fields is merged, not in conflict)."""
+    if "merge" not in site.policies().values() and site.family_policy() != "merge":
+        return versions.count_conflicts(site.conn)
+    return len(list_conflicts(site))
+
+
+def _site_id(site: Site, name: str) -> bytes:
+    return site.member_named(name).site_id
+
+
 def resolve(site: Site, collection: str, key: str, pick_version: str | None = None,
-            value: Any = None, has_value: bool = False) -> dict:
-    if (pick_version is None) == (not has_value):
-        raise UsageError("give exactly one of --pick VERSION or --value JSON")
+            value: Any = None, has_value: bool = False,
+            field_picks: list[str] | tuple[str, ...] = ()) -> dict:
+    """Supersede every surviving version of a key with one chosen value: a surviving version
+    or every conflicting field from one site (``pick_version``: a version or a site name),
+    some fields from given sites (``field_picks``, ``FIELD=SITE``), or a new ``value``."""
+    if has_value and (pick_version is not None or field_picks) or \
+            not has_value and pick_version is None and not field_picks:
+        raise UsageError("give --value JSON, or --pick VERSION|SITE and/or --field FIELD=SITE",
+                         hint="'syncpack conflicts COLLECTION' lists the surviving versions")
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
                          hint=f"'syncpack conflicts {collection}' lists the keys in conflict")
-    if pick_version is not None:
-        names = site.names()
-        chosen = [v for v in vs if pick_version in (format_csn(v.csn, names), v.csn.hex())]
-        if not chosen:
-            raise UsageError(f"{pick_version!r} is not a surviving version of {collection}/{key}",
-                             hint="use a 'version' (or 'csn') shown by 'syncpack conflicts'")
-        raw = chosen[0].value
-    else:
+    if has_value:
         try:
             raw = codec.encode_value(value)
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(str(e), hint=getattr(e, "hint", None)) from None
+    else:
+        raw = _chosen(site, collection, key, vs, pick_version, field_picks)
     with site.transaction() as tx:
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
     attach_core.sync_app(site)               # into an attached table (retrying a clash)
@@ -77,10 +145,99 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
             "deleted": raw is None, "superseded": len(vs)}
 
 
+def _chosen(site: Site, collection: str, key: str, vs: list[Version], pick_version: str | None,
+            field_picks) -> bytes | None:
+    names = site.names()
+    merge_policy = site.policy_of(collection) == "merge"
+    m = fields.merged(site.conn, collection, key, vs, site.priorities()) if merge_policy \
+        else None
+    raw = _visible_raw(site, collection, key, vs, m)
+    if pick_version is not None:
+        chosen = [v for v in vs if pick_version in (format_csn(v.csn, names), v.csn.hex())]
+        if chosen:
+            raw = chosen[0].value
+        else:
+            sid = _pick_site(site, collection, key, pick_version)
+            mine = sorted((v for v in vs if csn_origin(v.csn) == sid), key=lambda v: v.csn)
+            if not mine and not (m is not None and m.fields is not None and any(
+                    csn_origin(st) == sid for c in m.conflicts.values() for st in c)):
+                raise UsageError(f"{pick_version!r} is neither a surviving version of "
+                                 f"{collection}/{key} nor a site that wrote one",
+                                 hint="use a 'version' or a site shown by 'syncpack conflicts'")
+            if m is not None and m.fields is not None:
+                # merged: every field in conflict takes this site's value, the rest stay
+                raw = _with_fields(raw, m, {f: sid for f in m.conflicts})
+            else:
+                raw = mine[-1].value
+    if field_picks:
+        picks = {}
+        for fp in field_picks:
+            f, sep, who = fp.partition("=")
+            if not sep or not f or not who:
+                raise UsageError(f"--field {fp!r}: expected FIELD=SITE")
+            picks[f] = _pick_site(site, collection, key, who)
+        if raw is None or fields.to_fields(raw) is None:
+            raise UsageError(f"{collection}/{key}: the chosen value is not a JSON object, so it "
+                             f"has no fields to pick", hint="use --pick or --value")
+        if m is not None and m.fields is not None:
+            raw = _with_fields(raw, m, picks)
+        else:
+            cur = fields.to_fields(raw)
+            for f, sid in picks.items():
+                mine = sorted((v for v in vs if csn_origin(v.csn) == sid), key=lambda v: v.csn)
+                src = fields.to_fields(mine[-1].value) if mine else None
+                if src is None:
+                    raise UsageError(f"site {site.name_of(sid)} has no surviving version of "
+                                     f"{collection}/{key} with fields")
+                if f in src:
+                    cur[f] = src[f]
+                else:
+                    cur.pop(f, None)
+            raw = fields.from_fields(cur)
+    return raw
+
+
+def _pick_site(site: Site, collection: str, key: str, name: str) -> bytes:
+    try:
+        return _site_id(site, name)
+    except SyncpackError:
+        raise UsageError(f"{name!r} is neither a surviving version of {collection}/{key} nor a "
+                         f"member of the family",
+                         hint="use a 'version' or a site shown by 'syncpack conflicts'") from None
+
+
+def _visible_raw(site: Site, collection: str, key: str, vs: list[Version], m) -> bytes | None:
+    if m is not None:
+        if m.fields is not None:
+            return fields.from_fields(m.fields)
+        return None if m.whole is None else next(v.value for v in vs if v.csn == m.whole.csn)
+    win = pick(vs, site.policy_of(collection), site.priorities())
+    return None if win is None else win.value
+
+
+def _with_fields(raw: bytes | None, m, picks: dict[str, bytes]) -> bytes:
+    """The merged record with each field of ``picks`` taken from that site's live value."""
+    cur = fields.to_fields(raw) or {}
+    for f, sid in picks.items():
+        cand = {st: b for st, b in (m.conflicts.get(f) or {}).items() if csn_origin(st) == sid}
+        if not cand:
+            if f in m.conflicts:
+                continue        # this site holds no value of its own for f
+            raise UsageError(f"field {f!r} is not in conflict",
+                             hint="'syncpack conflicts' shows the fields that differ")
+        b = cand[max(cand)]
+        if b is None:
+            cur.pop(f, None)
+        else:
+            cur[f] = b
+    return fields.from_fields(cur)
+
+
 def create_collection(site: Site, name: str, policy: str) -> dict:
     check_collection(name)
     if policy not in POLICIES:
-        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
+                         hint="lww: the newest write wins; priority: the higher-priority site")
     if versions.collection_exists(site.conn, name, COLLECTIONS):
         raise UsageError(f"collection {name!r} already exists (policy "
                          f"{site.policy_of(name)})",

@@ -17,6 +17,7 @@ from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
 from syncpack.site import MAX_NAME_CHARS, Site, check_collection, check_key
+from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
@@ -37,18 +38,21 @@ def lsepoch(site: Site) -> dict:
 def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
     m = site.member_named(peer)
     if m.site_id == site.site_id:
-        raise UsageError("chepoch corrects what we believe a peer holds; name another site")
+        raise UsageError("chepoch corrects what we believe a peer holds; name another site",
+                         hint="'syncpack lsepoch' lists the peers")
     changes = {}
     for s in settings:
         origin, sep, epoch = s.partition("=")
         if not sep:
-            raise UsageError(f"expected ORIGIN=EPOCH, got {s!r}")
+            raise UsageError(f"expected ORIGIN=EPOCH, got {s!r}",
+                             hint="for example: syncpack chepoch sanfran boston=120")
         try:
             e = int(epoch)
             if e < 0:
                 raise ValueError
         except ValueError:
-            raise UsageError(f"epoch must be a whole number >= 0 in {s!r}") from None
+            raise UsageError(f"epoch must be a whole number >= 0 in {s!r}",
+                             hint="for example: syncpack chepoch sanfran boston=120") from None
         changes[site.member_named(origin).site_id if origin in site.roster()
                 else _origin_by_name(site, origin)] = e
     with site.lock(), site.write_txn() as c:
@@ -61,7 +65,8 @@ def _origin_by_name(site: Site, name: str) -> bytes:
     for o, n in site.names().items():
         if n == name:
             return o
-    raise UsageError(f"no origin named {name!r}")
+    raise UsageError(f"no origin named {name!r}",
+                     hint="'syncpack lsepoch' lists the origins this site knows")
 
 
 def status(site: Site) -> dict:
@@ -89,11 +94,15 @@ def status(site: Site) -> dict:
                        "waiting_for": {site.name_of(o): [max(lo, vec.get(o, 0)), hi]
                                        for o, (lo, hi) in sorted(ranges_from_blob(w).items())
                                        if hi > vec.get(o, 0)}})
-    conflicts = versions.count_conflicts(site.conn)
+    conflicts = count_conflicts(site)
     changelog = chain.count(site.conn)
+    # parts of a transaction too large for one block, held until its last part arrives
+    incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
+                  for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
     from syncpack.admin.recovery import recovery_status
     return {"site": site.name, "family": site.family_name, "state": site.state,
-            "recovery": recovery_status(site), "peers": peers, "parked": parked, "conflicts": conflicts,
+            "recovery": recovery_status(site), "peers": peers, "parked": parked,
+            "incomplete_transactions": incomplete, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec),
             "attached": attach_core.report(site),
             "forks": [forks.describe(site, f) for f in fork_store.all_forks(site.conn)]}
@@ -124,9 +133,10 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise LoadError(f"{p}: no such file") from None
+        raise LoadError(f"{p}: no such file", hint="check the path; nothing was loaded") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise LoadError(f"{p}: cannot read ({e})") from None
+        raise LoadError(f"{p}: cannot read ({e})",
+                        hint="a load file is UTF-8 JSON lines, readable by this user") from None
     # Every object made here is acyclic; the cyclic collector would otherwise walk the growing
     # heap again and again (a third of a load's CPU time at 200,000 records).
     with blocks.gc_paused():
@@ -328,7 +338,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
             pk = open_packet(path)
         except PacketError as e:
             if named:
-                errors.append({"path": printable(path), "error": str(e)})
+                errors.append({"path": printable(path), "error": str(e), "hint": e.hint})
             continue
         try:
             h = pk.header
@@ -345,7 +355,9 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
                         "bytes": pk.env.size,
                         "ranges": {nm(o): [lo, hi] for o, (lo, hi) in sorted(h.ranges.items())},
                         "vector": {nm(o): e for o, e in sorted(h.vector.items())},
-                        "signature": sig})
+                        "signature": sig, "sealed": h.sealed,
+                        # ids a site could not name (no site, or not a member it knows)
+                        "named": all(o in names for o in (h.sender, h.recipient))})
         finally:
             pk.close()
     return {"packets": out, "errors": errors}

@@ -13,7 +13,7 @@ from syncpack.store import chain, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import CSN_LEN, csn_origin, next_hlc, pack_csn
 from syncpack.store import forks as fork_store
-from syncpack.errors import UsageError
+from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
 from syncpack.replicated import ROSTER
@@ -246,7 +246,10 @@ def restore(site: Site, finish: bool = False) -> dict:
         if finish:
             site.set_meta("state", NORMAL)
         else:
-            site.set_meta("state", NORMAL)      # a second declaration restarts the wait
+            if site.state == RECOVERING:
+                raise AlreadyRecoveringError(
+                    f"site {site.name} is already recovering "
+                    f"({recovery_status(site).get('reason') or 'restored'}); nothing changed")
             enter_recovering(site, "declared restored from a backup with 'syncpack restore'")
             # Everything we believed peers held is suspect: our own records are old.
             stored.sent_back_to_acked(c)
@@ -277,7 +280,9 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
                                                 (now - min_age_ms) << 16)
                 if first is not None:
                     young[o] = first
-        plan = planning.scrub_floors(acked, floors, vec, young)
+        # Never the parts of a transaction still waiting for its last part: every member may
+        # hold their epochs, but this site has not applied them and needs them to.
+        plan = planning.scrub_floors(acked, floors, chain.applied_vector(c, vec), young)
         n_ops = 0
         for o, (lo, hi) in plan.items():
             n_ops += chain.count_range(c, o, lo, hi)

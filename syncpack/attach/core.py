@@ -28,7 +28,7 @@ from syncpack.errors import AttachError, LockedError, UsageError
 from syncpack.format import codec
 from syncpack.rules.conflict import Version, pick
 from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
-from syncpack.store import appdb, attached, chain
+from syncpack.store import appdb, attached, chain, fields
 
 # An attach's initial rows travel as replication transactions of at most this many rows, as
 # 'load' cuts them.
@@ -75,13 +75,19 @@ def _record(t: appdb.TableInfo, row: tuple | None) -> bytes | None:
     return None if row is None else codec.encode_value(dict(zip(t.columns, row)))
 
 
-def _visible(site: Site, name: str, vs: list[tuple[bytes, bytes | None]]) -> Version | None:
+def _visible(site: Site, name: str, vs: list[tuple[bytes, bytes | None]],
+             key: str | None = None) -> Version | None:
     versions = [Version(c, v is None, v) for c, v in vs]
     if not versions:
         return None
     if len(versions) == 1:
         return versions[0]
-    return pick(versions, site.policy_of(name), site.priorities())
+    policy = site.policy_of(name)
+    if policy == "merge" and key is not None:
+        # per column: the merged row (docs/design.md §7), under the newest CSN's name
+        raw = fields.visible_value(site.conn, name, key, versions, site.priorities())
+        return Version(max(c for c, _v in vs), raw is None, raw)
+    return pick(versions, policy, site.priorities())
 
 
 def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> int:
@@ -213,7 +219,7 @@ def _apply_part(site: Site, w: appdb.Writer, aff: list[str],
     """Write one chunk of (key, number of versions, the value if exactly one) of table
     ``w.t``; deletes are only collected (they go after all puts, children first)."""
     name = w.t.name
-    several = {k: _visible(site, name, attached.versions_of(site.conn, name, k))
+    several = {k: _visible(site, name, attached.versions_of(site.conn, name, k), k)
                for k, n, _v in part if n > 1}
     vis = [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
     deletes.extend((name, k, rows.decode_key(k, aff)) for k, v in vis if v is None)
@@ -326,7 +332,7 @@ def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bo
                                     attached.visible_candidates(conn, name)):
                 if key in seen_keys or key in pending:
                     continue
-                v = _visible(site, name, vs)
+                v = _visible(site, name, vs, key)
                 if v is not None and v.value is not None:
                     gone.append((key, None, [c for c, _v in vs]))
             tx.write_many(name, gone)
@@ -614,7 +620,7 @@ def check(site: Site) -> list[str]:
                     if key == last:
                         continue
                     last = key
-                    v = _visible(site, name, attached.versions_of(site.conn, name, key))
+                    v = _visible(site, name, attached.versions_of(site.conn, name, key), key)
                     if v is not None and v.value is not None:
                         visible[key] = codec.decode_value(v.value)
                 bad = []

@@ -222,7 +222,10 @@ class _Applier:
         for info, cols in win:
             if info.hi > self.vec.get(info.origin, 0):
                 # We keep what extends our history, byte for byte, to pass on.
-                chain.store_block(site.conn, info, cols.txn_lens[-1] - 1)
+                chain.store_block(site.conn, info, cols.last_seq)
+        if any(info.flags and info.hi > self.vec.get(info.origin, 0) for info, _c in win):
+            self._parts(win)
+            return
         if len(win) == 1:
             info, cols = win[0]
             if self._clean(info, cols):
@@ -242,6 +245,37 @@ class _Applier:
                 self.flush()
                 self._count(n)
                 n = 0
+        self.flush()
+        self._count(n)
+
+    def _parts(self, win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]]) -> None:
+        """A window holding parts of a transaction too large for one block: a part that is
+        not the last is kept (stored above) and applies nothing; the last part applies the
+        whole transaction, its earlier parts read back from the store, where earlier packets
+        or this one left them.  Never a part of a transaction alone."""
+        streams: list[Iterable[Op]] = []
+        whole: list[list[Op]] = []
+        for info, cols in win:
+            if not info.flags or info.hi <= self.vec.get(info.origin, 0):
+                streams.append(cols.ops())
+            elif not info.more:
+                start = info.lo - cols.first_seq
+                ops = list(chain.iter_ops(self.site.conn, info.origin, start, info.hi))
+                if len(ops) != info.hi - start or ops[0].seq != 0:
+                    raise PacketBodyError(
+                        f"last part of a transaction of {self.site.name_of(info.origin)} "
+                        f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts",
+                        hint="this site no longer holds them (restored from a backup?); ask "
+                             "a peer for a snapshot with 'syncpack resync --to THIS_SITE'")
+                whole.append(ops)
+        n = 0
+        for op in heapq.merge(*streams, key=lambda op: (op.hlc, op.origin, op.seq)):
+            n += self._op(op)
+        for ops in whole:
+            # new to this site though their epochs may be below the vector: the vector
+            # counts parts held, the records only transactions applied
+            for op in ops:
+                n += self._fresh(op)
         self.flush()
         self._count(n)
 
@@ -270,6 +304,10 @@ class _Applier:
                 e.origin, e.epoch = op.origin, op.epoch
                 raise e
             return 0
+        return self._fresh(op)
+
+    def _fresh(self, op: Op) -> int:
+        site = self.site
         if self.stashed_any and op.origin == site.site_id:
             self.flush()
             if _unstash(site, op):
@@ -532,8 +570,11 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                     f"applying it would roll changes back", hint="ask for a fresh snapshot "
                     "('syncpack resync') made after this site's last packets reached the sender")
             before = dict(site.roster()) if not seeding else {}
+            # parts of a transaction still waiting for its last part stay held, not applied
+            waiting = chain.incomplete(c)
             kept = sorted((op for o, (_lo, hi, _n) in chain.held_ranges(c).items()
-                           for op in chain.iter_ops(c, o, snap.get(o, 0), hi)),
+                           for op in chain.iter_ops(c, o, snap.get(o, 0),
+                                                    waiting[o][0] if o in waiting else hi)),
                           key=lambda op: (op.hlc, op.origin, op.seq))
             versions.clear(c)
             for o, e in snap.items():
@@ -571,6 +612,8 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 site.apply_version(op, op.csn)
             for o, e in snap.items():
                 top = max([op.epoch for op in kept if op.origin == o], default=e)
+                if o in waiting and waiting[o][0] >= e:
+                    top = max(top, waiting[o][1])       # the parts held above it
                 stored.set_epoch(c, o, max(top, e))
             site.set_meta("hlc", max(int(site.meta("hlc", 0)), first.hlc_max))
             if seeding:

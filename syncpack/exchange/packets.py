@@ -23,7 +23,10 @@ from syncpack.fileops import commit_temp, temp_name
 from syncpack.format.names import check_site_name
 
 DEFAULT_MAX_SIZE = 4 * 1024 ** 3 - 64 * 1024 ** 2   # below 4 GiB, so a packet fits FAT32
-MIN_MAX_SIZE = 4096
+# The smallest medium size we promise works for any content but a single record larger than
+# it: a transaction larger than a packet travels in parts (formats/BLOCKS.md section 4.2),
+# each at most half a packet, so the headers and acknowledgements keep their room.
+MIN_MAX_SIZE = 64 * 1024
 PACKET_SUFFIX = ".spk"
 
 
@@ -39,7 +42,8 @@ def parse_size(text: str) -> int:
     except ValueError:
         raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M or G)") from None
     if n < MIN_MAX_SIZE:
-        raise ValueError(f"--max-size must be at least {MIN_MAX_SIZE} bytes")
+        raise ValueError(f"--max-size must be at least 64K ({MIN_MAX_SIZE} bytes); a "
+                         f"transaction larger than a packet travels in several packets")
     return n
 
 
@@ -61,9 +65,7 @@ def packet_dir(out: Path, sender: str, recipient: str) -> Path:
 
 def size_text(n: int) -> str:
     """``n`` bytes as a --max-size value, rounded up to whole KiB (or bytes if small)."""
-    if n <= 4096:
-        return str(max(n, MIN_MAX_SIZE))
-    return f"{-(-n // 1024)}K"
+    return f"{max(-(-n // 1024), MIN_MAX_SIZE // 1024)}K"
 
 
 def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, part: int) -> bytes:
@@ -491,5 +493,12 @@ def _os_error(e: OSError, directory: Path) -> ExportError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return MediumFullError(f"the medium at {directory} is full ({e.strerror}); "
                                f"no partial packet was left")
-    return ExportError(f"cannot write packets into {directory}: {e.strerror or e}")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return ExportError(f"cannot write packets into {directory}: {e.strerror or e}",
+                           hint="the medium is read-only or this user may not write there "
+                                "(a write-protect switch, a mount option, permissions); make "
+                                "it writable or choose another --out; nothing was sent")
+    return ExportError(f"cannot write packets into {directory}: {e.strerror or e}",
+                       hint="check the medium and run the export again; nothing was recorded "
+                            "as sent")
 

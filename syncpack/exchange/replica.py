@@ -19,7 +19,7 @@ from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
 from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
 from syncpack.exchange.links import ensure_link, link, raise_matrix
-from syncpack.store import log, versions
+from syncpack.store import chain, log, versions
 from syncpack.store import matrix as stored
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
 from syncpack.replicated import ROSTER, Member
@@ -48,7 +48,7 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     # where a block does: the recipient is then sent whole blocks from there on.
     site.seal_pending()
     conn = site.conn
-    vec = {o: e for o, e in site.vector().items() if e}
+    vec = {o: e for o, e in chain.applied_vector(conn, site.vector()).items() if e}
     roster = [{"name": m.name, "id": m.site_id, "ed25519": m.ed25519, "x25519": m.x25519,
                "priority": m.priority} for m in site.roster().values() if not m.retired]
     seq = link(site, recipient)["out_seq"] + 1
@@ -128,7 +128,7 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
 
     def add_member():
         tx = Transaction(site, True)
-        base = {o: e for o, e in site.vector().items() if e}
+        base = {o: e for o, e in chain.applied_vector(site.conn, site.vector()).items() if e}
         base[site.site_id] = tx.epoch + 1   # the roster op written just below
         m = Member(name, ident.site_id, ident.ed25519, ident.x25519, priority, base, False)
         tx.write_raw(ROSTER, name, codec.encode_value(m.to_value()))

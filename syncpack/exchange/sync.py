@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules import planning
-from syncpack.store import chain, exports
+from syncpack.store import chain, exports, history
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, apply_snapshot,
@@ -43,6 +43,10 @@ RELAY_ACK_BUDGET = 32 * 1024
 # in, so a header stays under 64 KiB in a family of a thousand sites whatever else it carries.
 HEADER_BUDGET = 56 * 1024
 MIN_ACK_BUDGET = 4 * 1024
+# Room left for a packet's framing and header beside a block of ours: a larger block is sealed
+# again as parts.  A small family's header takes a few hundred bytes; a larger one's may not
+# leave this much, and then the export names the --max-size that would do.
+RESEAL_HEADROOM = 4 * 1024
 # Fork evidence, heads and 'kept' take at most this fraction of a packet's --max-size.
 FORK_ROOM_DIVISOR = 256
 
@@ -317,11 +321,16 @@ def run_export(site: Site, to: list[str] | None, all_peers: bool, max_size: int,
         sign = site.signer()    # the key stays in this process: only the driver signs
         with site.write_txn():
             forks.end_retired(site)     # a member retired since: one history kept
-        if chain.has_pending(site.conn, site.site_id):
+        # A block of ours that cannot fit a packet with its header (a transaction sealed at
+        # commit, larger than this medium) is sealed again as parts.
+        reseal_above = max_size - RESEAL_HEADROOM
+        if chain.has_pending(site.conn, site.site_id) or chain.has_oversized(
+                site.conn, site.site_id, reseal_above):
             with site.write_txn():
                 # Our small transactions become blocks now, once, each small enough for a
                 # packet of this export (packets are cut between blocks only).
-                site.seal_pending(max_block=seal_max or max_size // 2)
+                site.seal_pending(max_block=seal_max or max_size // 2,
+                                  reseal_above=reseal_above)
         written = write(peers, now, sign)
         record_exports(site, written, now)
     return [ExportedPacket(p.path, plan.name, p.header.count, p.size,
@@ -363,6 +372,9 @@ class ImportResult:
     rejected: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     ops_applied: int = 0
+    started_ms: int = 0     # wall clock when the import began: what it committed is after
+    # transactions larger than a packet of which only the first parts are here (held)
+    incomplete: list[dict] = field(default_factory=list)
     # Why each skipped packet was left alone: "other site" or "other family".
     skipped_why: dict[str, str] = field(default_factory=dict)
     # Files in a searched directory that are not packets at all.
@@ -373,7 +385,8 @@ class ImportResult:
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
-                "skipped": self.skipped, "ignored": self.ignored, "forks": self.forks}
+                "skipped": self.skipped, "ignored": self.ignored,
+                "incomplete_transactions": self.incomplete, "forks": self.forks}
 
 
 @dataclass
@@ -393,6 +406,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     ``result``, the outcome is collected there as it happens, so a caller interrupted midway
     (Ctrl-C) still knows which packets were applied and committed."""
     res = result if result is not None else ImportResult()
+    res.started_ms = wall_ms()
     attach_core.sync_app(site)      # local changes first: an import never hides one
     with site.lock():
         cands: list[_Candidate] = []
@@ -414,7 +428,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 pk = open_packet(path)
             except PacketError as e:
                 if named or has_magic(path):  # a damaged or too new packet is not silent
-                    res.rejected.append({"path": shown, "error": str(e)})
+                    res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 else:
                     res.ignored.append(shown)   # in a directory: not a packet, left alone
                 continue
@@ -433,10 +447,10 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 if h.sender not in site.members_by_id(include_retired=True):
                     unknown.append((c, e))
                 else:
-                    res.rejected.append({"path": shown, "error": str(e)})
+                    res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             except PacketError as e:
-                res.rejected.append({"path": shown, "error": str(e)})
+                res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             if h.kind == codec.KIND_SNAPSHOT:
                 snaps.setdefault((h.sender, h.seq), []).append(c)
@@ -459,19 +473,30 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     except PacketSenderError as e:
                         still.append((c, e))
                     except PacketError as e:
-                        res.rejected.append({"path": c.display, "error": str(e)})
+                        res.rejected.append({"path": c.display, "error": str(e), "hint": e.hint})
                 unknown = still
                 if not cands:
                     break
             for c, err in unknown:
-                res.rejected.append({"path": c.display, "error": str(err)})
+                res.rejected.append({"path": c.display, "error": str(err), "hint": err.hint})
             with site.write_txn():
                 forks.end_retired(site)     # a retirement may have arrived just now
+            res.incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
+                              for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
         finally:
             for c in opened:
                 c.pk.close()
     attach_core.sync_app(site)      # what arrived, into the attached application's tables
     return res
+
+
+def committed_since(site: Site, res: ImportResult) -> list[tuple[str, int]]:
+    """After an interruption: ``(path, ops)`` of the packets this import committed, read from
+    the store (see :mod:`syncpack.store.history`), whatever the result had noted."""
+    # A fresh connection: the command's own may be closed or mid-rollback by now.
+    with Site.open(site.path) as s:
+        history.settle(s.conn)
+        return history.applied_since(s.conn, res.started_ms)
 
 
 def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> list[_Candidate]:
@@ -490,7 +515,8 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
                 raise PacketError("parked file does not hold the packet recorded for it")
             check(c)
         except PacketError as e:
-            res.rejected.append({"path": shown or str(f), "error": f"parked packet: {e}"})
+            res.rejected.append({"path": shown or str(f), "error": f"parked packet: {e}",
+                                 "hint": e.hint})
             exports.forget_parked(site.conn, sender, pid)
             f.unlink(missing_ok=True)
             continue
@@ -520,7 +546,7 @@ def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult,
         n = apply_snapshot(site, [c.pk for c in group], progress)
     except PacketError as e:
         for s in shown:
-            res.rejected.append({"path": s, "error": str(e)})
+            res.rejected.append({"path": s, "error": str(e), "hint": e.hint})
         return
     res.applied.extend(shown)
     res.ops_applied += n
@@ -536,7 +562,7 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
     unproven: dict[tuple[bytes, bytes], PacketError] = {}
 
     def reject(c: _Candidate, e: PacketError) -> None:
-        res.rejected.append({"path": c.display, "error": str(e)})
+        res.rejected.append({"path": c.display, "error": str(e), "hint": e.hint})
         if c.parked_file:
             drop_parked(site, c.pk.header, c.parked_file)
 

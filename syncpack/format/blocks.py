@@ -60,6 +60,16 @@ HLC_LIMIT = 1 << 63                       # clocks and epochs are SQLite INTEGER
 SEQ_LIMIT = 1 << 32                       # seq is the u32 at the end of a CSN
 N_COLUMNS = 9
 
+# Flags (header byte 5).  A transaction larger than a medium allows travels as several blocks,
+# its parts, each signed by the origin: MORE says the block's one transaction continues in the
+# origin's next block, CONT that it began in the previous one (the body then has a tenth
+# element, the seq of its first op).  Whole-transaction blocks keep flags 0, so every block
+# written before parts existed reads as before.  A relay cuts packets between blocks only, so
+# part boundaries are always the origin's.
+FLAG_MORE = 0x01
+FLAG_CONT = 0x02
+KNOWN_FLAGS = FLAG_MORE | FLAG_CONT
+
 # The writers' zstd setting is codec's (the one module that sets msgpack and zstd options).
 ZSTD_LEVEL = codec.ZSTD_LEVEL
 _ZSTD_MAGIC = codec.ZSTD_MAGIC
@@ -148,6 +158,17 @@ class BlockInfo:
     header: bytes = field(repr=False)       # the 122 signed header bytes
     raw: bytes | memoryview = field(repr=False, compare=False)   # the whole block
     body_checked: bool = field(default=False, repr=False, compare=False)  # by verify_block
+    flags: int = 0
+
+    @property
+    def more(self) -> bool:
+        """The block's transaction continues in the origin's next block (a part, not the last)."""
+        return bool(self.flags & FLAG_MORE)
+
+    @property
+    def cont(self) -> bool:
+        """The block's transaction began in the origin's previous block (a later part)."""
+        return bool(self.flags & FLAG_CONT)
 
     @property
     def count(self) -> int:
@@ -201,7 +222,7 @@ def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
      raw_len, body_len) = _FIXED.unpack(header)
     if version != VERSION:
         raise BlockVersionError(f"block format version {version} is not {VERSION}", origin)
-    if flags:
+    if flags & ~KNOWN_FLAGS:
         raise BlockVersionError(f"unknown block flags {flags:#04x}", origin)
     if not lo < hi < HLC_LIMIT:
         raise BlockError(f"bad epoch range ({lo}, {hi}]", origin)
@@ -209,6 +230,9 @@ def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
         raise BlockLimitError(f"{hi - lo} ops exceed the limit of {MAX_BLOCK_OPS}", origin, lo, hi)
     if not 1 <= txns <= hi - lo:
         raise BlockError(f"{txns} transactions for {hi - lo} ops", origin, lo, hi)
+    if flags and txns != 1:
+        raise BlockError(f"a part of a transaction holds that one transaction, not {txns}",
+                         origin, lo, hi)
     # hlcs of one origin strictly ascend from transaction to transaction
     if not (hlc_first <= hlc_last < HLC_LIMIT and hlc_last - hlc_first >= txns - 1
             and (txns > 1 or hlc_first == hlc_last)):
@@ -233,7 +257,12 @@ def read_block_header(raw: bytes | memoryview, family: bytes | None = None,
     return BlockInfo(origin, lo, hi, txns, hlc_first, hlc_last, prev_hash, body_hash_, raw_len,
                      body_len, bytes(raw[SIGNED_LEN:HEADER_LEN]),
                      block_hash(family, header) if family is not None else None,
-                     header, raw_)
+                     header, raw_, flags=flags)
+
+
+def read_block_header_flags(head: bytes | memoryview) -> int:
+    """The flags byte of a block's header, for a store that lists parts without decoding."""
+    return head[5] if len(head) > 5 else 0
 
 
 def iter_blocks(data: bytes | memoryview, family: bytes | None = None) -> Iterator[BlockInfo]:
@@ -300,8 +329,9 @@ def _csn_ok(replaced: bytes) -> bool:
     return not (len(replaced) % CSN_LEN or any(b >= 0x80 for b in replaced[::CSN_LEN]))
 
 
-def _columns_checked(origin: bytes, lo: int, ops: list[Op]) -> tuple:
-    """The block's columns from its ops, checking each op and saying which is wrong."""
+def _columns_checked(origin: bytes, lo: int, ops: list[Op], flags: int = 0) -> tuple:
+    """The block's columns from its ops, checking each op and saying which is wrong.  With
+    ``flags`` the ops are one part of a transaction (formats/BLOCKS.md section 4.2)."""
     txn_lens: list[int] = []
     hlcs: list[int] = []
     names: dict[str, int] = {}
@@ -311,6 +341,14 @@ def _columns_checked(origin: bytes, lo: int, ops: list[Op]) -> tuple:
     rep: list[bytes] = []
     prev_hlc = -1
     cur = -1
+    first_seq = ops[0].seq
+    if flags:
+        if not (0 <= first_seq < SEQ_LIMIT and 0 <= ops[0].hlc < HLC_LIMIT) \
+                or any(op.hlc != ops[0].hlc for op in ops):
+            raise BlockEncodeError("a part holds the ops of one transaction")
+        txn_lens.append(0)
+        hlcs.append(ops[0].hlc)
+        prev_hlc = ops[0].hlc
     for i, op in enumerate(ops):
         if op.origin != origin:
             raise BlockEncodeError(f"op {i} is of origin {op.origin.hex()}, the block's is "
@@ -318,7 +356,7 @@ def _columns_checked(origin: bytes, lo: int, ops: list[Op]) -> tuple:
         if op.epoch != lo + 1 + i:
             raise BlockEncodeError(f"op {i} has epoch {op.epoch}, expected {lo + 1 + i}: "
                                    f"epochs must be consecutive")
-        if op.seq == 0:
+        if op.seq == 0 and not (flags and i == 0):
             if not prev_hlc < op.hlc < HLC_LIMIT:
                 raise BlockEncodeError(f"op {i} (epoch {op.epoch}) starts a transaction whose "
                                        f"hlc {op.hlc} does not ascend past {prev_hlc}")
@@ -329,7 +367,8 @@ def _columns_checked(origin: bytes, lo: int, ops: list[Op]) -> tuple:
             if not txn_lens:
                 raise BlockEncodeError("the first op must start a transaction (seq 0): a "
                                        "block holds whole transactions")
-            if op.hlc != prev_hlc or op.seq != txn_lens[-1] or op.seq >= SEQ_LIMIT:
+            if op.hlc != prev_hlc or op.seq != first_seq * (len(txn_lens) == 1) + txn_lens[-1] \
+                    or op.seq >= SEQ_LIMIT:
                 raise BlockEncodeError(f"op {i} (epoch {op.epoch}) does not continue its "
                                        f"transaction (hlc {op.hlc}, seq {op.seq})")
             txn_lens[-1] += 1
@@ -351,6 +390,8 @@ def _columns_checked(origin: bytes, lo: int, ops: list[Op]) -> tuple:
         if op.replaced:
             rep_at.append(i)
             rep.append(op.replaced)
+    if flags and len(txn_lens) != 1:
+        raise BlockEncodeError("a part holds the ops of one transaction")
     return txn_lens, hlcs, names, run_coll, run_len, rep_at, rep
 
 
@@ -396,14 +437,19 @@ def _columns_fast(origin: bytes, lo: int, ops: list[Op]) -> tuple | None:
 
 def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
                  sign: Callable[[bytes], bytes],
-                 level: int | codec.ZstdParams | None = None) -> bytes:
+                 level: int | codec.ZstdParams | None = None,
+                 more: bool = False) -> bytes:
     """One block of ``ops``: all of ``origin``, consecutive epochs from the first, whole
     transactions in CSN order (each starts at seq 0, its ops share one hlc and count up;
     transactions' hlcs strictly ascend).  The caller guarantees that the last transaction is
     complete (the origin's next op, if any, has seq 0): nothing in the ops can show it.
 
     The body columns (formats/BLOCKS.md section 4) carry no epoch, hlc per op or seq: epochs
-    follow from lo, seqs from transaction lengths, hlcs are one delta per transaction."""
+    follow from lo, seqs from transaction lengths, hlcs are one delta per transaction.
+
+    A part of a transaction (formats/BLOCKS.md section 4.2): ``ops`` are a run of one
+    transaction's ops; if the first has seq > 0 the block is a later part (CONT), and ``more``
+    says the transaction continues in the next block (MORE)."""
     if len(family) != FAMILY_LEN or len(origin) != SITE_ID_LEN or len(prev_hash) != HASH_LEN:
         raise BlockEncodeError("family, origin and prev_hash are 16, 8 and 32 bytes")
     n = len(ops)
@@ -415,14 +461,23 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
         raise BlockEncodeError(f"epochs must lie in 1..2^63-1, not from {lo + 1}")
     if lo == 0 and prev_hash != ZERO_HASH:
         raise BlockEncodeError("the block holding epoch 1 has no predecessor: prev_hash 0")
-    cols = _columns_fast(origin, lo, ops)
-    if cols is None:        # something is wrong: the op-by-op pass says what
-        cols = _columns_checked(origin, lo, ops)
+    first_seq = ops[0].seq
+    flags = (FLAG_MORE if more else 0) | (FLAG_CONT if first_seq else 0)
+    if first_seq > lo:
+        raise BlockEncodeError(f"op 0 has seq {first_seq}, but its transaction cannot begin "
+                               f"below epoch 1: a block starts at seq 0 unless it is a later "
+                               f"part of a transaction")
+    # parts are few (one per medium-sized piece of a big transaction): the op-by-op pass is enough
+    cols = None if flags else _columns_fast(origin, lo, ops)
+    if cols is None:        # a part, or something is wrong: the op-by-op pass says what
+        cols = _columns_checked(origin, lo, ops, flags)
     txn_lens, hlcs, names, run_coll, run_len, rep_at, rep = cols
     hlc_deltas = [b - a for a, b in zip(hlcs, hlcs[1:])]
     # why not a delta of 0 coded as 1: deltas stay the plain differences, easier to check by hand
     columns = [txn_lens, hlc_deltas, list(names), run_coll, run_len,
                list(map(itemgetter(5), ops)), list(map(itemgetter(6), ops)), rep_at, rep]
+    if first_seq:
+        columns.append(first_seq)
     try:
         raw = codec.packb(columns)
     except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
@@ -430,7 +485,7 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
     if len(raw) > MAX_BLOCK_RAW:
         raise BlockEncodeError(f"{len(raw)} bytes of ops exceed a block ({MAX_BLOCK_RAW})")
     body = codec.block_compressor(level).compress(raw)
-    header = _FIXED.pack(MAGIC, VERSION, 0, origin, lo, hi, len(txn_lens), hlcs[0], hlcs[-1],
+    header = _FIXED.pack(MAGIC, VERSION, flags, origin, lo, hi, len(txn_lens), hlcs[0], hlcs[-1],
                          prev_hash, hashlib.blake2b(body, digest_size=HASH_LEN).digest(),
                          len(raw), len(body))
     sig = sign(signed_bytes(family, header))
@@ -484,6 +539,16 @@ class BlockColumns(NamedTuple):
     keys: list[str]
     values: list[bytes | None]
     replaced: list[bytes]     # per op, b"" for most
+    first_seq: int = 0        # the seq of the first op (> 0 only in a later part, CONT)
+
+    @property
+    def count(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the block's last op."""
+        return self.first_seq + self.txn_lens[-1] - 1
 
     def csns(self) -> list[bytes]:
         """The 20-byte CSN of every op.  Three shapes, measured (tools/bench_blocks.py, ns per
@@ -492,6 +557,9 @@ class BlockColumns(NamedTuple):
         per transaction plus cached seq suffixes (108, against 122 packing per op)."""
         origin, hlcs, lens = self.origin, self.txn_hlcs, self.txn_lens
         n = self.hi - self.lo
+        if self.first_seq:      # a later part: one transaction, seqs from first_seq
+            return list(map(_CSN_PACK, repeat(hlcs[0], n), repeat(origin),
+                            range(self.first_seq, self.first_seq + n)))
         if len(lens) == n:
             return list(map(bytes.__add__, map(_HLC_ORIGIN.pack, hlcs, repeat(origin)),
                             repeat(b"\0\0\0\0")))
@@ -514,7 +582,8 @@ class BlockColumns(NamedTuple):
     def ops(self) -> Iterator[Op]:
         """The same ops as :class:`syncpack.format.codec.Op`, in epoch (= CSN) order."""
         hlcs = chain.from_iterable(map(repeat, self.txn_hlcs, self.txn_lens))
-        seqs = chain.from_iterable(map(range, self.txn_lens))
+        seqs = chain.from_iterable(map(range, self.txn_lens)) if not self.first_seq else \
+            iter(range(self.first_seq, self.first_seq + self.count))
         # tuple.__new__ over zipped columns builds each Op in C; Op(...) would run the
         # namedtuple's Python-level __new__ once per op (2.3x slower at 1M ops)
         return map(_tuple_new, repeat(Op), zip(
@@ -580,7 +649,8 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
             raise ValueError("nested array in a column")
         return obj
     limits = dict(max_str_len=MAX_STR_BYTES, max_bin_len=MAX_VALUE_BYTES,
-                  max_array_len=max(n, N_COLUMNS), max_map_len=0, max_ext_len=0, list_hook=hook)
+                  max_array_len=max(n, N_COLUMNS + info.cont), max_map_len=0, max_ext_len=0,
+                  list_hook=hook)
     try:
         if len(raw) <= _UNPACKB_MAX:
             cols = codec.unpack_limited(raw, **limits)
@@ -593,8 +663,15 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
     except codec.MSGPACK_ERRORS as e:
         raise bad(f"malformed columns: {e or type(e).__name__}") from None
     del raw     # the columns hold what is needed; the decompressed bytes can go now
-    if type(cols) is not list or len(cols) != N_COLUMNS:
-        raise bad(f"body is not an array of {N_COLUMNS} columns")
+    cont = info.cont
+    if type(cols) is not list or len(cols) != N_COLUMNS + cont:
+        raise bad(f"body is not an array of {N_COLUMNS} columns"
+                  + (" and the first seq" if cont else ""))
+    first_seq = 0
+    if cont:
+        first_seq = cols.pop()
+        if type(first_seq) is not int or not 1 <= first_seq <= lo or first_seq >= SEQ_LIMIT - n:
+            raise bad("a later part of a transaction must name the seq of its first op")
     txn_lens, hlc_deltas, names, run_coll, run_len, keys, values, rep_at, rep = cols
 
     T = info.txns
@@ -629,7 +706,7 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
         ends = list(accumulate(txn_lens))
         for a, r in zip(rep_at, rep):
             t = bisect_right(ends, a)
-            own = _CSN_PACK(hlcs[t], origin, a - (ends[t - 1] if t else 0))
+            own = _CSN_PACK(hlcs[t], origin, a - (ends[t - 1] if t else -first_seq))
             if max(r[i:i + CSN_LEN] for i in range(0, len(r), CSN_LEN)) >= own:
                 raise bad("an op lists as replaced a version not older than itself")
     collections = list(chain.from_iterable(map(repeat, map(names.__getitem__, run_coll),
@@ -637,7 +714,8 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
     replaced = [b""] * n
     for a, r in zip(rep_at, rep):
         replaced[a] = r
-    return BlockColumns(origin, lo, hi, txn_lens, hlcs, collections, keys, values, replaced)
+    return BlockColumns(origin, lo, hi, txn_lens, hlcs, collections, keys, values, replaced,
+                        first_seq)
 
 
 def decode_ops(block: bytes | memoryview | BlockInfo) -> Iterator[Op]:

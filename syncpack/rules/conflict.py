@@ -13,7 +13,7 @@ from typing import Iterable, NamedTuple
 
 from syncpack.format.csn import csn_origin
 
-POLICIES = ("lww", "priority")
+POLICIES = ("lww", "priority", "merge")
 
 
 class Version(NamedTuple):

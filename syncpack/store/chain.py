@@ -235,9 +235,11 @@ def count(conn) -> int:
 
 
 def iter_all(conn) -> Iterator[Op]:
-    """Every op we hold, origin by origin (fsck's replay)."""
+    """Every op we hold that is applied, origin by origin (fsck's replay): the parts of a
+    transaction still waiting for its last part are held, not applied."""
+    waiting = incomplete(conn)
     for o, (lo, hi, _n) in sorted(held_ranges(conn).items()):
-        yield from iter_ops(conn, o, lo - 1, hi)
+        yield from iter_ops(conn, o, lo - 1, waiting[o][0] if o in waiting else hi)
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -330,19 +332,46 @@ def seal(conn, family: bytes, origin: bytes, ops: list[Op], sign: Callable[[byte
     prev = [expected_prev(conn, origin, ops[0].epoch - 1) if ops else None]
     raw_cap = BLOCK_RAW if max_block is None else max(1, min(BLOCK_RAW, max_block - 2048))
 
-    def emit(txns: list[list[Op]]) -> None:
-        group = [op for t in txns for op in t]
-        raw = blocks.encode_block(family, origin, prev[0] or ZERO_HASH, group, sign)
-        if max_block is not None and len(raw) > max_block and len(txns) > 1:
-            half = len(txns) // 2      # compression guessed wrong: two smaller blocks
-            emit(txns[:half])
-            emit(txns[half:])
-            return
+    def put(group: list[Op], more: bool) -> None:
+        raw = blocks.encode_block(family, origin, prev[0] or ZERO_HASH, group, sign, more=more)
+        if max_block is not None and len(raw) > max_block:
+            # Compression guessed wrong: whole transactions split between them, else the
+            # transaction (or this part of it) is cut into two parts.  One op alone larger
+            # than the limit stays whole; the export then names it.
+            txns = list(_txns(group)) if group[0].seq == 0 and not more else []
+            if len(txns) > 1:
+                half = len(txns) // 2
+                put([op for t in txns[:half] for op in t], False)
+                put([op for t in txns[half:] for op in t], False)
+                return
+            if len(group) > 1:
+                half = len(group) // 2
+                put(group[:half], True)
+                put(group[half:], more)
+                return
         info = blocks.read_block_header(raw, family)
         store_block(conn, info, group[-1].seq)
         out.append(StoredBlock(origin, info.lo, info.hi, info.hlc_first, info.hlc_last,
                                group[-1].seq, info.block_hash))
         prev[0] = info.block_hash
+
+    def emit(txns: list[list[Op]]) -> None:
+        if max_block is not None and len(txns) == 1 and sum(map(_op_bytes, txns[0])) > raw_cap:
+            # A transaction larger than the medium allows travels as parts, each its
+            # origin's signed block (formats/BLOCKS.md section 4.2); the importer applies it
+            # when the last part is there.
+            part: list[Op] = []
+            size = 0
+            for op in txns[0]:
+                ob = _op_bytes(op)
+                if part and size + ob > raw_cap:
+                    put(part, True)
+                    part, size = [], 0
+                part.append(op)
+                size += ob
+            put(part, False)
+            return
+        put([op for t in txns for op in t], False)
 
     txns: list[list[Op]] = []
     n = size = 0
@@ -371,6 +400,80 @@ def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], byt
     settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
     return len(ops)
+
+
+def reseal_oversized(conn, family: bytes, origin: bytes, sign: Callable[[bytes], bytes],
+                     above: int, max_block: int) -> int:
+    """Our own blocks larger than ``above`` (a transaction sealed at commit, before an export
+    to a small medium asked for less) are sealed again into blocks of at most ``max_block``,
+    with every later block of ours so the chain stays one: transactions too large become
+    parts.  Peers that hold the old
+    blocks take the new ones as a re-sealed chain (formats/BLOCKS.md section 5).  Returns the
+    ops sealed again."""
+    row = conn.execute("SELECT lo, hi, data FROM blocks WHERE origin=? AND length(data)>? "
+                       "ORDER BY lo LIMIT 1", (origin, above)).fetchone()
+    if row is None:
+        return 0
+    lo = row[0]
+    first = blocks.read_block_header(row[2])
+    if first.cont:
+        # start where the transaction does, at the block holding its first op
+        lo -= blocks.decode_block(first).first_seq
+        b = conn.execute("SELECT lo FROM blocks WHERE origin=? AND lo<=? AND hi>? ORDER BY lo "
+                         "DESC LIMIT 1", (origin, lo, lo)).fetchone()
+        lo = b[0] if b else lo
+    top_ = conn.execute("SELECT max(hi) FROM blocks WHERE origin=?", (origin,)).fetchone()[0]
+    pending = conn.execute("SELECT max(epoch) FROM changelog WHERE origin=?",
+                           (origin,)).fetchone()[0]
+    hi = max(top_ or 0, pending or 0)
+    ops = list(iter_ops(conn, origin, lo, hi))
+    if not ops or ops[0].seq != 0:
+        return 0        # we no longer hold the transaction's start: leave the chain as it is
+    conn.execute("DELETE FROM blocks WHERE origin=? AND hi>?", (origin, lo))
+    conn.execute("DELETE FROM changelog WHERE origin=? AND epoch>?", (origin, lo))
+    seal(conn, family, origin, ops, sign, max_block)
+    return len(ops)
+
+
+def has_oversized(conn, origin: bytes, max_block: int) -> bool:
+    return conn.execute("SELECT 1 FROM blocks WHERE origin=? AND length(data)>? LIMIT 1",
+                        (origin, max_block)).fetchone() is not None
+
+
+def incomplete(conn) -> dict[bytes, tuple[int, int, int]]:
+    """Per origin, a transaction whose parts we hold only in part: (epoch before its first
+    op, the last epoch held, the parts held).  Parts arrive in epoch order, so such a
+    transaction is always the top of what we hold of its origin.  Only the flags byte of each
+    block looked at is read (a block may be hundreds of megabytes)."""
+    out: dict[bytes, tuple[int, int, int]] = {}
+    for rowid, origin, lo, hi in conn.execute(
+            "SELECT rowid, origin, lo, max(hi) FROM blocks GROUP BY origin").fetchall():
+        if not _flags(conn, rowid) & blocks.FLAG_MORE:
+            continue
+        start, n = lo, 1
+        while True:
+            b = conn.execute("SELECT rowid, lo FROM blocks WHERE origin=? AND hi=?",
+                             (origin, start)).fetchone()
+            if b is None or not _flags(conn, b[0]) & blocks.FLAG_MORE:
+                break
+            start, n = b[1], n + 1
+        out[origin] = (start, hi, n)
+    return out
+
+
+def _flags(conn, rowid: int) -> int:
+    with conn.blob_open("main", "blocks", "data", rowid, False) as blob:
+        return blocks.read_block_header_flags(blob.read(6))
+
+
+def applied_vector(conn, vec: dict[bytes, int]) -> dict[bytes, int]:
+    """``vec`` (epochs held) wound back to the transactions applied: a snapshot's records hold
+    no part of a transaction still waiting for its last part, so its vector must not claim it."""
+    out = dict(vec)
+    for o, (lo, _hi, _n) in incomplete(conn).items():
+        if o in out:
+            out[o] = min(out[o], lo)
+    return out
 
 
 def has_pending(conn, origin: bytes) -> bool:

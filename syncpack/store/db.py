@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -191,6 +191,14 @@ MIGRATIONS: list[str] = [
     # (store/chain.py own_tip).
     """
     DROP INDEX IF EXISTS changelog_csn;
+    """,
+    # 7: the merge policy.  Every version ever applied in a merge collection, with the field
+    # stamps it was given and the CSNs it replaced, kept after it is superseded: a later write
+    # based on it is stamped against it (syncpack/store/fields.py).
+    """
+    CREATE TABLE field_history(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
+                               value BLOB, stamps BLOB, replaced BLOB NOT NULL,
+                               PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
     """,
 ]
 

@@ -1,0 +1,143 @@
+"""Field stamps of the ``merge`` policy.  Owns the table ``field_history``: every version applied
+in a merge collection (CSN, value, the field stamps it was given, the CSNs it replaced), kept
+after it is superseded, because a concurrent write based on it may still arrive and is stamped
+against it.  The rule itself is :mod:`syncpack.rules.merge`; this module reads and writes.
+
+Everything runs on the caller's connection and inside its transaction."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from syncpack.format import codec
+from syncpack.format.csn import CSN_LEN
+from syncpack.rules.conflict import Version
+from syncpack.rules.merge import FieldVersion, Merged, merge, own_stamps, stamp_write
+
+
+def to_fields(raw: bytes | None) -> dict[str, bytes] | None:
+    """A stored value as field -> msgpack bytes; None for a tombstone or a value not a map."""
+    if raw is None:
+        return None
+    v = codec.decode_value(raw)
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        return None
+    return {k: codec.packb(x) for k, x in v.items()}
+
+
+def from_fields(fields: dict[str, bytes]) -> bytes:
+    """The encoded record of merged fields, keys sorted so that every site encodes it alike."""
+    return codec.encode_value({f: codec.unpackb(fields[f]) for f in sorted(fields)})
+
+
+def _split(replaced: bytes) -> list[bytes]:
+    return [replaced[i:i + CSN_LEN] for i in range(0, len(replaced), CSN_LEN)]
+
+
+def _version(csn: bytes, raw: bytes | None, stamps: dict | None) -> FieldVersion:
+    fields = to_fields(raw)
+    st = stamps if stamps is not None else own_stamps(csn, fields)
+    return FieldVersion(csn, fields, st, raw if fields is None else None)
+
+
+def _stamped(conn, collection: str, key: str, csn: bytes, memo: dict, depth: int = 0
+             ) -> tuple[FieldVersion, bool] | None:
+    """A version with its stamps, and whether they are final (everything it was based on is
+    known); None if this site never held it.  Stamps left open when a write arrived before a
+    version it replaced are worked out here, so they do not depend on the arrival order."""
+    if csn in memo:
+        return memo[csn]
+    row = conn.execute("SELECT value, stamps, replaced FROM field_history WHERE collection=? "
+                       "AND key=? AND csn=?", (collection, key, csn)).fetchone()
+    if row is None:
+        row = conn.execute("SELECT value FROM versions WHERE collection=? AND key=? AND csn=?",
+                           (collection, key, csn)).fetchone()
+        # a version applied as a plain insert replaced nothing: it set every field it has
+        out = None if row is None else (_version(csn, row[0], None), True)
+    elif row[1] is not None:
+        out = (_version(csn, row[0], codec.unpackb(row[1])), True)
+    elif depth > 200:
+        out = (_version(csn, row[0], None), False)
+    else:
+        st, final = _stamps_of(conn, collection, key, csn, row[0], row[2], memo, depth + 1)
+        out = (_version(csn, row[0], st), final)
+    memo[csn] = out
+    return out
+
+
+def _stamps_of(conn, collection: str, key: str, csn: bytes, raw: bytes | None, replaced: bytes,
+               memo: dict, depth: int = 0) -> tuple[dict[str, bytes], bool]:
+    bases = [_stamped(conn, collection, key, r, memo, depth) for r in _split(replaced)]
+    final = all(b is not None and b[1] for b in bases)
+    live = [b[0] for b in bases if b is not None and b[0].fields is not None]
+    base = merge(live) if live else None
+    return stamp_write(csn, to_fields(raw), base.fields if base else None,
+                       base.winners if base else {}), final
+
+
+def note_write(conn, collection: str, key: str, csn: bytes, raw: bytes | None,
+               replaced: bytes, local: bool = False) -> None:
+    """Record a version of a merge collection before it is applied (and before the versions it
+    replaces are dropped): its stamps against the merged record of what it replaced, or none
+    yet if one of those has not arrived."""
+    if local and not replaced or conn.execute(
+            "SELECT 1 FROM field_history WHERE collection=? AND key=? AND csn=?",
+            (collection, key, csn)).fetchone():
+        # A local first write sets every field it has and is surely in versions: read from
+        # there like a plain insert, kept here once a later write replaces it (below), so a
+        # bulk load costs nothing.  An arriving one may have been replaced already: kept.
+        return
+    memo: dict = {}
+    for r in _split(replaced):   # keep what this write is based on, should a sibling follow
+        got = _stamped(conn, collection, key, r, memo)
+        if got is not None and got[1]:
+            conn.execute("INSERT OR IGNORE INTO field_history VALUES (?, ?, ?, ?, ?, ?)",
+                         (collection, key, r, _raw_of(conn, collection, key, r),
+                          codec.packb(dict(got[0].stamps)), b""))
+    stamps, final = _stamps_of(conn, collection, key, csn, raw, replaced, memo)
+    conn.execute("INSERT INTO field_history VALUES (?, ?, ?, ?, ?, ?)",
+                 (collection, key, csn, raw, codec.packb(stamps) if final else None, replaced))
+
+
+def _raw_of(conn, collection: str, key: str, csn: bytes) -> bytes | None:
+    row = conn.execute("SELECT value FROM versions WHERE collection=? AND key=? AND csn=?",
+                       (collection, key, csn)).fetchone()
+    return None if row is None else row[0]
+
+
+def _parents(conn, collection: str, key: str) -> dict[bytes, list[bytes]]:
+    return {c: _split(r) for c, r in conn.execute(
+        "SELECT csn, replaced FROM field_history WHERE collection=? AND key=?",
+        (collection, key))}
+
+
+def merged(conn, collection: str, key: str, vs: list[Version],
+           priorities: dict[bytes, int]) -> Merged | None:
+    """The merge of one key's surviving versions ``vs``."""
+    if len(vs) == 1:
+        v = vs[0]
+        return merge([_version(v.csn, v.value, None)], priorities)
+    memo: dict = {}
+    fvs = []
+    for v in vs:
+        got = _stamped(conn, collection, key, v.csn, memo)
+        fvs.append(got[0] if got is not None else _version(v.csn, v.value, None))
+    return merge(fvs, priorities, _parents(conn, collection, key))
+
+
+def visible_value(conn, collection: str, key: str, vs: list[Version],
+                  priorities: dict[bytes, int]) -> bytes | None:
+    """The visible value (msgpack) of a key in a merge collection, or None."""
+    if len(vs) == 1:
+        return vs[0].value
+    m = merged(conn, collection, key, vs, priorities)
+    if m is None:
+        return None
+    if m.fields is None:
+        w = m.whole
+        return None if w is None else next(v.value for v in vs if v.csn == w.csn)
+    return from_fields(m.fields)
+
+
+def decoded(fields: dict[str, bytes]) -> dict[str, Any]:
+    return {f: codec.unpackb(b) for f, b in fields.items()}

@@ -1,0 +1,3 @@
+"""The one version number of syncpack: pyproject.toml reads it, ``--version`` prints it."""
+
+VERSION = "0.3.0"

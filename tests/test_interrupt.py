@@ -1,0 +1,99 @@
+"""Ctrl-C during ``syncpack import``: the report names exactly the packets the store kept, and
+the exit code says whether the command was interrupted (130) or finished (0)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from syncpack.site import Site
+
+FIRST, SECOND = 120_000, 40_000
+
+
+def _two_packets(family):
+    family.init("a")
+    family.add("b", via="a")
+    paths = []
+    for n, prefix in ((FIRST, "k"), (SECOND, "j")):
+        with family.open("a") as s, s.transaction() as tx:
+            for i in range(n):
+                tx.put("c", f"{prefix}{i}", i)
+        paths += list(family.export("a", "b"))
+    return paths
+
+
+def _state(site) -> tuple[int, int]:
+    """(packets of a applied, a's epoch held) at the site, read from the store."""
+    with Site.open(site) as s:
+        a = s.member_named("a").site_id
+        n = s.conn.execute("SELECT count(*) FROM packets_in WHERE sender=? AND kind='update'",
+                           (a,)).fetchone()[0]
+        return n, s.vector().get(a, 0)
+
+
+def _wait_until_store_open(pid: int) -> None:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for _ in range(3000):
+        try:
+            if any(os.readlink(f).endswith("syncpack.db") for f in fd_dir.iterdir()):
+                return
+        except OSError:
+            pass
+        time.sleep(0.002)
+
+
+def test_interrupted_import_reports_exactly_what_the_store_kept(family, tmp_path):
+    paths = _two_packets(family)
+    b = family.path("b")
+    n0, base = _state(b)
+    exe = shutil.which("syncpack", path=str(Path(sys.executable).parent))
+    if exe is None or not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs the syncpack script of this venv and /proc")
+    seen = set()
+    for k, delay in enumerate([0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0,
+                               1.3, 2.5]):
+        site = tmp_path / f"b{k}"
+        shutil.copytree(b, site)
+        p = subprocess.Popen([exe, "--site", str(site), "import", *map(str, paths)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_until_store_open(p.pid)   # Ctrl-C while Python itself starts is not ours
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        n, epoch = _state(site)
+        applied = n - n0
+        ops = epoch - base
+        assert ops == {0: 0, 1: FIRST, 2: FIRST + SECOND}[applied], (applied, ops)
+        if p.returncode == -signal.SIGINT:
+            # while Python was still starting (before syncpack's handler): killed by the
+            # signal, nothing done
+            assert applied == 0 and not out, (out, err)
+            seen.add(("killed", 0))
+            continue
+        assert "Traceback" not in err, err
+        if p.returncode == 130:
+            assert "import:" not in out + err, (out, err)     # no summary of a finished run
+            m = re.search(r"interrupted; (?:no packet was applied|the change in progress was "
+                          r"rolled back whole; nothing of it was kept|(\d+) packet\(s\) applied "
+                          r"and kept \(([\d,]+) op\(s\)\))", err)
+            assert m, err
+            said = int(m[1] or 0), int((m[2] or "0").replace(",", ""))
+            assert said == (applied, ops), (said, applied, ops, err)
+            seen.add(("interrupted", applied))
+        else:
+            assert p.returncode == 0, (p.returncode, out, err)
+            assert "interrupted" not in err
+            assert f"import: 2 packet(s) applied ({FIRST + SECOND:,} op(s))" in out + err
+            assert applied == 2
+            seen.add(("finished", 2))
+    # the delays reached more than one outcome (the machine's speed decides which)
+    assert len(seen - {("killed", 0)}) >= 2, seen

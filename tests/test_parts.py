@@ -1,0 +1,218 @@
+"""A transaction larger than the medium: it travels in parts of at most --max-size, each its
+origin's signed block, and the importer applies it whole when the last part is there."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from conftest import run
+from syncpack.format import blocks
+from syncpack.store import chain
+
+
+def _load_file(tmp_path: Path, n: int = 3000, size: int = 400) -> Path:
+    f = tmp_path / "records.jsonl"
+    with open(f, "w") as out:
+        for i in range(n):
+            # random hex: the records do not compress below the medium's size
+            out.write(json.dumps({"collection": "parts", "key": f"p-{i:05d}",
+                                  "value": {"pad": os.urandom(size // 2).hex()}}) + "\n")
+    return f
+
+
+def _packets(d: Path) -> list[Path]:
+    return sorted(d.rglob("*.spk"))
+
+
+def test_big_transaction_travels_in_parts_applied_only_whole(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    assert run("load", _load_file(tmp_path), site=a).code == 0
+    usb = tmp_path / "usb"
+    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K", site=a,
+            json_mode=True)
+    assert r.code == 0, r
+    files = _packets(usb)
+    assert len(files) > 10
+    assert all(f.stat().st_size <= 64 * 1024 for f in files)
+    empty = family.digest("b")
+    # the parts in reverse order: nothing applies until the first part (sent first) arrives
+    for f in reversed(files[1:]):
+        r = run("import", f, site=b, json_mode=True)
+        assert r.code == 0, r
+        assert run("get", "parts", "p-00000", site=b).code != 0
+        assert family.digest("b") == empty
+    r = run("import", files[0], site=b, json_mode=True)
+    assert r.code == 0, r
+    assert family.digest("a") == family.digest("b")
+    assert run("fsck", site=b).code == 0
+
+
+def test_parts_wait_in_order_and_are_listed(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    files = _packets(usb)
+    assert len(files) >= 3
+    # in order, all but the last part: held, not applied, listed in status; fsck clean
+    for f in files[:-1]:
+        r = run("import", f, site=b)
+        assert r.code == 0 and "1 large transaction(s) held until their last part" in r.out, r
+    assert run("get", "parts", "p-00000", site=b).code != 0
+    st = run("status", site=b, json_mode=True)
+    assert st.code == 0
+    waiting = st.json["incomplete_transactions"]
+    assert len(waiting) == 1 and waiting[0]["origin"] == "a" and waiting[0]["parts"] >= 2
+    assert run("fsck", site=b).code == 0
+    with family.open("b") as s:
+        assert chain.incomplete(s.conn)
+    assert run("import", files[-1], site=b).code == 0
+    assert family.digest("a") == family.digest("b")
+    assert run("status", site=b, json_mode=True).json["incomplete_transactions"] == []
+    assert run("fsck", site=b).code == 0
+
+
+def test_relay_passes_parts_on_unchanged(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=2)
+    a, b, c = (family.path(x) for x in "abc")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    assert run("import", usb, site=b).code == 0
+    usb2 = tmp_path / "usb2"
+    r = run("export", "--to", "c", "--create-out", "--out", usb2, "--max-size", "64K", site=b)
+    assert r.code == 0, r
+    assert run("import", usb2, site=c).code == 0
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    with family.open("a") as sa, family.open("c") as sc:
+        own = sa.conn.execute("SELECT data FROM blocks WHERE origin=? ORDER BY lo",
+                              (sa.site_id,)).fetchall()
+        held = sc.conn.execute("SELECT data FROM blocks WHERE origin=? ORDER BY lo",
+                               (sa.site_id,)).fetchall()
+        assert [r[0] for r in held if blocks.read_block_header(r[0]).flags] == \
+            [r[0] for r in own if blocks.read_block_header(r[0]).flags]
+
+
+def test_max_size_below_64k_is_a_usage_error(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    r = run("export", "--to", "b", "--create-out", "--out", tmp_path / "u", "--max-size",
+            "32K", site=family.path("a"))
+    assert r.code == 2, r
+    assert "64" in r.err
+
+
+def test_shipped_batch_sample_with_a_64k_outbox_after_an_ordinary_load(family, tmp_path):
+    """samples/batch/sanfran_hub.toml sends bangalore packets of at most 64K: after a load of
+    3,000 records in one transaction, ordinary rounds at every site converge."""
+    import shutil
+    root = family.root
+    family.init("boston_hub")
+    family.add("sanfran_hub", via="boston_hub")
+    family.add("bangalore", via="boston_hub")
+    samples = Path(__file__).resolve().parents[1] / "samples" / "batch"
+    (root / "batch").mkdir()
+    shutil.rmtree(root / "media", ignore_errors=True)     # the set-up's medium
+    (root / "media").mkdir()
+    (root / "logs").mkdir()
+    for s in ("boston_hub", "sanfran_hub", "bangalore"):
+        shutil.copy(samples / f"{s}.toml", root / "batch" / f"{s}.toml")
+    assert run("load", _load_file(tmp_path), site=family.path("sanfran_hub")).code == 0
+    for _round in range(3):
+        for s in ("boston_hub", "sanfran_hub", "bangalore"):
+            r = run("batch", root / "batch" / f"{s}.toml")
+            assert r.code == 0, r
+            if s == "sanfran_hub" and not _round:
+                assert "-> bangalore: nothing to send" not in r.out, r
+    small = sorted((root / "media" / "bangalore" / "sanfran_hub").rglob("*.spk"))
+    assert small and all(p.stat().st_size <= 64 * 1024 for p in small)
+    d = {s: family.digest(s) for s in ("boston_hub", "sanfran_hub", "bangalore")}
+    assert len(set(d.values())) == 1, d
+    for s in d:
+        assert run("fsck", site=family.path(s)).code == 0
+
+
+def test_batch_outbox_error_names_the_peer_and_is_not_nothing_to_send(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "c", "huge", {"blob": os.urandom(100_000).hex()})   # one op, > 64K
+    media = tmp_path / "m"
+    cfg = tmp_path / "a.toml"
+    cfg.write_text(f'site = "{family.path("a")}"\n[[export]]\nout = "{media}"\nto = ["b"]\n'
+                   f'max_size = "64K"\ncreate = true\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    assert "-> b: failed" in r.out and "nothing to send" not in r.out, r
+    assert f"export {media} -> b: one block" in r.err and "hint: " in r.err, r
+
+
+def test_a_site_holding_parts_seeds_a_new_member_without_them(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    files = _packets(usb)
+    for f in files[:-1]:
+        assert run("import", f, site=b).code == 0
+    family.add("c", via="b")        # b's snapshot: its records, and a vector without the parts
+    c = family.path("c")
+    assert run("status", site=c, json_mode=True).json["incomplete_transactions"] == []
+    assert run("fsck", site=c).code == 0
+    assert run("import", files[-1], site=b).code == 0
+    family.sync("b", "a")           # a learns of c
+    family.full_exchange(rounds=3)
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    for s in (a, b, c):
+        assert run("fsck", site=s).code == 0
+
+
+def test_reseal_for_a_small_medium_after_a_peer_got_the_whole_block(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=2)
+    a, b, c = (family.path(x) for x in "abc")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    family.sync("a", "b")                        # b: the transaction as one block
+    usb = tmp_path / "usb"
+    r = run("export", "--to", "c", "--create-out", "--out", usb, "--max-size", "64K", site=a)
+    assert r.code == 0, r                        # sealed again as parts for c
+    assert run("import", usb, site=c).code == 0
+    family.put("a", "c", "after", 1)
+    family.put("b", "c", "from-b", 1)
+    family.full_exchange(rounds=3)
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    for s in (a, b, c):
+        assert run("fsck", site=s).code == 0
+
+
+def test_scrub_keeps_the_parts_of_a_transaction_not_yet_applied(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    assert run("load", _load_file(tmp_path, 600), site=a).code == 0
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    files = _packets(usb)
+    for f in files[:-1]:
+        assert run("import", f, site=b).code == 0
+    assert run("scrub", site=b).code == 0       # every member holds those epochs...
+    r = run("import", files[-1], site=b)        # ...but b has not applied them yet
+    assert r.code == 0, r
+    assert family.digest("a") == family.digest("b")
+    assert run("fsck", site=b).code == 0
