@@ -24,6 +24,7 @@ from typing import Iterable, Iterator
 import apsw
 
 from syncpack.errors import AttachError
+from syncpack.store.db import read_txn  # noqa: F401  (one snapshot rule for both files)
 
 Connection = apsw.Connection
 ConstraintError = apsw.ConstraintError
@@ -76,15 +77,6 @@ def open_app(path: Path) -> Connection:
     except apsw.Error as e:
         raise AttachError(f"{path} cannot be opened as an SQLite database ({e})") from None
     return conn
-
-
-@contextmanager
-def read_txn(conn: Connection) -> Iterator[Connection]:
-    conn.execute("BEGIN")
-    try:
-        yield conn
-    finally:
-        conn.execute("ROLLBACK")
 
 
 @contextmanager
