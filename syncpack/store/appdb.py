@@ -276,17 +276,10 @@ def changed_rows(conn: Connection, t: TableInfo, since: int, upto: int
                  ) -> Iterator[tuple[int, tuple, tuple | None]]:
     """(last seq, key values, current row or None) of each key of ``t`` changed in
     (since, upto], in order of each key's last change; the caller holds a read snapshot."""
-    ks = [f"c.k{i}" for i in range(len(t.pk))]
-    on = " AND ".join(f"t.{q(c)} = {k}" for c, k in zip(t.pk, ks))
-    cols = ", ".join(f"t.{q(c)}" for c in t.columns)
-    present = f"t.{q(t.pk[0])} IS NOT NULL"
-    sql = (f"SELECT max(c.seq) AS s, {', '.join(ks)}, {present}, {cols} FROM {CHANGES} c "
-           f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
-           f"GROUP BY {', '.join(ks)} ORDER BY s")
-    n = len(t.pk)
-    for row in conn.execute(sql, (t.name, since, upto)):
-        key = tuple(row[1:1 + n])
-        yield row[0], key, (tuple(row[2 + n:]) if row[1 + n] else None)
+    m, n = len(t.columns), len(t.pk)
+    for part in changed_chunks(conn, t, since, upto, 10_000):
+        for row in part:
+            yield row[-1], tuple(row[m + 1:m + 1 + n]), (tuple(row[:m]) if row[m] else None)
 
 
 def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
