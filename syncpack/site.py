@@ -29,6 +29,7 @@ from syncpack.lazy import OnFirstUse
 from syncpack.store import chain, db, fields, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
+from syncpack.format.blocks import SEQ_LIMIT
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
 from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError,
                      RecordNotFound,
@@ -55,6 +56,12 @@ def wall_ms() -> int:
 
 
 MAX_NAME_CHARS = 16 * 1024       # collections and keys; readers accept far more
+
+# A bulk writer's ops (Transaction.write_columns) are sealed as a part of their transaction
+# (formats/BLOCKS.md section 4.2) once this many are held, or this many bytes of keys and
+# values: its memory stays flat however large the transaction, which no block limit bounds.
+PART_OPS = 100_000
+PART_BYTES = chain.BLOCK_RAW
 
 
 def check_collection(name: str) -> None:
@@ -432,6 +439,9 @@ class Transaction:
         self.ops: list[Op] = []
         self.seq = 0
         self.touched_system = False
+        # write_columns: ops held as columns, and how many parts of them are sealed
+        self._cols: list[tuple[str, list[str], list[bytes | None], list[bytes] | None]] = []
+        self._cols_n = self._cols_bytes = self._parts = 0
 
     def put(self, collection: str, key: str, value: Any) -> None:
         """Write ``value`` (plain JSON: see :mod:`syncpack.format.values`) under
@@ -470,6 +480,8 @@ class Transaction:
         For syncpack's own replicated collections (roster, family settings, policies), whose
         rules their writers enforce; applications use :meth:`put` and :meth:`delete`."""
         site = self.site
+        if self._cols:
+            self._settle_columns()
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
         seq = self.seq
@@ -490,6 +502,8 @@ class Transaction:
         (they go), the others stay as concurrent ones.  For bulk writers (an attached table's
         capture), which would otherwise read every key twice."""
         site = self.site
+        if self._cols:
+            self._settle_columns()
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
         if not items:
@@ -534,6 +548,8 @@ class Transaction:
         if not rows:
             return
         site = self.site
+        if self._cols:
+            self._settle_columns()
         if any(site.policy_of(c) == "merge" for c in {r[0] for r in rows}):
             for c, k, raw in rows:      # merge collections stamp each write's fields
                 self.write_raw(c, k, raw)
@@ -572,6 +588,85 @@ class Transaction:
         versions.replace_many(site.conn, gone, sorted(
             (c, k, csn, raw) for (c, k), (csn, raw) in last.items()))
 
+    def write_columns(self, collection: str, keys: list[str], raws: list[bytes | None],
+                      replaced: list[bytes] | None = None) -> None:
+        """:meth:`write_many` for a bulk writer that holds columns: ``keys`` distinct and not
+        written before in this transaction, ``raws`` their encoded values (None: a delete),
+        ``replaced`` the CSNs each op supersedes, concatenated (they go; None: nothing
+        superseded).  No object is made per op: the ops stay columns and are sealed straight
+        into blocks, as parts of this transaction once :data:`PART_OPS` or :data:`PART_BYTES`
+        are held, so neither memory nor a block's limits bound the transaction.  The caller
+        checked the collection, keys and values (an attached table's capture)."""
+        n = len(keys)
+        if not n:
+            return
+        site = self.site
+        if self.ops:
+            # written op by op before: go on that way (a transaction keeps its order)
+            self.write_many(collection, [
+                (k, raw, [r[i:i + CSN_LEN] for i in range(0, len(r), CSN_LEN)] if r else [])
+                for k, raw, r in zip(keys, raws, replaced or repeat(b""))])
+            return
+        if collection.startswith(SYS_PREFIX):
+            self.touched_system = True
+        size = sum(map(len, keys)) + sum(map(len, filter(None, raws)))
+        if n > 1 and (n > PART_OPS or size > PART_BYTES):
+            h = n // 2
+            self.write_columns(collection, keys[:h], raws[:h], replaced and replaced[:h])
+            self.write_columns(collection, keys[h:], raws[h:], replaced and replaced[h:])
+            return
+        if self.seq + n > SEQ_LIMIT:
+            raise TransactionTooLargeError(
+                f"one transaction is limited to {SEQ_LIMIT} changes; nothing was written",
+                hint="split the work into several transactions")
+        if self._cols and (self._cols_n + n > PART_OPS or self._cols_bytes + size > PART_BYTES):
+            self._seal_part(more=True)
+        seq0 = self.seq
+        prefix = pack_csn(self.hlc, site.site_id, 0)[:CSN_LEN - 4]
+        csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
+        if replaced is not None and not any(replaced):
+            replaced = None
+        if site.policy_of(collection) == "merge":
+            for key, csn, raw, r in zip(keys, csns, raws, replaced or repeat(b"")):
+                fields.note_write(site.conn, collection, key, csn, raw, r, local=True)
+        if replaced is not None:
+            versions.remove_listed(site.conn, [
+                (collection, k, r[i:i + CSN_LEN]) for k, r in zip(keys, replaced) if r
+                for i in range(0, len(r), CSN_LEN)])
+        versions.insert_many(site.conn, zip(repeat(collection), keys, csns, raws))
+        self.seq += n
+        self.epoch += n
+        self._cols.append((collection, keys, raws, replaced))
+        self._cols_n += n
+        self._cols_bytes += size
+
+    def _seal_part(self, more: bool) -> None:
+        site = self.site
+        if not self._parts:
+            site.seal_pending()     # our older unsealed ops come first in the chain
+        n = self._cols_n
+        chain.seal_columns(site.conn, site.family_id, site.site_id, site.signer(),
+                           self.epoch - n, self.hlc, self.seq - n, self._cols, more)
+        self._parts += 1
+        self._cols, self._cols_n, self._cols_bytes = [], 0, 0
+
+    def _settle_columns(self) -> None:
+        """Op-wise writes after column ones: the columns so far become a sealed part (once
+        parts exist) or ops (a small transaction may still go to the changelog)."""
+        if self._parts:
+            self._seal_part(more=True)
+            return
+        n = self._cols_n
+        seq, epoch, origin, hlc = self.seq - n, self.epoch - n, self.site.site_id, self.hlc
+        for coll, keys, raws, reps in self._cols:
+            k = len(keys)
+            self.ops.extend(map(tuple.__new__, repeat(Op), zip(
+                repeat(origin), range(epoch + 1, epoch + 1 + k), repeat(hlc),
+                range(seq, seq + k), repeat(coll), keys, raws, reps or repeat(b""))))
+            seq += k
+            epoch += k
+        self._cols, self._cols_n, self._cols_bytes = [], 0, 0
+
     def split(self) -> None:
         """End this replication transaction and begin the next one inside the same store
         transaction: what was written so far travels as one unit, the rest as another (a
@@ -583,9 +678,20 @@ class Transaction:
     def flush(self) -> None:
         """Record the ops written so far (changelog, vector, clock) inside the still-open
         transaction, so a snapshot cut in the same transaction sees them."""
+        site = self.site
+        if self._cols and not self._parts and self._cols_n < chain.SEAL_AT_COMMIT:
+            self._settle_columns()      # small: to the changelog like any small transaction
+        if self._cols or self._parts:
+            if self._cols:
+                self._seal_part(more=bool(self.ops))
+            if self.ops:                # op-wise writes after sealed parts: the last part
+                chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer())
+            matrix.set_epoch(site.conn, site.site_id, self.epoch)
+            site.set_meta("hlc", self.hlc)
+            self.ops, self._parts = [], 0
+            return
         if not self.ops:
             return
-        site = self.site
         _o, _e, _h, _s, _c, keys_, values, _r = zip(*self.ops)
         n_bytes = sum(map(len, keys_)) + sum(map(len, filter(None, values)))
         if len(self.ops) > chain.MAX_TXN_OPS or n_bytes > chain.MAX_TXN_BYTES:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager, nullcontext
+from itertools import compress
+from operator import itemgetter
 from pathlib import Path
 from typing import Iterator
 
@@ -92,7 +94,11 @@ def _visible(site: Site, name: str, vs: list[tuple[bytes, bytes | None]],
 
 def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> int:
     """Move the application's committed changes into the changelog; the caller holds the
-    site lock and a transaction on ``app`` (read or write).  Returns changes captured."""
+    site lock and a transaction on ``app`` (read or write).  Returns changes captured.
+
+    Everything up to the snapshot is ONE replication transaction, so no application
+    transaction is ever split; a large one is sealed as parts while it is read
+    (Transaction.write_columns), which keeps memory flat and lifts the limits of a block."""
     att = attached.attachment(site.conn)
     if att is None:
         return 0
@@ -105,71 +111,79 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
     written = 0
     with site.transaction() as tx:
         attached.begin_capturing(conn)
+        attached.pause_triggers(conn)
         any_pending = attached.has_pending(conn)
         # A table's first capture into an empty collection needs no look-ups.
         used = {n: attached.collection_used(conn, n) for n in infos}
-        size = 0
-        encode = codec.encode_value
         for name, t in infos.items():
-            cols, width, npk = t.columns, len(t.columns), len(t.pk)
-            for part in appdb.changed_chunks(app, t, since, upto, CAPTURE_CHUNK):
-                keys = _keys(part, width, npk)
+            encode = _row_encoder(t)
+            for part in appdb.changed_records(app, t, since, upto, CAPTURE_CHUNK):
+                keys = _keys(part, len(t.pk))
                 # A row present is its record, one absent is a delete (None).
-                raws = [encode(dict(zip(cols, r))) if r[width] else None for r in part]
+                raws = encode(part)
                 if not used[name] and not any_pending:
                     # Nothing held for these keys: a row is new, a key born and gone is
                     # nothing.
-                    batch = [(k, r, ()) for k, r in zip(keys, raws) if r is not None]
-                else:
-                    current = attached.versions_for(conn, name, keys) if used[name] else {}
-                    unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
-                    batch = []
-                    for key, raw in zip(keys, raws):
-                        vs = current.get(key, ())
-                        if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
-                            continue    # nothing new (written back as it was, or born and gone)
-                        u = unseen.get(key, ())
-                        batch.append((key, raw, [c for c, _v in vs if c not in u]))
-                size = _write_bounded(tx, name, batch, size)
-                written += len(batch)
+                    if None in raws:
+                        keep = [r is not None for r in raws]
+                        keys, raws = list(compress(keys, keep)), list(compress(raws, keep))
+                    tx.write_columns(name, keys, raws)
+                    written += len(keys)
+                    continue
+                current = attached.versions_for(conn, name, keys) if used[name] else {}
+                unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
+                bk: list[str] = []
+                br: list[bytes | None] = []
+                bv: list[bytes] = []
+                for key, raw in zip(keys, raws):
+                    vs = current.get(key, ())
+                    if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
+                        continue    # nothing new (written back as it was, or born and gone)
+                    u = unseen.get(key, ())
+                    bk.append(key)
+                    br.append(raw)
+                    bv.append(b"".join(c for c, _v in vs if c not in u))
+                tx.write_columns(name, bk, br, bv)
+                written += len(bk)
         attached.set_captured(conn, upto)
         attached.touch(conn, list(infos), "last_capture_ms", now)
+        attached.resume_triggers(conn)
         attached.end_capturing(conn)
     return written
 
 
-def _keys(part: list[tuple], width: int, npk: int) -> list[str]:
-    """The record keys of rows laid out as :func:`appdb.changed_chunks` gives them."""
-    if npk == 1:
-        enc = rows.encode_key
-        # The common key (text not starting with '[') is itself, without a call per row.
-        return [v if v.__class__ is str and v[:1] != "[" else enc((v,), True)
-                for v in (r[width + 1] for r in part)]
-    return [rows.encode_key(tuple(r[width + 1:width + 1 + npk]), False) for r in part]
+def _row_encoder(t: appdb.TableInfo):
+    """Rows laid out as :func:`appdb.changed_records` gives them -> their records, as
+    ``codec.encode_value(dict(zip(t.columns, row)))`` would encode them (None for a row that
+    is absent), in C: the interleaved names and values pack as an array of 2n elements, whose
+    header is then swapped for the header of a map of n."""
+    m, start = len(t.columns), 2 + len(t.pk)
+    packer = codec.value_packer()
+    map_header = codec.map_header(m)
+    skip = len(codec.array_header(2 * m))
+    tail = itemgetter(slice(start, None))
+    body = itemgetter(slice(skip, None))
+    present = itemgetter(1)
+
+    def encode(part: list[tuple]) -> list[bytes | None]:
+        raws = list(map(map_header.__add__, map(body, map(packer, map(tail, part)))))
+        if not all(map(present, part)):
+            raws = [r if p[1] else None for r, p in zip(raws, part)]
+        return raws
+
+    return encode
 
 
-def _write_bounded(tx, name: str, batch: list, size: int) -> int:
-    """Write ``batch`` as ops of ``tx``; returns the bytes of keys and values now in the
-    current replication transaction.  One capture is one replication transaction, so no
-    application transaction is split; only a backlog beyond a block's limits is cut
-    (docs/attach.md)."""
-    total = sum(len(k) for k, _r, _v in batch) + sum(len(r) for _k, r, _v in batch if r)
-    if tx.seq + len(batch) <= chain.MAX_TXN_OPS and size + total <= chain.MAX_TXN_BYTES:
-        tx.write_many(name, batch)      # the common case: it all fits
-        return size + total
-    part: list = []
-    for item in batch:
-        key, raw, _v = item
-        n = len(key) + len(raw or b"")
-        if tx.seq + len(part) >= chain.MAX_TXN_OPS or size + n > chain.MAX_TXN_BYTES:
-            tx.write_many(name, part)
-            part = []
-            tx.split()
-            size = 0
-        size += n
-        part.append(item)
-    tx.write_many(name, part)
-    return size
+def _keys(part: list[tuple], npk: int) -> list[str]:
+    """The record keys of rows laid out as :func:`appdb.changed_records` gives them: SQLite
+    spelt the common ones (an integer, a text not starting with '['), rows.encode_key the
+    rest."""
+    keys = list(map(itemgetter(0), part))
+    if None in keys:
+        single = npk == 1
+        keys = [k if k is not None else rows.encode_key(tuple(r[2:2 + npk]), single)
+                for k, r in zip(keys, part)]
+    return keys
 
 
 def _forget(app: appdb.Connection, site: Site) -> None:

@@ -494,6 +494,69 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
     return header + sig + body
 
 
+def encode_columns(family: bytes, origin: bytes, prev_hash: bytes, lo: int, hlc: int,
+                   first_seq: int, collections: list[tuple[str, int]], keys: list[str],
+                   values: list[bytes | None], rep_at: list[int], rep: list[bytes],
+                   sign: Callable[[bytes], bytes], more: bool = False) -> bytes:
+    """:func:`encode_block` of ops of ONE transaction (clock ``hlc``) held as columns by a bulk
+    writer: op ``i`` has epoch ``lo + 1 + i`` and seq ``first_seq + i``; ``collections`` are
+    runs ``(name, count)``; ``rep_at``/``rep`` the ops that replace versions and their CSNs.
+    The same bytes as :func:`encode_block` of those ops, without an object per op: a whole
+    transaction (``first_seq`` 0, not ``more``) or one of its parts (section 4.2)."""
+    if len(family) != FAMILY_LEN or len(origin) != SITE_ID_LEN or len(prev_hash) != HASH_LEN:
+        raise BlockEncodeError("family, origin and prev_hash are 16, 8 and 32 bytes")
+    n = len(keys)
+    if not 1 <= n <= MAX_BLOCK_OPS or len(values) != n:
+        raise BlockEncodeError(f"a block holds 1..{MAX_BLOCK_OPS} ops, not {n}")
+    hi = lo + n
+    if lo < 0 or hi >= HLC_LIMIT or not 0 <= hlc < HLC_LIMIT:
+        raise BlockEncodeError(f"epochs and clocks must lie in 0..2^63-1")
+    if lo == 0 and prev_hash != ZERO_HASH:
+        raise BlockEncodeError("the block holding epoch 1 has no predecessor: prev_hash 0")
+    if not 0 <= first_seq <= lo or first_seq + n > SEQ_LIMIT:
+        raise BlockEncodeError(f"a part starting at seq {first_seq} does not fit below "
+                               f"epoch {lo + 1}")
+    if sum(c for _name, c in collections) != n or min(c for _n, c in collections) < 1:
+        raise BlockEncodeError("the collection runs must cover the ops")
+    if not (set(map(type, keys)) <= {str} and set(map(type, values)) <= {bytes, type(None)}
+            and all(type(name) is str for name, _c in collections)):
+        raise BlockEncodeError("collection and key are str, a value is None or bytes")
+    if max(map(len, filter(None, values)), default=0) > MAX_VALUE_BYTES:
+        raise BlockEncodeError(f"a value is bytes of at most {MAX_VALUE_BYTES}")
+    if len(rep_at) != len(rep) or not all(map(_csn_ok, rep)) or b"" in rep or \
+            any(not 0 <= i < n for i in rep_at[:1] + rep_at[-1:]) or \
+            any(a >= b for a, b in zip(rep_at, rep_at[1:])):
+        raise BlockEncodeError("replaced must be whole CSNs of ops in the block")
+    names: dict[str, int] = {}
+    run_coll: list[int] = []
+    run_len: list[int] = []
+    for name, c in collections:
+        i = names.setdefault(name, len(names))
+        if run_coll and run_coll[-1] == i:
+            run_len[-1] += c
+        else:
+            run_coll.append(i)
+            run_len.append(c)
+    flags = (FLAG_MORE if more else 0) | (FLAG_CONT if first_seq else 0)
+    columns = [[n], [], list(names), run_coll, run_len, keys, values, rep_at, rep]
+    if first_seq:
+        columns.append(first_seq)
+    try:
+        raw = codec.packb(columns)
+    except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
+        raise BlockEncodeError(f"ops cannot be encoded: {e}") from None
+    if len(raw) > MAX_BLOCK_RAW:
+        raise BlockEncodeError(f"{len(raw)} bytes of ops exceed a block ({MAX_BLOCK_RAW})")
+    body = codec.block_compressor().compress(raw)
+    header = _FIXED.pack(MAGIC, VERSION, flags, origin, lo, hi, 1, hlc, hlc, prev_hash,
+                         hashlib.blake2b(body, digest_size=HASH_LEN).digest(), len(raw),
+                         len(body))
+    sig = sign(signed_bytes(family, header))
+    if len(sig) != SIG_LEN:
+        raise BlockEncodeError("sign must return a 64-byte Ed25519 signature")
+    return header + sig + body
+
+
 # --- decoding ----------------------------------------------------------------------------------
 
 @contextmanager

@@ -121,6 +121,16 @@ def value_packer() -> Callable[[Any], bytes]:
     return msgpack.Packer(use_bin_type=True).pack
 
 
+def map_header(n: int) -> bytes:
+    """The msgpack header of a map of ``n`` pairs (a bulk encoder's own maps)."""
+    return msgpack.Packer(use_bin_type=True).pack_map_header(n)
+
+
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` elements."""
+    return msgpack.Packer(use_bin_type=True).pack_array_header(n)
+
+
 def encode_value(value: Any) -> bytes:
     """A record value as stored and shipped.  Raises TypeError/ValueError for unencodable input."""
     try:

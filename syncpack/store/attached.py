@@ -99,6 +99,21 @@ def end_capturing(conn: Connection) -> None:
     conn.execute("DELETE FROM attach_capturing")
 
 
+def pause_triggers(conn: Connection) -> None:
+    """Drop the ``versions`` triggers for a bulk write of ours inside the caller's store
+    transaction (a capture): with the capturing marker they would only find it, but checking
+    costs each inserted version more than its insert.  :func:`resume_triggers` puts them back
+    before the commit; a rollback or crash puts them back with everything else."""
+    conn.execute("DROP TRIGGER IF EXISTS attach_versions_ins")
+    conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
+
+
+def resume_triggers(conn: Connection) -> None:
+    if attachment(conn) is not None:
+        for t in _TRIGGERS:
+            conn.execute(t)
+
+
 def mark_all_pending(conn: Connection, collection: str) -> None:
     """Every surviving version of ``collection`` is news to the application's table."""
     conn.execute("INSERT OR IGNORE INTO attach_pending SELECT collection, key, csn "

@@ -387,6 +387,37 @@ def seal(conn, family: bytes, origin: bytes, ops: list[Op], sign: Callable[[byte
     return out
 
 
+def seal_columns(conn, family: bytes, origin: bytes, sign: Callable[[bytes], bytes], lo: int,
+                 hlc: int, first_seq: int,
+                 chunks: list[tuple[str, list[str], list[bytes | None], list[bytes] | None]],
+                 more: bool) -> StoredBlock:
+    """Seal the ops of one transaction of ours that a bulk writer holds as columns (chunks of
+    (collection, keys, values, replaced or None)), epochs from ``lo + 1`` and seqs from
+    ``first_seq``, as one block chained to our block ending at ``lo``: a whole transaction, or
+    one of its parts (``more``: it continues; formats/BLOCKS.md section 4.2)."""
+    keys: list[str] = []
+    values: list[bytes | None] = []
+    rep_at: list[int] = []
+    rep: list[bytes] = []
+    for _coll, ks, vs, reps in chunks:
+        if reps is not None:
+            base = len(keys)
+            at = [i for i, r in enumerate(reps) if r]
+            rep_at.extend(base + i for i in at)
+            rep.extend(reps[i] for i in at)
+        keys.extend(ks)
+        values.extend(vs)
+    prev = expected_prev(conn, origin, lo) or ZERO_HASH
+    raw = blocks.encode_columns(family, origin, prev, lo, hlc, first_seq,
+                                [(c, len(ks)) for c, ks, _v, _r in chunks], keys, values,
+                                rep_at, rep, sign, more)
+    info = blocks.read_block_header(raw, family)
+    last_seq = first_seq + len(keys) - 1
+    store_block(conn, info, last_seq)
+    return StoredBlock(origin, info.lo, info.hi, info.hlc_first, info.hlc_last, last_seq,
+                       info.block_hash)
+
+
 def seal_pending(conn, family: bytes, origin: bytes, sign: Callable[[bytes], bytes],
                  max_block: int | None = None) -> int:
     """Seal every unsealed op of ours; returns how many.  The caller holds a write
