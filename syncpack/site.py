@@ -609,18 +609,30 @@ class Transaction:
             return
         if collection.startswith(SYS_PREFIX):
             self.touched_system = True
-        size = sum(map(len, keys)) + sum(map(len, filter(None, raws)))
-        if n > 1 and (n > PART_OPS or size > PART_BYTES):
-            h = n // 2
-            self.write_columns(collection, keys[:h], raws[:h], replaced and replaced[:h])
-            self.write_columns(collection, keys[h:], raws[h:], replaced and replaced[h:])
-            return
         if self.seq + n > SEQ_LIMIT:
             raise TransactionTooLargeError(
                 f"one transaction is limited to {SEQ_LIMIT} changes; nothing was written",
                 hint="split the work into several transactions")
-        if self._cols and (self._cols_n + n > PART_OPS or self._cols_bytes + size > PART_BYTES):
-            self._seal_part(more=True)
+        at = 0
+        while at < n:       # fill the part being held, seal it, go on in the next
+            if self._cols_n >= PART_OPS:
+                self._seal_part(more=True)
+            end = min(n, at + PART_OPS - self._cols_n)
+            size = sum(map(len, keys[at:end])) + sum(map(len, filter(None, raws[at:end])))
+            if self._cols and self._cols_bytes + size > PART_BYTES:
+                self._seal_part(more=True)
+                continue
+            while size > PART_BYTES and end - at > 1:
+                end = at + (end - at) // 2
+                size = sum(map(len, keys[at:end])) + sum(map(len, filter(None, raws[at:end])))
+            self._write_part(collection, keys[at:end], raws[at:end],
+                             None if replaced is None else replaced[at:end], size)
+            at = end
+
+    def _write_part(self, collection: str, keys: list[str], raws: list[bytes | None],
+                    replaced: list[bytes] | None, size: int) -> None:
+        site = self.site
+        n = len(keys)
         seq0 = self.seq
         prefix = pack_csn(self.hlc, site.site_id, 0)[:CSN_LEN - 4]
         csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
