@@ -27,13 +27,16 @@ def _own_blocks(site_dir: Path) -> list[blocks.BlockInfo]:
                 if o == s.site_id]
 
 
-def test_backlog_beyond_a_block_reaches_a_peer_as_one_transaction(tmp_path, monkeypatch):
-    # A block of at most 10 changes and parts of 7: the backlog of 45 changes (one
-    # application transaction of 40 rows, then one of updates and deletes) is beyond one
-    # block, and must still be one transaction.
+@pytest.mark.parametrize("part_ops", [7, 10])
+def test_backlog_beyond_a_block_reaches_a_peer_as_one_transaction(tmp_path, monkeypatch,
+                                                                   part_ops):
+    # A block of at most 10 changes: the backlog of 35 changes (one application transaction
+    # of 40 rows, then one of updates and deletes) is beyond one block, and must still be one
+    # transaction.  Parts of 10 rows of 8 KB are larger than the export's medium: the export
+    # seals them again, smaller.
     monkeypatch.setattr(blocks, "MAX_BLOCK_OPS", 10)
     monkeypatch.setattr(chain, "MAX_TXN_OPS", 10)
-    monkeypatch.setattr(site_mod, "PART_OPS", 7)
+    monkeypatch.setattr(site_mod, "PART_OPS", part_ops)
     sites = make_family(tmp_path, ("a", "b"))
     dbs = {n: tmp_path / f"{n}.db" for n in sites}
     for db in dbs.values():
@@ -41,7 +44,7 @@ def test_backlog_beyond_a_block_reaches_a_peer_as_one_transaction(tmp_path, monk
     for n in sites:
         sp(sites[n], "attach", dbs[n], "--table", "items")
     app(dbs["a"], [f"INSERT INTO items VALUES ('k{i:03d}', {i}, {i} / 3.0, "
-                   f"hex(randomblob(20)), randomblob(4000), NULL)" for i in range(40)],
+                   f"hex(randomblob(20)), randomblob(8000), NULL)" for i in range(40)],
         [f"UPDATE items SET i = -i WHERE id = 'k{i:03d}'" for i in range(5)]
         + [f"DELETE FROM items WHERE id = 'k{i:03d}'" for i in range(35, 40)]
         + ["INSERT INTO items(id, i) VALUES ('born', 1)", "DELETE FROM items WHERE id='born'"])
@@ -49,10 +52,11 @@ def test_backlog_beyond_a_block_reaches_a_peer_as_one_transaction(tmp_path, monk
     assert r.code == 0 and r.json["captured"] == 35, r
     held = _own_blocks(sites["a"])
     parts = [b for b in held if b.hlc_first == held[-1].hlc_first]      # one transaction
-    assert len(parts) == 5                          # 35 changes in parts of 7
+    k = -(-35 // part_ops)
+    assert len(parts) == k
     assert [p.flags for p in parts] == [blocks.FLAG_MORE] + [
-        blocks.FLAG_MORE | blocks.FLAG_CONT] * 3 + [blocks.FLAG_CONT]
-    assert all(p.hi - p.lo <= 7 for p in parts)
+        blocks.FLAG_MORE | blocks.FLAG_CONT] * (k - 2) + [blocks.FLAG_CONT]
+    assert all(p.hi - p.lo <= part_ops for p in parts)
 
     usb = tmp_path / "usb"
     sp(sites["a"], "export", "--to", "b", "--out", usb, "--create-out", "--max-size", "64K")
