@@ -272,6 +272,32 @@ def pending_counts(conn: Connection, since: int) -> dict[str, int]:
                              (since,)).fetchall())
 
 
+def changed_records(conn: Connection, t: TableInfo, since: int, upto: int, n: int
+                    ) -> Iterator[list[tuple]]:
+    """The keys of ``t`` changed in (since, upto], in order of each key's last change, in
+    lists of up to ``n`` rows laid out for a bulk encoder as (the record key when SQLite can
+    spell it, else None; present; the key values...; then each column's name and value in
+    ``t.columns`` order).  The record key spelt here is an INTEGER key's decimal text or a
+    TEXT key not starting with '[' (attach/rows.py: encode_key); the interleaved names and
+    values pack as a msgpack array whose elements are exactly those of the row's map."""
+    ks = [f"c.k{i}" for i in range(len(t.pk))]
+    on = " AND ".join(f"t.{q(c)} = {k}" for c, k in zip(t.pk, ks))
+    pairs = ", ".join(f"'{c.replace(chr(39), chr(39) * 2)}', t.{q(c)}" for c in t.columns)
+    key = ("CASE typeof(c.k0) WHEN 'integer' THEN CAST(c.k0 AS TEXT) WHEN 'text' THEN "
+           "CASE WHEN substr(c.k0, 1, 1) <> '[' THEN c.k0 END END" if len(t.pk) == 1
+           else "NULL")
+    present = f"t.{q(t.pk[0])} IS NOT NULL"
+    sql = (f"SELECT {key}, {present}, {', '.join(ks)}, {pairs} FROM {CHANGES} c "
+           f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
+           f"GROUP BY {', '.join(ks)} ORDER BY max(c.seq)")
+    cur = conn.execute(sql, (t.name, since, upto))
+    while True:
+        part = list(islice(cur, n))
+        if not part:
+            return
+        yield part
+
+
 def changed_rows(conn: Connection, t: TableInfo, since: int, upto: int
                  ) -> Iterator[tuple[int, tuple, tuple | None]]:
     """(last seq, key values, current row or None) of each key of ``t`` changed in
@@ -294,32 +320,6 @@ def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
     sql = (f"SELECT {cols}, {present}, {', '.join(ks)}, max(c.seq) AS s FROM {CHANGES} c "
            f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
            f"GROUP BY {', '.join(ks)} ORDER BY s")
-    cur = conn.execute(sql, (t.name, since, upto))
-    while True:
-        part = list(islice(cur, n))
-        if not part:
-            return
-        yield part
-
-
-def changed_records(conn: Connection, t: TableInfo, since: int, upto: int, n: int
-                    ) -> Iterator[list[tuple]]:
-    """The keys of ``t`` changed in (since, upto], in order of each key's last change, in
-    lists of up to ``n`` rows laid out for a bulk encoder as (the record key when SQLite can
-    spell it, else None; present; the key values...; then each column's name and value in
-    ``t.columns`` order).  The record key spelt here is an INTEGER key's decimal text or a
-    TEXT key not starting with '[' (attach/rows.py: encode_key); the interleaved names and
-    values pack as a msgpack array whose elements are exactly those of the row's map."""
-    ks = [f"c.k{i}" for i in range(len(t.pk))]
-    on = " AND ".join(f"t.{q(c)} = {k}" for c, k in zip(t.pk, ks))
-    pairs = ", ".join(f"'{c.replace(chr(39), chr(39) * 2)}', t.{q(c)}" for c in t.columns)
-    key = ("CASE typeof(c.k0) WHEN 'integer' THEN CAST(c.k0 AS TEXT) WHEN 'text' THEN "
-           "CASE WHEN substr(c.k0, 1, 1) <> '[' THEN c.k0 END END" if len(t.pk) == 1
-           else "NULL")
-    present = f"t.{q(t.pk[0])} IS NOT NULL"
-    sql = (f"SELECT {key}, {present}, {', '.join(ks)}, {pairs} FROM {CHANGES} c "
-           f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
-           f"GROUP BY {', '.join(ks)} ORDER BY max(c.seq)")
     cur = conn.execute(sql, (t.name, since, upto))
     while True:
         part = list(islice(cur, n))
