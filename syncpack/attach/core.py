@@ -22,10 +22,10 @@ import os
 import queue
 import threading
 from contextlib import contextmanager, nullcontext
-from itertools import compress
-from operator import itemgetter
 from pathlib import Path
 from typing import Iterator
+from itertools import compress
+from operator import itemgetter
 
 from syncpack.attach import rows
 from syncpack.errors import AttachError, LockedError, UsageError
