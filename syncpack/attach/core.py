@@ -43,7 +43,8 @@ ATTACH_TXN_BYTES = 32 * 1024 * 1024
 CAPTURE_CHUNK = 10_000
 APPLY_CHUNK = 10_000
 # A write this large goes in with the table's capture triggers dropped for its duration
-# (appdb.capture_paused); smaller ones are not worth a schema change.
+# (appdb.capture_paused), a capture this large with the store's versions triggers dropped
+# (attached.pause_triggers); smaller ones are not worth a schema change.
 PAUSE_CAPTURE_AT = 1_000
 
 
@@ -113,7 +114,9 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
     written = 0
     with site.transaction() as tx:
         attached.begin_capturing(conn)
-        attached.pause_triggers(conn)
+        big = upto - since >= PAUSE_CAPTURE_AT
+        if big:
+            attached.pause_triggers(conn)
         any_pending = attached.has_pending(conn)
         # A table's first capture into an empty collection needs no look-ups.
         used = {n: attached.collection_used(conn, n) for n in infos}
@@ -145,7 +148,8 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
                 written += len(bk)
         attached.set_captured(conn, upto)
         attached.touch(conn, list(infos), "last_capture_ms", now)
-        attached.resume_triggers(conn)
+        if big:
+            attached.resume_triggers(conn)
         attached.end_capturing(conn)
     return written
 
