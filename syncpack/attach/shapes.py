@@ -71,9 +71,15 @@ def added_text(old_sql: str, new_sql: str) -> str | None:
         s += 1
     if p + s != len(old_sql):
         return None
-    middle = new_sql[p:len(new_sql) - s]
-    if not middle.startswith(", "):
-        return None
+    m = new_sql[p:len(new_sql) - s]
+    # The same insertion may sit further left (``a, b`` + ``, c`` reads as ``a, `` + ``c, ``
+    # when table constraints follow): slide it while the text allows.
+    middle, k = m, 0
+    while not middle.startswith(", "):
+        k += 1
+        if k > p or k > len(m) or m[len(m) - k:] != old_sql[p - k:p]:
+            return None
+        middle = old_sql[p - k:p] + m[:len(m) - k]
     return middle[2:].strip() or None
 
 
