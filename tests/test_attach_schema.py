@@ -18,7 +18,7 @@ from syncpack.format import codec
 from syncpack.site import TABLES, Site
 
 from conftest import run
-from test_attach import app, exchange, make_family, sp, table
+from test_attach import app, exchange, make_family, make_family_member, sp, table
 
 SCHEMA = [
     "CREATE TABLE items(id TEXT PRIMARY KEY, qty INTEGER, t TEXT)",
@@ -113,6 +113,8 @@ def test_an_added_column_reaches_every_site_before_the_rows_using_it(three):
 def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
     root, sites, dbs = three
     before = {n: table(dbs[n], "items") for n in sites}
+    # A change committed before the schema change and not captured yet is not lost either.
+    app(dbs["a"], ["UPDATE items SET qty = 41 WHERE id = 'c1'"])
     app(dbs["a"], ["ALTER TABLE items DROP COLUMN t",
                    "UPDATE items SET qty = 42 WHERE id = 'b1'",
                    "INSERT INTO items VALUES ('a9', 7)"],
@@ -143,7 +145,7 @@ def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
     exchange(root, sites)
     converged(sites, dbs)
     rows = {r[0]: r for r in table(dbs["c"], "items")}
-    assert rows["b1"][2] == 42 and rows["a9"][2] == 7
+    assert rows["b1"][2] == 42 and rows["a9"][2] == 7 and rows["c1"][2] == 41
     for n in sites:
         assert entry(sites[n], "items")["stopped"] is None
         sp(sites[n], "capture")
@@ -190,6 +192,22 @@ def test_a_new_table_attached_at_one_site_is_listed_at_the_others(three):
     assert attached_doc(sites["b"])["available"] == ["extra"]
     sp(sites["b"], "attach", dbs["b"], "--table", "extra")
     assert table(dbs["b"], "extra") == table(dbs["a"], "extra")
+
+
+def test_a_site_joining_later_and_an_old_release_table_follow_the_columns(three):
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN note TEXT DEFAULT 'n'",
+                   "INSERT INTO items VALUES ('a3', 3, 'x', 'new')"])
+    exchange(root, sites)
+    # A new site whose application still runs the old release (its table lacks the column).
+    d = make_family_member(root, sites, "d")
+    dbd = root / "d.db"
+    app(dbd, SCHEMA)
+    sp(d, "attach", dbd, "--table", "items", "--table", "other")
+    assert [c[0] for c in columns(dbd, "items")] == ["id", "qty", "t", "note"]
+    every = {**sites, "d": d}
+    exchange(root, every)
+    converged(every, {**dbs, "d": dbd})
 
 
 HOSTILE = [

@@ -38,10 +38,11 @@ def definitions(site: Site, name: str) -> list[dict]:
 def definition(t: appdb.TableInfo, previous: list[dict], added: list[dict] = (),
                dropped: set[str] = frozenset()) -> dict:
     """The definition of ``t`` to publish: its CREATE TABLE, key and columns, with the schema
-    ops of the family so far (those of columns the table still has) plus ``added``, and the
-    columns the family dropped."""
-    ops = [op for op in shapes.ops_of(previous) + list(added) if op["column"] in t.columns]
+    ops of the family so far plus ``added`` (a site whose table lacks one of those columns
+    still passes it on), and the columns the family dropped (whose ops go)."""
     gone = (shapes.dropped_of(previous) | set(dropped)) - set(t.columns)
+    ops = [op for op in shapes.ops_of(previous + [{"added": list(added)}])
+           if op["column"] not in gone]
     d = {"create_sql": t.create_sql, "pk": t.pk, "columns": t.columns}
     if ops:
         d["added"] = ops
