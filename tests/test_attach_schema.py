@@ -128,6 +128,9 @@ def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
     assert entry(sites["a"], "other")["stopped"] is None
     status = json.loads(run("status", site=sites["a"], json_mode=True).out)
     assert [t["stopped"] is not None for t in status["attached"]["tables"]] == [True, False]
+    r = sp(sites["a"], "status", "--format", "prometheus")
+    assert 'syncpack_attached_stopped{site="a",table="items"} 1' in r.out
+    assert 'syncpack_attached_stopped{site="a",table="other"} 0' in r.out
     # Other tables carry on; the peers' items stay as they were.
     exchange(root, sites)
     for n in ("b", "c"):
