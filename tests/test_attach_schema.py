@@ -155,6 +155,26 @@ def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
         assert run("conflicts", "items", "--json", site=sites[n]).out.count('"key"') == 0
 
 
+def test_a_write_made_while_stopped_is_a_conflict_not_overwritten(three):
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items DROP COLUMN t", "UPDATE items SET qty = 100 WHERE "
+                   "id = 'a1'"])
+    app(dbs["b"], ["UPDATE items SET qty = 200 WHERE id = 'a1'"])
+    exchange(root, sites)
+    # b's record waits at a (its table is stopped): a's own change is still in a's table.
+    assert {r[0]: r[2] for r in table(dbs["a"], "items")}["a1"] == 100
+    assert entry(sites["a"], "items")["to_apply"] >= 1
+    for n in ("b", "c"):
+        app(dbs[n], ["ALTER TABLE items DROP COLUMN t"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--refresh")
+    exchange(root, sites)
+    converged(sites, dbs)
+    for n in sites:
+        [conf] = run("--json", "conflicts", "items", site=sites[n]).json["conflicts"]
+        assert conf["key"] == "a1"
+
+
 def test_unsafe_changes_are_named(three):
     _root, sites, dbs = three
     app(dbs["b"], ["CREATE UNIQUE INDEX items_t ON items(t, id)"])

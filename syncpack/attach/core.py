@@ -175,7 +175,9 @@ def _write_bounded(tx, name: str, batch: list, size: int) -> int:
 def _forget(app: appdb.Connection, site: Site) -> None:
     att = attached.attachment(site.conn)
     if att is not None:
-        appdb.forget_changes(app, att[1])
+        # A stopped table's changes stay: its refresh needs the keys changed meanwhile.
+        stopped = [n for n, (_s, why) in attached.shapes(site.conn).items() if why]
+        appdb.forget_changes(app, att[1], stopped)
 
 
 # --- apply --------------------------------------------------------------------------------------
@@ -554,6 +556,35 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
     return {"database": str(path), "detached": names}
 
 
+def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> None:
+    """The keys of ``t`` changed while its capture was stopped and still waiting for peers'
+    records: each current row (or its absence) becomes a local op concurrent with the
+    versions the application has not seen, as capture makes it.  (The other changed keys are
+    found by the refresh's comparison of the whole table.)"""
+    conn = site.conn
+    pending = set(attached.pending_keys(conn, t.name))
+    single = len(t.pk) == 1
+    keys = {rows.encode_key(k, single): k for k in appdb.kept_keys(app, t)}
+    keys = {k: v for k, v in keys.items() if k in pending}
+    if not keys:
+        return
+    current = attached.versions_for(conn, t.name, list(keys))
+    unseen = attached.unseen_for(conn, t.name, list(keys))
+    batch = []
+    for key, vals in keys.items():
+        raw = _record(t, appdb.fetch_row(app, t, vals))
+        vs = current.get(key, ())
+        u = unseen.get(key, set())
+        seen = [c for c, _v in vs if c not in u]
+        if seen and len(seen) == len(vs) and any(v == raw for c, v in vs):
+            continue
+        batch.append((key, raw, seen))
+    with site.transaction() as tx:
+        attached.begin_capturing(conn)
+        tx.write_many(t.name, batch)
+        attached.end_capturing(conn)
+
+
 def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = None) -> dict:
     """``attach DB --refresh``: accept the tables' current definitions (after a change rolled
     out at every site, docs/attach.md "Schema changes"): each becomes the recorded one and
@@ -581,11 +612,12 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
             if problems:
                 raise AttachError("; ".join(problems) + "; nothing was refreshed")
             with appdb.write_txn(app):
-                live = schema.review(site, app, {n: t for n, t in infos.items()
-                                                 if n not in names})
-                _capture(site, app, live)       # the other tables' changes, first
+                live = schema.review(site, app, infos)
+                _capture(site, app, live)       # what can be captured as usual, first
                 for n in names:
                     t = appdb.table_info(app, n)
+                    if n not in live:
+                        _capture_stopped(site, app, t)
                     prev = schema.definitions(site, n)
                     old_cols = set(current[n]["columns"])
                     d = schema.definition(t, prev, dropped=old_cols - set(t.columns))

@@ -305,12 +305,24 @@ def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
         yield part
 
 
-def forget_changes(conn: Connection, upto: int) -> None:
-    """Captured rows are no longer needed (the store remembers how far it captured)."""
+def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> None:
+    """Captured rows are no longer needed (the store remembers how far it captured); those of
+    the tables in ``keep`` (whose capture stopped) stay for the refresh (:func:`kept_keys`)."""
     if has_table(conn, CHANGES):
+        keep = list(keep)
         # The largest stays: the next number is always above it (see install_capture).
         conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ? AND seq < "
-                     f"(SELECT max(seq) FROM {CHANGES})", (upto,))
+                     f"(SELECT max(seq) FROM {CHANGES}) AND tbl NOT IN "
+                     f"({', '.join('?' for _ in keep)})", (upto, *keep))
+
+
+def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
+    """The key values of every change of ``t`` still in the change table."""
+    if not has_table(conn, CHANGES):
+        return []
+    ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
+    return conn.execute(f"SELECT DISTINCT {ks} FROM {CHANGES} WHERE tbl=?",
+                        (t.name,)).fetchall()
 
 
 def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
