@@ -194,3 +194,18 @@ def test_encode_columns_refuses_what_encode_block_refuses():
                 dict(keys=[], values=[], collections=[])):
         with pytest.raises(blocks.BlockEncodeError):
             blocks.encode_columns(**{**ok, **bad})
+
+
+def test_bench_capture_smoke(tmp_path):
+    """tools/bench_capture.py runs end to end at a tiny size and reports every figure."""
+    import json
+    import subprocess
+    import sys
+    tool = Path(__file__).resolve().parent.parent / "tools" / "bench_capture.py"
+    r = subprocess.run([sys.executable, str(tool), "--rows", "500", "--repeat", "1", "--json",
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["rows"] == 500
+    for k in ("wall_s", "cpu_s", "rss_mb", "rows_per_s", "rows_per_cpu_s"):
+        assert res[k] > 0, k
