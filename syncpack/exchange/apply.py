@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Iterable
 
 from syncpack.admin import recovery
-from syncpack.format import blocks, codec, keys
+from syncpack.format import blocks, codec, keys, values
 from syncpack.rules import planning
 from syncpack.store import chain, db, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import csn_origin, pack_csn
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
-                             PacketSignatureError)
+                             PacketSignatureError, PatchError)
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from syncpack.exchange.packets import PACKET_SUFFIX
@@ -289,7 +289,8 @@ class _Applier:
         replaced, none of syncpack's own collections, nothing set aside or superseded."""
         return (info.lo >= self.vec.get(info.origin, 0) and not self.superseded_any
                 and not self.stashed_any and not any(cols.replaced)
-                and not any(c.startswith(SYS_PREFIX) for c in set(cols.collections)))
+                and not any(c.startswith(SYS_PREFIX) for c in set(cols.collections))
+                and not values.may_hold_patch(cols.values))
 
     def _op(self, op: Op) -> int:
         site = self.site
@@ -318,7 +319,8 @@ class _Applier:
             self.system = True
             site.apply_version(op, op.csn)
             site.invalidate()
-        elif op.replaced or self.superseded_any or self.stashed_any:
+        elif op.replaced or self.superseded_any or self.stashed_any or \
+                values.claims_patch(op.value):
             self.flush()     # the slow path reads versions and the changelog
             site.apply_version(op, op.csn)
         else:
@@ -543,6 +545,9 @@ def _check_record(site: Site, rec, vector: dict[bytes, int],
                               f"origin its vector does not cover")
     if rec.collection.startswith(SYS_PREFIX):
         check_system_entry(site, rec.collection, rec.key, rec.value, roster=roster)
+    if values.claims_patch(rec.value):
+        raise PatchError(f"snapshot holds a patch as the version of {rec.collection}/{rec.key}"
+                         f"; a snapshot carries whole records")
 
 
 def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
