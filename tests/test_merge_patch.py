@@ -387,3 +387,44 @@ def test_patches_that_cannot_be_rebuilt_are_refused_and_apply_nothing(tmp_path):
                     s.apply_version(op, op.csn)
             assert s.digest() == before
             assert s.get("parts", "k") == {"qty": 1, "bin": "A"}
+
+
+def test_a_site_seeded_after_a_base_was_replaced_rebuilds_a_patch_over_it(tmp_path):
+    """b writes over v1 while a replaces v1 with v2; d is seeded from a (its records hold v2
+    only) and then gets b's patch over v1: the snapshot's field history holds v1, so d rebuilds
+    b's write, merges both edits like everyone and shows no conflict."""
+    fam = Family(tmp_path)
+    _three(fam)
+    base = _record(5)
+    assert run("put", "parts", "k", json.dumps(base), site=fam.path("a")).code == 0
+    fam.full_exchange(rounds=1)
+    assert run("put", "parts", "k", json.dumps(dict(base, qty=1)), site=fam.path("a")).code == 0
+    assert run("put", "parts", "k", json.dumps(dict(base, f05="b")), site=fam.path("b")).code == 0
+    fam.add("d", via="a")
+    _import(fam, _export(fam, "a", "b"), "b")     # b learns of d (and of v2)
+    out = _export(fam, "b", "d")
+    assert any(values.claims_patch(op.value) for p in out.rglob("*.spk")
+               for op in ops_of(p.read_bytes()) if op.collection == "parts")
+    _import(fam, out, "d")
+    fam.full_exchange(rounds=2)
+    names = (*SITES, "d")
+    for s in names:
+        assert _get(fam, s, "k") == dict(base, qty=1, f05="b"), s
+        assert run("conflicts", site=fam.path(s), json_mode=True).json["conflicts"] == []
+        _fsck_clean(fam, s)
+    assert len({fam.digest(s) for s in names}) == 1
+
+
+@pytest.mark.parametrize("value", [
+    None, b"\x00", codec.packb([1, 2]), codec.packb(["c", "k", None, None]),
+    codec.packb(["c", "other", None, None, b""]), codec.packb(["c", "k", 5, None, b""]),
+    codec.packb(["c", "k", None, None, b"\x01" * 7]),
+    codec.packb(["c", "k", None, codec.packb({"f": b"short"}), b""]),
+    codec.packb(["c", "k", None, b"\xc1", b""]),
+])
+def test_malformed_field_history_in_a_snapshot_is_refused(value):
+    from syncpack.store import fields
+    with pytest.raises(ValueError):
+        fields.parse_history(json.dumps(["c", "k"]), b"\x01" * 20, value)
+    ok = codec.packb(["c", "k", None, codec.packb({"f": b"\x02" * 20}), b"\x03" * 20])
+    assert fields.parse_history(json.dumps(["c", "k"]), b"\x01" * 20, ok)[0] == "c"

@@ -17,7 +17,7 @@ from typing import Iterable
 from syncpack.admin import recovery
 from syncpack.format import blocks, codec, keys, values
 from syncpack.rules import planning
-from syncpack.store import chain, db, log, stash, versions
+from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import csn_origin, pack_csn
@@ -550,6 +550,18 @@ def _check_record(site: Site, rec, vector: dict[bytes, int],
                          f"; a snapshot carries whole records")
 
 
+def _history_row(site: Site, rec, vector: dict[bytes, int]) -> tuple:
+    """A field_history row a snapshot carries (the stamps of its merge collections)."""
+    try:
+        row = fields.parse_history(rec.key, rec.csn, rec.value)
+    except ValueError:
+        raise PacketBodyError("snapshot holds a malformed field history record") from None
+    if vector.get(csn_origin(rec.csn), 0) <= 0 and csn_origin(rec.csn) != site.site_id:
+        raise PacketBodyError("snapshot holds field history of an origin its vector does "
+                              "not cover")
+    return row
+
+
 def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     """Seed a new site (``mkreplica import``) or re-seed a member (hard resync) from the
     verified parts of one snapshot, in one transaction.
@@ -585,9 +597,13 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
             for o, e in snap.items():
                 chain.trim(c, o, e)     # the snapshot holds their effect; kept ops stay
             n = 0
+            history: list[tuple] = []
             for pk in pks:
                 rows = []
                 for rec in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
+                    if rec.collection == fields.HISTORY:
+                        history.append(_history_row(site, rec, snap))
+                        continue
                     _check_record(site, rec, snap, before)
                     rows.append((rec.collection, rec.key, rec.csn, rec.value))
                     if len(rows) >= APPLY_BATCH:
@@ -604,6 +620,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 log.record_in(c, h.sender, h.packet_id, h.seq, h.part, h.kind, h.count,
                               str(pk.path), wall_ms(), again_ok=True)
             stored.seed(c, snap)
+            fields.insert_history(c, history)
             # Our own set-aside ops the snapshot already covers are the family's (their effect
             # is in the snapshot); only those above it may still need re-issuing.
             stash.drop_through(c, site.site_id, snap.get(site.site_id, 0))

@@ -7,7 +7,8 @@ Everything runs on the caller's connection and inside its transaction."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import json
+from typing import Any, Iterable, Iterator
 
 from syncpack.errors import PatchBaseError, PatchError
 from syncpack.format import codec, values
@@ -226,3 +227,46 @@ def record_of(conn, collection: str, key: str, csn: bytes, raw: bytes | None) ->
         return raw
     held, full = _held_value(conn, collection, key, csn)
     return full if held else raw
+
+
+# --- field history in snapshots (formats/PACKET.md §7) --------------------------------------------
+
+# Snapshot records of this pseudo-collection carry field_history rows, so a site seeded from a
+# snapshot stamps and rebuilds writes made over versions the snapshot's records no longer hold.
+HISTORY = "$fields"
+
+
+def count_history(conn) -> int:
+    return conn.execute("SELECT count(*) FROM field_history").fetchone()[0]
+
+
+def history_records(conn) -> Iterator[tuple[str, str, bytes, bytes]]:
+    """(collection, key, csn, value) snapshot records of every field_history row."""
+    for coll, key, csn, value, stamps, replaced in conn.execute(
+            "SELECT collection, key, csn, value, stamps, replaced FROM field_history "
+            "ORDER BY collection, key, csn"):
+        yield HISTORY, json.dumps([coll, key]), csn, codec.packb([coll, key, value, stamps,
+                                                                  replaced])
+
+
+def parse_history(key: str, csn: bytes, raw: bytes | None) -> tuple:
+    """A field_history row from a snapshot record (untrusted); ValueError if malformed."""
+    try:
+        coll, k, value, stamps, replaced = codec.unpack_untrusted(raw)
+        ok = (json.dumps([coll, k]) == key and isinstance(coll, str) and isinstance(k, str)
+              and (value is None or isinstance(value, bytes)) and isinstance(replaced, bytes)
+              and len(replaced) % CSN_LEN == 0
+              and (stamps is None or isinstance(stamps, bytes)))
+        if ok and stamps is not None:
+            st = codec.unpack_untrusted(stamps)
+            ok = isinstance(st, dict) and all(isinstance(f, str) and isinstance(c, bytes)
+                                              and len(c) == CSN_LEN for f, c in st.items())
+    except Exception:    # noqa: BLE001 - any malformed input is the same refusal
+        ok = False
+    if not ok:
+        raise ValueError("malformed field history record")
+    return coll, k, csn, value, stamps, replaced
+
+
+def insert_history(conn, rows: list[tuple]) -> None:
+    conn.executemany("INSERT OR IGNORE INTO field_history VALUES (?, ?, ?, ?, ?, ?)", rows)
