@@ -117,9 +117,7 @@ def test_a_patch_rebuilds_the_record(base, new):
     (msgpack.packb(msgpack.ExtType(values.PATCH_EXT, b"\x01" + msgpack.packb([{}, ["a", "a"]]))),
      "removes a field twice"),
     (msgpack.packb(msgpack.ExtType(values.PATCH_EXT, b"\x01" + msgpack.packb(
-        [{"a": float("nan")}, []]))), "not JSON"),
-    (msgpack.packb(msgpack.ExtType(values.PATCH_EXT, b"\x01" + msgpack.packb(
-        [{"a": b"bytes"}, []], use_bin_type=True))), "not JSON"),
+        [{"a": msgpack.ExtType(values.PATCH_EXT, b"\x01")}, []]))), "not one msgpack"),
 ])
 def test_malformed_patches_are_refused(raw, why):
     assert values.claims_patch(raw)
@@ -250,13 +248,13 @@ def test_an_attached_table_under_merge_sends_one_column(tmp_path):
     sites = make_family(tmp_path, SITES)
     dbs = {n: tmp_path / f"{n}.db" for n in sites}
     for db in dbs.values():
-        app(db, ["CREATE TABLE items(id TEXT PRIMARY KEY, qty INTEGER, doc TEXT)"])
+        app(db, ["CREATE TABLE items(id TEXT PRIMARY KEY, qty INTEGER, doc TEXT, b BLOB, "
+                 "r REAL)"])
     sp(sites["a"], "collection", "create", "items", "--policy", "merge")
     exchange(tmp_path, sites, rounds=1)
     attach_all(sites, dbs, ("items",))
-    app(dbs["a"], [["INSERT INTO items VALUES (?, ?, ?)", [f"k{i:02d}", i,
-                                                           json.dumps(_record(i))]]
-                   for i in range(30)])
+    app(dbs["a"], [["INSERT INTO items(id, qty, doc) VALUES (?, ?, ?)",
+                    [f"k{i:02d}", i, json.dumps(_record(i))]] for i in range(30)])
 
     def send(name: str, to: str = "b") -> int:
         out = tmp_path / name
@@ -274,6 +272,12 @@ def test_an_attached_table_under_merge_sends_one_column(tmp_path):
     rows = {r[0]: r for r in table(dbs["b"], "items")}
     assert rows["k03"][2] == 103 and rows["k03"][4] == "short"
     assert rows["k04"][2] == 104 and json.loads(rows["k04"][4]) == _record(4)
+    # bytes and an infinite float (not JSON, but what a row may hold) travel in a patch too
+    app(dbs["b"], [["UPDATE items SET b = ?, r = 9e999 WHERE id = 'k05'", ["hex:00ff"]]])
+    exchange(tmp_path, sites)
+    assert_converged(sites, dbs, ("items",))
+    row = {r[0]: r for r in table(dbs["c"], "items")}["k05"]
+    assert row[6:] == (b"\x00\xff", "blob", float("inf"), "real")
     assert len({sp(sites[n], "digest").out for n in sites}) == 1
 
 
