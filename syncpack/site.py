@@ -609,8 +609,9 @@ class Transaction:
         if not n:
             return
         site = self.site
-        if self.ops:
-            # written op by op before: go on that way (a transaction keeps its order)
+        if self.ops or site.policy_of(collection) == "merge":
+            # written op by op before: go on that way (a transaction keeps its order); a
+            # merge collection's op carries a patch, not the record (write_many makes it)
             self.write_many(collection, [
                 (k, raw, [r[i:i + CSN_LEN] for i in range(0, len(r), CSN_LEN)] if r else [])
                 for k, raw, r in zip(keys, raws, replaced or repeat(b""))])
@@ -646,9 +647,6 @@ class Transaction:
         csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
         if replaced is not None and not any(replaced):
             replaced = None
-        if site.policy_of(collection) == "merge":
-            for key, csn, raw, r in zip(keys, csns, raws, replaced or repeat(b"")):
-                fields.note_write(site.conn, collection, key, csn, raw, r, local=True)
         if replaced is not None:
             versions.remove_listed(site.conn, [
                 (collection, k, r[i:i + CSN_LEN]) for k, r in zip(keys, replaced) if r
