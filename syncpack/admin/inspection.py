@@ -334,6 +334,10 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
     out = []
     errors = []
     for path, named in find_packet_files(paths):
+        if named and not os.path.lexists(path):
+            errors.append({"path": printable(path), "error": "no such file or directory",
+                           "hint": "check the path (is the medium mounted?)"})
+            continue
         try:
             pk = open_packet(path)
         except PacketError as e:

@@ -422,7 +422,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
         for path, named in find_packet_files(paths):
             shown = str(path)       # the real name; human output escapes it when printed
             if not os.path.lexists(path):
-                res.rejected.append({"path": shown, "error": "no such file"})
+                res.rejected.append({"path": shown, "error": "no such file",
+                                     "hint": "check the path (is the medium mounted?)"})
                 continue
             try:
                 pk = open_packet(path)
