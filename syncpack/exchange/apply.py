@@ -32,7 +32,8 @@ from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
 from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES, Member
 from syncpack.site import Site, wall_ms
-from syncpack.exchange.verify import OpenPacket, packet_blocks, resolved_acks, verify_block
+from syncpack.exchange.verify import (JoinedPiecesPacket, OpenPacket, packet_blocks,
+                                      resolved_acks, verify_block)
 from syncpack.exchange import forks
 from syncpack.store import forks as fork_store
 
@@ -365,8 +366,9 @@ def _prove_fork(site: Site, raw, sender: str, prev: bytes | None) -> None:
         raise ForkFound(info.origin, *found)
 
 
-def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
-                 parked_file: Path | None = None, found_here: frozenset = frozenset()) -> int:
+def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=None,
+                 parked_file: Path | None = None, found_here: frozenset = frozenset(),
+                 pieces: list[tuple[Header, Path, Path | None]] = ()) -> int:
     """Apply one verified, gap-free packet in one transaction; returns ops applied.
 
     Each block is checked against its origin's key and our chain as it is reached (after the
@@ -378,7 +380,11 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
     A fork this packet shows (:class:`ForkFound`) rolls it back too; the caller keeps the
     evidence and applies it again, with ``found_here`` naming the origins it just found
     forked: their ranges are left out, and a packet of theirs is not refused for it (only
-    packets of members known forked before are)."""
+    packets of members known forked before are).
+
+    A block joined from its pieces (``pk`` a :class:`JoinedPiecesPacket`) records every piece
+    packet (``pieces``: header, path, parked copy) as applied with it, in the same
+    transaction."""
     h = pk.header
     now = wall_ms()
     conn = site.conn
@@ -481,6 +487,12 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                           str(pk.path), now)
             if parked_file is not None:
                 log.unpark(conn, h.sender, h.packet_id)
+            for ph, path, parked in pieces:
+                if ph.packet_id != h.packet_id:
+                    log.record_in(conn, ph.sender, ph.packet_id, ph.seq, ph.part, ph.kind, 0,
+                                  str(path), now)
+                if parked is not None:
+                    log.unpark(conn, ph.sender, ph.packet_id)
     except db.IntegrityError:
         raise PacketBodyError("packet carries an op this site already holds under another "
                               "epoch; nothing was applied") from None
@@ -488,6 +500,9 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
         site.invalidate()
     if parked_file is not None:
         parked_file.unlink(missing_ok=True)
+    for _ph, _path, parked in pieces:
+        if parked is not None:
+            parked.unlink(missing_ok=True)
     return ap.applied
 
 

@@ -102,6 +102,11 @@ def body_budget(template: Header, origins: list[bytes], max_size: int) -> int:
     return budget
 
 
+def piece_template(template: Header, piece: tuple[int, int]) -> Header:
+    """The header fields that make a part a piece of one block."""
+    return replace(template, mandatory=[*template.mandatory, codec.FEATURE_PIECE], piece=piece)
+
+
 def too_big_error(what: str, n: int, max_size: int, need: int) -> ExportError:
     return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
                        f"{max_size} allows; --max-size {size_text(need)} or more "
@@ -119,8 +124,23 @@ class CutRule:
         self.max_size = max_size
         self.budget = body_budget(template, template.origin_table(), max_size)
         self.room = codec.raw_body_room(self.budget, sealed)
+        # A piece packet's header is a little larger (its 'piece' field and feature name).
+        pt = piece_template(template, (1 << 62, 1 << 62))
+        self.piece_room = codec.raw_body_room(body_budget(pt, pt.origin_table(), max_size),
+                                              sealed)
         self.out = 0
         self.count = 0
+
+    def oversized(self, n: int) -> bool:
+        """A block no part can hold: it travels as pieces (:meth:`pieces`)."""
+        return n > self.room
+
+    def pieces(self, n: int) -> list[tuple[int, int]]:
+        """(offset, length) of the pieces a block of ``n`` bytes is cut into, each the body of
+        a packet of its own (formats/PACKET.md section 6.4); the parts around it start
+        afresh."""
+        self.out = self.count = 0
+        return [(off, min(self.piece_room, n - off)) for off in range(0, n, self.piece_room)]
 
     def place(self, n: int, items: int) -> bool:
         """Take a block of ``n`` bytes and ``items`` ops; True when a new part must begin
@@ -189,9 +209,12 @@ class PartSeries:
 
     def finish(self, final: bool, **fields) -> PartInfo:
         length, digest = self.body.finish()
-        hdr = replace(self.template, part=self.part, final=final, packet_id=self.pid,
+        template = self.template
+        if fields.get("piece") is not None:
+            template = piece_template(template, fields.pop("piece"))
+        hdr = replace(template, part=self.part, final=final, packet_id=self.pid,
                       count=self.count, body_len=length, body_hash=digest,
-                      **sealed_fields(self.template, self.body.epk), **fields)
+                      **sealed_fields(template, self.body.epk), **fields)
         size = codec.finish_packet(self.f, hdr, self.origins, self.sign)
         info = PartInfo(self._commit(True), hdr, size)
         self.parts.append(info)
@@ -254,14 +277,37 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
     series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
     fields = _PartFields(template)
     try:
-        for b in blocks:
-            if rule.place(len(b.data), b.hi - b.lo):
-                series.cut(**fields.take())
-            series.write(b.data, b.hi - b.lo)
-            fields.add(b)
+        it = iter(blocks)
+        b = next(it, None)
+        while b is not None:
+            nxt = next(it, None)
+            n = len(b.data)
+            if rule.oversized(n):
+                # A block larger than any part (one record larger than the medium, or
+                # another origin's block a relay cannot re-cut): its bytes travel in pieces,
+                # one packet each, joined and verified whole by the importer.
+                if series.count or fields.ranges:
+                    series.cut(**fields.take())
+                spans = rule.pieces(n)
+                for k, (off, ln) in enumerate(spans):
+                    series.write(b.data[off:off + ln], b.hi - b.lo)
+                    fields.add(b)
+                    f = fields.take()
+                    f["piece"] = (off, n)
+                    if k == len(spans) - 1 and nxt is None:
+                        series.finish(True, **f)
+                    else:
+                        series.cut(**f)
+            else:
+                if rule.place(n, b.hi - b.lo):
+                    series.cut(**fields.take())
+                series.write(b.data, b.hi - b.lo)
+                fields.add(b)
             if progress:
                 progress(b.hi - b.lo)
-        series.finish(True, **fields.take())
+            b = nxt
+        if series.part == len(series.parts):
+            series.finish(True, **fields.take())
     except BaseException:
         series.abort()
         raise

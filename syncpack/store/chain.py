@@ -410,8 +410,9 @@ def reseal_oversized(conn, family: bytes, origin: bytes, sign: Callable[[bytes],
     parts.  Peers that hold the old
     blocks take the new ones as a re-sealed chain (formats/BLOCKS.md section 5).  Returns the
     ops sealed again."""
+    # A block of one op cannot be cut: it travels in pieces (formats/PACKET.md section 6.4).
     row = conn.execute("SELECT lo, hi, data FROM blocks WHERE origin=? AND length(data)>? "
-                       "ORDER BY lo LIMIT 1", (origin, above)).fetchone()
+                       "AND hi-lo>1 ORDER BY lo LIMIT 1", (origin, above)).fetchone()
     if row is None:
         return 0
     lo = row[0]
@@ -436,8 +437,8 @@ def reseal_oversized(conn, family: bytes, origin: bytes, sign: Callable[[bytes],
 
 
 def has_oversized(conn, origin: bytes, max_block: int) -> bool:
-    return conn.execute("SELECT 1 FROM blocks WHERE origin=? AND length(data)>? LIMIT 1",
-                        (origin, max_block)).fetchone() is not None
+    return conn.execute("SELECT 1 FROM blocks WHERE origin=? AND length(data)>? AND hi-lo>1 "
+                        "LIMIT 1", (origin, max_block)).fetchone() is not None
 
 
 def incomplete(conn) -> dict[bytes, tuple[int, int, int]]:
