@@ -363,6 +363,7 @@ class PlannedPart:
     end: int
     count: int
     fields: dict
+    span: tuple[int, int] | None = None   # a piece: (offset, length) in block ``first``
 
 
 @dataclass
@@ -388,21 +389,34 @@ def plan_packets(metas: Iterable, sizes: Iterable[int], template: Header, max_si
     fields = _PartFields(template)
     state = {"first": 0, "count": 0}
 
-    def close(end: int) -> None:
+    def close(end: int, span: tuple[int, int] | None = None, total: int = 0) -> None:
         k = len(parts)
+        f = fields.take()
+        if span is not None:
+            f["piece"] = (span[0], total)
         parts.append(PlannedPart(k, packet_id(seed, template.sender, template.recipient,
                                               template.seq, k),
-                                 state["first"], end, state["count"], fields.take()))
+                                 state["first"], end, state["count"], f, span))
         state.update(first=end, count=0)
 
     i = 0
     for i, (b, n) in enumerate(zip(metas, sizes)):
+        if rule.oversized(n):       # as build_update_packets: pieces, one part each
+            if state["count"] or fields.ranges:
+                close(i)
+            for span in rule.pieces(n):
+                state.update(first=i, count=b.hi - b.lo)
+                fields.add(b)
+                close(i + 1, span, n)
+            i += 1
+            continue
         if rule.place(n, b.hi - b.lo):
             close(i)
         state["count"] += b.hi - b.lo
         fields.add(b)
         i += 1
-    close(i)
+    if state["count"] or fields.ranges or not parts:
+        close(i)
     return PacketPlan(template, max_size, rule.budget, seal_to, parts)
 
 
@@ -440,10 +454,14 @@ def finish_planned_packets(plan: PacketPlan, sign: Callable[[bytes], bytes], ope
                                   f"writer ({n} bytes read, {body.length} reported)",
                                   hint="check the staging location; nothing was recorded, "
                                        "run the export again")
-            sealed = sealed_fields(plan.template, body.epk)
-            hdr = replace(plan.template, part=pp.part, final=pp.part == len(plan.parts) - 1,
+            fields = dict(pp.fields)
+            template = plan.template
+            if fields.get("piece") is not None:
+                template = piece_template(template, fields.pop("piece"))
+            sealed = sealed_fields(template, body.epk)
+            hdr = replace(template, part=pp.part, final=pp.part == len(plan.parts) - 1,
                           packet_id=pp.packet_id, count=pp.count, body_len=n,
-                          body_hash=body.digest, **sealed, **pp.fields)
+                          body_hash=body.digest, **sealed, **fields)
             size = codec.finish_packet(f, hdr, origins, sign)
             path = commit(True)
             commit = None
