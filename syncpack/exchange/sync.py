@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from syncpack.attach import core as attach_core
-from syncpack.format import codec
+from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.store import chain, exports, history
 from syncpack.store import forks as fork_store
@@ -403,6 +403,21 @@ def _piece_key(h: Header) -> tuple:
     return h.sender, h.seq, o, lo, hi, h.piece[1]
 
 
+def _first_piece_mismatch(head: bytes, key: tuple) -> str | None:
+    """The first piece begins with the block's header: it must be the block the pieces'
+    headers name, as long as they say (a lying length is refused at once, not waited on)."""
+    _sender, _seq, origin, lo, hi, total = key
+    if len(head) < blocks.HEADER_LEN or head[:4] != blocks.MAGIC:
+        return "the first piece does not begin with a block header"
+    if (head[6:14], int.from_bytes(head[14:22], "big"), int.from_bytes(head[22:30], "big")) \
+            != (origin, lo, hi):
+        return "the first piece holds another block than the pieces' headers name"
+    if blocks.HEADER_LEN + int.from_bytes(head[118:122], "big") != total:
+        return (f"the pieces' headers give the block {total} bytes, its own header "
+                f"{blocks.HEADER_LEN + int.from_bytes(head[118:122], 'big')}")
+    return None
+
+
 def _join_pieces(site: Site, pending: list[_Candidate], res: ImportResult,
                  reject: Callable[[_Candidate, PacketError], None]) -> list[_Candidate]:
     """Every complete set of pieces of one block (formats/PACKET.md section 6.4) in
@@ -435,7 +450,9 @@ def _join_pieces(site: Site, pending: list[_Candidate], res: ImportResult,
         cs.sort(key=lambda c: (c.pk.header.piece[0], c.pk.header.part))
         chosen: list[_Candidate] = []
         reach, bad = 0, None
-        for c in cs:
+        if cs[0].pk.header.piece[0] == 0:
+            bad = _first_piece_mismatch(cs[0].piece_data, key)
+        for c in cs if bad is None else ():
             off = c.pk.header.piece[0]
             if chosen and off == chosen[-1].pk.header.piece[0]:
                 if c.piece_data == chosen[-1].piece_data:
