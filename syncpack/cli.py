@@ -736,7 +736,9 @@ def lspacket(obj: Ctx, paths):
         rng = ", ".join(f"{who(o)} {lo + 1}-{hi}" for o, (lo, hi) in p["ranges"].items()) or "-"
         human.append(f"{p['path']}: {p['kind']} {who(p['from'])} -> {who(p['to'])} seq "
                      f"{p['seq']} part {p['part']}, {p['ops']} ops, ranges {rng}, signature "
-                     f"{p['signature']}, " + ("sealed" if p["sealed"] else "not sealed"))
+                     f"{p['signature']}, " + ("sealed" if p["sealed"] else "not sealed")
+                     + (f", piece at {p['piece'][0]} of a block of {p['piece'][1]} bytes"
+                        if p["piece"] else ""))
     if any(not p["named"] for p in doc["packets"]):
         human.append("sites shown by id: an update packet carries site ids only, and only a "
                      "member site knows their names (run with --site DIR to name them and "

@@ -324,3 +324,22 @@ def test_relay_cuts_another_origins_big_blocks_to_a_small_medium(family, tmp_pat
         assert len(big) == 2     # neither fits the small medium
         held = sc.conn.execute(q, (oa,)).fetchall()
         assert all(r in held for r in big)      # byte for byte, as a made them
+
+
+def test_sealed_pieces_and_lspacket_shows_them(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    _put_big(a, "big300k", 300_000, tmp_path)
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               "--encrypt", site=a).code == 0
+    files = _packets(usb)
+    assert len(files) >= 3 and all(f.stat().st_size <= 64 * 1024 for f in files)
+    ls = run("lspacket", *files, site=b, json_mode=True)
+    assert ls.code == 0 and all(p["sealed"] and p["piece"] for p in ls.json["packets"]), ls
+    assert [p["piece"][0] for p in ls.json["packets"]][0] == 0
+    assert "piece at 0 of a block of" in run("lspacket", files[0], site=b).out
+    for f in reversed(files):
+        assert run("import", f, site=b).code == 0
+    assert family.digest("a") == family.digest("b")

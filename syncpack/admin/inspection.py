@@ -360,6 +360,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
                         "ranges": {nm(o): [lo, hi] for o, (lo, hi) in sorted(h.ranges.items())},
                         "vector": {nm(o): e for o, e in sorted(h.vector.items())},
                         "signature": sig, "sealed": h.sealed,
+                        "piece": list(h.piece) if h.piece else None,
                         # ids a site could not name (no site, or not a member it knows)
                         "named": all(o in names for o in (h.sender, h.recipient))})
         finally:
