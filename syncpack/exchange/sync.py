@@ -334,7 +334,9 @@ def run_export(site: Site, to: list[str] | None, all_peers: bool, max_size: int,
                                   reseal_above=reseal_above)
         written = write(peers, now, sign)
         record_exports(site, written, now)
-    return [ExportedPacket(p.path, plan.name, p.header.count, p.size,
+    # the pieces of one block count its ops once, in the first
+    return [ExportedPacket(p.path, plan.name, 0 if p.header.piece and p.header.piece[0] else
+                           p.header.count, p.size,
                            {site.name_of(o): [lo, hi]
                             for o, (lo, hi) in sorted(p.header.ranges.items())},
                            p.header.seq, p.header.part)
