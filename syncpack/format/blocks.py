@@ -763,5 +763,11 @@ def packet_ops(f, env, unsealer=None) -> Iterator[Op]:
     tools, tests).  Checks each block's header, body hash and columns, but not signatures or
     chains: the importer's path is :func:`syncpack.exchange.verify.verify_block`."""
     from syncpack.format.codec import body_chunks
+    if env.header.piece is not None:
+        # One piece of a block (PACKET.md section 6.4) holds no whole op: read (and unseal)
+        # it, nothing more; its ops are read once the pieces are joined.
+        for _chunk in body_chunks(f, env, unsealer):
+            pass
+        return
     for raw in split_blocks(body_chunks(f, env, unsealer)):
         yield from decode_ops(raw)
