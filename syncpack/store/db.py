@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -199,6 +199,12 @@ MIGRATIONS: list[str] = [
     CREATE TABLE field_history(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
                                value BLOB, stamps BLOB, replaced BLOB NOT NULL,
                                PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
+    """,
+    # 8: schema changes of attached tables (syncpack/store/attached.py, docs/attach.md): the
+    # shape recorded at the last capture, and why capture of a table stopped.
+    """
+    ALTER TABLE attached_tables ADD COLUMN shape TEXT;
+    ALTER TABLE attached_tables ADD COLUMN stopped TEXT;
     """,
 ]
 
