@@ -331,15 +331,21 @@ class Site:
         raises; refused while the site is recovering from a restore."""
         if not self.joined:
             raise NotJoinedError(f"site {self.name!r} has not joined a family yet")
-        if self.state == "recovering" and not _system:
-            raise RecoveringError(
-                f"site {self.name!r} is recovering from a restore and refuses local writes "
-                f"until its own ops have come back from its peers",
-                hint="import packets from the peers ('syncpack status' shows what is missing)")
-        with self.write_txn():
-            tx = Transaction(self, _system)
-            yield tx
-            tx.flush()
+        try:        # self.write_txn() inlined: one generator less in every transaction
+            with db.write_txn(self.conn):
+                tx = Transaction(self, _system)
+                # read with the epoch and clock, under the write lock (Transaction.__init__)
+                if tx.recovering and not _system:
+                    raise RecoveringError(
+                        f"site {self.name!r} is recovering from a restore and refuses local "
+                        f"writes until its own ops have come back from its peers",
+                        hint="import packets from the peers ('syncpack status' shows what is "
+                             "missing)")
+                yield tx
+                tx.flush()
+        except BaseException:
+            self.invalidate()
+            raise
         if tx.touched_system:
             self.invalidate()
 
@@ -426,9 +432,9 @@ class Transaction:
     def __init__(self, site: Site, system: bool):
         self.site = site
         self.system = system
-        c = site.conn
-        self.hlc = next_hlc(site.last_hlc(), site.clock())
-        self.epoch = matrix.epoch(c, site.site_id)
+        self.epoch, last, state = chain.own_position(site.conn, site.site_id)
+        self.recovering = state == "recovering"
+        self.hlc = next_hlc(last, site.clock())
         self.ops: list[Op] = []
         self.seq = 0
         self.touched_system = False
