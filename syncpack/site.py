@@ -553,13 +553,13 @@ class Transaction:
         self.epoch += n
         prefix = pack_csn(hlc, origin, 0)[:CSN_LEN - 4]
         csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
-        keys = [(c, k) for c, k, _v in rows]
+        colls, names, raws = zip(*rows)
+        keys = list(zip(colls, names))
         unique = dict.fromkeys(keys)
         held = versions.csns_of_keys(site.conn, unique)
         new = tuple.__new__     # builds each Op in C (Op(...) runs a Python __new__)
         if not held and len(unique) == n:
             # new keys, each once (a first load): nothing replaced, every row stays
-            colls, names, raws = zip(*rows)
             self.ops.extend(map(new, repeat(Op), zip(
                 repeat(origin), range(epoch0 + 1, epoch0 + 1 + n), repeat(hlc),
                 range(seq0, seq0 + n), colls, names, raws, repeat(b""))))

@@ -334,6 +334,10 @@ def _txns_with_bytes(ops: list[Op]) -> Iterator[tuple[list[Op], int]]:
         return
     _o, _e, _h, seqs, colls, keys, values, reps = zip(*ops)
     starts = [i for i, q in enumerate(seqs) if q == 0 and i]
+    if not starts:      # one transaction (a load's): plain sums, no size per op
+        yield ops, (sum(map(len, colls)) + sum(map(len, keys)) + sum(map(len, reps))
+                    + sum(map(len, filter(None, values))) + 8 * len(ops))
+        return
     sizes = list(accumulate(map(sum, zip(map(len, colls), map(len, keys), map(len, reps),
                                          map(len, map(_or_empty, values)))), initial=0))
     for a, b in zip([0, *starts], [*starts, len(ops)]):
