@@ -323,31 +323,14 @@ class Site:
 
     # -- writing -------------------------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self, _system: bool = False) -> Iterator["Transaction"]:
+    def transaction(self, _system: bool = False) -> "_TransactionScope":
         """One local transaction: ``with site.transaction() as tx: tx.put(...)``.
 
         Every put and delete in the block commits together, or none does if the block
         raises; refused while the site is recovering from a restore."""
         if not self.joined:
             raise NotJoinedError(f"site {self.name!r} has not joined a family yet")
-        try:        # self.write_txn() inlined: one generator less in every transaction
-            with db.write_txn(self.conn):
-                tx = Transaction(self, _system)
-                # read with the epoch and clock, under the write lock (Transaction.__init__)
-                if tx.recovering and not _system:
-                    raise RecoveringError(
-                        f"site {self.name!r} is recovering from a restore and refuses local "
-                        f"writes until its own ops have come back from its peers",
-                        hint="import packets from the peers ('syncpack status' shows what is "
-                             "missing)")
-                yield tx
-                tx.flush()
-        except BaseException:
-            self.invalidate()
-            raise
-        if tx.touched_system:
-            self.invalidate()
+        return _TransactionScope(self, _system)
 
     @contextmanager
     def write_txn(self) -> Iterator[db.Connection]:
@@ -413,6 +396,60 @@ class Site:
         d = self.path / PARKED_DIR
         d.mkdir(exist_ok=True)
         return d
+
+
+class _TransactionScope:
+    """The ``with`` block of :meth:`Site.transaction`: :func:`db.write_txn` around a
+    :class:`Transaction`, as a class (the generator-based form cost a one-put transaction two
+    generators and their context managers); cached roster and policies are dropped on
+    rollback, and after a commit that wrote syncpack's own collections."""
+
+    __slots__ = ("site", "system", "tx")
+
+    def __init__(self, site: "Site", system: bool):
+        self.site, self.system = site, system
+
+    def __enter__(self) -> "Transaction":
+        site = self.site
+        db.begin_write(site.conn)
+        try:
+            tx = self.tx = Transaction(site, self.system)
+            # read with the epoch and clock, under the write lock (Transaction.__init__)
+            if tx.recovering and not self.system:
+                raise RecoveringError(
+                    f"site {site.name!r} is recovering from a restore and refuses local "
+                    f"writes until its own ops have come back from its peers",
+                    hint="import packets from the peers ('syncpack status' shows what is "
+                         "missing)")
+        except BaseException:
+            self._abandon()
+            raise
+        return tx
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        site = self.site
+        if exc_type is not None:
+            self._abandon()
+            return False
+        try:
+            self.tx.flush()
+        except BaseException:
+            self._abandon()
+            raise
+        try:
+            db.commit(site.conn)
+        except BaseException:
+            site.invalidate()
+            raise
+        if self.tx.touched_system:
+            site.invalidate()
+        return False
+
+    def _abandon(self) -> None:
+        try:
+            db.rollback(self.site.conn)
+        finally:
+            self.site.invalidate()
 
 
 class _ClosedStore:

@@ -536,9 +536,8 @@ def first_epoch_since(conn, origin: bytes, lo: int, hi: int, hlc: int) -> int | 
 
 def append_ops(conn, ops: list[Op]) -> None:
     """Append our own ops to the changelog (sealed later)."""
-    conn.executemany("INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                     [(o.origin, o.epoch, o.hlc, o.seq, o.collection, o.key, o.value, o.replaced)
-                      for o in ops])
+    # an Op's fields are the table's columns, in order
+    conn.executemany("INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ops)
 
 
 def max_hlc(conn) -> int:

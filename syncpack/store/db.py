@@ -223,13 +223,27 @@ MIGRATIONS: list[str] = [
 def write_txn(conn: Connection) -> Iterator[Connection]:
     """The one way to write: BEGIN IMMEDIATE (the write lock up front, so no reader-turned-
     writer deadlock), COMMIT on success, ROLLBACK on any exception, Ctrl-C included."""
-    conn.execute("BEGIN IMMEDIATE")
+    begin_write(conn)
     try:
         yield conn
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)
         raise
+    commit(conn)
+
+
+# write_txn in three steps, for a caller that is itself a context manager class
+# (Site.transaction: a generator-based one costs a one-put transaction ~3% of its CPU time).
+def begin_write(conn: Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+
+
+def commit(conn: Connection) -> None:
     conn.execute("COMMIT")
+
+
+def rollback(conn: Connection) -> None:
+    conn.execute("ROLLBACK")
 
 
 def integrity_check(conn: Connection) -> list[str]:
