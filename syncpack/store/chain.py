@@ -196,7 +196,7 @@ def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
     return None
 
 
-# The changelog is keyed by epoch alone (db.py migration 8): its first and last rows are
+# The changelog is keyed by epoch alone (db.py, changelog_by_epoch): its first and last rows are
 # found without a scan, and are ``origin``'s if any row is (it holds one origin's ops).
 _IF_OWN = "CASE WHEN origin=?1 THEN epoch END"
 

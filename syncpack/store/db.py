@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -200,21 +200,26 @@ MIGRATIONS: list[str] = [
                                value BLOB, stamps BLOB, replaced BLOB NOT NULL,
                                PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
     """,
-    # 8: the changelog holds our own ops only (migration 3), so the epoch alone is its key:
+    # 8: schema changes of attached tables (syncpack/store/attached.py, docs/attach.md): the
+    # shape recorded at the last capture, and why capture of a table stopped.
+    """
+    ALTER TABLE attached_tables ADD COLUMN shape TEXT;
+    ALTER TABLE attached_tables ADD COLUMN stopped TEXT;
+    # 9: the changelog holds our own ops only (migration 3), so the epoch alone is its key:
     # a rowid table keyed by it.  A commit appends at its right edge, which SQLite does by
     # starting a new page (its "quick balance"); the clustered (origin, epoch) key re-balanced
     # three pages every few commits instead (3.1 WAL pages a one-put commit against 2.6).
     """
-    CREATE TABLE changelog_v8(
+    CREATE TABLE changelog_by_epoch(
         origin BLOB NOT NULL, epoch INTEGER PRIMARY KEY,
         hlc INTEGER NOT NULL, seq INTEGER NOT NULL,
         collection TEXT NOT NULL, key TEXT NOT NULL,
         value BLOB, replaced BLOB NOT NULL);
-    INSERT INTO changelog_v8 SELECT origin, epoch, hlc, seq, collection, key, value, replaced
-        FROM changelog WHERE origin IS (SELECT value FROM meta WHERE key='site_id')
+    INSERT INTO changelog_by_epoch
+        SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog WHERE origin IS (SELECT value FROM meta WHERE key='site_id')
         ORDER BY epoch;
     DROP TABLE changelog;
-    ALTER TABLE changelog_v8 RENAME TO changelog;
+    ALTER TABLE changelog_by_epoch RENAME TO changelog;
     """,
 ]
 
