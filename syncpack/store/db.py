@@ -205,6 +205,7 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE attached_tables ADD COLUMN shape TEXT;
     ALTER TABLE attached_tables ADD COLUMN stopped TEXT;
+    """,
     # 9: the changelog holds our own ops only (migration 3), so the epoch alone is its key:
     # a rowid table keyed by it.  A commit appends at its right edge, which SQLite does by
     # starting a new page (its "quick balance"); the clustered (origin, epoch) key re-balanced
@@ -216,8 +217,8 @@ MIGRATIONS: list[str] = [
         collection TEXT NOT NULL, key TEXT NOT NULL,
         value BLOB, replaced BLOB NOT NULL);
     INSERT INTO changelog_by_epoch
-        SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog WHERE origin IS (SELECT value FROM meta WHERE key='site_id')
-        ORDER BY epoch;
+        SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM changelog
+        WHERE origin IS (SELECT value FROM meta WHERE key='site_id') ORDER BY epoch;
     DROP TABLE changelog;
     ALTER TABLE changelog_by_epoch RENAME TO changelog;
     """,
