@@ -731,13 +731,18 @@ def lspacket(obj: Ctx, paths):
     doc = inspection.lspacket(list(paths), s)
     human = []
     for p in doc["packets"]:
-        rng = ", ".join(f"{o} {lo + 1}-{hi}" for o, (lo, hi) in p["ranges"].items()) or "-"
-        human.append(f"{p['path']}: {p['kind']} {p['from']} -> {p['to']} seq {p['seq']} part "
-                     f"{p['part']}, {p['ops']} ops, ranges {rng}, signature {p['signature']}, "
-                     + ("sealed" if p["sealed"] else "not sealed"))
+        # An id must not pass for a name: unnamed sites read "site id 1ca5b866c54d299f".
+        who = (lambda x: x) if p["named"] else (lambda x: f"site id {x}")
+        rng = ", ".join(f"{who(o)} {lo + 1}-{hi}" for o, (lo, hi) in p["ranges"].items()) or "-"
+        human.append(f"{p['path']}: {p['kind']} {who(p['from'])} -> {who(p['to'])} seq "
+                     f"{p['seq']} part {p['part']}, {p['ops']} ops, ranges {rng}, signature "
+                     f"{p['signature']}, " + ("sealed" if p["sealed"] else "not sealed")
+                     + (f", piece at {p['piece'][0]} of a block of {p['piece'][1]} bytes"
+                        if p["piece"] else ""))
     if any(not p["named"] for p in doc["packets"]):
-        human.append("sites shown by id: only a member site knows their names (run with "
-                     "--site DIR to name them and check signatures)")
+        human.append("sites shown by id: an update packet carries site ids only, and only a "
+                     "member site knows their names (run with --site DIR to name them and "
+                     "check signatures)")
     obj.emit(doc, "\n".join(human))
     for e in doc["errors"]:
         echo_error(f"{e['path']}: {e['error']}", e.get("hint"))

@@ -61,7 +61,7 @@ def both(blocks: list[BlockRef], tmpl: Header, max_size: int, seal_to: bytes | N
     error each raised."""
     try:
         built = [(p.header.packet_id, p.header.count, p.header.ranges, p.header.hlc_max,
-                  p.header.anchors, p.header.final)
+                  p.header.anchors, p.header.final, p.header.piece)
                  for p in build_update_packets(iter(blocks), tmpl, sign, max_size,
                                                memory_opener(), SEED, seal_to=seal_to)]
     except ExportError as e:
@@ -70,7 +70,8 @@ def both(blocks: list[BlockRef], tmpl: Header, max_size: int, seal_to: bytes | N
         plan = plan_packets(blocks, [len(b.data) for b in blocks], tmpl, max_size, SEED,
                             seal_to)
         planned = [(pp.packet_id, pp.count, pp.fields["ranges"], pp.fields["hlc_max"],
-                    pp.fields["anchors"], pp.part == len(plan.parts) - 1)
+                    pp.fields["anchors"], pp.part == len(plan.parts) - 1,
+                    pp.fields.get("piece"))
                    for pp in plan.parts]
     except ExportError as e:
         planned = ("error", str(e), e.hint)
@@ -105,11 +106,31 @@ def test_cuts_happen_and_agree():
     assert sorted(anchored) == sorted(set(anchored)) == sorted(ORIGINS)
 
 
-def test_too_big_block_and_budget_errors_agree():
+def test_too_big_block_travels_in_pieces_and_budget_errors_agree():
     tmpl = template(False)
     floor = codec.framing_overhead() + codec.header_reserve(tmpl, tmpl.origin_table())
-    built, planned = both(make_blocks([(0, 1, 5000)]), tmpl, floor + 2000, None)
-    assert built == planned and built[0] == "error" and "one block" in built[1]
+    blocks = make_blocks([(0, 2, 100), (0, 1, 5000), (1, 3, 100)])
+    built, planned = both(blocks, tmpl, floor + 2000, None)
+    assert built == planned
+    pieces = [p[6] for p in built if p[6] is not None]
+    assert len(pieces) >= 3 and [off for off, _n in pieces][0] == 0
+    assert {n for _off, n in pieces} == {5000}
+    assert built[0][6] is None and built[-1][6] is None and built[-1][5]
+    # the pieces' bytes, joined, are the block
+    out: dict[int, io.BytesIO] = {}
+
+    def opener(part: int):
+        out[part] = io.BytesIO()
+        return out[part], lambda ok: Path(f"part-{part}")
+
+    parts = build_update_packets(iter(blocks), tmpl, sign, floor + 2000, opener, SEED)
+    joined = b""
+    for p in parts:
+        if p.header.piece is not None:
+            raw = out[p.header.part].getvalue()
+            env = codec.read_envelope(io.BytesIO(raw), len(raw))
+            joined += b"".join(codec.body_chunks(io.BytesIO(raw), env))
+    assert joined == blocks[1].data
     built, planned = both(make_blocks([(0, 1, 10)]), tmpl, floor + 10, None)
     assert built == planned and built[0] == "error" and "leaves no room" in built[1]
     with pytest.raises(ExportError):

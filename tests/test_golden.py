@@ -741,3 +741,61 @@ def test_spec_lists_every_vector():
     assert "# syncpack packet format, version 2" in text
     for name in NAMES + [LEGACY]:
         assert f"`{re.sub(r'-p[0-9]+$', '', name)}" in text, f"PACKET.md does not list {name}"
+
+
+# --- pieces of one block too large for a packet (PACKET.md section 6.4) -------------------------
+
+PIECES = sorted(p.stem for p in VECTORS.glob("v2-piece-*.json"))
+
+
+def test_piece_vectors_by_hand_join_into_alpha_block():
+    assert PIECES == ["v2-piece-p0", "v2-piece-p1", "v2-piece-p2"]
+    joined, total = b"", None
+    for name in PIECES:
+        data, doc = load(name)
+        lay = doc["layout"]
+        assert len(data) == lay["size"] <= gen.SPLIT_MAX_SIZE
+        assert data[:9] == codec.MAGIC + b"\x02"
+        hlen = int.from_bytes(data[-72:-68], "big")
+        h = msgpack.unpackb(data[-72 - hlen:-72], raw=False)
+        assert h["req"] == ["blocks", "block-piece"] and h["kind"] == "update"
+        off, total_here = h["piece"]
+        assert off == len(joined) and (total is None or total_here == total)
+        total = total_here
+        body = data[9:9 + h["body_len"]]
+        assert hashlib.blake2b(body, digest_size=32).digest() == h["body_hash"]
+        assert body.hex() == doc["piece"]["bytes"]
+        # each piece's header names the whole block's range and op count
+        assert [r[1:] for r in h["ranges"]] == [[11, 12]] and h["count"] == 1
+        assert keys.verify(bytes.fromhex(doc["signer_ed25519"]), data[-68:-4],
+                           codec.signed_bytes(2, data[-72 - hlen:-72]))
+        joined += body
+    assert len(joined) == total
+    info = blocks.read_block_header(joined, FAMILY)
+    blk = load(PIECES[0])[1]["joined_block"]
+    assert info.block_hash.hex() == blk["block_hash"] and (info.lo, info.hi) == (11, 12)
+    blocks.verify_block(info, gen.public_key("alpha"), FAMILY, None)
+    [op] = blocks.decode_ops(joined)
+    assert (op.key, len(op.value)) == ("big", len(gen.val(gen.noise("big", 9000))))
+    # chained onto alpha's block of epochs 10..11 (v2-update-sealed)
+    _d, sealed = load("v2-update-sealed")
+    assert info.prev_hash.hex() == sealed["blocks"][-1]["block_hash"]
+
+
+def test_piece_vectors_reproduce_and_need_their_feature(tmp_path):
+    _data, doc = load(PIECES[0])
+    if doc["zstd_library"] != ".".join(map(str, zstandard.ZSTD_VERSION)):
+        pytest.skip("vectors were compressed by another zstd")
+    assert gen.write_piece_vectors(tmp_path) == PIECES
+    for p in tmp_path.iterdir():
+        assert p.read_bytes() == (VECTORS / p.name).read_bytes(), p.name
+    # a reader that does not know pieces refuses them cleanly, by the mandatory feature
+    data, _doc = load(PIECES[1])
+    known = codec.KNOWN_MANDATORY
+    try:
+        codec.KNOWN_MANDATORY = known - {codec.FEATURE_PIECE}
+        with pytest.raises(PacketFeatureError, match="block-piece"):
+            codec.read_envelope(io.BytesIO(data), len(data))
+    finally:
+        codec.KNOWN_MANDATORY = known
+    assert "`v2-piece-p0`" in SPEC.read_text()

@@ -97,3 +97,34 @@ def test_interrupted_import_reports_exactly_what_the_store_kept(family, tmp_path
             seen.add(("finished", 2))
     # the delays reached more than one outcome (the machine's speed decides which)
     assert len(seen - {("killed", 0)}) >= 2, seen
+
+
+_START_INTERRUPTED = """
+import sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "syncpack.cli":      # Ctrl-C while the command line is loading
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["syncpack", "--version"]
+from syncpack.console import main
+main()
+"""
+
+
+def test_ctrl_c_while_starting_is_one_line_and_exit_130():
+    """The console entry point loads the command line inside its own guard; importing the
+    package itself loads nothing heavy, so a Ctrl-C there is the guard's too."""
+    r = subprocess.run([sys.executable, "-c", _START_INTERRUPTED], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 130, r
+    assert r.stdout == "" and "Traceback" not in r.stderr, r
+    assert r.stderr.strip().splitlines() == [
+        "error: interrupted while starting; nothing was done"], r
+    light = subprocess.run([sys.executable, "-c", "import sys, syncpack, syncpack.console; "
+                            "print(sorted(m for m in sys.modules if m.startswith('syncpack')))"],
+                           capture_output=True, text=True, timeout=60)
+    assert light.stdout.strip() == "['syncpack', 'syncpack.console', 'syncpack.version']", light
+    import tomllib
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["syncpack"] == "syncpack.console:main"

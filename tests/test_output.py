@@ -198,3 +198,32 @@ def test_one_version_number():
     assert r.code == 0 and r.out.strip() == f"syncpack, version {syncpack.__version__}", r
     assert syncpack.__version__ == "0.3.0"
     assert "0.3.0" in (root / "docs" / "operations.md").read_text()
+
+
+def test_lspacket_labels_ids_and_names_a_missing_path(tmp_path):
+    """Without a site an update packet's sites are ids, and the human output must not let an id
+    pass for a name; a path that is not there is said so, with a hint (not "damaged")."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run("init", a, "--family", "fam", "--site", "a").code == 0
+    assert run("keygen", b, "--site", "b").code == 0
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    assert run("mkreplica", "export", "--site", "b", "--pubkey", b / "keys" / "site.pub",
+               "--out", usb, site=a).code == 0
+    assert run("mkreplica", "import", usb / "b" / "a", site=b).code == 0
+    assert run("put", "parts", "p1", "1", site=a).code == 0
+    assert run("export", "--to", "b", "--create-out", "--out", tmp_path / "m", site=a).code == 0
+    from syncpack.site import Site
+    with Site.open(a) as s:
+        a_id, b_id = s.site_id.hex(), s.member_named("b").site_id.hex()
+    r = run("lspacket", tmp_path / "m")
+    assert r.code == 0, r
+    line = r.out.splitlines()[0]
+    assert f"update site id {a_id} -> site id {b_id} " in line, r
+    assert f"ranges site id {a_id} " in line and "not sealed" in line, r
+    assert "sites shown by id" in r.out
+    named = run("lspacket", tmp_path / "m", site=b)
+    assert "update a -> b " in named.out and "site id" not in named.out, named
+    gone = run("lspacket", tmp_path / "nothere")
+    assert gone.code == 1 and "no such file or directory" in gone.err, gone
+    assert "hint: check the path" in gone.err and "damaged" not in gone.err, gone

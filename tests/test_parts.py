@@ -148,13 +148,20 @@ def test_batch_outbox_error_names_the_peer_and_is_not_nothing_to_send(family, tm
     family.add("b", via="a")
     family.put("a", "c", "huge", {"blob": os.urandom(100_000).hex()})   # one op, > 64K
     media = tmp_path / "m"
+    media.mkdir()
+    (media / "b").write_text("a file where the peer's folder should be")
     cfg = tmp_path / "a.toml"
     cfg.write_text(f'site = "{family.path("a")}"\n[[export]]\nout = "{media}"\nto = ["b"]\n'
                    f'max_size = "64K"\ncreate = true\n')
     r = run("batch", cfg)
     assert r.code == 1, r
     assert "-> b: failed" in r.out and "nothing to send" not in r.out, r
-    assert f"export {media} -> b: one block" in r.err and "hint: " in r.err, r
+    assert f"export {media} -> b: cannot write packets" in r.err and "hint: " in r.err, r
+    # the medium fixed, the one record larger than 64K travels (in pieces)
+    (media / "b").unlink()
+    r = run("batch", cfg)
+    assert r.code == 0 and "-> b: 2 packet(s)" in r.out, r
+    assert all(f.stat().st_size <= 64 * 1024 for f in media.rglob("*.spk"))
 
 
 def test_a_site_holding_parts_seeds_a_new_member_without_them(family, tmp_path):
@@ -216,3 +223,123 @@ def test_scrub_keeps_the_parts_of_a_transaction_not_yet_applied(family, tmp_path
     assert r.code == 0, r
     assert family.digest("a") == family.digest("b")
     assert run("fsck", site=b).code == 0
+
+
+# --- blocks larger than any packet: pieces (formats/PACKET.md section 6.4) --------------------
+
+def _put_big(site: Path, key: str, size: int, tmp_path: Path) -> None:
+    f = tmp_path / f"{key}.json"
+    f.write_text(json.dumps({"blob": os.urandom(size // 2).hex()}))   # does not compress
+    assert run("put", "parts", key, "-", site=site, input=f.read_text()).code == 0
+
+
+def _shuffled(files: list[Path], seed: int) -> list[Path]:
+    import random
+    out = list(files)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def test_records_larger_than_the_medium_travel_in_pieces_applied_only_whole(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    _put_big(a, "big300k", 300_000, tmp_path)
+    _put_big(a, "big5m", 5_000_000, tmp_path)
+    assert run("put", "parts", "small", "1", site=a).code == 0
+    usb = tmp_path / "usb"
+    r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K", site=a,
+            json_mode=True)
+    assert r.code == 0, r
+    files = _packets(usb)
+    assert len(files) > 40 and all(f.stat().st_size <= 64 * 1024 for f in files)
+    before = family.digest("b")
+    # every packet but one, shuffled: nothing of the big records applies
+    order = _shuffled(files, 19)
+    for f in order[:-1]:
+        r = run("import", f, site=b)
+        assert r.code == 0, r
+        assert run("get", "parts", "big5m", site=b).code != 0
+    assert family.digest("b") == before or run("get", "parts", "big5m", site=b).code != 0
+    st = run("status", site=b, json_mode=True)
+    assert st.code == 0 and st.json["parked_packets"] if "parked_packets" in st.json else True
+    assert run("fsck", site=b).code == 0
+    r = run("import", order[-1], site=b)
+    assert r.code == 0, r
+    assert family.digest("a") == family.digest("b")
+    assert json.loads(run("get", "parts", "big5m", site=b).out)["blob"] == \
+        json.loads(run("get", "parts", "big5m", site=a).out)["blob"]
+    assert run("fsck", site=b).code == 0
+    # the same packets again: duplicates, nothing changes
+    r = run("import", usb, site=b, json_mode=True)
+    assert r.code == 0 and not r.json["applied"] and not r.json["parked"], r
+
+
+def test_reverse_order_pieces_in_one_import(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a = family.path("a")
+    _put_big(a, "big300k", 300_000, tmp_path)
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               site=a).code == 0
+    files = _packets(usb)
+    assert len(files) >= 3
+    for f in reversed(files[1:]):
+        assert run("import", f, site=family.path("b")).code == 0
+        assert run("get", "parts", "big300k", site=family.path("b")).code != 0
+    assert run("import", files[0], site=family.path("b")).code == 0
+    assert family.digest("a") == family.digest("b")
+    assert run("fsck", site=family.path("b")).code == 0
+
+
+def test_relay_cuts_another_origins_big_blocks_to_a_small_medium(family, tmp_path):
+    """a writes a 1 MB transaction and a 300 KB record, exports to b at a large size; b
+    relays to c at 64K: b cannot re-sign a's blocks, so it sends them in pieces."""
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    family.full_exchange(rounds=2)
+    a, b, c = (family.path(x) for x in "abc")
+    assert run("load", _load_file(tmp_path, 2500, 400), site=a).code == 0     # ~1 MB
+    _put_big(a, "big300k", 300_000, tmp_path)
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64M",
+               site=a).code == 0
+    assert len(_packets(usb)) == 1
+    assert run("import", usb, site=b).code == 0
+    usb2 = tmp_path / "usb2"
+    r = run("export", "--to", "c", "--create-out", "--out", usb2, "--max-size", "64K", site=b)
+    assert r.code == 0, r
+    files = _packets(usb2)
+    assert len(files) > 8 and all(f.stat().st_size <= 64 * 1024 for f in files)
+    for f in _shuffled(files, 7):
+        assert run("import", f, site=c).code == 0
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    assert run("fsck", site=c).code == 0
+    with family.open("b") as sb, family.open("c") as sc:
+        q = "SELECT data FROM blocks WHERE origin=? ORDER BY lo"
+        oa = sb.member_named("a").site_id
+        big = [r for r in sb.conn.execute(q, (oa,)).fetchall() if len(r[0]) > 64 * 1024]
+        assert len(big) == 2     # neither fits the small medium
+        held = sc.conn.execute(q, (oa,)).fetchall()
+        assert all(r in held for r in big)      # byte for byte, as a made them
+
+
+def test_sealed_pieces_and_lspacket_shows_them(family, tmp_path):
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    _put_big(a, "big300k", 300_000, tmp_path)
+    usb = tmp_path / "usb"
+    assert run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K",
+               "--encrypt", site=a).code == 0
+    files = _packets(usb)
+    assert len(files) >= 3 and all(f.stat().st_size <= 64 * 1024 for f in files)
+    ls = run("lspacket", *files, site=b, json_mode=True)
+    assert ls.code == 0 and all(p["sealed"] and p["piece"] for p in ls.json["packets"]), ls
+    assert [p["piece"][0] for p in ls.json["packets"]][0] == 0
+    assert "piece at 0 of a block of" in run("lspacket", files[0], site=b).out
+    for f in reversed(files):
+        assert run("import", f, site=b).code == 0
+    assert family.digest("a") == family.digest("b")

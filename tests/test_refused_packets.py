@@ -724,6 +724,147 @@ def test_a_block_that_does_not_chain_onto_the_one_before_it_in_the_packet_is_ref
     assert "block of origin A" in err and "does not continue the chain" in err, err
 
 
+# === pieces of a block too large for the medium (formats/PACKET.md section 6.4) =================
+
+@pytest.fixture
+def pieces(family, tmp_path):
+    """a and b; a's one record of ~300 KB exported to b at 64K: its block in pieces.  Returns
+    (family, the piece packets in order, a's signing key)."""
+    family.init("a")
+    family.add("b", via="a")
+    with family.open("a") as s, s.transaction() as tx:
+        tx.put("parts", "big", {"blob": __import__("os").urandom(150_000).hex()})
+    files = family.export("a", "b", max_size=64 * 1024)
+    assert len(files) >= 3
+    assert all(parts_of(f.read_bytes())[2].get("piece") for f in files)
+    return family, files, sign_key(family.path("a"))
+
+
+def _repiece(raw: bytes, key, *, body: bytes | None = None, piece=None, pid: bytes | None = None):
+    def edit(h):
+        if piece is not None:
+            h["piece"] = list(piece)
+        if pid is not None:
+            h["id"] = pid
+    return rebuild(raw, key, edit=edit, body=body)
+
+
+def _import_all(site: Path, paths: list[Path]):
+    return run("import", *paths, site=site, json_mode=True)
+
+
+def test_pieces_in_any_order_apply_once_whole(pieces):
+    family, files, _key = pieces
+    b = family.path("b")
+    before = state(b)
+    r = _import_all(b, files[1:][::-1])     # all but the first: the block is not whole
+    assert r.code == 0 and not r.json["applied"] and len(r.json["parked"]) == len(files) - 1, r
+    assert state(b)["digest"] == before["digest"]
+    r = _import_all(b, [files[0]])
+    assert r.code == 0 and len(r.json["applied"]) == len(files), r
+    assert family.digest("a") == family.digest("b")
+    assert run("fsck", site=b).code == 0
+
+
+def test_a_missing_piece_waits_and_applies_nothing(pieces):
+    family, files, _key = pieces
+    b = family.path("b")
+    before = state(b)["digest"]
+    r = _import_all(b, files[:1] + files[2:])
+    assert r.code == 0 and not r.json["applied"] and not r.json["rejected"], r
+    assert all(p["waiting_for"] for p in r.json["parked"]), r
+    assert state(b)["digest"] == before
+    assert run("fsck", site=b).code == 0
+    r = _import_all(b, [files[1]])
+    assert r.code == 0 and len(r.json["applied"]) == len(files), r
+    assert family.digest("a") == family.digest("b")
+
+
+def test_a_duplicated_piece_is_a_duplicate(pieces):
+    family, files, _key = pieces
+    b = family.path("b")
+    r = _import_all(b, files + [files[1]])
+    assert r.code == 0 and len(r.json["applied"]) == len(files), r
+    assert family.digest("a") == family.digest("b")
+
+
+def test_a_second_piece_at_one_offset_with_other_bytes_refuses_the_set(pieces, tmp_path):
+    family, files, key = pieces
+    b = family.path("b")
+    raw = files[1].read_bytes()
+    body = bytearray(parts_of(raw)[1])
+    body[100] ^= 0xFF
+    twin = write(tmp_path, "twin.spk", _repiece(raw, key, body=bytes(body), pid=b"\x77" * 16))
+    before = state(b)
+    r = _import_all(b, files + [twin])
+    assert r.code == 1 and not r.json["applied"], r
+    assert len(r.json["rejected"]) == len(files) + 1
+    assert all("same offset hold different bytes" in e["error"] for e in r.json["rejected"]), r
+    assert state(b)["digest"] == before["digest"]
+
+
+def test_a_lying_total_is_refused_when_the_first_piece_shows_the_block(pieces, tmp_path):
+    family, files, key = pieces
+    b = family.path("b")
+    lying = []
+    for i, f in enumerate(files):
+        h = parts_of(f.read_bytes())[2]
+        off, total = h["piece"]
+        lying.append(write(tmp_path, f"lying{i}.spk",
+                           _repiece(f.read_bytes(), key, piece=(off, total + 5000))))
+    before = state(b)
+    r = _import_all(b, lying)
+    assert r.code == 1 and not r.json["applied"], r
+    assert all("its own header" in e["error"] for e in r.json["rejected"]), r
+    assert state(b)["digest"] == before["digest"]
+    # a chain of pieces that never ends (no first piece, ever): it waits, applies nothing
+    r = _import_all(b, lying[1:])
+    assert r.code == 0 and not r.json["applied"], r
+    assert state(b)["digest"] == before["digest"]
+
+
+def test_a_piece_running_past_its_block_or_without_its_feature_is_refused(pieces, tmp_path):
+    family, files, key = pieces
+    b = family.path("b")
+    raw = files[-1].read_bytes()
+    off, total = parts_of(raw)[2]["piece"]
+    past = write(tmp_path, "past.spk", _repiece(raw, key, piece=(total - 10, total)))
+    before = state(b)
+    r = _import_all(b, files[:-1] + [past])
+    assert r.code == 1 and not r.json["applied"], r
+    assert any("runs past the block's end" in e["error"] for e in r.json["rejected"]), r
+    assert state(b)["digest"] == before["digest"]
+
+    def no_feature(h):
+        h["req"] = [f for f in h["req"] if f != codec.FEATURE_PIECE]
+    bare = write(tmp_path, "bare.spk", rebuild(raw, key, edit=no_feature))
+    assert "field 'piece' needs" in rejected_by_cli(b, bare)
+    # an older reader (that knows no pieces) refuses the packet by its mandatory feature
+    newer = write(tmp_path, "newer.spk", rebuild(raw, key, edit=lambda h: h.update(
+        req=[*h["req"], "block-piece-v9"])))
+    assert "unknown mandatory feature" in rejected_by_cli(b, newer)
+
+
+def test_a_forged_piece_fails_the_origins_signature_once_joined(pieces, tmp_path):
+    """A relay (here: a member re-signing the packet) alters a byte inside the block: the
+    pieces join, the block fails its origin's check, nothing is applied."""
+    family, files, key = pieces
+    b = family.path("b")
+    raw = files[1].read_bytes()
+    body = bytearray(parts_of(raw)[1])
+    body[500] ^= 0x01
+    bad = write(tmp_path, "bad.spk", _repiece(raw, key, body=bytes(body)))
+    before = state(b)
+    r = _import_all(b, [files[0], bad] + files[2:])
+    assert r.code == 1 and not r.json["applied"], r
+    assert len(r.json["rejected"]) == len(files), r
+    assert state(b)["digest"] == before["digest"]
+    # the genuine pieces still apply afterwards
+    r = _import_all(b, files)
+    assert r.code == 0 and len(r.json["applied"]) == len(files), r
+    assert family.digest("a") == family.digest("b")
+
+
 # === patches: writes sending only the fields they changed (formats/VALUES.md) ===================
 #
 # a is a member gone rogue: it re-signs, with its own valid keys, the block of a genuine

@@ -7,6 +7,11 @@ wall-clock seconds (process start included), and checks the digests are equal.
 
     python tools/bench_parts.py                                  # 3,000 x 400 bytes, 64K
     python tools/bench_parts.py --records 100000 --max-size 1M
+    python tools/bench_parts.py --records 0 --single-bytes 5000000   # one 5 MB record: pieces
+
+``--single-bytes N`` adds one record of N bytes of random hex (one op, a block larger than the
+medium: it travels in pieces, formats/PACKET.md section 6.4); the packet bytes are then also
+compared with the blocks they carry (the pieces' headers are the overhead).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=3000)
     ap.add_argument("--value-bytes", type=int, default=400)
     ap.add_argument("--max-size", default="64K")
+    ap.add_argument("--single-bytes", type=int, default=0)
     args = ap.parse_args(argv)
     exe = shutil.which("syncpack", path=str(Path(sys.executable).parent)) or "syncpack"
 
@@ -49,7 +55,15 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.records):
                 f.write(json.dumps({"collection": "c", "key": f"k{i:08d}", "value":
                                     os.urandom(args.value_bytes // 2).hex()}) + "\n")
-        _, t_load = sp("load", d / "r.jsonl", site=d / "a")
+        t_load = 0.0
+        if args.records:
+            _, t_load = sp("load", d / "r.jsonl", site=d / "a")
+        if args.single_bytes:
+            v = d / "single.json"
+            v.write_text(json.dumps({"blob": os.urandom(args.single_bytes // 2).hex()}))
+            subprocess.run(
+                [exe, "--site", str(d / "a"), "put", "c", "single", "-"], input=v.read_text(),
+                text=True, check=True, capture_output=True)
         doc, t_exp = sp("export", "--to", "b", "--out", d / "small", "--create-out",
                         "--max-size", args.max_size, site=d / "a")
         small = [Path(p["path"]) for p in doc["packets"]]
@@ -66,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(p.stat().st_size for p in small):,} bytes, largest "
               f"{max(p.stat().st_size for p in small):,}; export {t_exp:.2f} s; "
               f"import in reverse order, one command per packet: {t_imp:.2f} s in total")
+        if args.single_bytes:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from syncpack.site import Site
+            with Site.open(d / "a") as s:
+                held = s.conn.execute("SELECT sum(length(data)) FROM blocks").fetchone()[0]
+            print(f"one record of {args.single_bytes:,} B: blocks {held:,} bytes, packets / "
+                  f"blocks = {sum(p.stat().st_size for p in small) / held:.4f}")
         print(f"digests equal: {da['digest'][:16]}...")
     return 0
 

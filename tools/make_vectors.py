@@ -58,6 +58,8 @@ VECTOR_DIR = ROOT / "formats" / "vectors"
 PREFIX = "v2-"
 # What write_vectors owns in VECTOR_DIR; v2-block-* belong to make_block_vectors.py.
 OWN_PATTERNS = (PREFIX + "update-*", PREFIX + "snapshot*")
+# The pieces of one block (PACKET.md section 6.4), written by write_piece_vectors.
+PIECE_PATTERN = PREFIX + "piece-*"
 LEGACY = "v1-update-legacy"
 
 # --- fixed identities -------------------------------------------------------------------------
@@ -508,6 +510,45 @@ def write_vectors(directory: Path) -> list[str]:
     return sorted(docs)
 
 
+def piece_block() -> bytes:
+    """alpha's epoch 12, one op whose value (9000 incompressible bytes) makes a block larger
+    than a packet of SPLIT_MAX_SIZE; chained onto alpha's block of epochs 10..11."""
+    chains = Chains()
+    for ops in basic_blocks() + split_blocks() + sealed_blocks():
+        chains.seal(ops)
+    return chains.seal([Op(A, 12, hlc(9_000), 0, "blobs", "big", val(noise("big", 9000)), b"")])
+
+
+def write_piece_vectors(directory: Path) -> list[str]:
+    """v2-piece-pN: one export alpha -> bravo at max_size SPLIT_MAX_SIZE whose one block does
+    not fit a packet: each part's body is one piece of it (mandatory feature 'block-piece')."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = piece_block()
+    name = PREFIX + "piece"
+    tmpl = update_template(A, B, seq=6, created_ms=CREATED_MS + 240_000, vector={A: 12, C: 2},
+                           recv_seq=2, anchors={A: pack_csn(T9, A, 1)})
+    parts = write_update(directory, name, [raw], tmpl, "alpha", max_size=SPLIT_MAX_SIZE)
+    info = blocks.read_block_header(raw, FAMILY_ID)
+    names = []
+    for p, _held in parts:
+        data = p.path.read_bytes()
+        off, total = p.header.piece
+        n = f"{name}-p{p.header.part}"
+        doc = _describe(p.path, p.header, tmpl.origin_table(), "alpha",
+                        f"update alpha->bravo, part {p.header.part} of {len(parts)}: the "
+                        f"block bytes {off}..{off + p.header.body_len} of {total} (one "
+                        f"block of one op, larger than a packet of max_size {SPLIT_MAX_SIZE})")
+        doc["piece"] = {"offset": off, "total": total,
+                        "bytes": data[9:9 + p.header.body_len].hex()}
+        doc["joined_block"] = _block_json(raw, 0)
+        doc["joined_block"]["block_hash"] = info.block_hash.hex()
+        (directory / f"{n}.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False)
+                                             + "\n")
+        names.append(n)
+    return names
+
+
 # --- hexdumps for PACKET.md -------------------------------------------------------------------
 
 def hexdump(data: bytes, start: int, length: int) -> str:
@@ -543,7 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     for pattern in OWN_PATTERNS:
         for old in args.out.glob(pattern):
             old.unlink()
-    for n in write_vectors(args.out):
+    for old in args.out.glob(PIECE_PATTERN):
+        old.unlink()
+    for n in write_vectors(args.out) + write_piece_vectors(args.out):
         print(f"{args.out / n}.spk")
     return 0
 

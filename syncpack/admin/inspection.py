@@ -335,6 +335,10 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
     out = []
     errors = []
     for path, named in find_packet_files(paths):
+        if named and not os.path.lexists(path):
+            errors.append({"path": printable(path), "error": "no such file or directory",
+                           "hint": "check the path (is the medium mounted?)"})
+            continue
         try:
             pk = open_packet(path)
         except PacketError as e:
@@ -357,6 +361,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
                         "ranges": {nm(o): [lo, hi] for o, (lo, hi) in sorted(h.ranges.items())},
                         "vector": {nm(o): e for o, e in sorted(h.vector.items())},
                         "signature": sig, "sealed": h.sealed,
+                        "piece": list(h.piece) if h.piece else None,
                         # ids a site could not name (no site, or not a member it knows)
                         "named": all(o in names for o in (h.sender, h.recipient))})
         finally:

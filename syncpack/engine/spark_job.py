@@ -264,7 +264,8 @@ class _Job:
     segments: dict[bytes, parquet_log.OriginLog]      # the manifest entries of its origins
     ops: int
     budget: int                                 # a body's raw budget (PacketPlan.budget)
-    parts: list[tuple[int, bytes, int, int]]    # (part, packet id, first block, end block)
+    # (part, packet id, first block, end block, piece: (offset, length) of block first, or None)
+    parts: list[tuple[int, bytes, int, int, tuple[int, int] | None]]
     seal_to: bytes | None = None                # the peer's X25519 public key
 
 
@@ -290,12 +291,16 @@ def _make_bodies(job: _Job, refs: Iterable[BlockRef], ctx: _TaskCtx) -> bytes:
     made = []
     it = iter(refs)
     try:
-        for part, pid, first, end in job.parts:
+        held: tuple[int, BlockRef] | None = None    # a block cut into pieces, while in use
+        for part, pid, first, end, span in job.parts:
             with stage.fs.open_output_stream(stage.path(_body_name(job.index, part))) as f:
                 body = RawBodyWriter(f, job.budget, sealer=sealer_for(job.seal_to, pid,
                                                                       ctx.seed))
                 for k in range(first, end):
-                    ref = next(it, None)
+                    if span is not None and held is not None and held[0] == k:
+                        ref = held[1]
+                    else:
+                        ref = next(it, None)
                     want = job.blocks[k]
                     if ref is None or len(ref.data) != job.sizes[k]:
                         raise ExportError(
@@ -303,7 +308,11 @@ def _make_bodies(job: _Job, refs: Iterable[BlockRef], ctx: _TaskCtx) -> bytes:
                             f"{want.lo + 1}-{want.hi} of origin {want.origin.hex()} as this "
                             f"site holds it", hint="rebuild it: remove the directory and run "
                                                    "'syncpack log export DIR'")
-                    body.write(ref.data, ref.hi - ref.lo)
+                    if span is not None:
+                        held = (k, ref)
+                        body.write(ref.data[span[0]:span[0] + span[1]], ref.hi - ref.lo)
+                    else:
+                        body.write(ref.data, ref.hi - ref.lo)
                 length, digest = body.finish()
             made.append(MadeBody(length, digest, body.epk))
         for _extra in it:   # lets the shuffle strategy's reader check it got no more rows
@@ -480,7 +489,8 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
             jobs = [_Job(i, plans[i].name, plans[i].ranges, plans[i].blocks, sizes[i],
                          {o: man.origins[o] for o in plans[i].ranges},
                          sum(hi - lo for lo, hi in plans[i].ranges.values()), c.budget,
-                         [(x.part, x.packet_id, x.first, x.end) for x in c.parts], seal[i])
+                         [(x.part, x.packet_id, x.first, x.end, x.span) for x in c.parts],
+                         seal[i])
                     for i, c in cuts.items()]
             expect(progress, sum(j.ops for j in jobs))
             if jobs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import shutil
+from itertools import islice
 from pathlib import Path
 from typing import Iterable
 
@@ -32,7 +33,8 @@ from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
 from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES, Member
 from syncpack.site import Site, wall_ms
-from syncpack.exchange.verify import OpenPacket, packet_blocks, resolved_acks, verify_block
+from syncpack.exchange.verify import (JoinedPiecesPacket, OpenPacket, packet_blocks,
+                                      resolved_acks, verify_block)
 from syncpack.exchange import forks
 from syncpack.store import forks as fork_store
 
@@ -229,10 +231,12 @@ class _Applier:
         if len(win) == 1:
             info, cols = win[0]
             if self._clean(info, cols):
-                rows = cols.rows()
-                for k in range(0, len(rows), APPLY_BATCH):
-                    versions.insert_many(site.conn, rows[k:k + APPLY_BATCH])
-                    self._count(min(APPLY_BATCH, len(rows) - k))
+                # the rows are made as the insert takes them (no list of a block's rows)
+                rows, n = cols.iter_rows(), cols.count
+                with blocks.gc_paused():
+                    for k in range(0, n, APPLY_BATCH):
+                        versions.insert_many(site.conn, islice(rows, APPLY_BATCH))
+                        self._count(min(APPLY_BATCH, n - k))
                 return
             ops: Iterable[Op] = cols.ops()
         else:
@@ -367,8 +371,9 @@ def _prove_fork(site: Site, raw, sender: str, prev: bytes | None) -> None:
         raise ForkFound(info.origin, *found)
 
 
-def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
-                 parked_file: Path | None = None, found_here: frozenset = frozenset()) -> int:
+def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=None,
+                 parked_file: Path | None = None, found_here: frozenset = frozenset(),
+                 pieces: list[tuple[Header, Path, Path | None]] = ()) -> int:
     """Apply one verified, gap-free packet in one transaction; returns ops applied.
 
     Each block is checked against its origin's key and our chain as it is reached (after the
@@ -380,7 +385,11 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
     A fork this packet shows (:class:`ForkFound`) rolls it back too; the caller keeps the
     evidence and applies it again, with ``found_here`` naming the origins it just found
     forked: their ranges are left out, and a packet of theirs is not refused for it (only
-    packets of members known forked before are)."""
+    packets of members known forked before are).
+
+    A block joined from its pieces (``pk`` a :class:`JoinedPiecesPacket`) records every piece
+    packet (``pieces``: header, path, parked copy) as applied with it, in the same
+    transaction."""
     h = pk.header
     now = wall_ms()
     conn = site.conn
@@ -483,6 +492,12 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
                           str(pk.path), now)
             if parked_file is not None:
                 log.unpark(conn, h.sender, h.packet_id)
+            for ph, path, parked in pieces:
+                if ph.packet_id != h.packet_id:
+                    log.record_in(conn, ph.sender, ph.packet_id, ph.seq, ph.part, ph.kind, 0,
+                                  str(path), now)
+                if parked is not None:
+                    log.unpark(conn, ph.sender, ph.packet_id)
     except db.IntegrityError:
         raise PacketBodyError("packet carries an op this site already holds under another "
                               "epoch; nothing was applied") from None
@@ -490,6 +505,9 @@ def apply_packet(site: Site, pk: OpenPacket, *, progress=None,
         site.invalidate()
     if parked_file is not None:
         parked_file.unlink(missing_ok=True)
+    for _ph, _path, parked in pieces:
+        if parked is not None:
+            parked.unlink(missing_ok=True)
     return ap.applied
 
 

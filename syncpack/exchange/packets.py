@@ -102,6 +102,11 @@ def body_budget(template: Header, origins: list[bytes], max_size: int) -> int:
     return budget
 
 
+def piece_template(template: Header, piece: tuple[int, int]) -> Header:
+    """The header fields that make a part a piece of one block."""
+    return replace(template, mandatory=[*template.mandatory, codec.FEATURE_PIECE], piece=piece)
+
+
 def too_big_error(what: str, n: int, max_size: int, need: int) -> ExportError:
     return ExportError(f"one {what} ({n} bytes) is larger than --max-size "
                        f"{max_size} allows; --max-size {size_text(need)} or more "
@@ -119,8 +124,23 @@ class CutRule:
         self.max_size = max_size
         self.budget = body_budget(template, template.origin_table(), max_size)
         self.room = codec.raw_body_room(self.budget, sealed)
+        # A piece packet's header is a little larger (its 'piece' field and feature name).
+        pt = piece_template(template, (1 << 62, 1 << 62))
+        self.piece_room = codec.raw_body_room(body_budget(pt, pt.origin_table(), max_size),
+                                              sealed)
         self.out = 0
         self.count = 0
+
+    def oversized(self, n: int) -> bool:
+        """A block no part can hold: it travels as pieces (:meth:`pieces`)."""
+        return n > self.room
+
+    def pieces(self, n: int) -> list[tuple[int, int]]:
+        """(offset, length) of the pieces a block of ``n`` bytes is cut into, each the body of
+        a packet of its own (formats/PACKET.md section 6.4); the parts around it start
+        afresh."""
+        self.out = self.count = 0
+        return [(off, min(self.piece_room, n - off)) for off in range(0, n, self.piece_room)]
 
     def place(self, n: int, items: int) -> bool:
         """Take a block of ``n`` bytes and ``items`` ops; True when a new part must begin
@@ -189,9 +209,12 @@ class PartSeries:
 
     def finish(self, final: bool, **fields) -> PartInfo:
         length, digest = self.body.finish()
-        hdr = replace(self.template, part=self.part, final=final, packet_id=self.pid,
+        template = self.template
+        if fields.get("piece") is not None:
+            template = piece_template(template, fields.pop("piece"))
+        hdr = replace(template, part=self.part, final=final, packet_id=self.pid,
                       count=self.count, body_len=length, body_hash=digest,
-                      **sealed_fields(self.template, self.body.epk), **fields)
+                      **sealed_fields(template, self.body.epk), **fields)
         size = codec.finish_packet(self.f, hdr, self.origins, self.sign)
         info = PartInfo(self._commit(True), hdr, size)
         self.parts.append(info)
@@ -254,14 +277,37 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
     series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
     fields = _PartFields(template)
     try:
-        for b in blocks:
-            if rule.place(len(b.data), b.hi - b.lo):
-                series.cut(**fields.take())
-            series.write(b.data, b.hi - b.lo)
-            fields.add(b)
+        it = iter(blocks)
+        b = next(it, None)
+        while b is not None:
+            nxt = next(it, None)
+            n = len(b.data)
+            if rule.oversized(n):
+                # A block larger than any part (one record larger than the medium, or
+                # another origin's block a relay cannot re-cut): its bytes travel in pieces,
+                # one packet each, joined and verified whole by the importer.
+                if series.count or fields.ranges:
+                    series.cut(**fields.take())
+                spans = rule.pieces(n)
+                for k, (off, ln) in enumerate(spans):
+                    series.write(b.data[off:off + ln], b.hi - b.lo)
+                    fields.add(b)
+                    f = fields.take()
+                    f["piece"] = (off, n)
+                    if k == len(spans) - 1 and nxt is None:
+                        series.finish(True, **f)
+                    else:
+                        series.cut(**f)
+            else:
+                if rule.place(n, b.hi - b.lo):
+                    series.cut(**fields.take())
+                series.write(b.data, b.hi - b.lo)
+                fields.add(b)
             if progress:
                 progress(b.hi - b.lo)
-        series.finish(True, **fields.take())
+            b = nxt
+        if series.part == len(series.parts):
+            series.finish(True, **fields.take())
     except BaseException:
         series.abort()
         raise
@@ -317,6 +363,7 @@ class PlannedPart:
     end: int
     count: int
     fields: dict
+    span: tuple[int, int] | None = None   # a piece: (offset, length) in block ``first``
 
 
 @dataclass
@@ -342,21 +389,34 @@ def plan_packets(metas: Iterable, sizes: Iterable[int], template: Header, max_si
     fields = _PartFields(template)
     state = {"first": 0, "count": 0}
 
-    def close(end: int) -> None:
+    def close(end: int, span: tuple[int, int] | None = None, total: int = 0) -> None:
         k = len(parts)
+        f = fields.take()
+        if span is not None:
+            f["piece"] = (span[0], total)
         parts.append(PlannedPart(k, packet_id(seed, template.sender, template.recipient,
                                               template.seq, k),
-                                 state["first"], end, state["count"], fields.take()))
+                                 state["first"], end, state["count"], f, span))
         state.update(first=end, count=0)
 
     i = 0
     for i, (b, n) in enumerate(zip(metas, sizes)):
+        if rule.oversized(n):       # as build_update_packets: pieces, one part each
+            if state["count"] or fields.ranges:
+                close(i)
+            for span in rule.pieces(n):
+                state.update(first=i, count=b.hi - b.lo)
+                fields.add(b)
+                close(i + 1, span, n)
+            i += 1
+            continue
         if rule.place(n, b.hi - b.lo):
             close(i)
         state["count"] += b.hi - b.lo
         fields.add(b)
         i += 1
-    close(i)
+    if state["count"] or fields.ranges or not parts:
+        close(i)
     return PacketPlan(template, max_size, rule.budget, seal_to, parts)
 
 
@@ -394,10 +454,14 @@ def finish_planned_packets(plan: PacketPlan, sign: Callable[[bytes], bytes], ope
                                   f"writer ({n} bytes read, {body.length} reported)",
                                   hint="check the staging location; nothing was recorded, "
                                        "run the export again")
-            sealed = sealed_fields(plan.template, body.epk)
-            hdr = replace(plan.template, part=pp.part, final=pp.part == len(plan.parts) - 1,
+            fields = dict(pp.fields)
+            template = plan.template
+            if fields.get("piece") is not None:
+                template = piece_template(template, fields.pop("piece"))
+            sealed = sealed_fields(template, body.epk)
+            hdr = replace(template, part=pp.part, final=pp.part == len(plan.parts) - 1,
                           packet_id=pp.packet_id, count=pp.count, body_len=n,
-                          body_hash=body.digest, **sealed, **pp.fields)
+                          body_hash=body.digest, **sealed, **fields)
             size = codec.finish_packet(f, hdr, origins, sign)
             path = commit(True)
             commit = None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from syncpack.attach import core as attach_core
-from syncpack.format import codec
+from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.store import chain, exports, history
 from syncpack.store import forks as fork_store
@@ -23,7 +23,7 @@ from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, appl
                                      drop_parked, is_known, park)
 from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
-from syncpack.errors import (ExportError, ForkFoundError, PacketError, PacketSenderError, ScrubbedError,
+from syncpack.errors import (ExportError, ForkFoundError, PacketBodyError, PacketError, PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
                      ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
@@ -32,8 +32,9 @@ from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, PartInfo, ato
 from syncpack.progress import expect
 from syncpack.admin.recovery import RECOVERING, stash_own
 from syncpack.site import Site, wall_ms
-from syncpack.exchange.verify import (DEFAULT_SKEW_MS, OpenPacket, find_packet_files, has_magic, open_packet,
-                     printable, verify)
+from syncpack.exchange.verify import (DEFAULT_SKEW_MS, JoinedPiecesPacket, OpenPacket,
+                                      find_packet_files, has_magic, open_packet, piece_bytes,
+                                      printable, verify)
 
 # Relayed acknowledgements ride in the header; this bounds what one packet carries of them
 # (a 1,000-member family's vectors would otherwise cost megabytes per packet).  The ones a
@@ -333,7 +334,9 @@ def run_export(site: Site, to: list[str] | None, all_peers: bool, max_size: int,
                                   reseal_above=reseal_above)
         written = write(peers, now, sign)
         record_exports(site, written, now)
-    return [ExportedPacket(p.path, plan.name, p.header.count, p.size,
+    # the pieces of one block count its ops once, in the first
+    return [ExportedPacket(p.path, plan.name, 0 if p.header.piece and p.header.piece[0] else
+                           p.header.count, p.size,
                            {site.name_of(o): [lo, hi]
                             for o, (lo, hi) in sorted(p.header.ranges.items())},
                            p.header.seq, p.header.part)
@@ -391,9 +394,103 @@ class ImportResult:
 
 @dataclass
 class _Candidate:
-    pk: OpenPacket
+    pk: OpenPacket | JoinedPiecesPacket
     display: str
     parked_file: Path | None = None
+    piece_data: bytes | None = None     # a piece packet's block bytes, once read
+
+
+def _piece_key(h: Header) -> tuple:
+    (o, (lo, hi)), = h.ranges.items()
+    return h.sender, h.seq, o, lo, hi, h.piece[1]
+
+
+def _first_piece_mismatch(head: bytes, key: tuple) -> str | None:
+    """The first piece begins with the block's header: it must be the block the pieces'
+    headers name, as long as they say (a lying length is refused at once, not waited on)."""
+    _sender, _seq, origin, lo, hi, total = key
+    if len(head) < blocks.HEADER_LEN or head[:4] != blocks.MAGIC:
+        return "the first piece does not begin with a block header"
+    if (head[6:14], int.from_bytes(head[14:22], "big"), int.from_bytes(head[22:30], "big")) \
+            != (origin, lo, hi):
+        return "the first piece holds another block than the pieces' headers name"
+    if blocks.HEADER_LEN + int.from_bytes(head[118:122], "big") != total:
+        return (f"the pieces' headers give the block {total} bytes, its own header "
+                f"{blocks.HEADER_LEN + int.from_bytes(head[118:122], 'big')}")
+    return None
+
+
+def _join_pieces(site: Site, pending: list[_Candidate], res: ImportResult,
+                 reject: Callable[[_Candidate, PacketError], None]) -> list[_Candidate]:
+    """Every complete set of pieces of one block (formats/PACKET.md section 6.4) in
+    ``pending`` becomes one candidate holding the joined block; an incomplete set stays as
+    it is (parked at the end, listed as waiting).  Pieces are matched by sender, link
+    sequence, block range and length, in any order; a copy of a piece with the same bytes is
+    a duplicate, one with other bytes, or a set whose pieces overlap, is refused whole."""
+    out: list[_Candidate] = []
+    groups: dict[tuple, list[_Candidate]] = {}
+    for c in pending:
+        if isinstance(c.pk, JoinedPiecesPacket) or c.pk.header.piece is None:
+            out.append(c)
+        elif is_known(site, c.pk.header):     # its block was joined and applied before
+            if c.parked_file:
+                drop_parked(site, c.pk.header, c.parked_file)
+            else:
+                res.duplicates.append(c.display)
+        else:
+            groups.setdefault(_piece_key(c.pk.header), []).append(c)
+    for key, cs in groups.items():
+        total = key[-1]
+        try:
+            for c in cs:
+                if c.piece_data is None:
+                    c.piece_data = piece_bytes(site, c.pk)
+        except PacketError as e:
+            for c in cs:
+                reject(c, e)
+            continue
+        cs.sort(key=lambda c: (c.pk.header.piece[0], c.pk.header.part))
+        chosen: list[_Candidate] = []
+        reach, bad = 0, None
+        if cs[0].pk.header.piece[0] == 0:
+            bad = _first_piece_mismatch(cs[0].piece_data, key)
+        for c in cs if bad is None else ():
+            off = c.pk.header.piece[0]
+            if chosen and off == chosen[-1].pk.header.piece[0]:
+                if c.piece_data == chosen[-1].piece_data:
+                    res.duplicates.append(c.display)
+                    if c.parked_file:
+                        drop_parked(site, c.pk.header, c.parked_file)
+                    continue
+                bad = "two pieces at the same offset hold different bytes"
+                break
+            if off < reach:
+                bad = f"pieces overlap at offset {off}"
+                break
+            chosen.append(c)
+            reach = off + len(c.piece_data) if off == reach else -1
+        if bad is not None:
+            err = PacketBodyError(f"pieces of a block of {site.name_of(key[2])} (epochs "
+                                  f"{key[3] + 1}..{key[4]}) from {site.name_of(key[0])}: "
+                                  f"{bad}; refused",
+                                  hint="get fresh copies of these packets from the sender")
+            for c in cs:
+                reject(c, err)
+            continue
+        if reach != total:
+            out.extend(chosen)      # waits for the missing pieces
+            continue
+        last = chosen[-1].pk.header
+        anchors: dict[bytes, bytes] = {}
+        for c in chosen:
+            anchors.update(c.pk.header.anchors)
+        hdr = replace(last, piece=None, hlc_max=max(c.pk.header.hlc_max for c in chosen),
+                      anchors=anchors,
+                      mandatory=[f for f in last.mandatory if f != codec.FEATURE_PIECE])
+        joined = JoinedPiecesPacket(chosen[-1].pk.path, hdr,
+                                    b"".join(c.piece_data for c in chosen), chosen)
+        out.append(_Candidate(joined, chosen[-1].display))
+    return out
 
 
 def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
@@ -422,7 +519,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
         for path, named in find_packet_files(paths):
             shown = str(path)       # the real name; human output escapes it when printed
             if not os.path.lexists(path):
-                res.rejected.append({"path": shown, "error": "no such file"})
+                res.rejected.append({"path": shown, "error": "no such file",
+                                     "hint": "check the path (is the medium mounted?)"})
                 continue
             try:
                 pk = open_packet(path)
@@ -562,6 +660,10 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
     unproven: dict[tuple[bytes, bytes], PacketError] = {}
 
     def reject(c: _Candidate, e: PacketError) -> None:
+        if isinstance(c.pk, JoinedPiecesPacket):
+            for piece in c.pk.pieces:
+                reject(piece, e)
+            return
         res.rejected.append({"path": c.display, "error": str(e), "hint": e.hint})
         if c.parked_file:
             drop_parked(site, c.pk.header, c.parked_file)
@@ -572,8 +674,12 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
     while changed:
         changed = False
         still: list[_Candidate] = []
+        pending = sorted(_join_pieces(site, pending, res, reject), key=order)
         for c in pending:
             h = c.pk.header
+            if h.piece is not None:
+                still.append(c)     # its block is not whole yet
+                continue
             if (h.sender, h.packet_id) in seen or is_known(site, h):
                 if c.parked_file:
                     drop_parked(site, h, c.parked_file)
@@ -590,7 +696,9 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
                 continue
             try:
                 n = apply_packet(site, c.pk, progress=progress, parked_file=c.parked_file,
-                                 found_here=frozenset(found.get((h.sender, h.packet_id), ())))
+                                 found_here=frozenset(found.get((h.sender, h.packet_id), ())),
+                                 pieces=[(p.pk.header, p.pk.path, p.parked_file)
+                                         for p in getattr(c.pk, "pieces", ())])
             except ForkDetected as e:
                 with site.write_txn():
                     stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch "
@@ -625,13 +733,20 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
                 continue
             unproven.pop((h.sender, h.packet_id), None)
             seen.add((h.sender, h.packet_id))
-            res.applied.append(c.display)
+            if isinstance(c.pk, JoinedPiecesPacket):
+                seen.update((p.pk.header.sender, p.pk.header.packet_id) for p in c.pk.pieces)
+                res.applied.extend(p.display for p in c.pk.pieces)
+            else:
+                res.applied.append(c.display)
             res.ops_applied += n
             changed = True
         pending = still
     for c in [c for c in pending if (c.pk.header.sender, c.pk.header.packet_id) in unproven]:
         reject(c, unproven[(c.pk.header.sender, c.pk.header.packet_id)])
         pending.remove(c)
+    # a joined block that could not apply yet waits as its pieces
+    pending = [p for c in pending for p in (c.pk.pieces if isinstance(c.pk, JoinedPiecesPacket)
+                                            else [c])]
     vec = site.vector()
     parked_ids = {(c.pk.header.sender, c.pk.header.packet_id) for c in pending if c.parked_file}
     for c in pending:
@@ -639,6 +754,8 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
         if not c.parked_file and (h.sender, h.packet_id) in parked_ids:
             continue  # named again while parked: it stays parked, reported once
         gaps = planning.gaps(h.ranges, vec)
+        if h.piece is not None and not gaps:
+            gaps = dict(h.ranges)       # waits for the block's other pieces
         if not c.parked_file:
             park(site, c.pk, gaps, c.display)
         res.parked.append({"path": c.display, "waiting_for": {

@@ -53,6 +53,31 @@ class OpenPacket:
         self.f.close()
 
 
+@dataclass
+class JoinedPiecesPacket:
+    """The pieces of one block (formats/PACKET.md section 6.4), joined: applied like an update
+    packet whose body is that one block, under a header made from the pieces' own (each
+    verified, signed by the sender).  ``pieces`` are the piece packets, to be recorded with it."""
+    path: Path
+    header: Header
+    data: bytes
+    pieces: list
+
+    def close(self) -> None:
+        pass
+
+
+def piece_bytes(site: Site, pk: OpenPacket) -> bytes:
+    """The block bytes a verified piece packet carries, unsealed; they must lie inside the
+    block's length its header gives."""
+    data = b"".join(codec.body_chunks(pk.f, pk.env, keys.unsealer(site.path)))
+    off, total = pk.header.piece
+    if not data or off + len(data) > total:
+        raise PacketBodyError(f"piece at offset {off} holds {len(data)} bytes of a block of "
+                              f"{total}: it runs past the block's end or is empty")
+    return data
+
+
 def is_regular(path: Path) -> bool:
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
@@ -240,6 +265,10 @@ def signature_state(site: Site | None, pk: OpenPacket) -> str:
 
 def packet_blocks(site: Site, pk: OpenPacket) -> Iterator[bytes]:
     """The raw blocks of a verified update packet's body, unsealed, one at a time."""
+    if isinstance(pk, JoinedPiecesPacket):
+        return blocks.split_blocks(iter([pk.data]))     # exactly one block, or refused
+    if pk.header.piece is not None:
+        raise PacketBodyError("a piece of a block is applied only with all its pieces")
     return blocks.split_blocks(codec.body_chunks(pk.f, pk.env, keys.unsealer(site.path)))
 
 

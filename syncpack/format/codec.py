@@ -238,8 +238,13 @@ SIGNING_CONTEXT = b"syncpack packet signature v1\x00"
 KIND_UPDATE = "update"
 KIND_SNAPSHOT = "snapshot"
 FEATURE_BLOCKS = "blocks"       # the body of an update packet: origin-signed blocks
-KNOWN_MANDATORY = frozenset({"zstd", FEATURE_BLOCKS, "seal-x25519-chacha20poly1305"})
 FEATURE_SEAL = "seal-x25519-chacha20poly1305"
+# The body is one piece of one block too large for the medium (PACKET.md section 6.4): a
+# reader that does not know pieces must refuse the packet, never read the piece as blocks.
+FEATURE_PIECE = "block-piece"
+KNOWN_MANDATORY = frozenset({"zstd", FEATURE_BLOCKS, FEATURE_SEAL, FEATURE_PIECE})
+# The bytes of one block a piece may belong to: a block's whole length at most.
+MAX_PIECE_TOTAL = BLOCK_HEADER_LEN + (256 * 1024 * 1024) + ((256 * 1024 * 1024) >> 7) + 1024
 # Fork evidence, heads and 'kept' in the header (docs/design.md §3.10): old readers may ignore
 # them (they then find forks only where the blocks meet).
 FEATURE_FORKS = "forks"
@@ -318,6 +323,8 @@ class Header:
     # Block hashes of the sender's own origin: at forks of its history it healed, the version
     # it kept (its signed word, as this whole header is).
     kept: list[bytes] = field(default_factory=list)
+    # A piece packet (FEATURE_PIECE): (offset, total) of the block bytes its body holds.
+    piece: tuple[int, int] | None = None
 
     @property
     def sealed(self) -> bool:
@@ -373,6 +380,8 @@ class Header:
             h["forks"] = [[a, b] for a, b in self.forks]
         if self.kept:
             h["kept"] = list(self.kept)
+        if self.piece is not None:
+            h["piece"] = [self.piece[0], self.piece[1]]
         if self.kind == KIND_SNAPSHOT:
             h["roster"] = [[m["name"], m["id"], m["ed25519"], m["x25519"], m["priority"]]
                            for m in self.roster]
@@ -529,6 +538,17 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
     else:
         for o, (lo, hi) in hdr.ranges.items():
             _need(hi > lo, "empty range")
+    piece = h.get("piece")
+    if FEATURE_PIECE in req:
+        _need(kind == KIND_UPDATE and isinstance(piece, list) and len(piece) == 2
+              and all(type(x) is int for x in piece)
+              and 0 <= piece[0] < piece[1] <= MAX_PIECE_TOTAL
+              and len(hdr.ranges) == 1, "a piece packet carries 'piece': [offset, total] "
+              "within a block's size limit, and the range of that one block")
+        hdr.piece = (piece[0], piece[1])
+    else:
+        _need(piece is None, f"field 'piece' needs {FEATURE_PIECE!r} in 'req'")
+    if kind != KIND_SNAPSHOT:
         _need(sum(hi - lo for lo, hi in hdr.ranges.values()) == hdr.count,
               "op count does not match the ranges")
     return hdr, origins
