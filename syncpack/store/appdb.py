@@ -84,17 +84,40 @@ def write_txn(conn: Connection) -> Iterator[Connection]:
     """Our writes into the application's file: the write lock up front (we wait for the
     application's writers), the applying marker so our own writes are not captured, and the
     marker gone before COMMIT."""
+    begin_write(conn)
+    try:
+        yield conn
+    except BaseException:
+        end_write(conn, False)
+        raise
+    end_write(conn, True)
+
+
+def begin_write(conn: Connection) -> None:
+    """:func:`write_txn` for a caller that decides at the end whether to commit
+    (:func:`end_write`)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         if has_table(conn, APPLYING):
             conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
-        yield conn
-        if has_table(conn, APPLYING):
-            conn.execute(f"DELETE FROM {APPLYING}")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
+
+
+def end_write(conn: Connection, commit: bool) -> None:
+    if not commit:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        return
+    try:
+        if has_table(conn, APPLYING):
+            conn.execute(f"DELETE FROM {APPLYING}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        raise
 
 
 def has_table(conn: Connection, name: str) -> bool:

@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -199,6 +199,15 @@ MIGRATIONS: list[str] = [
     CREATE TABLE field_history(collection TEXT NOT NULL, key TEXT NOT NULL, csn BLOB NOT NULL,
                                value BLOB, stamps BLOB, replaced BLOB NOT NULL,
                                PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
+    """,
+    # 8: an import writes an attached table's rows as they arrive, in an application
+    # transaction that commits after the store's; each batch so written leaves the range of its
+    # CSNs here, in the store transaction that inserted it, until the application's commit is
+    # known (syncpack/store/attached.py, attach/core.py DirectApply).
+    """
+    CREATE TABLE attach_inflight(token BLOB NOT NULL, n INTEGER NOT NULL,
+                                 collection TEXT NOT NULL, origin BLOB, lo BLOB NOT NULL,
+                                 hi BLOB NOT NULL, PRIMARY KEY(token, n)) WITHOUT ROWID;
     """,
 ]
 
