@@ -753,6 +753,7 @@ def check(site: Site) -> list[str]:
                                     f"(the next capture compares the whole table)")
                     continue
                 skip = set(attached.pending_keys(site.conn, name))
+                skip |= attached.inflight_keys(site.conn, name)
                 skip |= {k for c, k, _t, _a in attached.clashes(site.conn, name)}
                 single = len(t.pk) == 1
                 for _s, key_vals, _r in appdb.changed_rows(app, t, since, 1 << 62):

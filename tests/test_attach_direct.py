@@ -1,0 +1,112 @@
+"""An import writes attached rows straight into the application's table (attach/core.py
+DirectApply): what happens when it does not get to commit them (issue 21, points 2 and 4).
+
+Each batch written leaves a mark of its CSNs in the store transaction that inserted it; the
+application's transaction commits only if every mark did, and marks left over make their keys
+pending again, so the next command writes them the ordinary way.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from syncpack.errors import PacketBodyError
+from syncpack.exchange import apply as apply_mod, sync
+from syncpack.site import Site
+from syncpack.store import appdb, attached
+
+from test_attach import SCHEMA, app, attach_all, assert_converged, make_family, sp, table
+
+
+def two_sites(tmp_path):
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, SCHEMA)
+    attach_all(sites, dbs)
+    return sites, dbs
+
+
+def rows_sql(lo: int, hi: int) -> list[str]:
+    return [f"WITH RECURSIVE n(i) AS (SELECT {lo} UNION ALL SELECT i + 1 FROM n WHERE i < {hi - 1}) "
+            f"INSERT INTO items(id, i, t, b) SELECT printf('k%05d', i), i, 't' || i, "
+            f"CAST(printf('%04x', i) AS BLOB) FROM n"]
+
+
+def export(sites, tmp_path, name):
+    out = tmp_path / name
+    sp(sites["a"], "export", "--to", "b", "--out", out, "--create-out")
+    return out
+
+
+def test_an_import_stopped_before_the_application_commits_is_written_by_the_next_command(
+        tmp_path, monkeypatch):
+    sites, dbs = two_sites(tmp_path)
+    app(dbs["a"], rows_sql(0, 2500), ["INSERT INTO pairs VALUES ('p', 1, 2.5)"])
+    out = export(sites, tmp_path, "drop1")
+    real = appdb.end_write
+
+    def power_cut(conn, commit):
+        # the import's own transaction (rows of items in it): gone before its COMMIT
+        if commit and conn.execute("SELECT count(*) FROM items").fetchone()[0]:
+            real(conn, False)
+            raise RuntimeError("power cut")
+        real(conn, commit)
+
+    monkeypatch.setattr(appdb, "end_write", power_cut)
+    with Site.open(sites["b"]) as s:
+        with pytest.raises(RuntimeError, match="power cut"):
+            sync.import_packets(s, [out])
+        assert attached.has_inflight(s.conn)      # the rows went the direct way
+    monkeypatch.undo()
+    assert table(dbs["b"], "items") == []
+    assert sp(sites["b"], "fsck").code == 0     # keys on their way are not differences
+    # the application writes meanwhile: one of those keys, concurrently
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('k00007', -7)"])
+    sp(sites["b"], "capture")
+    got = {r[0]: r for r in table(dbs["b"], "items")}
+    assert len(got) == 2500 and got["k00100"] == table(dbs["a"], "items")[100]
+    with Site.open(sites["b"]) as s:
+        assert not attached.has_inflight(s.conn)
+    # the local write never saw the peer's row: a conflict, not an overwrite
+    r = sp(sites["b"], "conflicts", "items")
+    assert "k00007" in r.out
+    app(dbs["a"], ["UPDATE items SET i = 0 WHERE id = 'k00001'"], ["DELETE FROM items WHERE "
+                                                                  "id = 'k00002'"])
+    sp(sites["b"], "export", "--to", "a", "--out", tmp_path / "back", "--create-out")
+    sp(sites["a"], "import", tmp_path / "back")
+    sp(sites["b"], "import", export(sites, tmp_path, "drop2"))
+    assert_converged(sites, dbs)
+
+
+def test_a_packet_rolled_back_after_its_rows_went_in_leaves_nothing_of_it(tmp_path, monkeypatch):
+    sites, dbs = two_sites(tmp_path)
+    app(dbs["a"], rows_sql(0, 1500))
+    out = export(sites, tmp_path, "drop")
+    app(dbs["a"], rows_sql(1500, 3000), ["UPDATE items SET t = 'new' WHERE id < 'k00010'"])
+    export(sites, tmp_path, "drop")             # a second packet beside the first
+    first = {r[0]: r for r in table(dbs["a"], "items") if r[0] < "k01500"}
+    real, calls = apply_mod.note_header, []
+
+    def refuse_second(site, h, applied):
+        calls.append(h)
+        if len(calls) == 2:
+            raise PacketBodyError("refused for the test")
+        real(site, h, applied)
+
+    monkeypatch.setattr(apply_mod, "note_header", refuse_second)
+    with Site.open(sites["b"]) as s:
+        res = sync.import_packets(s, [out])
+    monkeypatch.undo()
+    assert len(res.applied) == 1 and len(res.rejected) == 1
+    got = {r[0]: r for r in table(dbs["b"], "items")}
+    assert got.keys() == first.keys()
+    assert got["k00003"][6] == "t3"            # the second packet's update is not there
+    assert sp(sites["b"], "fsck").code == 0
+    sp(sites["b"], "import", out)
+    assert_converged(sites, dbs)
+    c = sqlite3.connect(dbs["b"])
+    assert c.execute("SELECT count(*) FROM items").fetchone()[0] == 3000
+    c.close()
