@@ -110,3 +110,77 @@ def test_a_packet_rolled_back_after_its_rows_went_in_leaves_nothing_of_it(tmp_pa
     c = sqlite3.connect(dbs["b"])
     assert c.execute("SELECT count(*) FROM items").fetchone()[0] == 3000
     c.close()
+
+
+def test_check_and_not_null_clashes_are_listed_and_let_through_after_a_fix(tmp_path):
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    # the same table, stricter at b: its own CHECK and NOT NULL
+    app(dbs["a"], ["CREATE TABLE stock(id TEXT PRIMARY KEY, qty INTEGER, note TEXT)"])
+    app(dbs["b"], ["CREATE TABLE stock(id TEXT PRIMARY KEY, qty INTEGER CHECK (qty >= 0), "
+                   "note TEXT NOT NULL)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "stock")
+    app(dbs["a"], ["INSERT INTO stock VALUES ('s1', -5, 'x')",
+                   "INSERT INTO stock VALUES ('s2', 3, NULL)",
+                   "INSERT INTO stock VALUES ('s3', 1, 'ok')"])
+    out = export(sites, tmp_path, "drop1")
+    r = sp(sites["b"], "import", out)
+    assert [x[0] for x in table(dbs["b"], "stock")] == ["s3"]
+    r = run_json(sites["b"], "conflicts", "stock")
+    got = {c["key"]: c["constraint"] for c in r["conflicts"]}
+    assert "CHECK" in got["s1"] and "NOT NULL" in got["s2"], got
+    assert "NOT NULL" in sp(sites["b"], "conflicts").out
+    assert sp(sites["b"], "fsck").code == 0
+    # s1: resolved here; s2: a write at the origin removes the clash
+    sp(sites["b"], "conflicts", "resolve", "stock", "s1", "--value",
+       '{"id": "s1", "qty": 5, "note": "x"}')
+    app(dbs["a"], ["UPDATE stock SET note = 'filled' WHERE id = 's2'"])
+    sp(sites["b"], "import", export(sites, tmp_path, "drop2"))
+    sp(sites["b"], "export", "--to", "a", "--out", tmp_path / "back", "--create-out")
+    sp(sites["a"], "import", tmp_path / "back")
+    assert run_json(sites["b"], "conflicts")["conflicts"] == []
+    assert_converged(sites, dbs, ("stock",))
+    assert [(x[0], x[2], x[4]) for x in table(dbs["b"], "stock")] == [
+        ("s1", 5, "x"), ("s2", 3, "filled"), ("s3", 1, "ok")]
+
+
+def test_a_deferred_foreign_key_clash_is_a_conflict_not_a_crash(tmp_path):
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    schema = ["CREATE TABLE users(id TEXT PRIMARY KEY, name TEXT)",
+              "CREATE TABLE orders(id TEXT PRIMARY KEY, user TEXT REFERENCES users(id) "
+              "DEFERRABLE INITIALLY DEFERRED, qty INTEGER)"]
+    for db in dbs.values():
+        app(db, schema)
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "users", "--table", "orders")
+    app(dbs["a"], ["INSERT INTO users VALUES ('u1', 'one')",
+                   "INSERT INTO orders VALUES ('o1', 'u1', 1)"])
+    exchange_ab(sites, tmp_path)
+    # a child whose parent is gone at b
+    app(dbs["b"], ["DELETE FROM orders", "DELETE FROM users"])
+    app(dbs["a"], ["INSERT INTO orders VALUES ('o2', 'u1', 2)"])
+    sp(sites["a"], "capture")
+    sp(sites["b"], "import", export(sites, tmp_path, "drop2"))
+    assert table(dbs["b"], "orders") == []
+    r = run_json(sites["b"], "conflicts", "orders")
+    clash = [c for c in r["conflicts"] if c["key"] == "o2"]
+    assert clash and "FOREIGN KEY" in clash[0]["constraint"], r
+    assert sp(sites["b"], "fsck").code == 0
+    sp(sites["b"], "conflicts", "resolve", "orders", "o2", "--value",
+       '{"id": "o2", "user": null, "qty": 2}')
+    exchange_ab(sites, tmp_path)
+    assert_converged(sites, dbs, ("users", "orders"))
+
+
+def run_json(site, *args):
+    from conftest import run
+    r = run("--json", *args, site=site)
+    assert r.code == 0, r
+    return r.json
+
+
+def exchange_ab(sites, tmp_path):
+    from test_attach import exchange
+    exchange(tmp_path, sites)

@@ -15,7 +15,8 @@ Only this module knows the shape of those tables and triggers.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
@@ -52,6 +53,11 @@ class TableInfo:
     virtual: bool
     uniques: list[list[str]]      # other UNIQUE indexes (plain columns only)
     parents: list[str]            # tables this one references by FOREIGN KEY
+    # Foreign keys SQLite checks only at COMMIT (DEFERRABLE INITIALLY DEFERRED), which a
+    # row's savepoint cannot catch: (child table, child columns, parent table, parent
+    # columns) where this table is the child, and where it is the parent.
+    deferred: list[tuple[str, list[str], str, list[str]]] = field(default_factory=list)
+    deferred_children: list[tuple[str, list[str], str, list[str]]] = field(default_factory=list)
 
 
 def open_app(path: Path) -> Connection:
@@ -173,7 +179,46 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
                 uniques.append(icols)
     parents = sorted({r[2] for r in conn.execute(f"PRAGMA foreign_key_list({q(name)})")}) \
         if not virtual else []
-    return TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents)
+    info = TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents)
+    if not virtual:
+        info.deferred = _deferred_fks(conn, name, sql)
+        for (other, osql) in conn.execute(
+                "SELECT name, sql FROM sqlite_schema WHERE type='table' AND name != ?", (name,)):
+            info.deferred_children += [fk for fk in _deferred_fks(conn, other, osql or "")
+                                       if fk[2] == name]
+    return info
+
+
+_DEFERRED = re.compile(r"DEFERRABLE\s+INITIALLY\s+DEFERRED", re.I)
+
+
+def _deferred_fks(conn: Connection, table: str, sql: str
+                  ) -> list[tuple[str, list[str], str, list[str]]]:
+    """The foreign keys of ``table`` when any of them is deferred (all of them then: checking
+    an immediate one again is harmless, and telling them apart would need an SQL parser)."""
+    if not _DEFERRED.search(sql):
+        return []
+    fks: dict[int, tuple[str, list[str], list[str | None]]] = {}
+    for r in conn.execute(f"PRAGMA foreign_key_list({q(table)})"):
+        fid, _seq, parent, frm, to = r[0], r[1], r[2], r[3], r[4]
+        fks.setdefault(fid, (parent, [], []))
+        fks[fid][1].append(frm)
+        fks[fid][2].append(to)
+    out = []
+    for parent, frm, to in fks.values():
+        if any(c is None for c in to):     # the parent's primary key
+            to = [r[1] for r in sorted(conn.execute(f"PRAGMA table_info({q(parent)})"),
+                                       key=lambda r: r[5]) if r[5]]
+        out.append((table, frm, parent, list(to)))
+    return out
+
+
+def _violations_sql(fk: tuple[str, list[str], str, list[str]]) -> str:
+    """WHERE text true for a row of the child table that breaks ``fk``."""
+    child, frm, parent, to = fk
+    present = " AND ".join(f"c.{q(f)} IS NOT NULL" for f in frm)
+    match = " AND ".join(f"p.{q(t)} = c.{q(f)}" for f, t in zip(frm, to))
+    return f"({present} AND NOT EXISTS (SELECT 1 FROM {q(parent)} p WHERE {match}))"
 
 
 def create_table(conn: Connection, name: str, sql: str) -> None:
@@ -353,6 +398,20 @@ class Writer:
         self._delete = f"DELETE FROM {q(t.name)} WHERE {where}"
         self._cols = set(t.columns)
         self._sql: dict[tuple[str, ...], str] = {}
+        # deferred foreign keys are checked by hand, in the row's savepoint (see TableInfo)
+        self._check_put = self._check_delete = None
+        if t.deferred:
+            self._check_put = (f"SELECT 1 FROM {q(t.name)} c WHERE "
+                               + " AND ".join(f"c.{q(c)} = ?" for c in t.pk) + " AND ("
+                               + " OR ".join(map(_violations_sql, t.deferred)) + ")")
+        if t.deferred_children:
+            # children of the deleted key only, when they refer to it by its primary key
+            self._check_delete = "SELECT 1 WHERE " + " OR ".join(
+                f"EXISTS (SELECT 1 FROM {q(fk[0])} c WHERE "
+                + ("".join(f"c.{q(f)} = ?{1 + t.pk.index(to)} AND "
+                           for f, to in zip(fk[1], fk[3])) if sorted(fk[3]) == sorted(t.pk)
+                   else "") + f"{_violations_sql(fk)})"
+                for fk in t.deferred_children)
 
     def _upsert(self, cols: tuple[str, ...]) -> str:
         sql = self._sql.get(cols)
@@ -368,7 +427,10 @@ class Writer:
 
     def put(self, row: dict) -> str | None:
         cols = tuple(c for c in row if c in self._cols)
-        return self._one(self._upsert(cols), [row[c] for c in cols])
+        check = None
+        if self._check_put:
+            check = (self._check_put, [row.get(c) for c in self.t.pk])
+        return self._one(self._upsert(cols), [row[c] for c in cols], check)
 
     def put_many(self, rows: list[dict]) -> list[str | None]:
         """Each row's constraint message or None; the whole batch in one savepoint, and row by
@@ -377,7 +439,7 @@ class Writer:
             return []
         cols = tuple(c for c in rows[0] if c in self._cols)
         first = rows[0].keys()
-        if all(map(first.__eq__, map(dict.keys, rows))):
+        if self._check_put is None and all(map(first.__eq__, map(dict.keys, rows))):
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 get = itemgetter(*cols)
@@ -392,12 +454,15 @@ class Writer:
         return [self.put(r) for r in rows]
 
     def delete(self, key: tuple) -> str | None:
-        return self._one(self._delete, list(key))
+        return self._one(self._delete, list(key),
+                         (self._check_delete, list(key)) if self._check_delete else None)
 
-    def _one(self, sql: str, args: list) -> str | None:
+    def _one(self, sql: str, args: list, check: tuple[str, list] | None = None) -> str | None:
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
             self.conn.execute(sql, args)
+            if check and self.conn.execute(*check).fetchone() is not None:
+                raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
         except apsw.ConstraintError as e:
             self.conn.execute("ROLLBACK TO syncpack_row")
             self.conn.execute("RELEASE syncpack_row")
