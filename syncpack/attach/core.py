@@ -10,7 +10,12 @@ See docs/attach.md for the model.  The order of commits is what makes a crash ha
   overwritten before it is in the changelog), writes each pending key's visible record, each
   row in a savepoint (a row the local schema refuses is rolled back alone and recorded as a
   clash), commits the application's file, and only then clears the pending keys in the store.
-  A crash before that leaves the keys pending, and writing a visible record twice is harmless.
+  A crash before that leaves the keys pending, and writing a visible record twice is harmless;
+- an import (:class:`DirectApply`) holds that lock, captures first, and writes rows whose new
+  version is their key's only one as the store inserts them, leaving a mark of their CSNs in
+  the same store transaction; the application commits only if every mark committed, and only
+  then are the marks dropped.  Marks found later (a crash) make their keys pending again
+  (:func:`_recover`, before any capture).
 
 The lock order is always the application's file, then the store; every step holds the site's
 own lock (one syncpack command at a time works on an attachment).
