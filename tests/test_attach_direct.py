@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from syncpack.errors import PacketBodyError
 from syncpack.exchange import apply as apply_mod, sync
@@ -184,3 +185,24 @@ def run_json(site, *args):
 def exchange_ab(sites, tmp_path):
     from test_attach import exchange
     exchange(tmp_path, sites)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(0, 2)), max_size=12),
+       st.lists(st.sampled_from("abcdefghij"), min_size=1, max_size=8))
+def test_several_versions_names_exactly_the_keys_with_more_than_one(tmp_path_factory, held,
+                                                                   batch):
+    from syncpack.store import db
+    conn = db.create(tmp_path_factory.mktemp("s") / "store.db")
+    try:
+        # as in an import: the batch's own versions are in, and maybe others
+        rows = {(k, bytes([v]) * 20) for k, v in held} | {(k, b"n" * 20) for k in batch}
+        conn.executemany("INSERT INTO versions VALUES ('t', ?, ?, NULL)", rows)
+        conn.execute("INSERT INTO versions VALUES ('u', 'c', ?, NULL)", (b"z" * 20,))
+        counts: dict[str, int] = {}
+        for k, _c in rows:
+            counts[k] = counts.get(k, 0) + 1
+        want = {k for k in batch if counts.get(k, 0) > 1}
+        assert attached.several_versions(conn, "t", batch) == want
+    finally:
+        conn.close()

@@ -306,10 +306,21 @@ def note_new_versions(conn: Connection, rows: list[tuple[str, str, bytes, bytes 
 
 
 def several_versions(conn: Connection, collection: str, keys: list[str]) -> set[str]:
-    """Those of ``keys`` that have more than one surviving version (one statement: the keys
-    travel as one JSON array, not as a binding each)."""
+    """Those of ``keys``, each holding a version already (just inserted), that have more than
+    one surviving version (one statement: the keys travel as one JSON array, not as a binding
+    each)."""
     if not keys:
         return set()
+    n = len(keys)
+    if len(set(keys)) == n:
+        # The common bulk case first: the batch's keys are all the versions between its lowest
+        # and highest key (a load in key order), so none has a second one.  Counting stops
+        # past n, whatever else the range holds.
+        held = conn.execute("SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection=? "
+                            "AND key BETWEEN ? AND ? LIMIT ?)",
+                            (collection, min(keys), max(keys), n + 1)).fetchone()[0]
+        if held == n:
+            return set()
     return {r[0] for r in conn.execute(
         "SELECT j.value FROM json_each(?) j WHERE (SELECT count(*) FROM versions v "
         "WHERE v.collection=? AND v.key=j.value) > 1", (json.dumps(keys), collection))}
