@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager, nullcontext
+from itertools import chain as joined
 from pathlib import Path
 from typing import Iterator
 
@@ -189,17 +190,16 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
            ) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
     """Write every pending key's visible record into the application's tables; the caller
     holds the write lock of ``app``.  Returns (rows written, clashes) per table; every
-    pending key of a table named in either was handled (only counts are kept, so memory does
-    not grow with the keys)."""
+    pending key of a table named in either was handled (only counts are kept, and the keys
+    are streamed, so memory does not grow with them)."""
     conn = site.conn
     done: dict[str, int] = {}
     clashes: dict[str, dict[str, str]] = {}
     order = rows.fk_order({n: t.parents for n, t in infos.items()})
-    deletes: list[tuple[str, str, tuple]] = []
+    has_deletes: list[str] = []
     for name in order:
         t = infos[name]
         w = appdb.Writer(app, t)
-        aff = [t.affinity.get(c, "BLOB") for c in t.pk]
         parts = rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK)
         first = next(parts, None)
         if first is None:
@@ -207,32 +207,44 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         done.setdefault(name, 0)
         big = len(first) >= PAUSE_CAPTURE_AT
         with appdb.capture_paused(app, t) if big else nullcontext():
-            _apply_part(site, w, aff, first, deletes, done, clashes)
-            for part in parts:
-                _apply_part(site, w, aff, part, deletes, done, clashes)
-    # Children go before their parents.
-    rank = {n: i for i, n in enumerate(order)}
-    for name, key, vals in sorted(deletes, key=lambda d: -rank[d[0]]):
-        err = appdb.Writer(app, infos[name]).delete(vals)
-        if err:
-            clashes.setdefault(name, {})[key] = err
-        else:
-            done[name] = done.get(name, 0) + 1
+            for part in joined([first], parts):
+                if _apply_part(site, w, part, done, clashes):
+                    has_deletes.append(name)
+    # Deletes after every put, children before their parents: a second pass over the keys.
+    for name in reversed(order):
+        if name not in has_deletes:
+            continue
+        t = infos[name]
+        w = appdb.Writer(app, t)
+        aff = [t.affinity.get(c, "BLOB") for c in t.pk]
+        for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
+            for key, v in _visible_part(site, name, part):
+                if v is not None:
+                    continue
+                err = w.delete(rows.decode_key(key, aff))
+                if err:
+                    clashes.setdefault(name, {})[key] = err
+                else:
+                    done[name] += 1
     return done, clashes
 
 
-def _apply_part(site: Site, w: appdb.Writer, aff: list[str],
-                part: list[tuple[str, int, bytes | None]], deletes: list,
-                done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
-    """Write one chunk of (key, number of versions, the value if exactly one) of table
-    ``w.t``; deletes are only collected (they go after all puts, children first)."""
-    name = w.t.name
+def _visible_part(site: Site, name: str, part: list[tuple[str, int, bytes | None]]
+                  ) -> list[tuple[str, bytes | None]]:
+    """(key, visible value or None) of a chunk of :func:`attached.pending_visible`."""
     several = {k: _visible(site, name, attached.versions_of(site.conn, name, k), k)
                for k, n, _v in part if n > 1}
-    vis = [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
-    deletes.extend((name, k, rows.decode_key(k, aff)) for k, v in vis if v is None)
+    return [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
+
+
+def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | None]],
+                done: dict[str, int], clashes: dict[str, dict[str, str]]) -> bool:
+    """Write the live records of one chunk of (key, number of versions, the value if exactly
+    one) of table ``w.t``; returns whether it holds deletes (they go after all puts)."""
+    name = w.t.name
+    vis = _visible_part(site, name, part)
     live = [(k, v) for k, v in vis if v is not None]
-    values = list(map(codec.decode_value, [v for _k, v in live]))
+    values = codec.decode_values([v for _k, v in live])
     if not all(v.__class__ is dict for v in values):
         bad = {i for i, v in enumerate(values) if not isinstance(v, dict)}
         for i in bad:
@@ -240,6 +252,7 @@ def _apply_part(site: Site, w: appdb.Writer, aff: list[str],
         live = [x for i, x in enumerate(live) if i not in bad]
         values = [v for i, v in enumerate(values) if i not in bad]
     _put_all(w, name, [k for k, _v in live], values, done, clashes)
+    return any(v is None for _k, v in vis)
 
 
 def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:

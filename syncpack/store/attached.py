@@ -366,5 +366,7 @@ def has_inflight(conn: Connection) -> bool:
 
 def inflight_keys(conn: Connection, collection: str) -> set[str]:
     """Keys of ``collection`` in the marks of an unfinished import (fsck leaves them out)."""
+    if not has_inflight(conn):
+        return set()
     return {r[0] for r in conn.execute("SELECT DISTINCT v.key " + _IN_RANGE
                                        + " WHERE v.collection=?", (collection,))}
