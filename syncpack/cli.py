@@ -1215,9 +1215,11 @@ def _local_json(f):
 @click.option("--table", "tables", multiple=True, metavar="T",
               help="Table to replicate (repeat); it needs a declared PRIMARY KEY.")
 @click.option("--all-tables", is_flag=True, help="Replicate every table of DATABASE.")
+@click.option("--refresh", is_flag=True,
+              help="Accept the attached tables' changed definitions (all, or --table T).")
 @_local_json
 @click.pass_obj
-def attach_(obj: Ctx, database, tables, all_tables, as_json):
+def attach_(obj: Ctx, database, tables, all_tables, refresh, as_json):
     """Replicate tables of an application's SQLite database, the application unchanged.
 
     Rows already in the tables become this site's changes; from now on every committed
@@ -1227,9 +1229,17 @@ def attach_(obj: Ctx, database, tables, all_tables, as_json):
     \b
     Example:
       syncpack --site boston attach /srv/shop/shop.db --table orders --table customers
+      syncpack --site boston attach /srv/shop/shop.db --refresh --table orders
     """
     obj.json = obj.json or as_json
     s = obj.open()
+    if refresh:
+        if all_tables:
+            raise click.UsageError("use either --refresh [--table T...] or --all-tables")
+        doc = attach_core.refresh(s, database, list(tables) or None)
+        obj.emit(doc, "\n".join(f"refreshed {t['table']} ({len(t['columns'])} columns, "
+                                f"{t['changes']} change(s) captured)" for t in doc["refreshed"]))
+        return
     doc = attach_core.attach(s, database, list(tables), all_tables)
     for w in doc["warnings"]:
         obj.warn(w)
@@ -1285,6 +1295,13 @@ def _attached_text(doc: dict) -> str:
         rows = "?" if t["rows"] is None else t["rows"]
         lines.append(f"{printable(t['table']):20} {rows:>10} {t['pending']:>8}  "
                      f"{_utc(t['last_capture']):18}  {_utc(t['last_apply'])}")
+        if t.get("stopped"):
+            lines.append(f"  STOPPED: {printable(t['stopped'])}")
+        if t.get("waiting"):
+            lines.append(f"  {t['waiting']} record(s) wait for a column this table lacks")
+    if doc.get("available"):
+        lines.append("attached at a peer, not here: " + ", ".join(map(printable,
+                                                                     doc["available"])))
     return "\n".join(lines)
 
 
@@ -1303,6 +1320,8 @@ def capture_(obj: Ctx, as_json):
     obj.json = obj.json or as_json
     s = obj.open()
     doc = attach_core.capture(s)
+    for why in doc.get("refused", []):
+        obj.warn(why)
     obj.emit(doc, f"captured {doc['captured']} change(s), applied {doc['applied']} record(s)"
              + (f", {doc['clashes']} refused by the schema (see 'syncpack conflicts')"
                 if doc["clashes"] else ""))

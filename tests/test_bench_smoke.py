@@ -114,3 +114,15 @@ def test_bench_attach_smoke(tmp_path):
     assert set(res["targets"]) == {"bulk_write_ratio", "single_write_ratio",
                                    "capture_rows_per_s", "import_vs_changeset_apply"}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_attach_schema_smoke():
+    """tools/bench_attach_schema.py runs end to end at a tiny size and reports every figure."""
+    tool = BENCH.parent / "bench_attach_schema.py"
+    r = subprocess.run([sys.executable, str(tool), "--tables", "2", "--repeat", "3"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["tables"] == 2
+    for k in ("capture_ms_with_review", "capture_ms_without_review", "ratio"):
+        assert res[k] > 0, k

@@ -57,6 +57,11 @@ FAMILIES: list[tuple[str, str, str]] = [
      "into the changelog."),
     ("syncpack_attached_rows", "gauge",
      "Rows in the attached application table."),
+    ("syncpack_attached_stopped", "gauge",
+     "1 while capture of the attached table is stopped by a schema change peers cannot "
+     "follow (see 'syncpack attached'), else 0."),
+    ("syncpack_attached_waiting_records", "gauge",
+     "Records that wait for a column the attached table lacks."),
     ("syncpack_batch_last_run_timestamp_seconds", "gauge",
      "Unix time the last batch round ended."),
     ("syncpack_batch_last_run_ok", "gauge",
@@ -145,6 +150,8 @@ def samples(status: dict, batch: BatchRound | None = None) \
         out["syncpack_attached_pending_changes"].append((lab, t["pending"]))
         if t.get("rows") is not None:
             out["syncpack_attached_rows"].append((lab, t["rows"]))
+        out["syncpack_attached_stopped"].append((lab, int(bool(t.get("stopped")))))
+        out["syncpack_attached_waiting_records"].append((lab, t.get("waiting", 0)))
     if batch is not None:
         out["syncpack_batch_last_run_timestamp_seconds"].append((site, batch.finished_s))
         out["syncpack_batch_last_run_ok"].append((site, int(batch.ok)))

@@ -29,7 +29,7 @@ from itertools import chain as joined
 from pathlib import Path
 from typing import Iterator
 
-from syncpack.attach import rows
+from syncpack.attach import rows, schema, shapes
 from syncpack.errors import AttachError, LockedError, UsageError
 from syncpack.format import codec
 from syncpack.rules.conflict import Version, pick
@@ -181,7 +181,9 @@ def _write_bounded(tx, name: str, batch: list, size: int) -> int:
 def _forget(app: appdb.Connection, site: Site) -> None:
     att = attached.attachment(site.conn)
     if att is not None:
-        appdb.forget_changes(app, att[1])
+        # A stopped table's changes stay: its refresh needs the keys changed meanwhile.
+        stopped = [n for n, (_s, why) in attached.shapes(site.conn).items() if why]
+        appdb.forget_changes(app, att[1], stopped)
 
 
 # --- apply --------------------------------------------------------------------------------------
@@ -337,6 +339,9 @@ class DirectApply:
                 infos[name] = t
             appdb.begin_write(app)
             try:
+                # as _cycle does; peers' new columns are added by the apply after the import
+                # (a record that needs one waits for it there)
+                infos = schema.review(site, app, infos)     # stopped tables are left out
                 _heal(site, app, infos)
                 _capture(site, app, infos)
                 _forget(app, site)
@@ -478,7 +483,9 @@ def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bo
             batch = []
             for key, raw in items:
                 vs = current.get(key, ())
-                if len(vs) == 1 and vs[0][1] == raw:
+                if len(vs) == 1 and (vs[0][1] == raw or rescan and vs[0][1] is not None
+                                     and rows.same_row(codec.decode_value(vs[0][1]),
+                                                       codec.decode_value(raw))):
                     continue
                 if tx.seq + len(batch) >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
                     tx.write_many(name, batch)
@@ -506,17 +513,21 @@ def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bo
 
 def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> dict:
     """Capture, then apply, under the application's write lock."""
+    refused: list[str] = []
     with appdb.write_txn(app):
+        infos = schema.review(site, app, infos)     # stopped tables are left out
         _heal(site, app, infos)
         captured = _capture(site, app, infos)
+        infos, grown = schema.follow(site, app, infos, refused)     # peers' new columns
         done, clashes = ({}, {})
         if attached.has_pending(site.conn):
             done, clashes = _apply(site, app, infos)
         _forget(app, site)
+    schema.record(site, grown)
     if done or clashes:
         _settle(site, done, clashes)
     return {"captured": captured, "applied": sum(done.values()),
-            "clashes": sum(len(v) for v in clashes.values())}
+            "clashes": sum(len(v) for v in clashes.values()), "refused": refused}
 
 
 def sync_app(site: Site, *, wait: bool = True) -> dict | None:
@@ -537,6 +548,7 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
                 # (in WAL mode); the write lock is held only for what came in meanwhile and
                 # for writing peers' records.
                 with appdb.read_txn(app):
+                    infos = schema.review(site, app, infos)
                     early = _capture(site, app, infos)
                 doc = _cycle(site, app, infos)
                 doc["captured"] += early
@@ -560,6 +572,11 @@ def capture(site: Site) -> dict:
                          f"captured once it has recovered",
                          hint="import packets from the peers ('syncpack status' shows what is "
                               "missing)")
+    stopped = [(n, why) for n, (_s, why) in attached.shapes(site.conn).items() if why]
+    if stopped:
+        # The other tables were captured; this one waits until the change is rolled out.
+        raise AttachError("; ".join(why for _n, why in stopped),
+                          hint=shapes.REFRESH_HINT.format(table=stopped[0][0]))
     return doc
 
 
@@ -636,6 +653,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             t = appdb.table_info(app, n)
             if t is not None:
                 infos[n] = t
+        infos = schema.review(site, app, infos)
         _capture(site, app, infos)     # what the attached tables hold so far, first
         for n in names:
             if appdb.table_info(app, n) is None:
@@ -651,9 +669,10 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             for n, t in new.items():
                 attached.mark_all_pending(conn, n)
                 attached.add_table(conn, n, t.pk, t.columns, t.create_sql)
+                attached.set_shape(conn, n, schema.shape_of(t))
         with site.transaction() as tx:
             for n, t in new.items():
-                d = {"create_sql": t.create_sql, "pk": t.pk, "columns": t.columns}
+                d = schema.definition(t, schema.definitions(site, n))
                 if _definition(site, n) != d:
                     tx.write_raw(TABLES, n, codec.encode_value(d))
         for n, t in new.items():
@@ -664,8 +683,10 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 warnings.append(w)
             out.append({"table": n, "rows": rows_n, "primary_key": t.pk})
         infos.update(new)
+        infos, grown = schema.follow(site, app, infos, [])
         done, clashes = _apply(site, app, infos)
         _forget(app, site)
+    schema.record(site, grown)
     _settle(site, done, clashes)
     with appdb.read_txn(app):
         for o in out:
@@ -703,6 +724,90 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
     return {"database": str(path), "detached": names}
 
 
+def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> None:
+    """The keys of ``t`` changed while its capture was stopped and still waiting for peers'
+    records: each current row (or its absence) becomes a local op concurrent with the
+    versions the application has not seen, as capture makes it.  (The other changed keys are
+    found by the refresh's comparison of the whole table.)"""
+    conn = site.conn
+    pending = set(attached.pending_keys(conn, t.name))
+    single = len(t.pk) == 1
+    keys = {rows.encode_key(k, single): k for k in appdb.kept_keys(app, t)}
+    keys = {k: v for k, v in keys.items() if k in pending}
+    if not keys:
+        return
+    current = attached.versions_for(conn, t.name, list(keys))
+    unseen = attached.unseen_for(conn, t.name, list(keys))
+    batch = []
+    for key, vals in keys.items():
+        raw = _record(t, appdb.fetch_row(app, t, vals))
+        vs = current.get(key, ())
+        u = unseen.get(key, set())
+        seen = [c for c, _v in vs if c not in u]
+        if seen and len(seen) == len(vs) and any(v == raw for c, v in vs):
+            continue
+        batch.append((key, raw, seen))
+    with site.transaction() as tx:
+        attached.begin_capturing(conn)
+        tx.write_many(t.name, batch)
+        attached.end_capturing(conn)
+
+
+def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = None) -> dict:
+    """``attach DB --refresh``: accept the tables' current definitions (after a change rolled
+    out at every site, docs/attach.md "Schema changes"): each becomes the recorded one and
+    travels to the peers, capture of it resumes, and the whole table is compared with the
+    store, so every change made meanwhile becomes a local op."""
+    path = _path(db_path)
+    with site.lock():
+        att = attached.attachment(site.conn)
+        if att is None or att[0] != str(path):
+            raise AttachError(f"{path} is not attached to site {site.name!r}",
+                              hint="'syncpack attached' shows what is")
+        current = attached.tables(site.conn)
+        names = list(dict.fromkeys(names)) if names else list(current)
+        unknown = [n for n in names if n not in current]
+        if unknown:
+            raise AttachError(f"table(s) {', '.join(unknown)} are not attached; nothing was "
+                              f"refreshed", hint="'syncpack attached' lists them")
+        if site.state == "recovering":
+            raise UsageError(f"site {site.name!r} is recovering from a restore; refresh once "
+                             f"it has recovered")
+        out = []
+        with _open_attached(site) as (app, infos):
+            problems = [f"table {n} has no declared PRIMARY KEY" for n in names
+                        if not infos[n].pk]
+            if problems:
+                raise AttachError("; ".join(problems) + "; nothing was refreshed")
+            with appdb.write_txn(app):
+                live = schema.review(site, app, infos)
+                _capture(site, app, live)       # what can be captured as usual, first
+                for n in names:
+                    t = appdb.table_info(app, n)
+                    if n not in live:
+                        _capture_stopped(site, app, t)
+                    prev = schema.definitions(site, n)
+                    old_cols = set(current[n]["columns"])
+                    d = schema.definition(t, prev, dropped=old_cols - set(t.columns))
+                    with site.transaction() as tx:
+                        if _definition(site, n) != d or len(prev) > 1:
+                            tx.write_raw(TABLES, n, codec.encode_value(d))
+                        attached.set_shape(site.conn, n, schema.shape_of(t), t.columns, t.pk,
+                                           t.create_sql)
+                        attached.set_stopped(site.conn, n, None)
+                    appdb.install_capture(app, t)       # the key may have changed
+                    changes = _load_rows(site, app, t, rescan=True)
+                    live[n] = schema.with_dropped(site, t)
+                    out.append({"table": n, "columns": t.columns, "primary_key": t.pk,
+                                "changes": changes})
+                live, grown = schema.follow(site, app, live, [])
+                done, clashes = _apply(site, app, live)
+                _forget(app, site)
+            schema.record(site, grown)
+            _settle(site, done, clashes)
+    return {"database": str(path), "refreshed": out}
+
+
 # --- reports ------------------------------------------------------------------------------------
 
 def report(site: Site) -> dict | None:
@@ -727,11 +832,14 @@ def report(site: Site) -> dict | None:
                         row_counts[n] = appdb.count_rows(app, n)
         finally:
             app.close()
+    shp = attached.shapes(site.conn)
     return {"database": path, "tables": [
         {"table": n, "rows": row_counts[n], "pending": counts.get(n, 0),
          "to_apply": attached.pending_count(site.conn, n),
+         "waiting": attached.waiting_count(site.conn, n, appdb.WAITING),
+         "stopped": shp.get(n, (None, None))[1],
          "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
-        for n, d in tables.items()]}
+        for n, d in tables.items()], "available": schema.available(site)}
 
 
 def clash_list(site: Site, collection: str | None = None) -> list[tuple[str, str, str]]:
@@ -763,9 +871,12 @@ def check(site: Site) -> list[str]:
         app, infos = ctx.__enter__()
     except AttachError as e:
         return [f"attached database: {e.message}"]
+    stopped = {n for n, (_s, why) in attached.shapes(site.conn).items() if why}
     try:
         with appdb.read_txn(app):
             for name, t in infos.items():
+                if name in stopped:
+                    continue        # 'attached' and 'status' show why; refresh compares it
                 if not appdb.has_capture(app, name):
                     problems.append(f"attached table {name} has lost its capture triggers "
                                     f"(the next capture compares the whole table)")
@@ -794,8 +905,11 @@ def check(site: Site) -> list[str]:
                     if key in skip:
                         continue
                     a, b = app_rows.get(key), visible.get(key)
-                    if a is None or b is None or rows.typed(a) != rows.typed(
-                            {c: b.get(c) for c in a}):
+                    # A column a record lacks was added after it was written: the row has
+                    # the column's default at every site.
+                    if a is None or b is None or rows.typed(
+                            {c: v for c, v in a.items() if c in b}) != rows.typed(
+                            {c: b[c] for c in a if c in b}):
                         bad.append(key)
                 for key in bad[:10]:
                     problems.append(f"attached table {name}: row {key} differs from the "

@@ -74,6 +74,16 @@ def typed(row: dict) -> dict:
     return {k: (type(v).__name__, v) for k, v in row.items()}
 
 
+def same_row(record: Any, row: dict) -> bool:
+    """Whether a table's ``row`` holds what ``record`` says, in the columns both have: a
+    column the table no longer has (dropped everywhere, then refreshed) or one the record
+    predates is not a difference."""
+    if not isinstance(record, dict):
+        return False
+    both = [c for c in row if c in record]
+    return typed({c: row[c] for c in both}) == typed({c: record[c] for c in both})
+
+
 def fk_order(parents: dict[str, list[str]]) -> list[str]:
     """Tables ordered parents first (a table after every table it references), ties by
     name; a cycle is broken at the name order (its rows may then clash and retry)."""

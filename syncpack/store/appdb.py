@@ -58,6 +58,9 @@ class TableInfo:
     # columns) where this table is the child, and where it is the parent.
     deferred: list[tuple[str, list[str], str, list[str]]] = field(default_factory=list)
     deferred_children: list[tuple[str, list[str], str, list[str]]] = field(default_factory=list)
+    # Columns the family dropped (docs/attach.md, "Schema changes"): values of them in older
+    # records are left out; any other column the table lacks makes a record wait.
+    dropped: frozenset = field(default_factory=frozenset)
 
 
 def open_app(path: Path) -> Connection:
@@ -370,12 +373,24 @@ def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
         yield part
 
 
-def forget_changes(conn: Connection, upto: int) -> None:
-    """Captured rows are no longer needed (the store remembers how far it captured)."""
+def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> None:
+    """Captured rows are no longer needed (the store remembers how far it captured); those of
+    the tables in ``keep`` (whose capture stopped) stay for the refresh (:func:`kept_keys`)."""
     if has_table(conn, CHANGES):
+        keep = list(keep)
         # The largest stays: the next number is always above it (see install_capture).
         conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ? AND seq < "
-                     f"(SELECT max(seq) FROM {CHANGES})", (upto,))
+                     f"(SELECT max(seq) FROM {CHANGES}) AND tbl NOT IN "
+                     f"({', '.join('?' for _ in keep)})", (upto, *keep))
+
+
+def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
+    """The key values of every change of ``t`` still in the change table."""
+    if not has_table(conn, CHANGES):
+        return []
+    ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
+    return conn.execute(f"SELECT DISTINCT {ks} FROM {CHANGES} WHERE tbl=?",
+                        (t.name,)).fetchall()
 
 
 def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
@@ -427,6 +442,10 @@ class Writer:
 
     def put(self, row: dict) -> str | None:
         cols = tuple(c for c in row if c in self._cols)
+        if len(cols) != len(row):
+            missing = [c for c in row if c not in self._cols and c not in self.t.dropped]
+            if missing:
+                return waiting_text(self.t.name, missing)
         check = None
         if self._check_put:
             check = (self._check_put, [row.get(c) for c in self.t.pk])
@@ -439,7 +458,8 @@ class Writer:
             return []
         cols = tuple(c for c in rows[0] if c in self._cols)
         first = rows[0].keys()
-        if self._check_put is None and all(map(first.__eq__, map(dict.keys, rows))):
+        if self._check_put is None and len(cols) == len(first) and \
+                all(map(first.__eq__, map(dict.keys, rows))):
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 get = itemgetter(*cols)
@@ -469,6 +489,72 @@ class Writer:
             return str(e).replace("ConstraintError: ", "")
         self.conn.execute("RELEASE syncpack_row")
         return None
+
+
+# A record with a column the table lacks waits (it stays pending, and is listed as a clash with
+# this text) until the column arrives, instead of losing the column's value.
+WAITING = "waits for column"
+
+
+def waiting_text(table: str, columns: list[str]) -> str:
+    return (f"{WAITING} {', '.join(columns)}: table {table} here lacks "
+            f"{'it' if len(columns) == 1 else 'them'} (added at a peer, not yet here)")
+
+
+def column_sql(conn: Connection, table: str, column: str) -> str:
+    """A column definition rebuilt from the table's description (when the CREATE TABLE text
+    does not show it plainly): name, declared type, NOT NULL, DEFAULT."""
+    for _cid, col, decl, notnull, dflt, _pk, _hidden in conn.execute(
+            f"PRAGMA table_xinfo({q(table)})"):
+        if col == column:
+            out = q(col) + (f" {decl}" if decl else "")
+            if notnull:
+                out += " NOT NULL"
+            if dflt is not None:
+                out += f" DEFAULT {dflt}"
+            return out
+    raise KeyError(column)
+
+
+def add_column(conn: Connection, table: str, column: str, definition: str) -> str | None:
+    """Add ``column`` to ``table`` from a peer's column definition; the caller holds the write
+    lock.  The text is the peers': it must add exactly that column to exactly that table and
+    change nothing else (checked after running it inside a savepoint, rolled back otherwise).
+    Returns why it was refused, or None."""
+    before = table_info(conn, table)
+    others = _others(conn, table)
+    seen: list[str] = []
+
+    def only_one(_cursor, stmt, _bindings):
+        seen.append(stmt)
+        return len(seen) == 1
+
+    conn.execute("SAVEPOINT syncpack_schema")
+    why = None
+    try:
+        cur = conn.cursor()
+        cur.exec_trace = only_one
+        cur.execute(f"ALTER TABLE {q(table)} ADD COLUMN {definition}")
+        after = table_info(conn, table)
+        if before is None or after is None or after.columns != before.columns + [column] \
+                or after.pk != before.pk or after.uniques != before.uniques:
+            why = "it changes more than adding that column"
+    except apsw.ExecTraceAbort:
+        why = "it is more than one statement"
+    except apsw.Error as e:
+        why = f"SQLite refused it ({e})"
+    if why is None and _others(conn, table) != others:
+        why = "it changes other parts of the schema"
+    if why:
+        conn.execute("ROLLBACK TO syncpack_schema")
+    conn.execute("RELEASE syncpack_schema")
+    return None if why is None else (f"the peers' definition of column {column} of table "
+                                     f"{table} ({definition!r}) was refused: {why}")
+
+
+def _others(conn: Connection, table: str) -> list[tuple]:
+    return conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE name != ? "
+                        "ORDER BY type, name", (table,)).fetchall()
 
 
 def fetch_row(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:

@@ -13,10 +13,13 @@ Tables (created by the store's migration 4, :mod:`syncpack.store.db`):
   is concurrent with them); ``x''`` stands for "a version went away";
 - ``attach_clashes``: keys whose visible record the application's schema refused (UNIQUE,
   CHECK, NOT NULL, FOREIGN KEY), with the constraint, retried on every apply;
-- ``attach_inflight``: while an import writes an attached table's rows as they arrive (see
+- ``attach_inflight`` (migration 9): while an import writes an attached table's rows as they arrive (see
   :func:`set_direct`), the CSN range of each batch so written, committed with the batch; the
   marks go once the application's transaction has committed, and marks found at any other time
   (a crash, an interrupted import) become pending keys again (:func:`recover_inflight`);
+- ``attached_tables.shape`` / ``stopped`` (migration 8): the table's shape as last captured
+  (:mod:`syncpack.attach.shapes`), and, when the application changed it in a way peers cannot
+  follow, why capture of it stopped (until ``attach --refresh``);
 - ``attach_capturing``: a marker row inserted and removed inside a capture's own transaction,
   so the triggers that fill ``attach_pending`` skip what capture writes (the application
   already holds it).
@@ -89,6 +92,32 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DELETE FROM attached")
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_ins")
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
+
+
+def shapes(conn: Connection) -> dict[str, tuple[dict | None, str | None]]:
+    """Per attached table: (recorded shape or None, why capture stopped or None)."""
+    return {n: (json.loads(s) if s else None, st) for n, s, st in conn.execute(
+        "SELECT name, shape, stopped FROM attached_tables ORDER BY name")}
+
+
+def set_shape(conn: Connection, name: str, shape: dict, columns: list[str] | None = None,
+              pk: list[str] | None = None, create_sql: str | None = None) -> None:
+    """Record ``name``'s shape (and, when given, its columns, key and definition)."""
+    conn.execute("UPDATE attached_tables SET shape=?, columns=coalesce(?, columns), "
+                 "pk=coalesce(?, pk), create_sql=coalesce(?, create_sql) WHERE name=?",
+                 (json.dumps(shape), None if columns is None else json.dumps(columns),
+                  None if pk is None else json.dumps(pk), create_sql, name))
+
+
+def set_stopped(conn: Connection, name: str, why: str | None) -> None:
+    conn.execute("UPDATE attached_tables SET stopped=? WHERE name=?", (why, name))
+
+
+def waiting_count(conn: Connection, collection: str, prefix: str) -> int:
+    """Clashes of ``collection`` whose text starts with ``prefix``."""
+    return conn.execute("SELECT count(*) FROM attach_clashes WHERE collection=? AND "
+                        "substr(constraint_text, 1, length(?)) = ?",
+                        (collection, prefix, prefix)).fetchone()[0]
 
 
 def touch(conn: Connection, names, column: str, at_ms: int) -> None:

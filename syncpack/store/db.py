@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -200,7 +200,13 @@ MIGRATIONS: list[str] = [
                                value BLOB, stamps BLOB, replaced BLOB NOT NULL,
                                PRIMARY KEY(collection, key, csn)) WITHOUT ROWID;
     """,
-    # 8: an import writes an attached table's rows as they arrive, in an application
+    # 8: schema changes of attached tables (syncpack/store/attached.py, docs/attach.md): the
+    # shape recorded at the last capture, and why capture of a table stopped.
+    """
+    ALTER TABLE attached_tables ADD COLUMN shape TEXT;
+    ALTER TABLE attached_tables ADD COLUMN stopped TEXT;
+    """,
+    # 9: an import writes an attached table's rows as they arrive, in an application
     # transaction that commits after the store's; each batch so written leaves the range of its
     # CSNs here, in the store transaction that inserted it, until the application's commit is
     # known (syncpack/store/attached.py, attach/core.py DirectApply).

@@ -1,0 +1,151 @@
+"""Schema changes of attached tables (docs/attach.md, "Schema changes").
+
+- :func:`review`, at each capture, inside the capture's snapshot of the application's file:
+  compares each table's shape with the one recorded.  Columns added at the end become schema
+  ops: a new version of the table's definition in ``$tables`` (carrying every op so far, in
+  order), written in a replication transaction of its own that commits, with the new recorded
+  shape, before the capture's rows that use the column; so every peer holds the op before any
+  such row.  Any other change stops capture (and apply) of that table, with the reason kept
+  for ``attached``/``status``, until ``attach --refresh``; other tables carry on.
+- :func:`follow`, under the application's write lock before records are written: adds each
+  column the family's definition has and the local table lacks, from the peers' text, refused
+  unless it adds exactly that column (appdb.add_column).  A record that still has a column
+  the table lacks waits (appdb.Writer) instead of losing the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from syncpack.attach import shapes
+from syncpack.format import codec
+from syncpack.site import TABLES, Site
+from syncpack.store import appdb, attached
+
+
+def definitions(site: Site, name: str) -> list[dict]:
+    """The surviving versions of ``name``'s definition in ``$tables`` (more than one when
+    sites changed it concurrently)."""
+    out = []
+    for _csn, raw in attached.versions_of(site.conn, TABLES, name):
+        if raw is not None:
+            v = codec.decode_value(raw)
+            if isinstance(v, dict):
+                out.append(v)
+    return out
+
+
+def definition(t: appdb.TableInfo, previous: list[dict], added: list[dict] = (),
+               dropped: set[str] = frozenset()) -> dict:
+    """The definition of ``t`` to publish: its CREATE TABLE, key and columns, with the schema
+    ops of the family so far plus ``added`` (a site whose table lacks one of those columns
+    still passes it on), and the columns the family dropped (whose ops go)."""
+    gone = (shapes.dropped_of(previous) | set(dropped)) - set(t.columns)
+    ops = [op for op in shapes.ops_of(previous + [{"added": list(added)}])
+           if op["column"] not in gone]
+    d = {"create_sql": t.create_sql, "pk": t.pk, "columns": t.columns}
+    if ops:
+        d["added"] = ops
+    if gone:
+        d["dropped"] = sorted(gone)
+    return d
+
+
+def shape_of(t: appdb.TableInfo) -> dict:
+    return shapes.shape(t.columns, t.affinity, t.pk, t.uniques)
+
+
+def with_dropped(site: Site, t: appdb.TableInfo) -> appdb.TableInfo:
+    return dataclasses.replace(t, dropped=frozenset(shapes.dropped_of(definitions(site, t.name))))
+
+
+def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
+           ) -> dict[str, appdb.TableInfo]:
+    """The tables to capture and apply now, each as it is in the caller's transaction on
+    ``app``; publishes added columns, stops tables changed unsafely (see the module)."""
+    recorded = attached.shapes(site.conn)
+    defs_sql = {n: d["create_sql"] for n, d in attached.tables(site.conn).items()}
+    live: dict[str, appdb.TableInfo] = {}
+    for name, t0 in infos.items():
+        old, stopped = recorded.get(name, (None, None))
+        if stopped:
+            continue
+        t = appdb.table_info(app, name) or t0
+        new = shape_of(t)
+        if old == new:
+            live[name] = with_dropped(site, t)
+            continue
+        adds, problems = ([], []) if old is None else shapes.compare(old, new)
+        if problems:
+            with site.write_txn() as conn:
+                attached.set_stopped(conn, name, f"capture of table {name} stopped: "
+                                                 + "; ".join(problems))
+            continue
+        _publish(site, app, t, adds, defs_sql.get(name, ""), new)
+        live[name] = with_dropped(site, t)
+    return live
+
+
+def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[str],
+             old_sql: str, new_shape: dict) -> None:
+    """Record ``t``'s new shape and, for columns the family does not have yet, publish them as
+    schema ops, in one store transaction (ahead of the rows the next capture writes)."""
+    prev = definitions(site, t.name)
+    known = {op["column"] for op in shapes.ops_of(prev)}
+    family_cols = set().union(*(d.get("columns", []) for d in prev)) if prev else set()
+    ops = []
+    for c in adds:
+        if c in known or c in family_cols:
+            continue        # the family has it already (this site followed a peer's op)
+        text = shapes.added_text(old_sql, t.create_sql) if len(adds) == 1 else None
+        if text is None or not shapes.defines(text, c):
+            text = appdb.column_sql(app, t.name, c)
+        ops.append({"column": c, "def": text})
+    with site.transaction() as tx:
+        if ops:
+            tx.write_raw(TABLES, t.name, codec.encode_value(definition(t, prev, ops)))
+        attached.set_shape(site.conn, t.name, new_shape, t.columns, t.pk, t.create_sql)
+
+
+def follow(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
+           refused: list[str]) -> tuple[dict[str, appdb.TableInfo], list[appdb.TableInfo]]:
+    """Add to each table the columns the family's definition has and it lacks; the caller
+    holds the application's write lock.  Refusals are appended to ``refused``.  Returns the
+    tables as they are now, and those that grew: pass them to :func:`record` once the
+    application's file has committed (recorded earlier, a rollback would leave a recorded
+    column the table lacks, which reads as a dropped column)."""
+    out = dict(infos)
+    grown = []
+    for name, t in infos.items():
+        defs = definitions(site, name)
+        gone = shapes.dropped_of(defs)
+        todo = [op for op in shapes.ops_of(defs)
+                if op["column"] not in t.columns and op["column"] not in gone]
+        if not todo:
+            continue
+        changed = False
+        for op in todo:
+            why = appdb.add_column(app, name, op["column"], op["def"])
+            if why:
+                refused.append(why)
+                break       # later ops may depend on this column's place: wait for a fix
+            changed = True
+        if changed:
+            t = with_dropped(site, appdb.table_info(app, name))
+            out[name] = t
+            grown.append(t)
+    return out, grown
+
+
+def record(site: Site, grown: list[appdb.TableInfo]) -> None:
+    """The shapes of tables :func:`follow` grew, after the application's commit."""
+    if grown:
+        with site.write_txn() as conn:
+            for t in grown:
+                attached.set_shape(conn, t.name, shape_of(t), t.columns, t.pk, t.create_sql)
+
+
+def available(site: Site) -> list[str]:
+    """Tables some site of the family attached that this site has not."""
+    mine = attached.tables(site.conn)
+    return sorted(k for _c, k, v in site.records(TABLES) if isinstance(v, dict) and k not in mine)

@@ -1,0 +1,329 @@
+"""Schema changes of attached tables replicate (issue 22 item 2, docs/attach.md "Schema changes"),
+through the ``syncpack`` command at three sites; the applications are separate processes
+writing plain SQL through the stdlib ``sqlite3``.  Each scenario ends with the tables equal at
+every site, row by row with SQLite types, and ``fsck`` clean.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from syncpack.attach import shapes
+from syncpack.format import codec
+from syncpack.site import TABLES, Site
+
+from conftest import run
+from test_attach import app, exchange, make_family, make_family_member, sp, table
+
+SCHEMA = [
+    "CREATE TABLE items(id TEXT PRIMARY KEY, qty INTEGER, t TEXT)",
+    "CREATE TABLE other(id TEXT PRIMARY KEY, v)",
+]
+TABLES_ = ("items", "other")
+
+
+def columns(db: Path, name: str) -> list[tuple]:
+    c = sqlite3.connect(db)
+    try:
+        return [tuple(r[1:]) for r in c.execute(f"PRAGMA table_xinfo({name})")]
+    finally:
+        c.close()
+
+
+def schema_text(db: Path) -> list[tuple]:
+    c = sqlite3.connect(db)
+    try:
+        return c.execute("SELECT type, name, sql FROM sqlite_schema ORDER BY 1, 2").fetchall()
+    finally:
+        c.close()
+
+
+def converged(sites: dict, dbs: dict, tables=TABLES_) -> None:
+    names = list(sites)
+    for t in tables:
+        first = table(dbs[names[0]], t)
+        for n in names[1:]:
+            assert columns(dbs[n], t) == columns(dbs[names[0]], t), (t, n)
+            assert table(dbs[n], t) == first, (t, n)
+    for n in names:
+        sp(sites[n], "fsck")
+
+
+def attached_doc(site: Path) -> dict:
+    return json.loads(sp(site, "attached", "--json").out)
+
+
+def entry(site: Path, name: str) -> dict:
+    return next(t for t in attached_doc(site)["tables"] if t["table"] == name)
+
+
+@pytest.fixture
+def three(tmp_path):
+    sites = make_family(tmp_path)
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n, db in dbs.items():
+        app(db, SCHEMA, [f"INSERT INTO items VALUES ('{n}1', 1, 'x')",
+                         f"INSERT INTO other VALUES ('{n}1', 1)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "items", "--table", "other")
+    exchange(tmp_path, sites)
+    return tmp_path, sites, dbs
+
+
+def export_to(root: Path, sites: dict, src: str, dsts: list[str]) -> None:
+    out = root / "drop" / f"{src}-once"
+    out.mkdir(parents=True, exist_ok=True)
+    sp(sites[src], "export", "--all", "--out", out)
+    for d in dsts:
+        sp(sites[d], "import", out)
+
+
+def test_an_added_column_reaches_every_site_before_the_rows_using_it(three):
+    root, sites, dbs = three
+    # a's next release adds a column and writes it at once; b and c keep writing meanwhile.
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN note TEXT NOT NULL DEFAULT 'none'",
+                   "INSERT INTO items VALUES ('a2', 2, 'y', 'fresh')",
+                   "UPDATE items SET note = 'seen' WHERE id = 'b1'"])
+    app(dbs["b"], ["INSERT INTO items VALUES ('b2', 5, 'z')", "UPDATE items SET qty = 9 "
+                   "WHERE id = 'c1'"])
+    app(dbs["c"], ["INSERT INTO other VALUES ('c2', x'00ff')"])
+    # One import brings the column and the rows that use it: written at once, none waits.
+    export_to(root, sites, "a", ["b", "c"])
+    for n in ("b", "c"):
+        assert [c[0] for c in columns(dbs[n], "items")] == ["id", "qty", "t", "note"]
+        rows = {r[0]: r for r in table(dbs[n], "items")}
+        assert rows["a2"][6:8] == ("fresh", "text")
+        assert rows["b1"][6] == "seen"
+        assert entry(sites[n], "items")["waiting"] == 0
+    # b, now with the column, writes it; its old release's rows keep the default.
+    app(dbs["b"], ["INSERT INTO items(id, qty, t, note) VALUES ('b3', 3, 'w', 'from b')"])
+    exchange(root, sites)
+    converged(sites, dbs)
+    rows = {r[0]: r for r in table(dbs["c"], "items")}
+    assert rows["b3"][6] == "from b" and rows["b2"][6] == "none" and rows["c1"][2] == 9
+    for n in sites:
+        assert entry(sites[n], "items")["stopped"] is None
+
+
+def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
+    root, sites, dbs = three
+    before = {n: table(dbs[n], "items") for n in sites}
+    # A change committed before the schema change and not captured yet is not lost either.
+    app(dbs["a"], ["UPDATE items SET qty = 41 WHERE id = 'c1'"])
+    app(dbs["a"], ["ALTER TABLE items DROP COLUMN t",
+                   "UPDATE items SET qty = 42 WHERE id = 'b1'",
+                   "INSERT INTO items VALUES ('a9', 7)"],
+        ["INSERT INTO other VALUES ('a5', 'still replicated')"])
+    r = run("capture", site=sites["a"])
+    assert r.code == 1, r
+    assert "capture of table items stopped: column t was dropped or renamed" in r.err
+    assert "--refresh" in r.err
+    e = entry(sites["a"], "items")
+    assert e["stopped"] and "column t was dropped" in e["stopped"]
+    assert entry(sites["a"], "other")["stopped"] is None
+    status = json.loads(run("status", site=sites["a"], json_mode=True).out)
+    assert [t["stopped"] is not None for t in status["attached"]["tables"]] == [True, False]
+    r = sp(sites["a"], "status", "--format", "prometheus")
+    assert 'syncpack_attached_stopped{site="a",table="items"} 1' in r.out
+    assert 'syncpack_attached_stopped{site="a",table="other"} 0' in r.out
+    # Other tables carry on; the peers' items stay as they were.
+    exchange(root, sites)
+    for n in ("b", "c"):
+        assert ("a5", "text", "still replicated", "text") in table(dbs[n], "other")
+        assert table(dbs[n], "items") == before[n]
+    r = run("get", "items", "b1", site=sites["a"])
+    assert json.loads(r.out)["t"] == "x"          # the store still holds the column's values
+    # The release rolls out everywhere, each site accepts it, a's changes made while stopped
+    # arrive.
+    for n in ("b", "c"):
+        app(dbs[n], ["ALTER TABLE items DROP COLUMN t"])
+    for n in sites:
+        r = sp(sites[n], "attach", dbs[n], "--refresh", "--table", "items", "--json")
+        assert json.loads(r.out)["refreshed"][0]["columns"] == ["id", "qty"]
+    exchange(root, sites)
+    converged(sites, dbs)
+    rows = {r[0]: r for r in table(dbs["c"], "items")}
+    assert rows["b1"][2] == 42 and rows["a9"][2] == 7 and rows["c1"][2] == 41
+    for n in sites:
+        assert entry(sites[n], "items")["stopped"] is None
+        sp(sites[n], "capture")
+        assert run("conflicts", "items", "--json", site=sites[n]).out.count('"key"') == 0
+
+
+def test_a_write_made_while_stopped_is_a_conflict_not_overwritten(three):
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items DROP COLUMN t", "UPDATE items SET qty = 100 WHERE "
+                   "id = 'a1'"])
+    app(dbs["b"], ["UPDATE items SET qty = 200 WHERE id = 'a1'"])
+    exchange(root, sites)
+    # b's record waits at a (its table is stopped): a's own change is still in a's table.
+    assert {r[0]: r[2] for r in table(dbs["a"], "items")}["a1"] == 100
+    assert entry(sites["a"], "items")["to_apply"] >= 1
+    for n in ("b", "c"):
+        app(dbs[n], ["ALTER TABLE items DROP COLUMN t"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--refresh")
+    exchange(root, sites)
+    converged(sites, dbs)
+    for n in sites:
+        [conf] = run("--json", "conflicts", "items", site=sites[n]).json["conflicts"]
+        assert conf["key"] == "a1"
+
+
+def test_unsafe_changes_are_named(three):
+    _root, sites, dbs = three
+    app(dbs["b"], ["CREATE UNIQUE INDEX items_t ON items(t, id)"])
+    r = run("capture", site=sites["b"])
+    assert r.code == 1 and "a new UNIQUE constraint on (t, id)" in r.err, r
+    app(dbs["c"], ["ALTER TABLE items RENAME COLUMN qty TO amount"])
+    r = run("capture", site=sites["c"])
+    assert r.code == 1 and "column qty was dropped or renamed" in r.err, r
+
+
+def test_records_with_a_column_a_site_lacks_wait_until_it_arrives(three):
+    root, sites, dbs = three
+    # A record from a newer release (here: put by hand) has a column no table has yet.
+    sp(sites["a"], "put", "items", "k", '{"id": "k", "qty": 1, "t": "y", "color": "red"}')
+    exchange(root, sites)
+    for n in sites:
+        assert entry(sites[n], "items")["waiting"] == 1
+        assert "k" not in {r[0] for r in table(dbs[n], "items")}
+        status = json.loads(run("status", site=sites[n], json_mode=True).out)
+        assert status["attached"]["tables"][0]["waiting"] == 1
+    # b's application moves to the release with the column: the column travels, every site
+    # adds it and writes the waiting record.
+    app(dbs["b"], ["ALTER TABLE items ADD COLUMN color TEXT"])
+    exchange(root, sites)
+    converged(sites, dbs)
+    for n in sites:
+        assert entry(sites[n], "items")["waiting"] == 0
+        rows = {r[0]: r for r in table(dbs[n], "items")}
+        assert rows["k"][6:8] == ("red", "text")
+
+
+def test_a_new_table_attached_at_one_site_is_listed_at_the_others(three):
+    root, sites, dbs = three
+    app(dbs["a"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)", "INSERT INTO extra VALUES "
+                   "('e', 1)"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "extra")
+    exchange(root, sites)
+    assert attached_doc(sites["b"])["available"] == ["extra"]
+    sp(sites["b"], "attach", dbs["b"], "--table", "extra")
+    assert table(dbs["b"], "extra") == table(dbs["a"], "extra")
+
+
+def test_a_site_joining_later_and_an_old_release_table_follow_the_columns(three):
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN note TEXT DEFAULT 'n'",
+                   "INSERT INTO items VALUES ('a3', 3, 'x', 'new')"])
+    exchange(root, sites)
+    # A new site whose application still runs the old release (its table lacks the column).
+    d = make_family_member(root, sites, "d")
+    dbd = root / "d.db"
+    app(dbd, SCHEMA)
+    sp(d, "attach", dbd, "--table", "items", "--table", "other")
+    assert [c[0] for c in columns(dbd, "items")] == ["id", "qty", "t", "note"]
+    every = {**sites, "d": d}
+    exchange(root, every)
+    converged(every, {**dbs, "d": dbd})
+
+
+HOSTILE = [
+    "z INTEGER; DROP TABLE other",
+    "w INTEGER",                                   # another column than it says
+    "z INTEGER DEFAULT 1; CREATE TABLE x(y)",
+    "z INTEGER) --",
+    "z INTEGER UNIQUE",                            # SQLite refuses; would be unsafe anyway
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_a_hostile_schema_op_is_refused_and_changes_nothing(three, text):
+    root, sites, dbs = three
+    site = Site.open(sites["a"])
+    try:
+        d = site.get(TABLES, "items")
+        d["added"] = [{"column": "z", "def": text}]
+        with site.transaction() as tx:
+            tx.write_raw(TABLES, "items", codec.encode_value(d))
+    finally:
+        site.close()
+    before = schema_text(dbs["b"]), table(dbs["b"], "items"), table(dbs["b"], "other")
+    export_to(root, sites, "a", ["b"])
+    assert (schema_text(dbs["b"]), table(dbs["b"], "items"), table(dbs["b"], "other")) == before
+    r = sp(sites["b"], "capture", "--json")
+    assert "was refused" in json.loads(r.out)["refused"][0]
+    assert "was refused" in r.err
+    app(dbs["b"], ["INSERT INTO items VALUES ('b7', 7, 'q')"])
+    exchange(root, sites)
+    converged(sites, dbs)
+
+
+# --- the pure rules -----------------------------------------------------------------------------
+
+AFF = st.sampled_from(["INTEGER", "REAL", "TEXT", "BLOB", "NUMERIC"])
+NAMES = st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True), min_size=1, max_size=6,
+                 unique=True)
+
+
+@st.composite
+def shapes_(draw):
+    cols = draw(NAMES)
+    aff = {c: draw(AFF) for c in cols}
+    pk = cols[:draw(st.integers(1, len(cols)))]
+    return cols, aff, pk
+
+
+@given(shapes_(), st.lists(st.from_regex(r"[A-Z]{1,6}", fullmatch=True), max_size=3,
+                           unique=True))
+def test_appended_columns_are_adds_and_nothing_else(s, extra):
+    cols, aff, pk = s
+    old = shapes.shape(cols, aff, pk, [])
+    assert shapes.compare(old, old) == ([], [])
+    new = shapes.shape(cols + extra, {**aff, **{e: "TEXT" for e in extra}}, pk, [])
+    assert shapes.compare(old, new) == (extra, [])
+
+
+@given(shapes_(), st.data())
+def test_a_dropped_or_retyped_column_is_unsafe(s, data):
+    cols, aff, pk = s
+    old = shapes.shape(cols, aff, pk, [])
+    gone = data.draw(st.sampled_from(cols))
+    kept = [c for c in cols if c != gone]
+    adds, problems = shapes.compare(old, shapes.shape(kept, aff, [c for c in pk if c != gone],
+                                                      []))
+    assert adds == [] and any(f"column {gone} was dropped" in p for p in problems)
+    other = data.draw(AFF.filter(lambda a: a != aff[gone]))
+    _a, problems = shapes.compare(old, shapes.shape(cols, {**aff, gone: other}, pk, []))
+    assert any("type affinity" in p for p in problems)
+    _a, problems = shapes.compare(old, shapes.shape(cols, aff, pk, [[gone]]))
+    assert any("UNIQUE" in p for p in problems)
+
+
+DEFS = st.tuples(st.from_regex(r"[a-z]{1,5}", fullmatch=True),
+                 st.sampled_from(["", " INTEGER", " TEXT", " REAL", " text"]),
+                 st.sampled_from(["", " DEFAULT 0", " NOT NULL DEFAULT 'a,)b'", " DEFAULT -1.5",
+                                  " CHECK (1)", " COLLATE NOCASE"]))
+
+
+@settings(max_examples=60)
+@given(DEFS, st.sampled_from(["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
+                              "CREATE TABLE t(\n  id TEXT PRIMARY KEY,\n  v\n)",
+                              'CREATE TABLE "t" (id, v, PRIMARY KEY(id)) WITHOUT ROWID']))
+def test_added_text_is_what_sqlite_spliced_in(d, create):
+    name, decl, rest = d
+    if name in ("id", "v") or ("NOT NULL" in rest and "DEFAULT" not in rest):
+        return
+    c = sqlite3.connect(":memory:")
+    c.execute(create)
+    old = c.execute("SELECT sql FROM sqlite_schema WHERE name='t'").fetchone()[0]
+    coldef = f"{name}{decl}{rest}"
+    c.execute(f"ALTER TABLE t ADD COLUMN {coldef}")
+    new = c.execute("SELECT sql FROM sqlite_schema WHERE name='t'").fetchone()[0]
+    text = shapes.added_text(old, new)
+    assert text == coldef and shapes.defines(text, name)
