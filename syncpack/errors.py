@@ -103,6 +103,21 @@ class PacketBodyError(PacketError):
     default_hint = "the packet is damaged or forged; get a fresh copy from the sender"
 
 
+class PatchError(PacketBodyError):
+    """An op sending only the fields it changed (formats/VALUES.md) that cannot be applied:
+    malformed, in a collection not under the ``merge`` policy, or over a base that is not a
+    record.  Refused whole: nothing of the packet is applied."""
+
+
+class PatchBaseError(PatchError):
+    """An op sending only the fields it changed names a base version this site does not hold
+    (and never will: its epoch is already counted here), so the record cannot be rebuilt."""
+
+    default_hint = ("nothing of the packet was applied; this site lacks the version the "
+                    "change is based on (seeded from an older snapshot, or the sender is "
+                    "forging): ask a peer for a snapshot with 'syncpack resync --to THIS_SITE'")
+
+
 class PacketSealError(PacketError):
     """A sealed (encrypted) packet cannot be opened here."""
 

@@ -365,7 +365,11 @@ class Site:
     def apply_version(self, op: Op, csn: bytes) -> None:
         """Make ``op`` a surviving version of its key unless a known write superseded it, and
         drop the versions it superseded."""
-        if self.policy_of(op.collection) == "merge":
+        merge = self.policy_of(op.collection) == "merge"
+        full = fields.full_value(self.conn, op.collection, op.key, op.value, op.replaced, merge)
+        if full is not op.value:    # a patch: what every reader sees is the record it makes
+            op = Op(*op[:6], full, op.replaced)
+        if merge:
             fields.note_write(self.conn, op.collection, op.key, csn, op.value, op.replaced)
         versions.apply_version(self.conn, op, csn)
 
@@ -479,6 +483,8 @@ class Transaction:
         op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
         if site.policy_of(collection) == "merge":
+            sent, raw = fields.as_patch(site.conn, collection, key, replaced, raw)
+            op = Op(*op[:6], sent, op.replaced)
             fields.note_write(site.conn, collection, key, csn, raw, replaced, local=True)
         versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
         self.ops.append(op)
@@ -512,13 +518,15 @@ class Transaction:
         merge = site.policy_of(collection) == "merge"
         for key, raw, replaced in items:
             seq = self.seq
+            sent = raw
             if merge:
+                sent, raw = fields.as_patch(site.conn, collection, key, b"".join(replaced), raw)
                 fields.note_write(site.conn, collection, key,
                                   pack_csn(self.hlc, site.site_id, seq), raw,
                                   b"".join(replaced), local=True)
             self.seq += 1
             self.epoch += 1
-            self.ops.append(Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw,
+            self.ops.append(Op(site.site_id, self.epoch, self.hlc, seq, collection, key, sent,
                                b"".join(replaced)))
             gone.extend((collection, key, c) for c in replaced)
             rows.append((collection, key, pack_csn(self.hlc, site.site_id, seq), raw))

@@ -71,7 +71,7 @@ def prev_for(info_or_doc) -> bytes | None:
 
 def test_vectors_exist():
     assert NAMES == ["v2-block-basic", "v2-block-charlie", "v2-block-next", "v2-block-part1",
-                     "v2-block-part2"]
+                     "v2-block-part2", "v2-block-patch"]
 
 
 @pytest.mark.parametrize("name", NAMES)

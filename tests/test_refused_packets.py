@@ -21,6 +21,7 @@ import hashlib
 import io
 from pathlib import Path
 
+import msgpack
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -29,7 +30,8 @@ from packetkit import (apply_raises, blocks_of, ops_of, parts_of, rebuild, reblo
                        rejected_by_cli, sign_key, state, verify_raises, write)
 
 from syncpack.exchange import verify
-from syncpack.format import blocks, codec, keys
+from syncpack.format import blocks, codec, keys, values
+from syncpack.store import versions
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketFamilyError,
                              PacketFormatError, PacketSenderError, PacketSignatureError)
 
@@ -720,3 +722,84 @@ def test_a_block_that_does_not_chain_onto_the_one_before_it_in_the_packet_is_ref
         return bs
     err = refused(family, tmp_path, "forked.spk", forged_body(raw, edit))
     assert "block of origin A" in err and "does not continue the chain" in err, err
+
+
+# === patches: writes sending only the fields they changed (formats/VALUES.md) ===================
+#
+# a is a member gone rogue: it re-signs, with its own valid keys, the block of a genuine
+# one-field update so that the op's value or base is a lie.  b refuses the packet whole.
+
+@pytest.fixture
+def patched(family):
+    family.init("a")
+    family.add("b", via="a")
+    with family.open("a") as s, s.transaction() as tx:
+        tx.set_policy("parts", "merge")
+    with family.open("a") as s, s.transaction() as tx:
+        tx.put("parts", "k", {"qty": 1, "bin": "A1", "note": "x" * 200})
+        tx.put("parts", "t", {"qty": 1})
+        tx.put("plain", "k", {"qty": 1, "bin": "A1", "note": "x" * 200})
+    with family.open("a") as s, s.transaction() as tx:
+        tx.delete("parts", "t")
+    family.full_exchange(rounds=1)
+    with family.open("a") as s, s.transaction() as tx:
+        tx.put("parts", "k", {"qty": 2, "bin": "A1", "note": "x" * 200})
+    [p] = family.export("a", "b")
+    raw = p.read_bytes()
+    [op] = [o for o in ops_of(raw) if o.collection == "parts"]
+    assert values.claims_patch(op.value)
+    with family.open("b") as s:
+        held = {(c, k): versions.csns_of_key(s.conn, c, k) for c, k in
+                (("plain", "k"), ("parts", "t"))}
+    return family, raw, held
+
+
+def _forge_patch(family, raw: bytes, **change) -> bytes:
+    key = sign_key(family.path("a"))
+    bs = blocks_of(raw)
+    for i, b in enumerate(bs):
+        ops = list(blocks.decode_ops(b))
+        if not any(o.collection == "parts" for o in ops):
+            continue
+        ops = [o._replace(**change) if o.collection == "parts" else o for o in ops]
+        info = blocks.read_block_header(b)
+        family_id = codec.read_envelope(io.BytesIO(raw), len(raw)).header.family
+        bs[i] = blocks.encode_block(family_id, info.origin, info.prev_hash, ops, key.sign)
+    return rebuild(raw, key, body=b"".join(bs))
+
+
+PATCH_CASES = {
+    "patch in a collection not under merge": (
+        lambda held, op: dict(collection="plain", replaced=held[("plain", "k")]),
+        "not under the merge policy"),
+    "patch over a deleted record": (
+        lambda held, op: dict(key="t", replaced=held[("parts", "t")]), "not a record of fields"),
+    "patch naming a base that does not exist": (
+        lambda held, op: dict(replaced=bytes(7) + b"\x01" + b"\x42" * 8 + bytes(4)),
+        "which this site does not hold"),
+    "patch naming no base": (lambda held, op: dict(replaced=b""), "versions it is based on"),
+    "patch of an unknown version": (
+        lambda held, op: dict(value=op.value[:3] + b"\x07" + op.value[4:]), "malformed patch"),
+    "patch whose body is cut short": (
+        lambda held, op: dict(value=msgpack.packb(msgpack.ExtType(values.PATCH_EXT, b"\x01\x92"))),
+        "malformed patch"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PATCH_CASES))
+def test_a_patch_that_cannot_be_rebuilt_is_refused_whole(patched, tmp_path, case):
+    family, raw, held = patched
+    make, msg = PATCH_CASES[case]
+    [op] = [o for o in ops_of(raw) if o.collection == "parts"]
+    bad = write(tmp_path, "patch.spk", _forge_patch(family, raw, **make(held, op)))
+    before = state(family.path("b"))
+    r = run("import", bad, site=family.path("b"))
+    assert r.code == 1 and "Traceback" not in r.err, r
+    errors = [ln for ln in r.err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and msg in errors[0], r
+    assert state(family.path("b")) == before
+    # the genuine packet still applies, and b rebuilds the record a holds
+    assert run("import", write(tmp_path, "good.spk", raw), site=family.path("b")).code == 0
+    assert family.digest("a") == family.digest("b")
+    with family.open("b") as s:
+        assert s.get("parts", "k")["qty"] == 2

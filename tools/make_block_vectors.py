@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 import msgpack  # noqa: E402
 import zstandard  # noqa: E402
 
-from syncpack.format import blocks  # noqa: E402
+from syncpack.format import blocks, codec, values  # noqa: E402
 from syncpack.format.codec import Op  # noqa: E402
 from syncpack.format.csn import pack_csn  # noqa: E402
 
@@ -95,6 +95,20 @@ def split_ops() -> list[Op]:
 def charlie_ops() -> list[Op]:
     """charlie's first block: one op, the smallest block there is."""
     return [Op(C, 1, T6, 0, "notes", "c1", val(1), b"")]
+
+
+T8, T9 = hlc(11_000), hlc(12_000)
+PATCH_BASE = {"name": "bolt", "qty": 1, "bin": "A1", "note": "zinc plated"}
+PATCH_NEW = {"name": "bolt", "qty": 2, "bin": "A1", "colour": "grey"}
+
+
+def patch_ops() -> list[Op]:
+    """charlie's second block: a record of a merge collection, then a write that sends only
+    the fields it changed (formats/VALUES.md): qty set, colour added, note removed."""
+    packed = lambda d: {k: codec.packb(v) for k, v in d.items()}    # noqa: E731
+    patch = values.make_patch(packed(PATCH_BASE), packed(PATCH_NEW))
+    return [Op(C, 2, T8, 0, "parts", "p1", val(PATCH_BASE), b""),
+            Op(C, 3, T9, 0, "parts", "p1", patch, pack_csn(T8, C, 0))]
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -184,6 +198,22 @@ def write_vectors(directory: Path) -> list[str]:
     ops = charlie_ops()
     out[name] = blocks.encode_block(FAMILY_ID, C, blocks.ZERO_HASH, ops, sign_c)
     docs[name] = _describe(name, out[name], "charlie", "charlie's first block: one op", ops)
+
+    name = PREFIX + "patch"
+    prev = bytes.fromhex(docs[PREFIX + "charlie"]["block_hash"])
+    ops = patch_ops()
+    out[name] = blocks.encode_block(FAMILY_ID, C, prev, ops, sign_c)
+    docs[name] = _describe(name, out[name], "charlie", "charlie's second block: a record, then "
+                           "a write over it sending only the fields it changed (a patch, "
+                           "formats/VALUES.md); prev_hash is the block hash of "
+                           "v2-block-charlie", ops)
+    setf, removed = values.read_patch(ops[1].value)
+    base = {k: codec.packb(v) for k, v in PATCH_BASE.items()}
+    record = values.encode_fields(values.patched(base, setf, removed))
+    docs[name]["patch"] = {"ext_type": values.PATCH_EXT, "version": values.PATCH_VERSION,
+                           "set": {k: codec.unpackb(v) for k, v in setf.items()},
+                           "removed": removed, "record": codec.decode_value(record),
+                           "record_bytes": record.hex()}
 
     for n in docs:
         (directory / f"{n}.bin").write_bytes(out[n])

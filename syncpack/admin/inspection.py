@@ -10,7 +10,7 @@ from pathlib import Path
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import chain, db, log, stash, versions
+from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn
 from syncpack.store import forks as fork_store
@@ -294,7 +294,8 @@ def _replay_check(site: Site) -> list[str]:
     """Record state must equal a replay of the changelog on top of the snapshot base."""
     c = site.conn
     state: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
-    ops = list(chain.iter_all(c)) + stash.ops(c)
+    # a patch's record is its base's plus the fields it sent (every base is held here)
+    ops = list(fields.full_values(c, list(chain.iter_all(c)) + stash.ops(c)))
     ops.sort(key=lambda op: (op.hlc, op.origin, op.seq))
     logged = {op.csn for op in ops}
     floors = site.floors()

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Iterable
 
 from syncpack.admin import recovery
-from syncpack.format import blocks, codec, keys
+from syncpack.format import blocks, codec, keys, values
 from syncpack.rules import planning
-from syncpack.store import chain, db, log, stash, versions
+from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import csn_origin, pack_csn
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
-                             PacketSignatureError)
+                             PacketSignatureError, PatchError)
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from syncpack.exchange.packets import PACKET_SUFFIX
@@ -295,7 +295,8 @@ class _Applier:
         replaced, none of syncpack's own collections, nothing set aside or superseded."""
         return (info.lo >= self.vec.get(info.origin, 0) and not self.superseded_any
                 and not self.stashed_any and not any(cols.replaced)
-                and not any(c.startswith(SYS_PREFIX) for c in set(cols.collections)))
+                and not any(c.startswith(SYS_PREFIX) for c in set(cols.collections))
+                and not values.may_hold_patch(cols.values))
 
     def _op(self, op: Op) -> int:
         site = self.site
@@ -324,7 +325,8 @@ class _Applier:
             self.system = True
             site.apply_version(op, op.csn)
             site.invalidate()
-        elif op.replaced or self.superseded_any or self.stashed_any:
+        elif op.replaced or self.superseded_any or self.stashed_any or \
+                values.claims_patch(op.value):
             self.flush()     # the slow path reads versions and the changelog
             site.apply_version(op, op.csn)
         else:
@@ -549,6 +551,21 @@ def _check_record(site: Site, rec, vector: dict[bytes, int],
                               f"origin its vector does not cover")
     if rec.collection.startswith(SYS_PREFIX):
         check_system_entry(site, rec.collection, rec.key, rec.value, roster=roster)
+    if values.claims_patch(rec.value):
+        raise PatchError(f"snapshot holds a patch as the version of {rec.collection}/{rec.key}"
+                         f"; a snapshot carries whole records")
+
+
+def _history_row(site: Site, rec, vector: dict[bytes, int]) -> tuple:
+    """A field_history row a snapshot carries (the stamps of its merge collections)."""
+    try:
+        row = fields.parse_history(rec.key, rec.csn, rec.value)
+    except ValueError:
+        raise PacketBodyError("snapshot holds a malformed field history record") from None
+    if vector.get(csn_origin(rec.csn), 0) <= 0 and csn_origin(rec.csn) != site.site_id:
+        raise PacketBodyError("snapshot holds field history of an origin its vector does "
+                              "not cover")
+    return row
 
 
 def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
@@ -586,9 +603,13 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
             for o, e in snap.items():
                 chain.trim(c, o, e)     # the snapshot holds their effect; kept ops stay
             n = 0
+            history: list[tuple] = []
             for pk in pks:
                 rows = []
                 for rec in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
+                    if rec.collection == fields.HISTORY:
+                        history.append(_history_row(site, rec, snap))
+                        continue
                     _check_record(site, rec, snap, before)
                     rows.append((rec.collection, rec.key, rec.csn, rec.value))
                     if len(rows) >= APPLY_BATCH:
@@ -605,6 +626,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 log.record_in(c, h.sender, h.packet_id, h.seq, h.part, h.kind, h.count,
                               str(pk.path), wall_ms(), again_ok=True)
             stored.seed(c, snap)
+            fields.insert_history(c, history)
             # Our own set-aside ops the snapshot already covers are the family's (their effect
             # is in the snapshot); only those above it may still need re-issuing.
             stash.drop_through(c, site.site_id, snap.get(site.site_id, 0))

@@ -8,6 +8,7 @@ there instead of at zero.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 from pathlib import Path
@@ -19,7 +20,7 @@ from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
 from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
 from syncpack.exchange.links import ensure_link, link, raise_matrix
-from syncpack.store import chain, log, versions
+from syncpack.store import chain, fields, log, versions
 from syncpack.store import matrix as stored
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
 from syncpack.replicated import ROSTER, Member
@@ -61,8 +62,9 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     series = PartSeries(tmpl, sign, max_size, opener, seed, seal_to)
     try:
         if progress:
-            expect(progress, versions.count(conn))
-        for rec in site.iter_versions():
+            expect(progress, versions.count(conn) + fields.count_history(conn))
+        for rec in itertools.chain(site.iter_versions(), itertools.starmap(
+                codec.Record, fields.history_records(conn))):
             raw = codec.encode_record(rec)
             if not series.fits(len(raw)):
                 if series.count:

@@ -7,7 +7,11 @@ keys and more; such a value would replicate and then break every JSON reader of 
 from __future__ import annotations
 
 import math
+import operator
+import re
 from typing import Any
+
+import msgpack
 
 from syncpack.errors import InvalidValueError
 
@@ -51,3 +55,115 @@ def _check_text(s: str, where: str) -> None:
     except UnicodeEncodeError:
         raise InvalidValueError(f"{where} holds a lone surrogate, which is not valid "
                                 f"Unicode text") from None
+
+
+# --- patches: a write of a merge collection that sends only the fields it changed -------------
+#
+# formats/VALUES.md is the specification.  A patch is an op value that is a msgpack ext of type
+# PATCH_EXT: never a record (records are plain JSON, which has no ext), so it cannot be taken for
+# one.  Its payload is PATCH_VERSION, then one msgpack array [set, removed]: ``set`` a map of the
+# fields the write set (name -> value), ``removed`` an array of the field names it removed.  The
+# base it applies to is the op's one replaced CSN.
+
+PATCH_EXT = 0x50        # 'P'
+PATCH_VERSION = 1
+# First bytes of a msgpack ext (fixext 1/2/4/8/16, ext 8/16/32): a value starting otherwise is
+# surely no patch, so most values are passed over on their first byte.
+_EXT_LEADS = frozenset(b"\xd4\xd5\xd6\xd7\xd8\xc7\xc8\xc9")
+
+
+class PatchFormatError(ValueError):
+    """A value claims to be a patch (an ext of type PATCH_EXT) but is not a valid one."""
+
+
+def claims_patch(raw: bytes | None) -> bool:
+    """Whether an op value is meant as a patch (it may still be malformed:
+    :func:`read_patch` says).  Cheap: a record value fails on its first byte."""
+    if not raw or raw[0] not in _EXT_LEADS:
+        return False
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=False, max_ext_len=len(raw))
+    except Exception:    # noqa: BLE001 - any undecodable value is no patch claim here
+        return False
+    return isinstance(obj, msgpack.ExtType) and obj.code == PATCH_EXT
+
+
+def read_patch(raw: bytes) -> tuple[dict[str, bytes], list[str]]:
+    """The (set fields as name -> msgpack bytes, removed names) of a patch value.  Untrusted
+    input: raises :class:`PatchFormatError` for anything but a well-formed patch."""
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=False, max_ext_len=len(raw))
+    except Exception:    # noqa: BLE001
+        raise PatchFormatError("not a msgpack value") from None
+    if not isinstance(obj, msgpack.ExtType) or obj.code != PATCH_EXT:
+        raise PatchFormatError("not a patch")
+    data = obj.data
+    if not data or data[0] != PATCH_VERSION:
+        raise PatchFormatError(f"patch version {data[0] if data else 'missing'} is not "
+                               f"{PATCH_VERSION}")
+    try:
+        body = msgpack.unpackb(data[1:], raw=False, strict_map_key=False, max_ext_len=0)
+    except Exception:    # noqa: BLE001
+        raise PatchFormatError("patch body is not one msgpack array") from None
+    if not (isinstance(body, list) and len(body) == 2 and isinstance(body[0], dict)
+            and isinstance(body[1], list)):
+        raise PatchFormatError("patch body is not [set map, removed array]")
+    setf, removed = body
+    if not all(isinstance(k, str) for k in setf) or \
+            not all(isinstance(k, str) for k in removed):
+        raise PatchFormatError("patch names a field that is not a string")
+    if len(set(removed)) != len(removed) or set(removed) & set(setf):
+        raise PatchFormatError("patch removes a field twice or sets one it removes")
+    # Values are as a record holds them: JSON for put's records, and also bytes and infinite
+    # floats for an attached table's rows (attach/rows.py); an ext (a patch inside a patch)
+    # was refused by the decoding above.
+    return {k: msgpack.packb(v, use_bin_type=True) for k, v in setf.items()}, removed
+
+
+def make_patch(base: dict[str, bytes], new: dict[str, bytes]) -> bytes:
+    """The patch that turns record ``base`` into ``new`` (both as field -> msgpack bytes): the
+    fields whose bytes differ, in ``new``'s order, and the fields ``new`` lacks, sorted."""
+    setf = b"".join(msgpack.packb(k, use_bin_type=True) + v for k, v in new.items()
+                    if base.get(k) != v)
+    n = sum(1 for k, v in new.items() if base.get(k) != v)
+    removed = sorted(k for k in base if k not in new)
+    body = (b"\x92" + _map_header(n) + setf + msgpack.packb(removed, use_bin_type=True))
+    return msgpack.packb(msgpack.ExtType(PATCH_EXT, bytes([PATCH_VERSION]) + body),
+                         use_bin_type=True)
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    if n < 1 << 16:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+def patched(base: dict[str, bytes], setf: dict[str, bytes], removed: list[str]
+            ) -> dict[str, bytes]:
+    """The record a patch makes of ``base``: its fields in its order, changed ones in place,
+    removed ones dropped, new ones after them in the patch's order.  Every site (the writer
+    included) keeps exactly this, so the record's bytes are the same everywhere."""
+    gone = set(removed)
+    out = {k: setf.get(k, v) for k, v in base.items() if k not in gone}
+    for k, v in setf.items():
+        out.setdefault(k, v)
+    return out
+
+
+def encode_fields(fields: dict[str, bytes]) -> bytes:
+    """A record (a msgpack map) made of its fields' bytes as they are, in the given order: no
+    value is decoded and re-encoded, so no site can change a byte of it."""
+    return _map_header(len(fields)) + b"".join(
+        msgpack.packb(k, use_bin_type=True) + v for k, v in fields.items())
+
+
+_FIRST = operator.itemgetter(slice(0, 1))
+_LEAD_RE = re.compile(b"[" + re.escape(bytes(sorted(_EXT_LEADS))) + b"]")
+
+
+def may_hold_patch(raws) -> bool:
+    """Whether any of these op values could be a patch (runs in C: a bulk insert asks it of
+    every value and takes the op-by-op path only when one could)."""
+    return _LEAD_RE.search(b"".join(map(_FIRST, filter(None, raws)))) is not None

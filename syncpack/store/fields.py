@@ -7,9 +7,11 @@ Everything runs on the caller's connection and inside its transaction."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import json
+from typing import Any, Iterable, Iterator
 
-from syncpack.format import codec
+from syncpack.errors import PatchBaseError, PatchError
+from syncpack.format import codec, values
 from syncpack.format.csn import CSN_LEN
 from syncpack.rules.conflict import Version
 from syncpack.rules.merge import FieldVersion, Merged, merge, own_stamps, stamp_write
@@ -141,3 +143,130 @@ def visible_value(conn, collection: str, key: str, vs: list[Version],
 
 def decoded(fields: dict[str, bytes]) -> dict[str, Any]:
     return {f: codec.unpackb(b) for f, b in fields.items()}
+
+
+# --- patches: writes that send only the fields they changed (formats/VALUES.md) ---------------
+
+def _held_value(conn, collection: str, key: str, csn: bytes) -> tuple[bool, bytes | None]:
+    """(whether this site holds it, its full value) of a version, surviving or superseded."""
+    row = conn.execute("SELECT value FROM versions WHERE collection=? AND key=? AND csn=?",
+                       (collection, key, csn)).fetchone()
+    if row is None:
+        row = conn.execute("SELECT value FROM field_history WHERE collection=? AND key=? "
+                           "AND csn=?", (collection, key, csn)).fetchone()
+    return (False, None) if row is None else (True, row[0])
+
+
+def as_patch(conn, collection: str, key: str, replaced: bytes, raw: bytes | None
+             ) -> tuple[bytes | None, bytes | None]:
+    """A local write of a merge collection: (the op's value, the value kept here).
+
+    Over exactly one version holding a map, the op carries only the fields that changed (when
+    that is smaller) and this site keeps the record every receiver rebuilds from it, byte for
+    byte; otherwise both are ``raw``.  Over several concurrent versions the record travels
+    whole: a receiver could not know which merge of them the writer saw."""
+    if raw is None or len(replaced) != CSN_LEN:
+        return raw, raw
+    new = to_fields(raw)
+    held, base_raw = _held_value(conn, collection, key, replaced)
+    base = to_fields(base_raw) if held else None
+    if new is None or base is None:
+        return raw, raw
+    patch = values.make_patch(base, new)
+    if len(patch) >= len(raw):
+        return raw, raw
+    return patch, values.encode_fields(values.patched(base, *values.read_patch(patch)))
+
+
+def full_value(conn, collection: str, key: str, raw: bytes | None, replaced: bytes,
+               merge_policy: bool) -> bytes | None:
+    """The record an arriving op writes: its value, or, for a patch, the record rebuilt from
+    the base it names.  Raises :class:`PatchError` (:class:`PatchBaseError` when the base is
+    not here) rather than keep anything half-right."""
+    if not values.claims_patch(raw):
+        return raw
+    where = f"a change of {collection}/{key}"
+    if not merge_policy:
+        raise PatchError(f"{where} sends only some fields, but {collection!r} is not under "
+                         f"the merge policy here; refused")
+    try:
+        setf, removed = values.read_patch(raw)
+    except values.PatchFormatError as e:
+        raise PatchError(f"{where} is a malformed patch ({e}); refused") from None
+    if len(replaced) != CSN_LEN:
+        raise PatchError(f"{where} sends only some fields but names {len(replaced) // CSN_LEN}"
+                         f" versions it is based on, not one; refused")
+    held, base_raw = _held_value(conn, collection, key, replaced)
+    if not held:
+        raise PatchBaseError(f"{where} sends only the fields it changed, over version "
+                             f"{replaced.hex()}, which this site does not hold; refused")
+    base = to_fields(base_raw)
+    if base is None:
+        raise PatchError(f"{where} sends only some fields, over a version that is not a "
+                         f"record of fields; refused")
+    return values.encode_fields(values.patched(base, setf, removed))
+
+
+def full_values(conn, ops) -> Iterable:
+    """``ops`` with each patch replaced by the record it writes (for a replay of the changelog:
+    every base is held here once the change was applied; one that is not stays a patch)."""
+    for op in ops:
+        if values.claims_patch(op.value):
+            try:
+                op = type(op)(*op[:6], full_value(conn, op.collection, op.key, op.value,
+                                                  op.replaced, True), op.replaced)
+            except PatchError:
+                pass    # left as it is, the replay differs and says so
+        yield op
+
+
+def record_of(conn, collection: str, key: str, csn: bytes, raw: bytes | None) -> bytes | None:
+    """The record a version held in the changelog wrote (``raw`` unless it is a patch: then
+    the record kept when it was applied)."""
+    if not values.claims_patch(raw):
+        return raw
+    held, full = _held_value(conn, collection, key, csn)
+    return full if held else raw
+
+
+# --- field history in snapshots (formats/PACKET.md §7) --------------------------------------------
+
+# Snapshot records of this pseudo-collection carry field_history rows, so a site seeded from a
+# snapshot stamps and rebuilds writes made over versions the snapshot's records no longer hold.
+HISTORY = "$fields"
+
+
+def count_history(conn) -> int:
+    return conn.execute("SELECT count(*) FROM field_history").fetchone()[0]
+
+
+def history_records(conn) -> Iterator[tuple[str, str, bytes, bytes]]:
+    """(collection, key, csn, value) snapshot records of every field_history row."""
+    for coll, key, csn, value, stamps, replaced in conn.execute(
+            "SELECT collection, key, csn, value, stamps, replaced FROM field_history "
+            "ORDER BY collection, key, csn"):
+        yield HISTORY, json.dumps([coll, key]), csn, codec.packb([coll, key, value, stamps,
+                                                                  replaced])
+
+
+def parse_history(key: str, csn: bytes, raw: bytes | None) -> tuple:
+    """A field_history row from a snapshot record (untrusted); ValueError if malformed."""
+    try:
+        coll, k, value, stamps, replaced = codec.unpack_untrusted(raw)
+        ok = (json.dumps([coll, k]) == key and isinstance(coll, str) and isinstance(k, str)
+              and (value is None or isinstance(value, bytes)) and isinstance(replaced, bytes)
+              and len(replaced) % CSN_LEN == 0
+              and (stamps is None or isinstance(stamps, bytes)))
+        if ok and stamps is not None:
+            st = codec.unpack_untrusted(stamps)
+            ok = isinstance(st, dict) and all(isinstance(f, str) and isinstance(c, bytes)
+                                              and len(c) == CSN_LEN for f, c in st.items())
+    except Exception:    # noqa: BLE001 - any malformed input is the same refusal
+        ok = False
+    if not ok:
+        raise ValueError("malformed field history record")
+    return coll, k, csn, value, stamps, replaced
+
+
+def insert_history(conn, rows: list[tuple]) -> None:
+    conn.executemany("INSERT OR IGNORE INTO field_history VALUES (?, ?, ?, ?, ?, ?)", rows)

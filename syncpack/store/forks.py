@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from syncpack.format.blocks import HEADER_LEN
 from syncpack.format.csn import CSN_LEN, pack_csn
-from syncpack.store import chain
+from syncpack.store import chain, fields
 
 OPEN, HEALED, ENDED = "open", "healed", "ended"
 
@@ -142,7 +142,8 @@ def revert_from(conn, origin: bytes, epoch: int) -> int:
             back = _op_by_csn(conn, r)
             if back is not None and not _replaces(conn, op.collection, op.key, r):
                 conn.execute("INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?)",
-                             (op.collection, op.key, r, back.value))
+                             (op.collection, op.key, r,
+                              fields.record_of(conn, op.collection, op.key, r, back.value)))
     conn.execute("UPDATE vector SET epoch=min(epoch, ?) WHERE origin=?", (cut, origin))
     return cut
 
