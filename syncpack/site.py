@@ -323,25 +323,14 @@ class Site:
 
     # -- writing -------------------------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self, _system: bool = False) -> Iterator["Transaction"]:
+    def transaction(self, _system: bool = False) -> "_TransactionScope":
         """One local transaction: ``with site.transaction() as tx: tx.put(...)``.
 
         Every put and delete in the block commits together, or none does if the block
         raises; refused while the site is recovering from a restore."""
         if not self.joined:
             raise NotJoinedError(f"site {self.name!r} has not joined a family yet")
-        if self.state == "recovering" and not _system:
-            raise RecoveringError(
-                f"site {self.name!r} is recovering from a restore and refuses local writes "
-                f"until its own ops have come back from its peers",
-                hint="import packets from the peers ('syncpack status' shows what is missing)")
-        with self.write_txn():
-            tx = Transaction(self, _system)
-            yield tx
-            tx.flush()
-        if tx.touched_system:
-            self.invalidate()
+        return _TransactionScope(self, _system)
 
     @contextmanager
     def write_txn(self) -> Iterator[db.Connection]:
@@ -413,6 +402,60 @@ class Site:
         return d
 
 
+class _TransactionScope:
+    """The ``with`` block of :meth:`Site.transaction`: :func:`db.write_txn` around a
+    :class:`Transaction`, as a class (the generator-based form cost a one-put transaction two
+    generators and their context managers); cached roster and policies are dropped on
+    rollback, and after a commit that wrote syncpack's own collections."""
+
+    __slots__ = ("site", "system", "tx")
+
+    def __init__(self, site: "Site", system: bool):
+        self.site, self.system = site, system
+
+    def __enter__(self) -> "Transaction":
+        site = self.site
+        db.begin_write(site.conn)
+        try:
+            tx = self.tx = Transaction(site, self.system)
+            # read with the epoch and clock, under the write lock (Transaction.__init__)
+            if tx.recovering and not self.system:
+                raise RecoveringError(
+                    f"site {site.name!r} is recovering from a restore and refuses local "
+                    f"writes until its own ops have come back from its peers",
+                    hint="import packets from the peers ('syncpack status' shows what is "
+                         "missing)")
+        except BaseException:
+            self._abandon()
+            raise
+        return tx
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        site = self.site
+        if exc_type is not None:
+            self._abandon()
+            return False
+        try:
+            self.tx.flush()
+        except BaseException:
+            self._abandon()
+            raise
+        try:
+            db.commit(site.conn)
+        except BaseException:
+            site.invalidate()
+            raise
+        if self.tx.touched_system:
+            site.invalidate()
+        return False
+
+    def _abandon(self) -> None:
+        try:
+            db.rollback(self.site.conn)
+        finally:
+            self.site.invalidate()
+
+
 class _ClosedStore:
     """Stands in for the connection of a closed site, so any use says so clearly (instead of
     the driver's closed-connection error)."""
@@ -430,9 +473,9 @@ class Transaction:
     def __init__(self, site: Site, system: bool):
         self.site = site
         self.system = system
-        c = site.conn
-        self.hlc = next_hlc(site.last_hlc(), site.clock())
-        self.epoch = matrix.epoch(c, site.site_id)
+        self.epoch, last, state = chain.own_position(site.conn, site.site_id)
+        self.recovering = state == "recovering"
+        self.hlc = next_hlc(last, site.clock())
         self.ops: list[Op] = []
         self.seq = 0
         self.touched_system = False
@@ -555,13 +598,13 @@ class Transaction:
         self.epoch += n
         prefix = pack_csn(hlc, origin, 0)[:CSN_LEN - 4]
         csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
-        keys = [(c, k) for c, k, _v in rows]
+        colls, names, raws = zip(*rows)
+        keys = list(zip(colls, names))
         unique = dict.fromkeys(keys)
         held = versions.csns_of_keys(site.conn, unique)
         new = tuple.__new__     # builds each Op in C (Op(...) runs a Python __new__)
         if not held and len(unique) == n:
             # new keys, each once (a first load): nothing replaced, every row stays
-            colls, names, raws = zip(*rows)
             self.ops.extend(map(new, repeat(Op), zip(
                 repeat(origin), range(epoch0 + 1, epoch0 + 1 + n), repeat(hlc),
                 range(seq0, seq0 + n), colls, names, raws, repeat(b""))))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import shutil
+from itertools import islice
 from pathlib import Path
 from typing import Iterable
 
@@ -229,10 +230,12 @@ class _Applier:
         if len(win) == 1:
             info, cols = win[0]
             if self._clean(info, cols):
-                rows = cols.rows()
-                for k in range(0, len(rows), APPLY_BATCH):
-                    versions.insert_many(site.conn, rows[k:k + APPLY_BATCH])
-                    self._count(min(APPLY_BATCH, len(rows) - k))
+                # the rows are made as the insert takes them (no list of a block's rows)
+                rows, n = cols.iter_rows(), cols.count
+                with blocks.gc_paused():
+                    for k in range(0, n, APPLY_BATCH):
+                        versions.insert_many(site.conn, islice(rows, APPLY_BATCH))
+                        self._count(min(APPLY_BATCH, n - k))
                 return
             ops: Iterable[Op] = cols.ops()
         else:

@@ -518,14 +518,19 @@ _SEQ4: list[bytes] = [i.to_bytes(4, "big") for i in range(1024)]
 _SEQ4_CACHE_MAX = 1 << 16
 
 
-def _seq_suffixes(n: int) -> list[bytes]:
-    """The 4-byte seq ends of CSNs 0..n-1, from a small cache (a transaction is mostly short)."""
+def _txn_csns(prefix: bytes, n: int) -> Iterator[bytes]:
+    """The CSNs of a transaction's ops 0..n-1: its 16-byte (hlc, origin) prefix and each seq,
+    the seq from a small cache (a transaction is mostly short); beyond the cache one pack per
+    op (as fast as the cache, measured; a list of to_bytes per op took 80% longer)."""
     if n > len(_SEQ4):
-        if n <= _SEQ4_CACHE_MAX:
-            _SEQ4.extend(i.to_bytes(4, "big") for i in range(len(_SEQ4), n))
-        else:
-            return [i.to_bytes(4, "big") for i in range(n)]
-    return _SEQ4[:n] if n < len(_SEQ4) else _SEQ4
+        if n > _SEQ4_CACHE_MAX:
+            return map(_PFX_SEQ_PACK, repeat(prefix), range(n))
+        _SEQ4.extend(map(_SEQ_PACK, range(len(_SEQ4), n)))
+    return map(prefix.__add__, _SEQ4[:n] if n < len(_SEQ4) else _SEQ4)
+
+
+_PFX_SEQ_PACK = struct.Struct(">16sI").pack
+_SEQ_PACK = struct.Struct(">I").pack
 
 
 class BlockColumns(NamedTuple):
@@ -551,33 +556,38 @@ class BlockColumns(NamedTuple):
         return self.first_seq + self.txn_lens[-1] - 1
 
     def csns(self) -> list[bytes]:
-        """The 20-byte CSN of every op.  Three shapes, measured (tools/bench_blocks.py, ns per
-        op): one-op transactions take a 16-byte prefix plus 4 zero bytes (184 against 764 for
-        the per-transaction loop); short ones a struct pack per op (413); long ones one prefix
-        per transaction plus cached seq suffixes (108, against 122 packing per op)."""
+        """The 20-byte CSN of every op."""
+        return list(self.iter_csns())
+
+    def iter_csns(self) -> Iterator[bytes]:
+        """:meth:`csns`, made as they are taken.  Three shapes, measured
+        (tools/bench_blocks.py, ns per op): one-op transactions take a 16-byte prefix plus 4
+        zero bytes (184 against 764 for the per-transaction loop); short ones a struct pack
+        per op (413); long ones one prefix per transaction plus its seqs (108, against 122
+        packing per op)."""
         origin, hlcs, lens = self.origin, self.txn_hlcs, self.txn_lens
         n = self.hi - self.lo
         if self.first_seq:      # a later part: one transaction, seqs from first_seq
-            return list(map(_CSN_PACK, repeat(hlcs[0], n), repeat(origin),
-                            range(self.first_seq, self.first_seq + n)))
+            return map(_CSN_PACK, repeat(hlcs[0], n), repeat(origin),
+                       range(self.first_seq, self.first_seq + n))
         if len(lens) == n:
-            return list(map(bytes.__add__, map(_HLC_ORIGIN.pack, hlcs, repeat(origin)),
-                            repeat(b"\0\0\0\0")))
+            return map(bytes.__add__, map(_HLC_ORIGIN.pack, hlcs, repeat(origin)),
+                       repeat(b"\0\0\0\0"))
         if n < 8 * len(lens):
-            return list(map(_CSN_PACK, chain.from_iterable(map(repeat, hlcs, lens)),
-                            repeat(origin), chain.from_iterable(map(range, lens))))
-        out: list[bytes] = []
-        ext = out.extend
+            return map(_CSN_PACK, chain.from_iterable(map(repeat, hlcs, lens)),
+                       repeat(origin), chain.from_iterable(map(range, lens)))
         pack = _HLC_ORIGIN.pack
-        for h, k in zip(hlcs, lens):
-            ext(map(pack(h, origin).__add__, _seq_suffixes(k)))
-        return out
+        return chain.from_iterable(map(_txn_csns, map(pack, hlcs, repeat(origin)), lens))
 
     def rows(self) -> list[tuple]:
-        """``(collection, key, csn, value)`` per op, ready for ``executemany`` (which may
-        also take the ``zip`` lazily; the list is what the bench measures)."""
+        """``(collection, key, csn, value)`` per op, ready for ``executemany``."""
         with gc_paused():
-            return list(zip(self.collections, self.keys, self.csns(), self.values))
+            return list(self.iter_rows())
+
+    def iter_rows(self) -> Iterator[tuple]:
+        """:meth:`rows` made as they are taken: ``executemany`` over it builds no list, and
+        ``zip`` reuses its tuple once the driver has bound it."""
+        return zip(self.collections, self.keys, self.iter_csns(), self.values)
 
     def ops(self) -> Iterator[Op]:
         """The same ops as :class:`syncpack.format.codec.Op`, in epoch (= CSN) order."""

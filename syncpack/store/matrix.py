@@ -35,8 +35,9 @@ def ranges_from_blob(b: bytes | None) -> dict[bytes, tuple[int, int]]:
 # Our own origin's row is not rewritten by every small local transaction: its newest unsealed
 # op in the changelog (which holds our own ops only) may be above it (chain.own_tip), so the
 # epoch held is the larger of the two; chain.settle_own writes it back before changelog rows go.
-_HELD = ("max(epoch, coalesce((SELECT max(c.epoch) FROM changelog c "
-         "WHERE c.origin=vector.origin), 0))")
+# The changelog holds one origin's ops, keyed by epoch: its last row alone is looked at.
+_HELD = ("max(epoch, coalesce((SELECT CASE WHEN c.origin=vector.origin THEN c.epoch END "
+         "FROM changelog c ORDER BY c.epoch DESC LIMIT 1), 0))")
 
 
 def vector(conn) -> dict[bytes, int]:

@@ -8,6 +8,7 @@ and writes.  Everything runs on the caller's connection and inside its transacti
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Iterable, Iterator
 
 from syncpack.format.codec import Op
@@ -36,6 +37,7 @@ def csns_of_keys(conn, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str],
     """:func:`csns_of_key` of many keys in one ``executemany`` (a bulk write): the surviving
     versions' CSNs of each key that has any, in CSN order; keys without one are left out."""
     out: dict[tuple[str, str], list[bytes]] = {}
+    keys = _maybe_held(conn, keys)
     # No ORDER BY: with it SQLite runs a sorter for every binding (10x slower at 200k keys);
     # the few keys with several versions are sorted here.
     for coll, key, csn in conn.executemany(
@@ -45,6 +47,26 @@ def csns_of_keys(conn, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str],
         if len(csns) > 1:
             csns.sort()
     return out
+
+
+def _maybe_held(conn, keys: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str]]:
+    """``keys`` without those of a collection whose versions hold no key between the batch's
+    lowest and highest of it: a load into a new collection (or past its last key, as a file
+    in key order is loaded batch after batch) then looks up nothing, where one look-up per
+    key cost as much as the insert.  SQLite's text order is Python's (UTF-8 keeps code point
+    order)."""
+    keys = keys if isinstance(keys, (list, tuple, dict)) else list(keys)
+    if not keys:
+        return keys
+    colls = set(map(itemgetter(0), keys))
+    by_coll = ({next(iter(colls)): list(map(itemgetter(1), keys))} if len(colls) == 1 else
+               {c: [k for cc, k in keys if cc == c] for c in colls})
+    held = {c for c, ks in by_coll.items() if conn.execute(
+        "SELECT 1 FROM versions WHERE collection=? AND key>=? AND key<=? LIMIT 1",
+        (c, min(ks), max(ks))).fetchone()}
+    if held == colls:
+        return keys
+    return [ck for ck in keys if ck[0] in held]
 
 
 def rows(conn, collection: str | None = None) -> Iterator[tuple[str, str, bytes, bytes | None]]:
