@@ -10,7 +10,12 @@ See docs/attach.md for the model.  The order of commits is what makes a crash ha
   overwritten before it is in the changelog), writes each pending key's visible record, each
   row in a savepoint (a row the local schema refuses is rolled back alone and recorded as a
   clash), commits the application's file, and only then clears the pending keys in the store.
-  A crash before that leaves the keys pending, and writing a visible record twice is harmless.
+  A crash before that leaves the keys pending, and writing a visible record twice is harmless;
+- an import (:class:`DirectApply`) holds that lock, captures first, and writes rows whose new
+  version is their key's only one as the store inserts them, leaving a mark of their CSNs in
+  the same store transaction; the application commits only if every mark committed, and only
+  then are the marks dropped.  Marks found later (a crash) make their keys pending again
+  (:func:`_recover`, before any capture).
 
 The lock order is always the application's file, then the store; every step holds the site's
 own lock (one syncpack command at a time works on an attachment).
@@ -22,6 +27,7 @@ import os
 import queue
 import threading
 from contextlib import contextmanager, nullcontext
+from itertools import chain as joined
 from pathlib import Path
 from typing import Iterator
 from itertools import compress
@@ -249,50 +255,64 @@ def _forget(app: appdb.Connection, site: Site) -> None:
 # --- apply --------------------------------------------------------------------------------------
 
 def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
-           ) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
+           ) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
     """Write every pending key's visible record into the application's tables; the caller
-    holds the write lock of ``app``.  Returns (done keys, clashes) per table."""
+    holds the write lock of ``app``.  Returns (rows written, clashes) per table; every
+    pending key of a table named in either was handled (only counts are kept, and the keys
+    are streamed, so memory does not grow with them)."""
     conn = site.conn
-    done: dict[str, list[str]] = {}
+    done: dict[str, int] = {}
     clashes: dict[str, dict[str, str]] = {}
     order = rows.fk_order({n: t.parents for n, t in infos.items()})
-    deletes: list[tuple[str, str, tuple]] = []
+    has_deletes: list[str] = []
     for name in order:
         t = infos[name]
         w = appdb.Writer(app, t)
-        aff = [t.affinity.get(c, "BLOB") for c in t.pk]
         parts = rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK)
         first = next(parts, None)
         if first is None:
             continue
+        done.setdefault(name, 0)
         big = len(first) >= PAUSE_CAPTURE_AT
         with appdb.capture_paused(app, t) if big else nullcontext():
-            _apply_part(site, w, aff, first, deletes, done, clashes)
-            for part in parts:
-                _apply_part(site, w, aff, part, deletes, done, clashes)
-    # Children go before their parents.
-    rank = {n: i for i, n in enumerate(order)}
-    for name, key, vals in sorted(deletes, key=lambda d: -rank[d[0]]):
-        err = appdb.Writer(app, infos[name]).delete(vals)
-        if err:
-            clashes.setdefault(name, {})[key] = err
-        else:
-            done.setdefault(name, []).append(key)
+            for part in joined([first], parts):
+                if _apply_part(site, w, part, done, clashes):
+                    has_deletes.append(name)
+    # Deletes after every put, children before their parents: a second pass over the keys.
+    for name in reversed(order):
+        if name not in has_deletes:
+            continue
+        t = infos[name]
+        w = appdb.Writer(app, t)
+        aff = [t.affinity.get(c, "BLOB") for c in t.pk]
+        for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
+            for key, v in _visible_part(site, name, part):
+                if v is not None:
+                    continue
+                err = w.delete(rows.decode_key(key, aff))
+                if err:
+                    clashes.setdefault(name, {})[key] = err
+                else:
+                    done[name] += 1
     return done, clashes
 
 
-def _apply_part(site: Site, w: appdb.Writer, aff: list[str],
-                part: list[tuple[str, int, bytes | None]], deletes: list,
-                done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
-    """Write one chunk of (key, number of versions, the value if exactly one) of table
-    ``w.t``; deletes are only collected (they go after all puts, children first)."""
-    name = w.t.name
+def _visible_part(site: Site, name: str, part: list[tuple[str, int, bytes | None]]
+                  ) -> list[tuple[str, bytes | None]]:
+    """(key, visible value or None) of a chunk of :func:`attached.pending_visible`."""
     several = {k: _visible(site, name, attached.versions_of(site.conn, name, k), k)
                for k, n, _v in part if n > 1}
-    vis = [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
-    deletes.extend((name, k, rows.decode_key(k, aff)) for k, v in vis if v is None)
+    return [(k, v if n < 2 else getattr(several[k], "value", None)) for k, n, v in part]
+
+
+def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | None]],
+                done: dict[str, int], clashes: dict[str, dict[str, str]]) -> bool:
+    """Write the live records of one chunk of (key, number of versions, the value if exactly
+    one) of table ``w.t``; returns whether it holds deletes (they go after all puts)."""
+    name = w.t.name
+    vis = _visible_part(site, name, part)
     live = [(k, v) for k, v in vis if v is not None]
-    values = list(map(codec.decode_value, [v for _k, v in live]))
+    values = codec.decode_values([v for _k, v in live])
     if not all(v.__class__ is dict for v in values):
         bad = {i for i, v in enumerate(values) if not isinstance(v, dict)}
         for i in bad:
@@ -300,6 +320,7 @@ def _apply_part(site: Site, w: appdb.Writer, aff: list[str],
         live = [x for i, x in enumerate(live) if i not in bad]
         values = [v for i, v in enumerate(values) if i not in bad]
     _put_all(w, name, [k for k, _v in live], values, done, clashes)
+    return any(v is None for _k, v in vis)
 
 
 def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
@@ -316,33 +337,178 @@ def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
 
 
 def _put_all(w: appdb.Writer, name: str, keys: list[str], values: list[dict],
-             done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
+             done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
     errs = w.put_many(values)
     if not any(errs):
-        done.setdefault(name, []).extend(keys)      # the common case: the whole batch went in
+        done[name] = done.get(name, 0) + len(keys)  # the common case: the whole batch went in
         return
     for key, err in zip(keys, errs):
         if err:
             clashes.setdefault(name, {})[key] = err
         else:
-            done.setdefault(name, []).append(key)
+            done[name] = done.get(name, 0) + 1
 
 
-def _settle(site: Site, done: dict[str, list[str]], clashes: dict[str, dict[str, str]]) -> None:
-    """After the application's commit: the keys written are no longer pending; clashes stay
-    pending (retried on every apply) and are listed by 'conflicts'."""
+def _settle(site: Site, done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
+    """After the application's commit: every pending key of the tables applied was handled
+    (the site lock kept others from adding any), so only the clashes stay pending (retried on
+    every apply, listed by 'conflicts'); an earlier clash not refused again is gone."""
     now = wall_ms()
     with site.write_txn() as conn:
-        for name, keys in done.items():
-            if name not in clashes and len(keys) == attached.pending_count(conn, name):
-                attached.clear_all_pending(conn, name)    # everything written (the common case)
-            else:
-                attached.clear_pending(conn, name, keys)
-            attached.clear_clashes(conn, name, keys)
-        for name, m in clashes.items():
-            for key, text in m.items():
-                attached.set_clash(conn, name, key, text, now)
+        for name in set(done) | set(clashes):
+            attached.settle_pending(conn, name, clashes.get(name, {}), now)
         attached.touch(conn, set(done) | set(clashes), "last_apply_ms", now)
+
+
+def _recover(site: Site) -> None:
+    """An import that wrote rows straight into the application and did not finish (a crash,
+    an interruption, a packet rolled back) left marks; their keys are pending again.  Runs
+    before any capture, so a local change made since is concurrent with those versions."""
+    if attached.has_inflight(site.conn):
+        with site.write_txn() as conn:
+            attached.recover_inflight(conn)
+
+
+class DirectApply:
+    """During an import, the rows of attached tables go into the application's tables as the
+    store inserts them, not through per-key pending marks read back afterwards.
+
+    Made under the site lock: it takes the application's write lock, captures first (so no
+    committed application change is ever overwritten before it is in the changelog), then,
+    for each batch the store inserts in bulk (:func:`attached.note_new_versions`), writes the
+    rows whose new version is their key's only one and notes every other key pending (a
+    delete, a conflict, a row the local schema refuses: the ordinary apply after the import
+    handles those).  Each batch written leaves a mark of its CSN range in the same store
+    transaction.  :meth:`finish` commits the application's transaction only if every mark is
+    committed (no packet was rolled back after its rows were written), then drops the marks;
+    a crash or an interruption at any point leaves the marks, and :func:`_recover` makes
+    their keys pending again.  Inactive when nothing is attached."""
+
+    def __init__(self, site: Site):
+        self.site = site
+        self.app: appdb.Connection | None = None
+        if not is_attached(site) or site.state == "recovering":
+            return
+        _recover(site)
+        path, _seq = attached.attachment(site.conn)
+        try:
+            app = appdb.open_app(Path(path))
+        except AttachError:
+            return      # the ordinary apply after the import reports it
+        try:
+            infos = {}
+            for name in attached.tables(site.conn):
+                t = appdb.table_info(app, name)
+                if t is None:
+                    app.close()
+                    return
+                infos[name] = t
+            appdb.begin_write(app)
+            try:
+                # as _cycle does; peers' new columns are added by the apply after the import
+                # (a record that needs one waits for it there)
+                infos = schema.review(site, app, infos)     # stopped tables are left out
+                _heal(site, app, infos)
+                _capture(site, app, infos)
+                _forget(app, site)
+            except BaseException:
+                appdb.end_write(app, False)
+                raise
+        except BaseException:
+            app.close()
+            raise
+        self.app, self.infos = app, infos
+        self.writers = {n: appdb.Writer(app, t) for n, t in infos.items()}
+        self.paused: set[str] = set()
+        self.written: set[str] = set()
+        self.token = os.urandom(8)
+        self.marks = 0
+        attached.set_direct(site.conn, self._sink)
+
+    def _sink(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> None:
+        name = rows[0][0]
+        if rows[-1][0] == name and all(r[0] == name for r in rows):
+            later = self._write(name, rows)     # the common case: one table
+        else:
+            by: dict[str, list] = {}
+            for r in rows:
+                by.setdefault(r[0], []).append(r)
+            later = [x for n, part in by.items() for x in self._write(n, part)]
+        if later:
+            attached.mark_pending(self.site.conn, later)
+
+    def _write(self, name: str, part: list[tuple[str, str, bytes, bytes | None]]
+               ) -> list[tuple[str, str, bytes]]:
+        """Writes the rows of ``part`` (all of table ``name``) that can go straight in;
+        returns the (collection, key, csn) of the others, for the ordinary apply."""
+        conn = self.site.conn
+        w = self.writers.get(name)
+        if w is None:
+            return [r[:3] for r in part]
+        later = []
+        raws = [r[3] for r in part]
+        several = attached.several_versions(conn, name, [r[1] for r in part])
+        if several or None in raws:
+            later = [r[:3] for r in part if r[3] is None or r[1] in several]
+            part = [r for r in part if r[3] is not None and r[1] not in several]
+            raws = [r[3] for r in part]
+        values = codec.decode_values(raws)
+        if not all(v.__class__ is dict for v in values):
+            later += [r[:3] for r, v in zip(part, values) if v.__class__ is not dict]
+            part = [r for r, v in zip(part, values) if v.__class__ is dict]
+            values = [v for v in values if v.__class__ is dict]
+        if not part:
+            return later
+        if name not in self.paused and len(part) >= PAUSE_CAPTURE_AT:
+            appdb.drop_capture(self.app, name)
+            self.paused.add(name)
+        errs = w.put_many(values)
+        if any(errs):
+            # refused rows: the ordinary apply retries them and records the constraint
+            later += [r[:3] for r, e in zip(part, errs) if e]
+            part = [r for r, e in zip(part, errs) if not e]
+            if not part:
+                return later
+        csns = [r[2] for r in part]
+        origin = csns[0][8:16]
+        one = all(c[8:16] == origin for c in csns)
+        attached.add_inflight(conn, self.token, self.marks, name, origin if one else None,
+                              min(csns), max(csns))
+        self.marks += 1
+        self.written.add(name)
+        return later
+
+    def finish(self) -> None:
+        """After the import's last store commit: commit the rows written, if all of them
+        belong to committed store transactions."""
+        if self.app is None:
+            return
+        site, app = self.site, self.app
+        attached.set_direct(site.conn, None)
+        ok = attached.inflight_count(site.conn, self.token) == self.marks
+        try:
+            if ok:
+                for name in self.paused:
+                    appdb.install_capture(app, self.infos[name])
+            appdb.end_write(app, ok)
+        finally:
+            self.close()
+        if ok and self.marks:
+            with site.write_txn() as conn:
+                attached.clear_inflight(conn, self.token)
+                attached.touch(conn, self.written, "last_apply_ms", wall_ms())
+
+    def close(self) -> None:
+        """Without :meth:`finish` (an error): nothing written stays; the marks of what the
+        store committed make those keys pending again at the next capture."""
+        if self.app is None:
+            return
+        attached.set_direct(self.site.conn, None)
+        try:
+            appdb.end_write(self.app, False)
+        finally:
+            self.app.close()
+            self.app = None
 
 
 def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> None:
@@ -426,7 +592,7 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
     schema.record(site, grown)
     if done or clashes:
         _settle(site, done, clashes)
-    return {"captured": captured, "applied": sum(len(v) for v in done.values()),
+    return {"captured": captured, "applied": sum(done.values()),
             "clashes": sum(len(v) for v in clashes.values()), "refused": refused}
 
 
@@ -442,6 +608,7 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
         with site.lock():
             if not is_attached(site):
                 return None
+            _recover(site)
             with _open_attached(site) as (app, infos):
                 # The bulk of a capture under a read snapshot: the application keeps writing
                 # (in WAL mode); the write lock is held only for what came in meanwhile and
@@ -608,6 +775,7 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
         if unknown:
             raise AttachError(f"table(s) {', '.join(unknown)} are not attached; nothing was "
                               f"detached", hint="'syncpack attached' lists them")
+        _recover(site)
         with _open_attached(site) as (app, infos):
             if site.state != "recovering":
                 _cycle(site, app, infos)
@@ -780,6 +948,7 @@ def check(site: Site) -> list[str]:
                                     f"(the next capture compares the whole table)")
                     continue
                 skip = set(attached.pending_keys(site.conn, name))
+                skip |= attached.inflight_keys(site.conn, name)
                 skip |= {k for c, k, _t, _a in attached.clashes(site.conn, name)}
                 single = len(t.pk) == 1
                 for _s, key_vals, _r in appdb.changed_rows(app, t, since, 1 << 62):

@@ -258,28 +258,34 @@ class _Applier:
         whole transaction, its earlier parts read back from the store, where earlier packets
         or this one left them.  Never a part of a transaction alone."""
         streams: list[Iterable[Op]] = []
-        whole: list[list[Op]] = []
+        whole: list[tuple[blocks.BlockInfo, int]] = []
         for info, cols in win:
             if not info.flags or info.hi <= self.vec.get(info.origin, 0):
                 streams.append(cols.ops())
             elif not info.more:
-                start = info.lo - cols.first_seq
-                ops = list(chain.iter_ops(self.site.conn, info.origin, start, info.hi))
-                if len(ops) != info.hi - start or ops[0].seq != 0:
-                    raise PacketBodyError(
-                        f"last part of a transaction of {self.site.name_of(info.origin)} "
-                        f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts",
-                        hint="this site no longer holds them (restored from a backup?); ask "
-                             "a peer for a snapshot with 'syncpack resync --to THIS_SITE'")
-                whole.append(ops)
+                whole.append((info, info.lo - cols.first_seq))
         n = 0
         for op in heapq.merge(*streams, key=lambda op: (op.hlc, op.origin, op.seq)):
             n += self._op(op)
-        for ops in whole:
+        for info, start in whole:
             # new to this site though their epochs may be below the vector: the vector
-            # counts parts held, the records only transactions applied
-            for op in ops:
+            # counts parts held, the records only transactions applied.  Streamed, in
+            # batches (a transaction of millions of ops is never held whole); a missing part
+            # is found by the count and rolls the packet back.
+            got = 0
+            for op in chain.iter_ops(self.site.conn, info.origin, start, info.hi):
+                if got == 0 and op.seq != 0:
+                    break
+                got += 1
                 n += self._fresh(op)
+                if len(self.rows) >= APPLY_BATCH:
+                    self.flush()
+            if got != info.hi - start:
+                raise PacketBodyError(
+                    f"last part of a transaction of {self.site.name_of(info.origin)} "
+                    f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts",
+                    hint="this site no longer holds them (restored from a backup?); ask "
+                         "a peer for a snapshot with 'syncpack resync --to THIS_SITE'")
         self.flush()
         self._count(n)
 

@@ -556,6 +556,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 cands.append(c)
         with site.write_txn():
             forks.end_retired(site)
+        # rows of attached tables go into the application's tables as they arrive
+        direct = attach_core.DirectApply(site)
         try:
             for group in snaps.values():
                 _apply_snapshot(site, group, res, progress)
@@ -581,7 +583,9 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 forks.end_retired(site)     # a retirement may have arrived just now
             res.incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
                               for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
+            direct.finish()
         finally:
+            direct.close()
             for c in opened:
                 c.pk.close()
     attach_core.sync_app(site)      # what arrived, into the attached application's tables

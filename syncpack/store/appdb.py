@@ -15,6 +15,7 @@ Only this module knows the shape of those tables and triggers.
 from __future__ import annotations
 
 from contextlib import contextmanager
+import re
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
@@ -52,6 +53,11 @@ class TableInfo:
     virtual: bool
     uniques: list[list[str]]      # other UNIQUE indexes (plain columns only)
     parents: list[str]            # tables this one references by FOREIGN KEY
+    # Foreign keys SQLite checks only at COMMIT (DEFERRABLE INITIALLY DEFERRED), which a
+    # row's savepoint cannot catch: (child table, child columns, parent table, parent
+    # columns) where this table is the child, and where it is the parent.
+    deferred: list[tuple[str, list[str], str, list[str]]] = field(default_factory=list)
+    deferred_children: list[tuple[str, list[str], str, list[str]]] = field(default_factory=list)
     # Columns the family dropped (docs/attach.md, "Schema changes"): values of them in older
     # records are left out; any other column the table lacks makes a record wait.
     dropped: frozenset = field(default_factory=frozenset)
@@ -87,17 +93,40 @@ def write_txn(conn: Connection) -> Iterator[Connection]:
     """Our writes into the application's file: the write lock up front (we wait for the
     application's writers), the applying marker so our own writes are not captured, and the
     marker gone before COMMIT."""
+    begin_write(conn)
+    try:
+        yield conn
+    except BaseException:
+        end_write(conn, False)
+        raise
+    end_write(conn, True)
+
+
+def begin_write(conn: Connection) -> None:
+    """:func:`write_txn` for a caller that decides at the end whether to commit
+    (:func:`end_write`)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         if has_table(conn, APPLYING):
             conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
-        yield conn
-        if has_table(conn, APPLYING):
-            conn.execute(f"DELETE FROM {APPLYING}")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
+
+
+def end_write(conn: Connection, commit: bool) -> None:
+    if not commit:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        return
+    try:
+        if has_table(conn, APPLYING):
+            conn.execute(f"DELETE FROM {APPLYING}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        raise
 
 
 def has_table(conn: Connection, name: str) -> bool:
@@ -153,7 +182,46 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
                 uniques.append(icols)
     parents = sorted({r[2] for r in conn.execute(f"PRAGMA foreign_key_list({q(name)})")}) \
         if not virtual else []
-    return TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents)
+    info = TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents)
+    if not virtual:
+        info.deferred = _deferred_fks(conn, name, sql)
+        for (other, osql) in conn.execute(
+                "SELECT name, sql FROM sqlite_schema WHERE type='table' AND name != ?", (name,)):
+            info.deferred_children += [fk for fk in _deferred_fks(conn, other, osql or "")
+                                       if fk[2] == name]
+    return info
+
+
+_DEFERRED = re.compile(r"DEFERRABLE\s+INITIALLY\s+DEFERRED", re.I)
+
+
+def _deferred_fks(conn: Connection, table: str, sql: str
+                  ) -> list[tuple[str, list[str], str, list[str]]]:
+    """The foreign keys of ``table`` when any of them is deferred (all of them then: checking
+    an immediate one again is harmless, and telling them apart would need an SQL parser)."""
+    if not _DEFERRED.search(sql):
+        return []
+    fks: dict[int, tuple[str, list[str], list[str | None]]] = {}
+    for r in conn.execute(f"PRAGMA foreign_key_list({q(table)})"):
+        fid, _seq, parent, frm, to = r[0], r[1], r[2], r[3], r[4]
+        fks.setdefault(fid, (parent, [], []))
+        fks[fid][1].append(frm)
+        fks[fid][2].append(to)
+    out = []
+    for parent, frm, to in fks.values():
+        if any(c is None for c in to):     # the parent's primary key
+            to = [r[1] for r in sorted(conn.execute(f"PRAGMA table_info({q(parent)})"),
+                                       key=lambda r: r[5]) if r[5]]
+        out.append((table, frm, parent, list(to)))
+    return out
+
+
+def _violations_sql(fk: tuple[str, list[str], str, list[str]]) -> str:
+    """WHERE text true for a row of the child table that breaks ``fk``."""
+    child, frm, parent, to = fk
+    present = " AND ".join(f"c.{q(f)} IS NOT NULL" for f in frm)
+    match = " AND ".join(f"p.{q(t)} = c.{q(f)}" for f, t in zip(frm, to))
+    return f"({present} AND NOT EXISTS (SELECT 1 FROM {q(parent)} p WHERE {match}))"
 
 
 def create_table(conn: Connection, name: str, sql: str) -> None:
@@ -371,6 +439,20 @@ class Writer:
         self._delete = f"DELETE FROM {q(t.name)} WHERE {where}"
         self._cols = set(t.columns)
         self._sql: dict[tuple[str, ...], str] = {}
+        # deferred foreign keys are checked by hand, in the row's savepoint (see TableInfo)
+        self._check_put = self._check_delete = None
+        if t.deferred:
+            self._check_put = (f"SELECT 1 FROM {q(t.name)} c WHERE "
+                               + " AND ".join(f"c.{q(c)} = ?" for c in t.pk) + " AND ("
+                               + " OR ".join(map(_violations_sql, t.deferred)) + ")")
+        if t.deferred_children:
+            # children of the deleted key only, when they refer to it by its primary key
+            self._check_delete = "SELECT 1 WHERE " + " OR ".join(
+                f"EXISTS (SELECT 1 FROM {q(fk[0])} c WHERE "
+                + ("".join(f"c.{q(f)} = ?{1 + t.pk.index(to)} AND "
+                           for f, to in zip(fk[1], fk[3])) if sorted(fk[3]) == sorted(t.pk)
+                   else "") + f"{_violations_sql(fk)})"
+                for fk in t.deferred_children)
 
     def _upsert(self, cols: tuple[str, ...]) -> str:
         sql = self._sql.get(cols)
@@ -390,7 +472,10 @@ class Writer:
             missing = [c for c in row if c not in self._cols and c not in self.t.dropped]
             if missing:
                 return waiting_text(self.t.name, missing)
-        return self._one(self._upsert(cols), [row[c] for c in cols])
+        check = None
+        if self._check_put:
+            check = (self._check_put, [row.get(c) for c in self.t.pk])
+        return self._one(self._upsert(cols), [row[c] for c in cols], check)
 
     def put_many(self, rows: list[dict]) -> list[str | None]:
         """Each row's constraint message or None; the whole batch in one savepoint, and row by
@@ -399,7 +484,8 @@ class Writer:
             return []
         cols = tuple(c for c in rows[0] if c in self._cols)
         first = rows[0].keys()
-        if len(cols) == len(first) and all(map(first.__eq__, map(dict.keys, rows))):
+        if self._check_put is None and len(cols) == len(first) and \
+                all(map(first.__eq__, map(dict.keys, rows))):
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 get = itemgetter(*cols)
@@ -414,12 +500,15 @@ class Writer:
         return [self.put(r) for r in rows]
 
     def delete(self, key: tuple) -> str | None:
-        return self._one(self._delete, list(key))
+        return self._one(self._delete, list(key),
+                         (self._check_delete, list(key)) if self._check_delete else None)
 
-    def _one(self, sql: str, args: list) -> str | None:
+    def _one(self, sql: str, args: list, check: tuple[str, list] | None = None) -> str | None:
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
             self.conn.execute(sql, args)
+            if check and self.conn.execute(*check).fetchone() is not None:
+                raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
         except apsw.ConstraintError as e:
             self.conn.execute("ROLLBACK TO syncpack_row")
             self.conn.execute("RELEASE syncpack_row")

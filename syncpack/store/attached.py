@@ -13,6 +13,10 @@ Tables (created by the store's migration 4, :mod:`syncpack.store.db`):
   is concurrent with them); ``x''`` stands for "a version went away";
 - ``attach_clashes``: keys whose visible record the application's schema refused (UNIQUE,
   CHECK, NOT NULL, FOREIGN KEY), with the constraint, retried on every apply;
+- ``attach_inflight`` (migration 9): while an import writes an attached table's rows as they arrive (see
+  :func:`set_direct`), the CSN range of each batch so written, committed with the batch; the
+  marks go once the application's transaction has committed, and marks found at any other time
+  (a crash, an interrupted import) become pending keys again (:func:`recover_inflight`);
 - ``attached_tables.shape`` / ``stopped`` (migration 8): the table's shape as last captured
   (:mod:`syncpack.attach.shapes`), and, when the application changed it in a way peers cannot
   follow, why capture of it stopped (until ``attach --refresh``);
@@ -27,7 +31,8 @@ attachment pays nothing on import.
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from syncpack.store.db import Connection
 
@@ -80,7 +85,8 @@ def add_table(conn: Connection, name: str, pk: list[str], columns: list[str],
 def remove_table(conn: Connection, name: str) -> None:
     for sql in ("DELETE FROM attached_tables WHERE name=?",
                 "DELETE FROM attach_pending WHERE collection=?",
-                "DELETE FROM attach_clashes WHERE collection=?"):
+                "DELETE FROM attach_clashes WHERE collection=?",
+                "DELETE FROM attach_inflight WHERE collection=?"):
         conn.execute(sql, (name,))
     if conn.execute("SELECT 1 FROM attached_tables LIMIT 1").fetchone() is None:
         conn.execute("DELETE FROM attached")
@@ -118,6 +124,19 @@ def touch(conn: Connection, names, column: str, at_ms: int) -> None:
     assert column in ("last_capture_ms", "last_apply_ms")
     conn.executemany(f"UPDATE attached_tables SET {column}=? WHERE name=?",
                      [(at_ms, n) for n in names])
+
+
+@contextmanager
+def triggers_aside(conn: Connection) -> Iterator[None]:
+    """Without the ``versions`` insert trigger for a bulk insert whose pending keys the caller
+    notes itself: even with its WHEN clause false, a trigger costs every row three times the
+    insert.  Dropped and re-created inside the caller's transaction, so no other connection
+    sees the table without it and a rollback restores it."""
+    conn.execute("DROP TRIGGER IF EXISTS attach_versions_ins")
+    try:
+        yield
+    finally:
+        conn.execute(_TRIGGERS[0])
 
 
 def begin_capturing(conn: Connection) -> None:
@@ -256,6 +275,21 @@ def clear_all_pending(conn: Connection, collection: str) -> None:
     conn.execute("DELETE FROM attach_pending WHERE collection=?", (collection,))
 
 
+def settle_pending(conn: Connection, collection: str, clashes: dict[str, str],
+                   at_ms: int) -> None:
+    """After an apply that handled every pending key of ``collection``: the keys refused
+    (``clashes``: key -> constraint) stay pending and become its clashes, replacing the old
+    ones; every other key is done."""
+    conn.execute("DELETE FROM attach_clashes WHERE collection=?", (collection,))
+    if not clashes:
+        conn.execute("DELETE FROM attach_pending WHERE collection=?", (collection,))
+        return
+    conn.executemany("INSERT OR REPLACE INTO attach_clashes VALUES (?, ?, ?, ?)",
+                     [(collection, k, t, at_ms) for k, t in clashes.items()])
+    conn.execute("DELETE FROM attach_pending WHERE collection=? AND key NOT IN "
+                 "(SELECT key FROM attach_clashes WHERE collection=?)", (collection, collection))
+
+
 def pending_visible(conn: Connection, collection: str) -> Iterator[tuple[str, int, bytes | None]]:
     """(key, number of surviving versions, the value if exactly one) of every pending key of
     ``collection``, by key: the common case (one version) needs no second look-up."""
@@ -282,3 +316,101 @@ def watched(conn: Connection) -> frozenset[str]:
 def mark_pending(conn: Connection, rows: list[tuple[str, str, bytes]]) -> None:
     """Note new versions ``(collection, key, csn)`` as pending, as the insert trigger does."""
     conn.executemany("INSERT OR IGNORE INTO attach_pending VALUES (?, ?, ?)", rows)
+
+
+# --- rows written into the application as an import inserts them --------------------------------
+
+# Per store connection (by id; set and removed around one import), the callable that takes the
+# new versions of attached tables instead of noting them pending one key at a time.
+_direct: dict[int, Callable[[list[tuple[str, str, bytes, bytes | None]]], None]] = {}
+
+
+def set_direct(conn: Connection, sink: Callable | None) -> None:
+    """While ``sink`` is set, :func:`note_new_versions` hands it the bulk-inserted versions of
+    attached tables; the sink writes them into the application's tables itself and leaves
+    :func:`add_inflight` marks (or notes keys pending) in the same store transaction."""
+    if sink is None:
+        _direct.pop(id(conn), None)
+    else:
+        _direct[id(conn)] = sink
+
+
+def note_new_versions(conn: Connection, rows: list[tuple[str, str, bytes, bytes | None]],
+                      watched: frozenset[str]) -> None:
+    """What the ``versions`` insert trigger would do for ``rows`` (collection, key, csn,
+    value) just inserted in bulk, for those of attached tables."""
+    mine = [r for r in rows if r[0] in watched]
+    if not mine:
+        return
+    sink = _direct.get(id(conn))
+    if sink is not None:
+        sink(mine)
+    else:
+        mark_pending(conn, [(c, k, csn) for c, k, csn, _v in mine])
+
+
+def several_versions(conn: Connection, collection: str, keys: list[str]) -> set[str]:
+    """Those of ``keys``, each holding a version already (just inserted), that have more than
+    one surviving version (one statement: the keys travel as one JSON array, not as a binding
+    each)."""
+    if not keys:
+        return set()
+    n = len(keys)
+    if len(set(keys)) == n:
+        # The common bulk case first: the batch's keys are all the versions between its lowest
+        # and highest key (a load in key order), so none has a second one.  Counting stops
+        # past n, whatever else the range holds.
+        held = conn.execute("SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection=? "
+                            "AND key BETWEEN ? AND ? LIMIT ?)",
+                            (collection, min(keys), max(keys), n + 1)).fetchone()[0]
+        if held == n:
+            return set()
+    return {r[0] for r in conn.execute(
+        "SELECT j.value FROM json_each(?) j WHERE (SELECT count(*) FROM versions v "
+        "WHERE v.collection=? AND v.key=j.value) > 1", (json.dumps(keys), collection))}
+
+
+def add_inflight(conn: Connection, token: bytes, n: int, collection: str,
+                 origin: bytes | None, lo: bytes, hi: bytes) -> None:
+    conn.execute("INSERT INTO attach_inflight VALUES (?, ?, ?, ?, ?, ?)",
+                 (token, n, collection, origin, lo, hi))
+
+
+def inflight_count(conn: Connection, token: bytes) -> int:
+    """How many of one import's marks are committed (fewer than it made: a packet of it was
+    rolled back after its rows went into the application's uncommitted transaction)."""
+    return conn.execute("SELECT count(*) FROM attach_inflight WHERE token=?",
+                        (token,)).fetchone()[0]
+
+
+def clear_inflight(conn: Connection, token: bytes) -> None:
+    conn.execute("DELETE FROM attach_inflight WHERE token=?", (token,))
+
+
+_IN_RANGE = ("FROM versions v JOIN attach_inflight f ON v.collection = f.collection "
+             "AND v.csn BETWEEN f.lo AND f.hi AND (f.origin IS NULL OR substr(v.csn, 9, 8) = "
+             "f.origin)")
+
+
+def recover_inflight(conn: Connection) -> int:
+    """Marks left by an import whose application transaction is not known to have committed:
+    every version in their ranges is news to the application again (writing a visible record
+    twice is harmless).  Returns the marks converted."""
+    n = conn.execute("SELECT count(*) FROM attach_inflight").fetchone()[0]
+    if n:
+        conn.execute("INSERT OR IGNORE INTO attach_pending SELECT v.collection, v.key, v.csn "
+                     + _IN_RANGE)
+        conn.execute("DELETE FROM attach_inflight")
+    return n
+
+
+def has_inflight(conn: Connection) -> bool:
+    return conn.execute("SELECT 1 FROM attach_inflight LIMIT 1").fetchone() is not None
+
+
+def inflight_keys(conn: Connection, collection: str) -> set[str]:
+    """Keys of ``collection`` in the marks of an unfinished import (fsck leaves them out)."""
+    if not has_inflight(conn):
+        return set()
+    return {r[0] for r in conn.execute("SELECT DISTINCT v.key " + _IN_RANGE
+                                       + " WHERE v.collection=?", (collection,))}

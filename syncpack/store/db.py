@@ -36,7 +36,7 @@ IntegrityError = apsw.ConstraintError
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -221,6 +221,15 @@ MIGRATIONS: list[str] = [
         WHERE origin IS (SELECT value FROM meta WHERE key='site_id') ORDER BY epoch;
     DROP TABLE changelog;
     ALTER TABLE changelog_by_epoch RENAME TO changelog;
+    """,
+    # 10: an import writes an attached table's rows as they arrive, in an application
+    # transaction that commits after the store's; each batch so written leaves the range of its
+    # CSNs here, in the store transaction that inserted it, until the application's commit is
+    # known (syncpack/store/attached.py, attach/core.py DirectApply).
+    """
+    CREATE TABLE attach_inflight(token BLOB NOT NULL, n INTEGER NOT NULL,
+                                 collection TEXT NOT NULL, origin BLOB, lo BLOB NOT NULL,
+                                 hi BLOB NOT NULL, PRIMARY KEY(token, n)) WITHOUT ROWID;
     """,
 ]
 

@@ -139,12 +139,9 @@ def insert_many(conn, rows: Iterable[tuple[str, str, bytes, bytes | None]]) -> N
     # the application) done in one statement instead of a trigger program per row, which
     # cost an import three times its own insert.
     rows = rows if isinstance(rows, list) else list(rows)
-    attached.begin_capturing(conn)      # the triggers stand aside
-    try:
+    with attached.triggers_aside(conn):
         conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
-    finally:
-        attached.end_capturing(conn)
-    attached.mark_pending(conn, [(c, k, csn) for c, k, csn, _v in rows if c in watched])
+    attached.note_new_versions(conn, rows, watched)
 
 
 def remove_listed(conn, rows: list[tuple[str, str, bytes]]) -> None:

@@ -1,0 +1,208 @@
+"""An import writes attached rows straight into the application's table (attach/core.py
+DirectApply): what happens when it does not get to commit them (issue 21, points 2 and 4).
+
+Each batch written leaves a mark of its CSNs in the store transaction that inserted it; the
+application's transaction commits only if every mark did, and marks left over make their keys
+pending again, so the next command writes them the ordinary way.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from syncpack.errors import PacketBodyError
+from syncpack.exchange import apply as apply_mod, sync
+from syncpack.site import Site
+from syncpack.store import appdb, attached
+
+from test_attach import SCHEMA, app, attach_all, assert_converged, make_family, sp, table
+
+
+def two_sites(tmp_path):
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, SCHEMA)
+    attach_all(sites, dbs)
+    return sites, dbs
+
+
+def rows_sql(lo: int, hi: int) -> list[str]:
+    return [f"WITH RECURSIVE n(i) AS (SELECT {lo} UNION ALL SELECT i + 1 FROM n WHERE i < {hi - 1}) "
+            f"INSERT INTO items(id, i, t, b) SELECT printf('k%05d', i), i, 't' || i, "
+            f"CAST(printf('%04x', i) AS BLOB) FROM n"]
+
+
+def export(sites, tmp_path, name):
+    out = tmp_path / name
+    sp(sites["a"], "export", "--to", "b", "--out", out, "--create-out")
+    return out
+
+
+def test_an_import_stopped_before_the_application_commits_is_written_by_the_next_command(
+        tmp_path, monkeypatch):
+    sites, dbs = two_sites(tmp_path)
+    app(dbs["a"], rows_sql(0, 2500), ["INSERT INTO pairs VALUES ('p', 1, 2.5)"])
+    out = export(sites, tmp_path, "drop1")
+    real = appdb.end_write
+
+    def power_cut(conn, commit):
+        # the import's own transaction (rows of items in it): gone before its COMMIT
+        if commit and conn.execute("SELECT count(*) FROM items").fetchone()[0]:
+            real(conn, False)
+            raise RuntimeError("power cut")
+        real(conn, commit)
+
+    monkeypatch.setattr(appdb, "end_write", power_cut)
+    with Site.open(sites["b"]) as s:
+        with pytest.raises(RuntimeError, match="power cut"):
+            sync.import_packets(s, [out])
+        assert attached.has_inflight(s.conn)      # the rows went the direct way
+    monkeypatch.undo()
+    assert table(dbs["b"], "items") == []
+    assert sp(sites["b"], "fsck").code == 0     # keys on their way are not differences
+    # the application writes meanwhile: one of those keys, concurrently
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('k00007', -7)"])
+    sp(sites["b"], "capture")
+    got = {r[0]: r for r in table(dbs["b"], "items")}
+    assert len(got) == 2500 and got["k00100"] == table(dbs["a"], "items")[100]
+    with Site.open(sites["b"]) as s:
+        assert not attached.has_inflight(s.conn)
+    # the local write never saw the peer's row: a conflict, not an overwrite
+    r = sp(sites["b"], "conflicts", "items")
+    assert "k00007" in r.out
+    app(dbs["a"], ["UPDATE items SET i = 0 WHERE id = 'k00001'"], ["DELETE FROM items WHERE "
+                                                                  "id = 'k00002'"])
+    sp(sites["b"], "export", "--to", "a", "--out", tmp_path / "back", "--create-out")
+    sp(sites["a"], "import", tmp_path / "back")
+    sp(sites["b"], "import", export(sites, tmp_path, "drop2"))
+    assert_converged(sites, dbs)
+
+
+def test_a_packet_rolled_back_after_its_rows_went_in_leaves_nothing_of_it(tmp_path, monkeypatch):
+    sites, dbs = two_sites(tmp_path)
+    app(dbs["a"], rows_sql(0, 1500))
+    out = export(sites, tmp_path, "drop")
+    app(dbs["a"], rows_sql(1500, 3000), ["UPDATE items SET t = 'new' WHERE id < 'k00010'"])
+    export(sites, tmp_path, "drop")             # a second packet beside the first
+    first = {r[0]: r for r in table(dbs["a"], "items") if r[0] < "k01500"}
+    real, calls = apply_mod.note_header, []
+
+    def refuse_second(site, h, applied):
+        calls.append(h)
+        if len(calls) == 2:
+            raise PacketBodyError("refused for the test")
+        real(site, h, applied)
+
+    monkeypatch.setattr(apply_mod, "note_header", refuse_second)
+    with Site.open(sites["b"]) as s:
+        res = sync.import_packets(s, [out])
+    monkeypatch.undo()
+    assert len(res.applied) == 1 and len(res.rejected) == 1
+    got = {r[0]: r for r in table(dbs["b"], "items")}
+    assert got.keys() == first.keys()
+    assert got["k00003"][6] == "t3"            # the second packet's update is not there
+    assert sp(sites["b"], "fsck").code == 0
+    sp(sites["b"], "import", out)
+    assert_converged(sites, dbs)
+    c = sqlite3.connect(dbs["b"])
+    assert c.execute("SELECT count(*) FROM items").fetchone()[0] == 3000
+    c.close()
+
+
+def test_check_and_not_null_clashes_are_listed_and_let_through_after_a_fix(tmp_path):
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    # the same table, stricter at b: its own CHECK and NOT NULL
+    app(dbs["a"], ["CREATE TABLE stock(id TEXT PRIMARY KEY, qty INTEGER, note TEXT)"])
+    app(dbs["b"], ["CREATE TABLE stock(id TEXT PRIMARY KEY, qty INTEGER CHECK (qty >= 0), "
+                   "note TEXT NOT NULL)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "stock")
+    app(dbs["a"], ["INSERT INTO stock VALUES ('s1', -5, 'x')",
+                   "INSERT INTO stock VALUES ('s2', 3, NULL)",
+                   "INSERT INTO stock VALUES ('s3', 1, 'ok')"])
+    out = export(sites, tmp_path, "drop1")
+    r = sp(sites["b"], "import", out)
+    assert [x[0] for x in table(dbs["b"], "stock")] == ["s3"]
+    r = run_json(sites["b"], "conflicts", "stock")
+    got = {c["key"]: c["constraint"] for c in r["conflicts"]}
+    assert "CHECK" in got["s1"] and "NOT NULL" in got["s2"], got
+    assert "NOT NULL" in sp(sites["b"], "conflicts").out
+    assert sp(sites["b"], "fsck").code == 0
+    # s1: resolved here; s2: a write at the origin removes the clash
+    sp(sites["b"], "conflicts", "resolve", "stock", "s1", "--value",
+       '{"id": "s1", "qty": 5, "note": "x"}')
+    app(dbs["a"], ["UPDATE stock SET note = 'filled' WHERE id = 's2'"])
+    sp(sites["b"], "import", export(sites, tmp_path, "drop2"))
+    sp(sites["b"], "export", "--to", "a", "--out", tmp_path / "back", "--create-out")
+    sp(sites["a"], "import", tmp_path / "back")
+    assert run_json(sites["b"], "conflicts")["conflicts"] == []
+    assert_converged(sites, dbs, ("stock",))
+    assert [(x[0], x[2], x[4]) for x in table(dbs["b"], "stock")] == [
+        ("s1", 5, "x"), ("s2", 3, "filled"), ("s3", 1, "ok")]
+
+
+def test_a_deferred_foreign_key_clash_is_a_conflict_not_a_crash(tmp_path):
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    schema = ["CREATE TABLE users(id TEXT PRIMARY KEY, name TEXT)",
+              "CREATE TABLE orders(id TEXT PRIMARY KEY, user TEXT REFERENCES users(id) "
+              "DEFERRABLE INITIALLY DEFERRED, qty INTEGER)"]
+    for db in dbs.values():
+        app(db, schema)
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "users", "--table", "orders")
+    app(dbs["a"], ["INSERT INTO users VALUES ('u1', 'one')",
+                   "INSERT INTO orders VALUES ('o1', 'u1', 1)"])
+    exchange_ab(sites, tmp_path)
+    # a child whose parent is gone at b
+    app(dbs["b"], ["DELETE FROM orders", "DELETE FROM users"])
+    app(dbs["a"], ["INSERT INTO orders VALUES ('o2', 'u1', 2)"])
+    sp(sites["a"], "capture")
+    sp(sites["b"], "import", export(sites, tmp_path, "drop2"))
+    assert table(dbs["b"], "orders") == []
+    r = run_json(sites["b"], "conflicts", "orders")
+    clash = [c for c in r["conflicts"] if c["key"] == "o2"]
+    assert clash and "FOREIGN KEY" in clash[0]["constraint"], r
+    assert sp(sites["b"], "fsck").code == 0
+    sp(sites["b"], "conflicts", "resolve", "orders", "o2", "--value",
+       '{"id": "o2", "user": null, "qty": 2}')
+    exchange_ab(sites, tmp_path)
+    assert_converged(sites, dbs, ("users", "orders"))
+
+
+def run_json(site, *args):
+    from conftest import run
+    r = run("--json", *args, site=site)
+    assert r.code == 0, r
+    return r.json
+
+
+def exchange_ab(sites, tmp_path):
+    from test_attach import exchange
+    exchange(tmp_path, sites)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(0, 2)), max_size=12),
+       st.lists(st.sampled_from("abcdefghij"), min_size=1, max_size=8))
+def test_several_versions_names_exactly_the_keys_with_more_than_one(tmp_path_factory, held,
+                                                                   batch):
+    from syncpack.store import db
+    conn = db.create(tmp_path_factory.mktemp("s") / "store.db")
+    try:
+        # as in an import: the batch's own versions are in, and maybe others
+        rows = {(k, bytes([v]) * 20) for k, v in held} | {(k, b"n" * 20) for k in batch}
+        conn.executemany("INSERT INTO versions VALUES ('t', ?, ?, NULL)", rows)
+        conn.execute("INSERT INTO versions VALUES ('u', 'c', ?, NULL)", (b"z" * 20,))
+        counts: dict[str, int] = {}
+        for k, _c in rows:
+            counts[k] = counts.get(k, 0) + 1
+        want = {k for k in batch if counts.get(k, 0) > 1}
+        assert attached.several_versions(conn, "t", batch) == want
+    finally:
+        conn.close()
