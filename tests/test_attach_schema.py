@@ -207,15 +207,38 @@ def test_records_with_a_column_a_site_lacks_wait_until_it_arrives(three):
         assert rows["k"][6:8] == ("red", "text")
 
 
-def test_a_new_table_attached_at_one_site_is_listed_at_the_others(three):
+def test_a_new_table_attached_at_one_site_is_created_and_filled_at_the_others(three):
+    root, sites, dbs = three
+    # b's application has an unrelated table of that name: it is left alone, only offered.
+    app(dbs["b"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)", "INSERT INTO extra VALUES "
+                   "('mine', 0)"])
+    app(dbs["a"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)", "INSERT INTO extra VALUES "
+                   "('e', 1)"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "extra")
+    exchange(root, sites)
+    # c never had the table: the next sync after the import created it and wrote the rows.
+    assert table(dbs["c"], "extra") == table(dbs["a"], "extra")
+    assert "extra" in [t["table"] for t in attached_doc(sites["c"])["tables"]]
+    assert attached_doc(sites["b"])["available"] == ["extra"]
+    assert [r[0] for r in table(dbs["b"], "extra")] == ["mine"]
+    sp(sites["b"], "attach", dbs["b"], "--table", "extra")
+    # c's application writes the new table; its changes replicate like any other table's.
+    app(dbs["c"], ["INSERT INTO extra VALUES ('c', 3)"])
+    exchange(root, sites)
+    converged(sites, dbs, tables=TABLES_ + ("extra",))
+
+
+def test_a_table_detached_at_one_site_is_not_attached_again(three):
     root, sites, dbs = three
     app(dbs["a"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)", "INSERT INTO extra VALUES "
                    "('e', 1)"])
     sp(sites["a"], "attach", dbs["a"], "--table", "extra")
     exchange(root, sites)
-    assert attached_doc(sites["b"])["available"] == ["extra"]
-    sp(sites["b"], "attach", dbs["b"], "--table", "extra")
-    assert table(dbs["b"], "extra") == table(dbs["a"], "extra")
+    sp(sites["c"], "detach", dbs["c"], "--table", "extra")
+    app(dbs["a"], ["INSERT INTO extra VALUES ('e2', 2)"])
+    exchange(root, sites)
+    assert attached_doc(sites["c"])["available"] == ["extra"]
+    assert [r[0] for r in table(dbs["c"], "extra")] == ["e"]
 
 
 def test_a_site_joining_later_and_an_old_release_table_follow_the_columns(three):

@@ -609,6 +609,7 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
             if not is_attached(site):
                 return None
             _recover(site)
+            _follow_new_tables(site)
             with _open_attached(site) as (app, infos):
                 # The bulk of a capture under a read snapshot: the application keeps writing
                 # (in WAL mode); the write lock is held only for what came in meanwhile and
@@ -624,6 +625,32 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
         if wait:
             raise
         return None
+
+
+def _follow_new_tables(site: Site) -> None:
+    """A table another site attached, which this site's application does not have, is a schema
+    change of the family: it is created from the family's definition and attached here, and its
+    records are written into it (docs/attach.md).  A table the application already has (one
+    detached here, or an unrelated table of that name) is left alone and stays 'available'."""
+    names = schema.available(site)
+    if not names:
+        return
+    path = Path(attached.attachment(site.conn)[0])
+    app = appdb.open_app(path)
+    try:
+        for name in names:
+            if appdb.table_info(app, name) is not None:
+                continue
+            if _check_table(site, app, name, attached.tables(site.conn)) is not None:
+                continue
+            try:
+                _attach_locked(site, app, path, [name], False)
+            except AttachError:
+                # A definition this database refuses (it is a peer's text): the records stay
+                # in the store, and the table stays 'available' for an administrator to see.
+                continue
+    finally:
+        app.close()
 
 
 def capture(site: Site) -> dict:
