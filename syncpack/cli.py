@@ -737,7 +737,9 @@ def lspacket(obj: Ctx, paths):
         human.append(f"{p['path']}: {p['kind']} {who(p['from'])} -> {who(p['to'])} seq "
                      f"{p['seq']} part {p['part']}, {p['ops']} ops, ranges {rng}, signature "
                      f"{p['signature']}, " + ("sealed" if p["sealed"] else "not sealed")
-                     + (f", piece at {p['piece'][0]} of a block of {p['piece'][1]} bytes"
+                     + (f", piece at {p['piece'][0]} of a "
+                        f"{'record' if p['kind'] == 'snapshot' else 'block'} of "
+                        f"{p['piece'][1]} bytes"
                         if p["piece"] else ""))
     if any(not p["named"] for p in doc["packets"]):
         human.append("sites shown by id: an update packet carries site ids only, and only a "

@@ -799,3 +799,87 @@ def test_piece_vectors_reproduce_and_need_their_feature(tmp_path):
     finally:
         codec.KNOWN_MANDATORY = known
     assert "`v2-piece-p0`" in SPEC.read_text()
+
+
+# --- pieces of one snapshot record too large for a packet (PACKET.md section 7.1) ---------------
+
+RPIECES = sorted((p.stem for p in VECTORS.glob("v2-rpiece-*.json")),
+                 key=lambda n: int(n.rsplit("-p", 1)[1]))
+
+
+def test_record_piece_vectors_by_hand_join_into_one_record():
+    assert RPIECES == [f"v2-rpiece-p{i}" for i in range(6)]
+    joined, total, records = b"", None, []
+    for i, name in enumerate(RPIECES):
+        data, doc = load(name)
+        assert len(data) == doc["layout"]["size"] <= gen.SPLIT_MAX_SIZE
+        hlen = int.from_bytes(data[-72:-68], "big")
+        h = msgpack.unpackb(data[-72 - hlen:-72], raw=False)
+        assert h["kind"] == "snapshot" and h["part"] == i and h["final"] == (i == 5)
+        assert keys.verify(bytes.fromhex(doc["signer_ed25519"]), data[-68:-4],
+                           codec.signed_bytes(2, data[-72 - hlen:-72]))
+        body = data[9:9 + h["body_len"]]
+        assert hashlib.blake2b(body, digest_size=32).digest() == h["body_hash"]
+        plain = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+        if "piece" in h:
+            assert h["req"] == ["zstd", "record-piece"]
+            off, total_here = h["piece"]
+            assert off == len(joined) and (total is None or total_here == total)
+            assert h["count"] == (1 if off == 0 else 0)
+            total = total_here
+            joined += plain
+        else:
+            assert h["req"] == ["zstd"]
+            recs = list(msgpack.Unpacker(io.BytesIO(plain), raw=False))
+            assert len(recs) == h["count"]
+            records += recs
+    assert len(joined) == total
+    coll, key, _csn, value = msgpack.unpackb(joined, raw=False)
+    assert (coll, key) == ("blobs", "big")
+    assert value == gen.val(gen.noise("record", 9000))
+    assert len(records) + 1 == len(gen.record_piece_records())
+
+
+def test_record_piece_vectors_read_by_the_codec_and_need_their_feature(tmp_path):
+    from syncpack.exchange.apply import RecordJoiner
+    joiner, got = RecordJoiner(), []
+    for name in RPIECES:
+        data, _doc = load(name)
+        env = codec.read_envelope(io.BytesIO(data), len(data))
+        if env.header.piece is None:
+            joiner.check_closed()
+            got += codec.iter_records(io.BytesIO(data), env)
+        else:
+            rec = joiner.add(env.header, codec.read_record_piece(io.BytesIO(data), env))
+            got += [rec] if rec else []
+    joiner.check_closed()
+    assert got == gen.record_piece_records()
+    data, doc = load(RPIECES[2])
+    known = codec.KNOWN_MANDATORY
+    try:
+        codec.KNOWN_MANDATORY = known - {codec.FEATURE_RECORD_PIECE}
+        with pytest.raises(PacketFeatureError, match="record-piece"):
+            codec.read_envelope(io.BytesIO(data), len(data))
+    finally:
+        codec.KNOWN_MANDATORY = known
+    # a piece out of order, or the record's last piece missing, refuses the snapshot
+    envs = [codec.read_envelope(io.BytesIO(load(n)[0]), len(load(n)[0])) for n in RPIECES]
+    bodies = [codec.read_record_piece(io.BytesIO(load(n)[0]), e) if e.header.piece else None
+              for n, e in zip(RPIECES, envs)]
+    j = RecordJoiner()
+    with pytest.raises(PacketBodyError):
+        j.add(envs[2].header, bodies[2])
+    j = RecordJoiner()
+    j.add(envs[1].header, bodies[1])
+    with pytest.raises(PacketBodyError):
+        j.add(envs[3].header, bodies[3])
+    j = RecordJoiner()
+    for k in (1, 2, 3):
+        j.add(envs[k].header, bodies[k])
+    with pytest.raises(PacketBodyError):
+        j.check_closed()
+    if doc["zstd_library"] == ".".join(map(str, zstandard.ZSTD_VERSION)):
+        assert gen.write_record_piece_vectors(tmp_path) == RPIECES
+        for p in tmp_path.iterdir():
+            assert p.read_bytes() == (VECTORS / p.name).read_bytes(), p.name
+    assert "`v2-rpiece-p0`" in SPEC.read_text()

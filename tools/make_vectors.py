@@ -60,6 +60,8 @@ PREFIX = "v2-"
 OWN_PATTERNS = (PREFIX + "update-*", PREFIX + "snapshot*")
 # The pieces of one block (PACKET.md section 6.4), written by write_piece_vectors.
 PIECE_PATTERN = PREFIX + "piece-*"
+# The pieces of one snapshot record (PACKET.md section 7.1), by write_record_piece_vectors.
+RECORD_PIECE_PATTERN = PREFIX + "rpiece-*"
 LEGACY = "v1-update-legacy"
 
 # --- fixed identities -------------------------------------------------------------------------
@@ -293,14 +295,7 @@ def write_snapshot(directory: Path, name: str, records: list[Record], *, sender:
     opener = file_opener(directory, lambda p: f"{name}.spk" if p == 0 else f"{name}-p{p}.spk")
     series = packets.PartSeries(tmpl, signing_key(signer).sign, max_size, opener,
                                 PACKET_ID_SEED)
-    for rec in records:
-        raw = codec.encode_record(rec)
-        if not series.fits(len(raw)):
-            if series.count:
-                series.cut()
-            if not series.fits(len(raw)):
-                raise series.too_big(len(raw), "record")
-        series.write(raw, 1)
+    packets.write_records(series, map(codec.encode_record, records), max_size, False)
     series.finish(True)
     return series.parts
 
@@ -549,6 +544,43 @@ def write_piece_vectors(directory: Path) -> list[str]:
     return names
 
 
+def record_piece_records() -> list[Record]:
+    """A snapshot whose middle record (9000 incompressible bytes of value) is larger than a
+    packet of SPLIT_MAX_SIZE, between two small ones."""
+    recs = snapshot_records()
+    recs.append(Record("blobs", "big", pack_csn(T4, A, 1), val(noise("record", 9000))))
+    return sorted(recs, key=lambda r: (r.collection.encode(), r.key.encode(), r.csn))
+
+
+def write_record_piece_vectors(directory: Path) -> list[str]:
+    """v2-rpiece-pN: a snapshot alpha -> echo at max_size SPLIT_MAX_SIZE with one record too
+    large for a packet: the parts around it hold whole records, the record's own parts one
+    piece of it each (mandatory feature 'record-piece', PACKET.md section 7.1)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = PREFIX + "rpiece"
+    records = record_piece_records()
+    parts = write_snapshot(directory, name, records, sender=A, recipient=E, seq=2,
+                           created_ms=CREATED_MS + 300_000, vector={A: 4, C: 2}, hlc_max=T4,
+                           signer="alpha", max_size=SPLIT_MAX_SIZE)
+    names = []
+    for p in parts:
+        n = f"{name}-p{p.header.part}"
+        target = directory / f"{n}.spk"
+        p.path.rename(target)
+        what = (f"piece [{p.header.piece[0]}, {p.header.piece[1]}] of the record blobs/big"
+                if p.header.piece else f"{p.header.count} whole record(s)")
+        doc = _describe(target, p.header, p.header.origin_table(), "alpha",
+                        f"snapshot alpha->echo at max_size {SPLIT_MAX_SIZE}, part "
+                        f"{p.header.part} of {len(parts)}: {what}")
+        if p.header.piece:
+            doc["piece"] = {"offset": p.header.piece[0], "total": p.header.piece[1]}
+        (directory / f"{n}.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False)
+                                             + "\n")
+        names.append(n)
+    return names
+
+
 # --- hexdumps for PACKET.md -------------------------------------------------------------------
 
 def hexdump(data: bytes, start: int, length: int) -> str:
@@ -584,9 +616,11 @@ def main(argv: list[str] | None = None) -> int:
     for pattern in OWN_PATTERNS:
         for old in args.out.glob(pattern):
             old.unlink()
-    for old in args.out.glob(PIECE_PATTERN):
-        old.unlink()
-    for n in write_vectors(args.out) + write_piece_vectors(args.out):
+    for pattern in (PIECE_PATTERN, RECORD_PIECE_PATTERN):
+        for old in args.out.glob(pattern):
+            old.unlink()
+    for n in (write_vectors(args.out) + write_piece_vectors(args.out)
+              + write_record_piece_vectors(args.out)):
         print(f"{args.out / n}.spk")
     return 0
 

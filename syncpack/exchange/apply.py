@@ -586,6 +586,41 @@ def _history_row(site: Site, rec, vector: dict[bytes, int]) -> tuple:
     return row
 
 
+class RecordJoiner:
+    """Joins the pieces of one snapshot record (formats/PACKET.md section 7.1), given in part
+    order: they must be consecutive parts that tile ``0 ..< total`` from offset 0, nothing
+    between them; anything else refuses the snapshot (its transaction rolls back whole)."""
+
+    def __init__(self) -> None:
+        self.buf: bytearray | None = None
+        self.total = 0
+
+    def add(self, h: Header, data: bytes) -> codec.Record | None:
+        off, total = h.piece
+        if self.buf is None:
+            if off != 0:
+                raise PacketBodyError(f"snapshot part {h.part} is a record piece at offset "
+                                      f"{off}, but no piece at offset 0 comes before it")
+            self.buf, self.total = bytearray(), total
+        if total != self.total or off != len(self.buf):
+            raise PacketBodyError(f"snapshot part {h.part}: record piece [{off}, {total}] does "
+                                  f"not continue the record's {len(self.buf)} of "
+                                  f"{self.total} bytes")
+        if off + len(data) > total:
+            raise PacketBodyError(f"snapshot part {h.part}: record piece runs past the "
+                                  f"record's {total} bytes")
+        self.buf += data
+        if len(self.buf) < total:
+            return None
+        raw, self.buf = bytes(self.buf), None
+        return codec.decode_record(raw)
+
+    def check_closed(self) -> None:
+        if self.buf is not None:
+            raise PacketBodyError(f"a record's pieces stop at {len(self.buf)} of its "
+                                  f"{self.total} bytes")
+
+
 def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     """Seed a new site (``mkreplica import``) or re-seed a member (hard resync) from the
     verified parts of one snapshot, in one transaction.
@@ -622,9 +657,17 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 chain.trim(c, o, e)     # the snapshot holds their effect; kept ops stay
             n = 0
             history: list[tuple] = []
+            joiner = RecordJoiner()
             for pk in pks:
                 rows = []
-                for rec in codec.iter_records(pk.f, pk.env, keys.unsealer(site.path)):
+                if pk.header.piece is not None:
+                    whole = joiner.add(pk.header, codec.read_record_piece(
+                        pk.f, pk.env, keys.unsealer(site.path)))
+                    recs = [whole] if whole is not None else []
+                else:
+                    joiner.check_closed()
+                    recs = codec.iter_records(pk.f, pk.env, keys.unsealer(site.path))
+                for rec in recs:
                     if rec.collection == fields.HISTORY:
                         history.append(_history_row(site, rec, snap))
                         continue
@@ -643,6 +686,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 h = pk.header
                 log.record_in(c, h.sender, h.packet_id, h.seq, h.part, h.kind, h.count,
                               str(pk.path), wall_ms(), again_ok=True)
+            joiner.check_closed()
             stored.seed(c, snap)
             fields.insert_history(c, history)
             # Our own set-aside ops the snapshot already covers are the family's (their effect

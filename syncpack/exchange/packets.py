@@ -103,8 +103,25 @@ def body_budget(template: Header, origins: list[bytes], max_size: int) -> int:
 
 
 def piece_template(template: Header, piece: tuple[int, int]) -> Header:
-    """The header fields that make a part a piece of one block."""
-    return replace(template, mandatory=[*template.mandatory, codec.FEATURE_PIECE], piece=piece)
+    """The header fields that make a part a piece of one block (an update) or of one record
+    (a snapshot)."""
+    feature = (codec.FEATURE_RECORD_PIECE if template.kind == codec.KIND_SNAPSHOT
+               else codec.FEATURE_PIECE)
+    return replace(template, mandatory=[*template.mandatory, feature], piece=piece)
+
+
+def record_pieces(template: Header, max_size: int, n: int,
+                  sealed: bool) -> list[tuple[int, int]]:
+    """(offset, length) of the pieces a snapshot record of ``n`` encoded bytes is cut into
+    (formats/PACKET.md section 7.1): each piece, compressed in the worst case, fits the body
+    of a record-piece packet next to its header."""
+    pt = piece_template(template, (1 << 62, 1 << 62))
+    room = codec.raw_body_room(body_budget(pt, pt.origin_table(), max_size), sealed)
+    # the BodyWriter's bound: n + n/128 + 64 compressed bytes at most
+    step = (room - 64) * 128 // 129
+    while step + (step >> 7) + 64 > room:
+        step -= 1
+    return [(off, min(step, n - off)) for off in range(0, n, step)]
 
 
 def too_big_error(what: str, n: int, max_size: int, need: int) -> ExportError:
@@ -153,6 +170,28 @@ class CutRule:
         self.out += n
         self.count += items
         return cut
+
+
+def write_records(series: "PartSeries", records: Iterable[bytes], max_size: int,
+                  sealed: bool, progress: Callable[[int], None] | None = None) -> None:
+    """Write encoded snapshot records into ``series``, cutting between records; a record
+    larger than an empty part travels as record pieces, one part each, and the records after
+    it open a new part (formats/PACKET.md section 7.1).  The caller finishes the series."""
+    for raw in records:
+        if not series.fits(len(raw)):
+            if series.count:
+                series.cut()
+            if not series.fits(len(raw)):
+                for off, ln in record_pieces(series.template, max_size, len(raw), sealed):
+                    # the record counts once, in its first piece
+                    series.write(raw[off:off + ln], 1 if off == 0 else 0)
+                    series.cut(piece=(off, len(raw)))
+                if progress:
+                    progress(1)
+                continue
+        series.write(raw, 1)
+        if progress:
+            progress(1)
 
 
 @dataclass

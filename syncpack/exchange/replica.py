@@ -22,7 +22,7 @@ from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageErro
 from syncpack.exchange.links import ensure_link, link, raise_matrix
 from syncpack.store import chain, fields, log, versions
 from syncpack.store import matrix as stored
-from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name
+from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name, write_records
 from syncpack.replicated import ROSTER, Member
 from syncpack.site import Site, Transaction, wall_ms
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, verify
@@ -63,17 +63,10 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     try:
         if progress:
             expect(progress, versions.count(conn) + fields.count_history(conn))
-        for rec in itertools.chain(site.iter_versions(), itertools.starmap(
-                codec.Record, fields.history_records(conn))):
-            raw = codec.encode_record(rec)
-            if not series.fits(len(raw)):
-                if series.count:
-                    series.cut()
-                if not series.fits(len(raw)):
-                    raise series.too_big(len(raw), "record")
-            series.write(raw, 1)
-            if progress:
-                progress(1)
+        records = itertools.chain(site.iter_versions(), itertools.starmap(
+            codec.Record, fields.history_records(conn)))
+        write_records(series, map(codec.encode_record, records), max_size, bool(seal_to),
+                      progress)
         series.finish(True)
         parts = series.parts
         ensure_link(site, recipient)

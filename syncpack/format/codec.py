@@ -249,9 +249,14 @@ FEATURE_SEAL = "seal-x25519-chacha20poly1305"
 # The body is one piece of one block too large for the medium (PACKET.md section 6.4): a
 # reader that does not know pieces must refuse the packet, never read the piece as blocks.
 FEATURE_PIECE = "block-piece"
-KNOWN_MANDATORY = frozenset({"zstd", FEATURE_BLOCKS, FEATURE_SEAL, FEATURE_PIECE})
+# The body of a snapshot packet is one piece of one record too large for the medium (PACKET.md
+# section 7.1): a reader that does not know it must not read the piece as whole records.
+FEATURE_RECORD_PIECE = "record-piece"
+KNOWN_MANDATORY = frozenset({"zstd", FEATURE_BLOCKS, FEATURE_SEAL, FEATURE_PIECE,
+                             FEATURE_RECORD_PIECE})
 # The bytes of one block a piece may belong to: a block's whole length at most.
 MAX_PIECE_TOTAL = BLOCK_HEADER_LEN + (256 * 1024 * 1024) + ((256 * 1024 * 1024) >> 7) + 1024
+MAX_RECORD_PIECE_TOTAL = MAX_VALUE_BYTES + 1024 * 1024
 # Fork evidence, heads and 'kept' in the header (docs/design.md §3.10): old readers may ignore
 # them (they then find forks only where the blocks meet).
 FEATURE_FORKS = "forks"
@@ -553,6 +558,15 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
               and len(hdr.ranges) == 1, "a piece packet carries 'piece': [offset, total] "
               "within a block's size limit, and the range of that one block")
         hdr.piece = (piece[0], piece[1])
+    elif FEATURE_RECORD_PIECE in req:
+        # A record holds one value, at most MAX_VALUE_BYTES, plus its names and CSN.
+        _need(kind == KIND_SNAPSHOT and isinstance(piece, list) and len(piece) == 2
+              and all(type(x) is int for x in piece)
+              and 0 <= piece[0] < piece[1] <= MAX_RECORD_PIECE_TOTAL
+              and hdr.count == (1 if piece[0] == 0 else 0),
+              "a record piece carries 'piece': [offset, total] within a record's size limit, "
+              "and counts its record in the piece at offset 0 only")
+        hdr.piece = (piece[0], piece[1])
     else:
         _need(piece is None, f"field 'piece' needs {FEATURE_PIECE!r} in 'req'")
     if kind != KIND_SNAPSHOT:
@@ -620,6 +634,53 @@ def _read_body_chunks(f: BinaryIO, env: Envelope, chunk: int = 1 << 20) -> Itera
             raise PacketFormatError("packet is truncated")
         left -= len(b)
         yield b
+
+
+def read_record_piece(f: BinaryIO, env: Envelope, unsealer=None) -> bytes:
+    """The bytes of one record a record-piece snapshot packet carries (PACKET.md section 7.1):
+    its body unsealed and decompressed, never more than the piece's span can hold."""
+    off, total = env.header.piece
+    cap = total - off
+    d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
+    out = bytearray()
+    try:
+        for chunk in body_chunks(f, env, unsealer):
+            mv = memoryview(chunk)
+            for j in range(0, len(mv), 1024):
+                if d.eof:
+                    raise PacketBodyError("bytes after the end of the compressed body")
+                out += d.decompress(mv[j:j + 1024])
+                if len(out) > cap:
+                    raise PacketBodyError(f"record piece at offset {off} runs past the "
+                                          f"record's {total} bytes")
+        if not d.eof or d.unused_data:
+            raise PacketBodyError("record piece body is not one whole compressed frame")
+    except zstandard.ZstdError as e:
+        raise PacketBodyError(f"body does not decompress: {e}") from None
+    if not out:
+        raise PacketBodyError(f"record piece at offset {off} is empty")
+    return bytes(out)
+
+
+def decode_record(raw: bytes) -> Record:
+    """One whole record joined from its pieces, with the limits and checks of a body's."""
+    u = _untrusted_unpacker(body=True)
+    try:
+        u.feed(raw)
+        objs = list(u)
+    except (msgpack.BufferFull, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            ValueError) as e:
+        raise PacketBodyError(f"joined record does not decode: {e}") from None
+    if len(objs) != 1 or u.tell() != len(raw):
+        raise PacketBodyError("joined record pieces do not hold exactly one record")
+    obj = objs[0]
+    if not (isinstance(obj, list) and len(obj) == 4):
+        raise _bad("a record is not a 4-element array")
+    coll, key, c, val = obj
+    if not (isinstance(coll, str) and isinstance(key, str) and isinstance(c, bytes)
+            and len(c) == CSN_LEN and c[0] < 0x80 and (val is None or isinstance(val, bytes))):
+        raise _bad("bad record fields")
+    return Record(coll, key, c, val)
 
 
 def body_hash_matches(f: BinaryIO, env: Envelope) -> bool:
