@@ -262,7 +262,9 @@ def read_all(path: Path, site: Site | None = None) -> str:
             verify.verify(site, pk)
         elif not codec.body_hash_matches(pk.f, pk.env):
             return "hash"
-        if pk.header.kind == codec.KIND_SNAPSHOT:
+        if pk.header.kind == codec.KIND_SNAPSHOT and pk.header.piece is not None:
+            codec.read_record_piece(pk.f, pk.env)
+        elif pk.header.kind == codec.KIND_SNAPSHOT:
             for _ in codec.iter_records(pk.f, pk.env):
                 pass
         else:

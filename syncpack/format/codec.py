@@ -756,6 +756,9 @@ def _bad(msg: str) -> PacketBodyError:
 
 
 def iter_records(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Record]:
+    if env.header.piece is not None:
+        # a record piece holds no whole record (read_record_piece; PACKET.md section 7.1)
+        raise PacketBodyError("a piece of a record is read only with all its pieces")
     n = 0
     for obj in _decoded_stream(f, env, unsealer):
         if not (isinstance(obj, list) and len(obj) == 4):
