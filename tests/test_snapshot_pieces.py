@@ -145,3 +145,22 @@ def test_resync_at_64k_with_a_record_larger_than_a_packet(family, tmp_path):
     assert r.code == 0, r
     assert family.digest("a") == family.digest("b")
     assert run("fsck", site=b).code == 0
+
+
+def test_sealed_snapshot_with_record_pieces(family, tmp_path):
+    family.init("a")
+    a = family.path("a")
+    _put_big(a, "big300k", 300_000, tmp_path)
+    d = tmp_path / "n"
+    k = run("keygen", d, "--site", "n", json_mode=True)
+    usb = tmp_path / "usb"
+    e = run("mkreplica", "export", "--site", "n", "--pubkey", k.json["public_key"],
+            "--create-out", "--out", usb, "--max-size", "64K", "--encrypt", site=a)
+    assert e.code == 0, e
+    files = sorted(usb.rglob("*.spk"))
+    assert _pieces(files) and all(f.stat().st_size <= 64 * 1024 for f in files)
+    shown = run("lspacket", _pieces(files)[0][0], json_mode=True).json["packets"][0]
+    assert shown["sealed"] is True and shown["piece"][0] == 0
+    assert run("mkreplica", "import", *reversed(files), site=d).code == 0
+    family.sites["n"] = d
+    assert family.digest("a") == family.digest("n")
