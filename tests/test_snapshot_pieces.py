@@ -73,7 +73,8 @@ def test_lspacket_shows_a_record_piece(family, tmp_path):
     f, (off, total) = _pieces(files)[1]
     r = run("lspacket", f, json_mode=True)
     assert r.code == 0, r
-    assert f"{total}" in r.out
+    assert r.json["packets"][0]["piece"] == [off, total] and off > 0
+    assert f"piece at {off} of a record of {total} bytes" in run("lspacket", f).out
 
 
 def _refused_and_not_joined(d: Path, files) -> str:
