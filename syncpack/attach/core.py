@@ -787,21 +787,29 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
     return {"database": str(path), "tables": out, "warnings": warnings}
 
 
+def _named_tables(site: Site, path: Path, names: list[str] | None, current: dict,
+                  done: str) -> list[str]:
+    """The attached tables a command names (all of them by default), or why not; the caller
+    holds the site lock."""
+    att = attached.attachment(site.conn)
+    if att is None or att[0] != str(path):
+        raise AttachError(f"{path} is not attached to site {site.name!r}",
+                          hint="'syncpack attached' shows what is")
+    names = list(dict.fromkeys(names)) if names else list(current)
+    unknown = [n for n in names if n not in current]
+    if unknown:
+        raise AttachError(f"table(s) {', '.join(unknown)} are not attached; nothing was "
+                          f"{done}", hint="'syncpack attached' lists them")
+    return names
+
+
 def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = None) -> dict:
     """Stop replicating tables (all of them by default): their changes are captured one last
     time, the triggers go, the rows stay in place, the records stay in the family."""
     path = _path(db_path)
     with site.lock():
-        att = attached.attachment(site.conn)
-        if att is None or att[0] != str(path):
-            raise AttachError(f"{path} is not attached to site {site.name!r}",
-                              hint="'syncpack attached' shows what is")
         current = attached.tables(site.conn)
-        names = list(dict.fromkeys(names)) if names else list(current)
-        unknown = [n for n in names if n not in current]
-        if unknown:
-            raise AttachError(f"table(s) {', '.join(unknown)} are not attached; nothing was "
-                              f"detached", hint="'syncpack attached' lists them")
+        names = _named_tables(site, path, names, current, "detached")
         _recover(site)
         with _open_attached(site) as (app, infos):
             if site.state != "recovering":
@@ -853,16 +861,8 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
     store, so every change made meanwhile becomes a local op."""
     path = _path(db_path)
     with site.lock():
-        att = attached.attachment(site.conn)
-        if att is None or att[0] != str(path):
-            raise AttachError(f"{path} is not attached to site {site.name!r}",
-                              hint="'syncpack attached' shows what is")
         current = attached.tables(site.conn)
-        names = list(dict.fromkeys(names)) if names else list(current)
-        unknown = [n for n in names if n not in current]
-        if unknown:
-            raise AttachError(f"table(s) {', '.join(unknown)} are not attached; nothing was "
-                              f"refreshed", hint="'syncpack attached' lists them")
+        names = _named_tables(site, path, names, current, "refreshed")
         if site.state == "recovering":
             raise UsageError(f"site {site.name!r} is recovering from a restore; refresh once "
                              f"it has recovered")

@@ -478,20 +478,8 @@ def encode_block(family: bytes, origin: bytes, prev_hash: bytes, ops: list[Op],
                list(map(itemgetter(5), ops)), list(map(itemgetter(6), ops)), rep_at, rep]
     if first_seq:
         columns.append(first_seq)
-    try:
-        raw = codec.packb(columns)
-    except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
-        raise BlockEncodeError(f"ops cannot be encoded: {e}") from None
-    if len(raw) > MAX_BLOCK_RAW:
-        raise BlockEncodeError(f"{len(raw)} bytes of ops exceed a block ({MAX_BLOCK_RAW})")
-    body = codec.block_compressor(level).compress(raw)
-    header = _FIXED.pack(MAGIC, VERSION, flags, origin, lo, hi, len(txn_lens), hlcs[0], hlcs[-1],
-                         prev_hash, hashlib.blake2b(body, digest_size=HASH_LEN).digest(),
-                         len(raw), len(body))
-    sig = sign(signed_bytes(family, header))
-    if len(sig) != SIG_LEN:
-        raise BlockEncodeError("sign must return a 64-byte Ed25519 signature")
-    return header + sig + body
+    return _seal(columns, family, sign, flags, origin, lo, hi, len(txn_lens), hlcs[0],
+                 hlcs[-1], prev_hash, level)
 
 
 def encode_columns(family: bytes, origin: bytes, prev_hash: bytes, lo: int, hlc: int,
@@ -541,16 +529,23 @@ def encode_columns(family: bytes, origin: bytes, prev_hash: bytes, lo: int, hlc:
     columns = [[n], [], list(names), run_coll, run_len, keys, values, rep_at, rep]
     if first_seq:
         columns.append(first_seq)
+    return _seal(columns, family, sign, flags, origin, lo, hi, 1, hlc, hlc, prev_hash, None)
+
+
+def _seal(columns: list, family: bytes, sign, flags: int, origin: bytes, lo: int, hi: int,
+          txns: int, hlc_first: int, hlc_last: int, prev_hash: bytes,
+          level: int | codec.ZstdParams | None) -> bytes:
+    """The block of ``columns``: the body packed and compressed, the header, the signature."""
     try:
         raw = codec.packb(columns)
     except (ValueError, TypeError, OverflowError) as e:     # e.g. a key with a lone surrogate
         raise BlockEncodeError(f"ops cannot be encoded: {e}") from None
     if len(raw) > MAX_BLOCK_RAW:
         raise BlockEncodeError(f"{len(raw)} bytes of ops exceed a block ({MAX_BLOCK_RAW})")
-    body = codec.block_compressor().compress(raw)
-    header = _FIXED.pack(MAGIC, VERSION, flags, origin, lo, hi, 1, hlc, hlc, prev_hash,
-                         hashlib.blake2b(body, digest_size=HASH_LEN).digest(), len(raw),
-                         len(body))
+    body = codec.block_compressor(level).compress(raw)
+    header = _FIXED.pack(MAGIC, VERSION, flags, origin, lo, hi, txns, hlc_first, hlc_last,
+                         prev_hash, hashlib.blake2b(body, digest_size=HASH_LEN).digest(),
+                         len(raw), len(body))
     sig = sign(signed_bytes(family, header))
     if len(sig) != SIG_LEN:
         raise BlockEncodeError("sign must return a 64-byte Ed25519 signature")

@@ -673,14 +673,7 @@ def decode_record(raw: bytes) -> Record:
         raise PacketBodyError(f"joined record does not decode: {e}") from None
     if len(objs) != 1 or u.tell() != len(raw):
         raise PacketBodyError("joined record pieces do not hold exactly one record")
-    obj = objs[0]
-    if not (isinstance(obj, list) and len(obj) == 4):
-        raise _bad("a record is not a 4-element array")
-    coll, key, c, val = obj
-    if not (isinstance(coll, str) and isinstance(key, str) and isinstance(c, bytes)
-            and len(c) == CSN_LEN and c[0] < 0x80 and (val is None or isinstance(val, bytes))):
-        raise _bad("bad record fields")
-    return Record(coll, key, c, val)
+    return _record(objs[0])
 
 
 def body_hash_matches(f: BinaryIO, env: Envelope) -> bool:
@@ -755,20 +748,25 @@ def _bad(msg: str) -> PacketBodyError:
     return PacketBodyError(f"malformed record stream: {msg}")
 
 
+def _record(obj) -> Record:
+    """A snapshot record as decoded, checked field by field (every byte may be a lie)."""
+    if not (isinstance(obj, list) and len(obj) == 4):
+        raise _bad("a record is not a 4-element array")
+    coll, key, c, val = obj
+    if not (isinstance(coll, str) and isinstance(key, str) and isinstance(c, bytes)
+            and len(c) == CSN_LEN and c[0] < 0x80 and (val is None or isinstance(val, bytes))):
+        raise _bad("bad record fields")
+    return Record(coll, key, c, val)
+
+
 def iter_records(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Record]:
     if env.header.piece is not None:
         # a record piece holds no whole record (read_record_piece; PACKET.md section 7.1)
         raise PacketBodyError("a piece of a record is read only with all its pieces")
     n = 0
     for obj in _decoded_stream(f, env, unsealer):
-        if not (isinstance(obj, list) and len(obj) == 4):
-            raise _bad("a record is not a 4-element array")
-        coll, key, c, val = obj
-        if not (isinstance(coll, str) and isinstance(key, str) and isinstance(c, bytes)
-                and len(c) == CSN_LEN and c[0] < 0x80 and (val is None or isinstance(val, bytes))):
-            raise _bad("bad record fields")
         n += 1
-        yield Record(coll, key, c, val)
+        yield _record(obj)
     if n != env.header.count:
         raise PacketBodyError(f"snapshot declares {env.header.count} records but holds {n}")
 

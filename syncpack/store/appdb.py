@@ -361,12 +361,7 @@ def changed_records(conn: Connection, t: TableInfo, since: int, upto: int, n: in
     sql = (f"SELECT {key}, {present}, {', '.join(ks)}, {pairs} FROM {CHANGES} c "
            f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
            f"GROUP BY {', '.join(ks)} ORDER BY max(c.seq)")
-    cur = conn.execute(sql, (t.name, since, upto))
-    while True:
-        part = list(islice(cur, n))
-        if not part:
-            return
-        yield part
+    return _parts(conn.execute(sql, (t.name, since, upto)), n)
 
 
 def changed_rows(conn: Connection, t: TableInfo, since: int, upto: int
@@ -391,12 +386,7 @@ def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
     sql = (f"SELECT {cols}, {present}, {', '.join(ks)}, max(c.seq) AS s FROM {CHANGES} c "
            f"LEFT JOIN {q(t.name)} t ON {on} WHERE c.tbl=? AND c.seq > ? AND c.seq <= ? "
            f"GROUP BY {', '.join(ks)} ORDER BY s")
-    cur = conn.execute(sql, (t.name, since, upto))
-    while True:
-        part = list(islice(cur, n))
-        if not part:
-            return
-        yield part
+    return _parts(conn.execute(sql, (t.name, since, upto)), n)
 
 
 def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> None:
@@ -595,3 +585,12 @@ def foreign_keys_ok(conn: Connection, tables: Iterable[str]) -> list[str]:
         for r in conn.execute(f"PRAGMA foreign_key_check({q(t)})"):
             out.append(f"{r[0]} row {r[1]} references a missing {r[2]} row")
     return out
+
+
+def _parts(cur, n: int) -> Iterator[list[tuple]]:
+    """A cursor's rows in lists of up to ``n``."""
+    while True:
+        part = list(islice(cur, n))
+        if not part:
+            return
+        yield part
