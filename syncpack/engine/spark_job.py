@@ -238,12 +238,18 @@ def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = No
 
 def _ship_package(sc, workdir: Path) -> None:
     """On a cluster the executors may lack syncpack: send this copy along."""
-    pkg = Path(__file__).resolve().parent
+    sc.addPyFile(str(package_zip(workdir)))
+
+
+def package_zip(workdir: Path) -> Path:
+    """The whole syncpack package as a zip an executor can import from (this module sits in
+    its ``engine`` subpackage, so the package is two levels up)."""
+    pkg = Path(__file__).resolve().parents[1]
     z = workdir / "syncpack.zip"
     with zipfile.ZipFile(z, "w") as zf:
         for f in sorted(pkg.rglob("*.py")):
             zf.write(f, f"syncpack/{f.relative_to(pkg)}")
-    sc.addPyFile(str(z))
+    return z
 
 
 # --- what the executors get -------------------------------------------------------------------
