@@ -30,7 +30,7 @@ from syncpack.store import chain, db, fields, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.blocks import SEQ_LIMIT
-from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn
+from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn, split_csns
 from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError,
                      RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
@@ -656,7 +656,7 @@ class Transaction:
             # written op by op before: go on that way (a transaction keeps its order); a
             # merge collection's op carries a patch, not the record (write_many makes it)
             self.write_many(collection, [
-                (k, raw, [r[i:i + CSN_LEN] for i in range(0, len(r), CSN_LEN)] if r else [])
+                (k, raw, split_csns(r))
                 for k, raw, r in zip(keys, raws, replaced or repeat(b""))])
             return
         if collection.startswith(SYS_PREFIX):
@@ -692,8 +692,7 @@ class Transaction:
             replaced = None
         if replaced is not None:
             versions.remove_listed(site.conn, [
-                (collection, k, r[i:i + CSN_LEN]) for k, r in zip(keys, replaced) if r
-                for i in range(0, len(r), CSN_LEN)])
+                (collection, k, c) for k, r in zip(keys, replaced) for c in split_csns(r)])
         versions.insert_many(site.conn, zip(repeat(collection), keys, csns, raws))
         self.seq += n
         self.epoch += n

@@ -12,7 +12,7 @@ from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
-from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn
+from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
@@ -311,8 +311,7 @@ def _replay_check(site: Site) -> list[str]:
     for _o, _e, _h, _s, coll, key, value, replaced in ops:
         csn = pack_csn(_h, _o, _s)
         vs = state.setdefault((coll, key), {})
-        for i in range(0, len(replaced), CSN_LEN):
-            r = replaced[i:i + CSN_LEN]
+        for r in split_csns(replaced):
             if vs.pop(r, 0) == 0 and r not in logged:
                 superseded.add((coll, key, r))
         if (coll, key, csn) in superseded:

@@ -11,7 +11,7 @@ from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain, stash, versions
 from syncpack.store import matrix as stored
-from syncpack.format.csn import CSN_LEN, csn_origin, next_hlc, pack_csn
+from syncpack.format.csn import csn_origin, next_hlc, pack_csn, split_csns
 from syncpack.store import forks as fork_store
 from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
@@ -225,8 +225,7 @@ def reissue_stash(site: Site) -> int:
         old = pack_csn(old_hlc, me, seq)
         new = pack_csn(hlc, me, seq)
         rename[old] = new
-        repl = b"".join(rename.get(replaced[i:i + CSN_LEN], replaced[i:i + CSN_LEN])
-                        for i in range(0, len(replaced), CSN_LEN))
+        repl = b"".join(rename.get(r, r) for r in split_csns(replaced))
         new_ops.append(codec.Op(me, epoch, hlc, seq, coll, key, value, repl))
         versions.rename_csn(c, coll, key, old, new)
     site.record_ops(new_ops)

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 from syncpack.format import codec
 from syncpack.format.codec import MAX_VALUE_BYTES, ZSTD_MAX_WINDOW, Op
-from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN
+from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN, split_csns
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketLimitError,
                      PacketSignatureError, PacketVersionError)
 
@@ -775,7 +775,7 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
         for a, r in zip(rep_at, rep):
             t = bisect_right(ends, a)
             own = _CSN_PACK(hlcs[t], origin, a - (ends[t - 1] if t else -first_seq))
-            if max(r[i:i + CSN_LEN] for i in range(0, len(r), CSN_LEN)) >= own:
+            if max(split_csns(r)) >= own:
                 raise bad("an op lists as replaced a version not older than itself")
     collections = list(chain.from_iterable(map(repeat, map(names.__getitem__, run_coll),
                                                run_len)))

@@ -53,6 +53,11 @@ def pack_csn(hlc: int, origin: bytes, seq: int) -> bytes:
     return _CSN.pack(hlc, origin, seq)
 
 
+def split_csns(joined: bytes) -> list[bytes]:
+    """The CSNs of a concatenation of them (an op's ``replaced``)."""
+    return [joined[i:i + CSN_LEN] for i in range(0, len(joined), CSN_LEN)]
+
+
 def unpack_csn(raw: bytes) -> CSN:
     return CSN.unpack(raw)
 

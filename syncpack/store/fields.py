@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 
 from syncpack.errors import PatchBaseError, PatchError
 from syncpack.format import codec, values
-from syncpack.format.csn import CSN_LEN
+from syncpack.format.csn import CSN_LEN, split_csns
 from syncpack.rules.conflict import Version
 from syncpack.rules.merge import FieldVersion, Merged, merge, own_stamps, stamp_write
 
@@ -30,10 +30,6 @@ def to_fields(raw: bytes | None) -> dict[str, bytes] | None:
 def from_fields(fields: dict[str, bytes]) -> bytes:
     """The encoded record of merged fields, keys sorted so that every site encodes it alike."""
     return codec.encode_value({f: codec.unpackb(fields[f]) for f in sorted(fields)})
-
-
-def _split(replaced: bytes) -> list[bytes]:
-    return [replaced[i:i + CSN_LEN] for i in range(0, len(replaced), CSN_LEN)]
 
 
 def _version(csn: bytes, raw: bytes | None, stamps: dict | None) -> FieldVersion:
@@ -69,7 +65,7 @@ def _stamped(conn, collection: str, key: str, csn: bytes, memo: dict, depth: int
 
 def _stamps_of(conn, collection: str, key: str, csn: bytes, raw: bytes | None, replaced: bytes,
                memo: dict, depth: int = 0) -> tuple[dict[str, bytes], bool]:
-    bases = [_stamped(conn, collection, key, r, memo, depth) for r in _split(replaced)]
+    bases = [_stamped(conn, collection, key, r, memo, depth) for r in split_csns(replaced)]
     final = all(b is not None and b[1] for b in bases)
     live = [b[0] for b in bases if b is not None and b[0].fields is not None]
     base = merge(live) if live else None
@@ -90,7 +86,7 @@ def note_write(conn, collection: str, key: str, csn: bytes, raw: bytes | None,
         # bulk load costs nothing.  An arriving one may have been replaced already: kept.
         return
     memo: dict = {}
-    for r in _split(replaced):   # keep what this write is based on, should a sibling follow
+    for r in split_csns(replaced):   # keep what this write is based on, should a sibling follow
         got = _stamped(conn, collection, key, r, memo)
         if got is not None and got[1]:
             conn.execute("INSERT OR IGNORE INTO field_history VALUES (?, ?, ?, ?, ?, ?)",
@@ -108,7 +104,7 @@ def _raw_of(conn, collection: str, key: str, csn: bytes) -> bytes | None:
 
 
 def _parents(conn, collection: str, key: str) -> dict[bytes, list[bytes]]:
-    return {c: _split(r) for c, r in conn.execute(
+    return {c: split_csns(r) for c, r in conn.execute(
         "SELECT csn, replaced FROM field_history WHERE collection=? AND key=?",
         (collection, key))}
 

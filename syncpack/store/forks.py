@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from syncpack.format.blocks import HEADER_LEN
-from syncpack.format.csn import CSN_LEN, pack_csn
+from syncpack.format.csn import pack_csn, split_csns
 from syncpack.store import chain, fields
 
 OPEN, HEALED, ENDED = "open", "healed", "ended"
@@ -108,8 +108,7 @@ def _replaces(conn, collection: str, key: str, csn: bytes) -> bool:
     for (v,) in conn.execute("SELECT csn FROM versions WHERE collection=? AND key=?",
                              (collection, key)).fetchall():
         op = _op_by_csn(conn, v)
-        if op is not None and csn in [op.replaced[i:i + CSN_LEN]
-                                      for i in range(0, len(op.replaced), CSN_LEN)]:
+        if op is not None and csn in split_csns(op.replaced):
             return True
     return False
 
@@ -137,8 +136,7 @@ def revert_from(conn, origin: bytes, epoch: int) -> int:
     for op in reversed(ops):
         conn.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
                      (op.collection, op.key, pack_csn(op.hlc, origin, op.seq)))
-        for i in range(0, len(op.replaced), CSN_LEN):
-            r = op.replaced[i:i + CSN_LEN]
+        for r in split_csns(op.replaced):
             back = _op_by_csn(conn, r)
             if back is not None and not _replaces(conn, op.collection, op.key, r):
                 conn.execute("INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?)",

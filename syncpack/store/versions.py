@@ -12,7 +12,7 @@ from operator import itemgetter
 from typing import Iterable, Iterator
 
 from syncpack.format.codec import Op
-from syncpack.format.csn import CSN_LEN, csn_hlc, csn_origin, csn_seq
+from syncpack.format.csn import csn_hlc, csn_origin, csn_seq, split_csns
 from syncpack.rules.conflict import Version
 from syncpack.store import attached, chain
 
@@ -177,8 +177,7 @@ def apply_version(conn, op: Op, csn: bytes) -> None:
     """Make ``op`` a surviving version of its key unless a known write superseded it, and
     drop the versions it superseded."""
     if op.replaced:
-        for i in range(0, len(op.replaced), CSN_LEN):
-            r = op.replaced[i:i + CSN_LEN]
+        for r in split_csns(op.replaced):
             conn.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
                          (op.collection, op.key, r))
             n = conn.changes()
