@@ -24,8 +24,6 @@ own lock (one syncpack command at a time works on an attachment).
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from contextlib import contextmanager, nullcontext
 from itertools import chain as joined
 from pathlib import Path
@@ -36,6 +34,7 @@ from operator import itemgetter
 from syncpack.attach import rows, schema, shapes
 from syncpack.errors import AttachError, LockedError, UsageError
 from syncpack.format import codec
+from syncpack.pipeline import read_ahead
 from syncpack.rules.conflict import Version, pick
 from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
 from syncpack.store import appdb, attached, chain, fields
@@ -127,7 +126,7 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
         # A table's first capture into an empty collection needs no look-ups.
         used = {n: attached.collection_used(conn, n) for n in infos}
         for name, t in infos.items():
-            for keys, raws in _read_ahead(_changes(app, t, since, upto)):
+            for keys, raws in read_ahead(_changes(app, t, since, upto), name="syncpack-capture-read"):
                 if not used[name] and not any_pending:
                     # Nothing held for these keys: a row is new, a key born and gone is
                     # nothing.
@@ -167,47 +166,6 @@ def _changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
     encode = _row_encoder(t)
     for part in appdb.changed_records(app, t, since, upto, CAPTURE_CHUNK):
         yield _keys(part, len(t.pk)), encode(part)
-
-
-def _read_ahead(items: Iterator, depth: int = 2) -> Iterator:
-    """``items``, produced by another thread up to ``depth`` ahead: the application's file is
-    read and its rows encoded while the store is written (SQLite, zstd and signing release
-    the GIL, so the two use two cores).  The producer is the only user of its connection
-    until it is done; an error on either side stops both, and is raised here."""
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def produce() -> None:
-        try:
-            for x in items:
-                if not put((True, x)):
-                    return
-            put((False, None))
-        except BaseException as e:      # handed to the consumer, raised there
-            put((False, e))
-
-    th = threading.Thread(target=produce, name="syncpack-capture-read", daemon=True)
-    th.start()
-    try:
-        while True:
-            more, x = q.get()
-            if not more:
-                if x is not None:
-                    raise x
-                return
-            yield x
-    finally:
-        stop.set()
-        th.join()
 
 
 def _row_encoder(t: appdb.TableInfo):
