@@ -272,6 +272,10 @@ class _Applier:
             # counts parts held, the records only transactions applied.  Streamed, in
             # batches (a transaction of millions of ops is never held whole); a missing part
             # is found by the count and rolls the packet back.
+            done = self._whole_as_columns(info.origin, start, info.hi)
+            if done is not None:
+                n += done
+                continue
             got = 0
             for op in chain.iter_ops(self.site.conn, info.origin, start, info.hi):
                 if got == 0 and op.seq != 0:
@@ -289,6 +293,35 @@ class _Applier:
         self.flush()
         self._count(n)
 
+    def _whole_as_columns(self, origin: bytes, start: int, hi: int) -> int | None:
+        """A transaction's parts, stored one block each, applied part by part as columns
+        (a part the fast path cannot take goes op by op).  Returns the ops applied, or None
+        when the parts are not the blocks of exactly epochs ``(start, hi]`` beginning with
+        the transaction's first op (the caller's op-wise path then applies it or refuses)."""
+        conn = self.site.conn
+        tiles = chain.tiling(conn, origin, start, hi)
+        if not tiles:
+            return None
+        n = 0
+        for k, b in enumerate(tiles):
+            cols = blocks.decode_block(chain.block_bytes(conn, b))
+            if k == 0 and cols.first_seq != 0:
+                return None     # not the transaction's beginning: the op-wise path refuses
+            self.flush()
+            if self._plain(cols):
+                rows = cols.iter_rows()
+                with blocks.gc_paused():
+                    for at in range(0, cols.count, APPLY_BATCH):
+                        versions.insert_many(conn, islice(rows, APPLY_BATCH))
+            else:
+                for op in cols.ops():
+                    self._fresh(op)
+                    if len(self.rows) >= APPLY_BATCH:
+                        self.flush()
+            n += cols.count
+        self.flush()
+        return n
+
     def _count(self, n: int) -> None:
         self.applied += n
         if self.progress and n:
@@ -297,7 +330,11 @@ class _Applier:
     def _clean(self, info: blocks.BlockInfo, cols: blocks.BlockColumns) -> bool:
         """Nothing in the block needs more than an insert: all of it new, no earlier version
         replaced, none of syncpack's own collections, nothing set aside or superseded."""
-        return (info.lo >= self.vec.get(info.origin, 0) and not self.superseded_any
+        return info.lo >= self.vec.get(info.origin, 0) and self._plain(cols)
+
+    def _plain(self, cols: blocks.BlockColumns) -> bool:
+        """Each op of ``cols``, new to this site, needs no more than an insert."""
+        return (not self.superseded_any
                 and not self.stashed_any and not any(cols.replaced)
                 and not any(c.startswith(SYS_PREFIX) for c in set(cols.collections))
                 and not values.may_hold_patch(cols.values))

@@ -107,6 +107,18 @@ def covering(conn, origin: bytes, lo: int, hi: int) -> list[StoredBlock]:
     return out
 
 
+def tiling(conn, origin: bytes, lo: int, hi: int) -> list[StoredBlock] | None:
+    """:func:`covering` when its blocks hold exactly epochs ``(lo, hi]``, each starting where
+    the one before ends (the parts of one transaction, as sealed), else None."""
+    out = covering(conn, origin, lo, hi)
+    reach = lo
+    for b in out:
+        if b.lo != reach:
+            return None
+        reach = b.hi
+    return out if reach == hi else None
+
+
 def block_bytes(conn, b: StoredBlock) -> bytes:
     return conn.execute("SELECT data FROM blocks WHERE origin=? AND hi=? AND lo=?",
                         (b.origin, b.hi, b.lo)).fetchone()[0]
