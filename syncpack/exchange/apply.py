@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import heapq
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from itertools import islice
 from pathlib import Path
 from typing import Iterable
@@ -202,6 +204,46 @@ def _check_members(site: Site, origins, what: str) -> None:
 MERGE_WINDOW_OPS = 200_000
 
 
+# A block whose body decompresses to at most this is hashed and decompressed in a second
+# thread while the blocks before it are applied (blake2, zstd and SQLite release the GIL; the
+# unpacking into columns holds it, and stays on the applying thread: done beside it, it would
+# stall the insert for as long).  A larger block is decoded when its turn comes, so an import
+# never holds two of those.
+DECODE_AHEAD_MAX_RAW = 16 * 1024 * 1024
+
+
+class Decoding:
+    """A block's columns, from its body being (or already) decompressed."""
+
+    def __init__(self, info: blocks.BlockInfo, body: Future | None):
+        self._info, self._body, self._columns = info, body, None
+
+    def columns(self) -> blocks.BlockColumns:
+        if self._columns is None:
+            raw = self._body.result() if self._body is not None else None
+            self._columns = blocks.decode_block(self._info, raw)
+            self._body = None
+        return self._columns
+
+
+class DecodeAhead:
+    """One worker thread decompressing the blocks of one packet in order.  Leaving waits for
+    the one that may still run (bounded by a block's limits): no thread outlives the packet's
+    transaction."""
+
+    def __enter__(self) -> "DecodeAhead":
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="syncpack-decompress")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def decode(self, info: blocks.BlockInfo) -> Decoding:
+        if info.raw_len > DECODE_AHEAD_MAX_RAW:
+            return Decoding(info, None)
+        return Decoding(info, self._pool.submit(blocks.decompressed_body, info))
+
+
 class _Applier:
     """Applies the decoded blocks of one packet, inside the caller's transaction."""
 
@@ -219,7 +261,8 @@ class _Applier:
             versions.insert_many(self.site.conn, self.rows)
             self.rows = []
 
-    def window(self, win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]]) -> None:
+    def window(self, win: list[tuple[blocks.BlockInfo, Decoding]]) -> None:
+        win = [(info, d.columns()) for info, d in win]
         site = self.site
         for info, cols in win:
             if info.hi > self.vec.get(info.origin, 0):
@@ -438,7 +481,7 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
     conn = site.conn
     sender = site.name_of(h.sender)
     try:
-        with site.write_txn():
+        with site.write_txn(), ExitStack() as stack:
             vec = site.vector()
             for o in h.ranges:
                 stored.ensure_origin(conn, o)
@@ -447,8 +490,9 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
             anchored = _check_anchors(site, h, frozen, bad_anchor)
             skipped: set[bytes] = set()
             ap = _Applier(site, vec, progress)
+            ahead = stack.enter_context(DecodeAhead())
             cursor = {o: lo for o, (lo, _hi) in h.ranges.items()}
-            win: list[tuple[blocks.BlockInfo, blocks.BlockColumns]] = []
+            win: list[tuple[blocks.BlockInfo, Decoding]] = []
             win_hlc, win_ops = -1, 0
             last_key: tuple | None = None
             last_hash: dict[bytes, bytes] = {}     # per origin, the packet's previous block
@@ -508,11 +552,13 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                     found = forks.contradiction(site, info)
                     if found is not None:
                         raise ForkFound(o, *found)
+                # decoded on the other core while the window before it is applied
+                cols = ahead.decode(info)
                 if win and (info.hlc_first > win_hlc or
                             win_ops + info.count > MERGE_WINDOW_OPS):
                     ap.window(win)
                     win, win_hlc, win_ops = [], -1, 0
-                win.append((info, blocks.decode_block(info)))
+                win.append((info, cols))
                 win_hlc = max(win_hlc, info.hlc_last)
                 win_ops += info.count
             if win:

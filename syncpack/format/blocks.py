@@ -24,6 +24,7 @@ import gc
 from bisect import bisect_right
 import hashlib
 import struct
+import threading
 from dataclasses import dataclass, field
 from contextlib import contextmanager
 from itertools import accumulate, chain, groupby, repeat
@@ -554,19 +555,32 @@ def _seal(columns: list, family: bytes, sign, flags: int, origin: bytes, lo: int
 
 # --- decoding ----------------------------------------------------------------------------------
 
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
 @contextmanager
 def gc_paused():
     """Decoding a block allocates ~3 objects per op, none of them cyclic; each allocation burst
     would trigger the cyclic collector, which then walks every live object of the process.
     Pausing it (as msgpack's docs advise for large unpacks) cut decoding 1M ops by ~30% in
-    tools/bench_blocks.py.  The previous state is restored, whatever happens."""
-    was = gc.isenabled()
-    gc.disable()
+    tools/bench_blocks.py.  Counted across threads (an import decodes in one while it inserts
+    in another): the collector comes back, if it was on, when the last pauser leaves,
+    whatever happens."""
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 # A decompressed body above this is decoded in pieces (see _decode).
@@ -663,18 +677,17 @@ def _only(col, types: tuple) -> bool:
     return type(col) is list and set(map(type, col)) <= set(types)
 
 
-def decode_block(block: bytes | memoryview | BlockInfo) -> BlockColumns:
+def decode_block(block: bytes | memoryview | BlockInfo, raw: bytes | None = None
+                 ) -> BlockColumns:
+    """``raw``: the body as :func:`decompressed_body` gave it, if it ran already."""
     with gc_paused():
-        return _decode(block)
+        return _decode(block, raw)
 
 
-def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
-    """Decompress and decode a block's body with limits, checking every column against the
-    (signed) header.  Checks the body hash (unless ``block`` is the BlockInfo verify_block
-    returned), not the signature: call :func:`verify_block` first for anything that came
-    from another site."""
-    info = block if isinstance(block, BlockInfo) else read_block_header(block)
-    origin, lo, hi, n = info.origin, info.lo, info.hi, info.count
+def decompressed_body(info: BlockInfo) -> bytes:
+    """The block's body hash checked (unless verify_block did) and its body decompressed
+    within the header's limits: the part of decoding that runs without the GIL."""
+    origin, lo, hi = info.origin, info.lo, info.hi
 
     def bad(msg: str) -> BlockError:
         return BlockError(msg, origin, lo, hi)
@@ -705,6 +718,22 @@ def _decode(block: bytes | memoryview | BlockInfo) -> BlockColumns:
         raise bad("bytes after the end of the compressed body")
     if len(raw) != info.raw_len:
         raise bad(f"body decompresses to {len(raw)} bytes, the header says {info.raw_len}")
+    return raw
+
+
+def _decode(block: bytes | memoryview | BlockInfo, raw: bytes | None = None) -> BlockColumns:
+    """Decompress and decode a block's body with limits, checking every column against the
+    (signed) header.  Checks the body hash (unless ``block`` is the BlockInfo verify_block
+    returned), not the signature: call :func:`verify_block` first for anything that came
+    from another site."""
+    info = block if isinstance(block, BlockInfo) else read_block_header(block)
+    origin, lo, hi, n = info.origin, info.lo, info.hi, info.count
+
+    def bad(msg: str) -> BlockError:
+        return BlockError(msg, origin, lo, hi)
+
+    if raw is None:
+        raw = decompressed_body(info)
 
     # One C-level unpack of the body.  Amplification is bounded: no array is longer
     # than the op count, maps and ext are refused, and the hook refuses a tenth array (the
