@@ -100,6 +100,10 @@ class Site:
         self.family_id: bytes | None = m.get("family_id")
         self._replicated = Replicated()
         self._sign: Callable[[bytes], bytes] | None = None
+        # (store data version, epoch, clock, state) after our last local commit: while no
+        # commit came in between, the next local transaction starts from it without asking
+        # the store (a one-put transaction's one statement fewer)
+        self._position: tuple[int, int, int, str] | None = None
 
     # -- opening and creating ------------------------------------------------------------------
 
@@ -339,6 +343,17 @@ class Site:
             raise NotJoinedError(f"site {self.name!r} has not joined a family yet")
         return _TransactionScope(self, _system)
 
+    def own_position(self) -> tuple[int, int, str]:
+        """(epoch, clock, state) a local transaction starts from; the caller holds the write
+        lock."""
+        pos = self._position
+        if pos is not None and pos[0] == db.data_version(self.conn):
+            return pos[1], pos[2], pos[3]
+        return chain.own_position(self.conn, self.site_id)
+
+    def _committed(self, epoch: int, hlc: int, state: str) -> None:
+        self._position = (db.data_version(self.conn), epoch, hlc, state)
+
     @contextmanager
     def write_txn(self) -> Iterator[db.Connection]:
         """:func:`db.write_txn`, dropping cached roster and policies on rollback."""
@@ -447,12 +462,16 @@ class _TransactionScope:
         except BaseException:
             self._abandon()
             raise
+        tx = self.tx
+        wrote = tx.epoch != tx.start_epoch
         try:
             db.commit(site.conn)
         except BaseException:
             site.invalidate()
             raise
-        if self.tx.touched_system:
+        if wrote:
+            site._committed(tx.epoch, tx.hlc, tx.state)
+        if tx.touched_system:
             site.invalidate()
         return False
 
@@ -480,8 +499,9 @@ class Transaction:
     def __init__(self, site: Site, system: bool):
         self.site = site
         self.system = system
-        self.epoch, last, state = chain.own_position(site.conn, site.site_id)
-        self.recovering = state == "recovering"
+        self.epoch, last, self.state = site.own_position()
+        self.start_epoch = self.epoch
+        self.recovering = self.state == "recovering"
         self.hlc = next_hlc(last, site.clock())
         self.ops: list[Op] = []
         self.seq = 0

@@ -253,6 +253,13 @@ def begin_write(conn: Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
 
 
+def data_version(conn: Connection) -> int:
+    """A number that changes whenever any connection, this one included, commits a change to
+    the store: a value read in memory is still the store's while this stays the same (read
+    it inside a transaction, where it reflects every commit before it)."""
+    return conn.data_version()
+
+
 def commit(conn: Connection) -> None:
     conn.execute("COMMIT")
 

@@ -29,8 +29,13 @@ def of_key(conn, collection: str, key: str) -> list[Version]:
 
 def csns_of_key(conn, collection: str, key: str) -> bytes:
     """The CSNs of one key's surviving versions, concatenated in CSN order."""
-    return b"".join(r[0] for r in conn.execute(
-        "SELECT csn FROM versions WHERE collection=? AND key=? ORDER BY csn", (collection, key)))
+    # Sorted here, not by ORDER BY: the sorter SQLite sets up for it cost a one-put
+    # transaction 10 us of its ~50 us in SQL, for the rare key with several versions.
+    csns = [r[0] for r in conn.execute(
+        "SELECT csn FROM versions WHERE collection=? AND key=?", (collection, key))]
+    if len(csns) > 1:
+        csns.sort()
+    return b"".join(csns)
 
 
 def csns_of_keys(conn, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[bytes]]:
