@@ -6,6 +6,7 @@ import json
 import os
 from json.scanner import make_scanner
 from pathlib import Path
+from typing import Iterator
 
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
@@ -131,7 +132,7 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     """JSON lines, all in one store transaction; a bad line rejects the whole file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        lines = p.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise LoadError(f"{p}: no such file", hint="check the path; nothing was loaded") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -140,20 +141,42 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     # Every object made here is acyclic; the cyclic collector would otherwise walk the growing
     # heap again and again (a third of a load's CPU time at 200,000 records).
     with blocks.gc_paused():
-        return _load_text(site, p, text, progress)
+        return _load_lines(site, p, lines, progress)
 
 
 _JSON_SCAN = make_scanner(json.JSONDecoder())
 
 
-def _load_text(site: Site, p: Path, text: str, progress) -> dict:
+def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
+    if getattr(progress, "expect", None) is not None:
+        expect(progress, sum(1 for line in lines if line and not line.isspace()))
+    counts = {"loaded": 0, "deletes": 0}
+    # Each batch is parsed just before it is written, so only one batch of encoded rows is
+    # held (a 1M-record load peaked at 743 MB holding them all, 486 MB so); a bad line rolls
+    # the store transaction, all of the file, back.  (Parsing on a second thread gained
+    # nothing: the writer gives up the GIL at every row SQLite inserts, and waits for it.)
+    with site.transaction() as tx:
+        for i, batch in enumerate(_load_batches(p, lines, counts)):
+            if i:
+                tx.split()
+            tx.write_rows(batch)
+            if progress:
+                progress(len(batch))
+    return {"loaded": counts["loaded"], "puts": counts["loaded"] - counts["deletes"],
+            "deletes": counts["deletes"]}
+
+
+def _load_batches(p: Path, lines: list[str], counts: dict
+                  ) -> Iterator[list[tuple[str, str, bytes | None]]]:
+    """The file's records, checked and encoded, in batches of one replication transaction
+    (one block): at most LOAD_TXN_OPS records or LOAD_TXN_BYTES of keys and values."""
     rows: list[tuple[str, str, bytes | None]] = []
     append = rows.append
+    size = 0
     scan = _JSON_SCAN
     packb = codec.value_packer()
     collections: set[str] = set()
-    deletes = 0
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line or line.isspace():
             continue
         try:
@@ -196,11 +219,13 @@ def _load_text(site: Site, p: Path, text: str, progress) -> dict:
                     raise ValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes "
                                      f"encoded (this one is {len(raw)})")
                 append((coll, key, raw))
+                size += len(key) + len(raw)
             elif d.get("delete") is True:
                 if "value" in d:
                     raise ValueError("a line has either 'value' or 'delete': true, not both")
                 append((coll, key, None))
-                deletes += 1
+                size += len(key)
+                counts["deletes"] += 1
             elif "value" in d:
                 extra = set(d) - {"collection", "key", "value"}
                 raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
@@ -209,24 +234,14 @@ def _load_text(site: Site, p: Path, text: str, progress) -> dict:
         except (ValueError, SyncpackError) as e:
             raise LoadError(f"{p} line {n}: {e}",
                             hint="nothing was loaded; fix the line and load the file again") from None
-    expect(progress, len(rows))
-    with site.transaction() as tx:
-        i = 0
-        while i < len(rows):
-            # one replication transaction (one block) per LOAD_TXN_OPS rows or LOAD_TXN_BYTES
-            j, size = i, 0
-            end = min(len(rows), i + LOAD_TXN_OPS)
-            while j < end and size < LOAD_TXN_BYTES:
-                _c, key, raw = rows[j]
-                size += len(key) + (0 if raw is None else len(raw))
-                j += 1
-            if i:
-                tx.split()
-            tx.write_rows(rows[i:j])
-            if progress:
-                progress(j - i)
-            i = j
-    return {"loaded": len(rows), "puts": len(rows) - deletes, "deletes": deletes}
+        if len(rows) >= LOAD_TXN_OPS or size >= LOAD_TXN_BYTES:
+            counts["loaded"] += len(rows)
+            yield rows
+            rows, size = [], 0
+            append = rows.append
+    if rows:
+        counts["loaded"] += len(rows)
+        yield rows
 
 
 def fsck(site: Site) -> dict:
