@@ -34,6 +34,7 @@ from operator import itemgetter
 from syncpack.attach import rows, schema, shapes
 from syncpack.errors import AttachError, LockedError, UsageError
 from syncpack.format import codec
+from syncpack.format.csn import csn_origin
 from syncpack.pipeline import read_ahead
 from syncpack.rules.conflict import Version, pick
 from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
@@ -51,6 +52,10 @@ APPLY_CHUNK = 10_000
 # (appdb.capture_paused), a capture this large with the store's versions triggers dropped
 # (attached.pause_triggers); smaller ones are not worth a schema change.
 PAUSE_CAPTURE_AT = 1_000
+
+# Fields of the (collection, key, csn, value) rows a bulk insert hands to DirectApply
+_FIRST, _SECOND, _THIRD, _FOURTH = map(itemgetter, range(4))
+_DICT = {dict}
 
 
 def _path(db_path: str | os.PathLike) -> Path:
@@ -385,7 +390,7 @@ class DirectApply:
 
     def _sink(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> None:
         name = rows[0][0]
-        if rows[-1][0] == name and all(r[0] == name for r in rows):
+        if rows[-1][0] == name and all(map(name.__eq__, map(_FIRST, rows))):
             later = self._write(name, rows)     # the common case: one table
         else:
             by: dict[str, list] = {}
@@ -404,14 +409,14 @@ class DirectApply:
         if w is None:
             return [r[:3] for r in part]
         later = []
-        raws = [r[3] for r in part]
-        several = attached.several_versions(conn, name, [r[1] for r in part])
+        raws = list(map(_FOURTH, part))
+        several = attached.several_versions(conn, name, list(map(_SECOND, part)))
         if several or None in raws:
             later = [r[:3] for r in part if r[3] is None or r[1] in several]
             part = [r for r in part if r[3] is not None and r[1] not in several]
             raws = [r[3] for r in part]
         values = codec.decode_values(raws)
-        if not all(v.__class__ is dict for v in values):
+        if not set(map(type, values)) <= _DICT:
             later += [r[:3] for r, v in zip(part, values) if v.__class__ is not dict]
             part = [r for r, v in zip(part, values) if v.__class__ is dict]
             values = [v for v in values if v.__class__ is dict]
@@ -427,9 +432,10 @@ class DirectApply:
             part = [r for r, e in zip(part, errs) if not e]
             if not part:
                 return later
-        csns = [r[2] for r in part]
-        origin = csns[0][8:16]
-        one = all(c[8:16] == origin for c in csns)
+        csns = list(map(_THIRD, part))
+        origins = set(map(csn_origin, csns))
+        one = len(origins) == 1
+        origin = csn_origin(csns[0])
         attached.add_inflight(conn, self.token, self.marks, name, origin if one else None,
                               min(csns), max(csns))
         self.marks += 1

@@ -473,13 +473,19 @@ class Writer:
         if not rows:
             return []
         cols = tuple(c for c in rows[0] if c in self._cols)
-        first = rows[0].keys()
-        if self._check_put is None and len(cols) == len(first) and \
-                all(map(first.__eq__, map(dict.keys, rows))):
+        args = None
+        if self._check_put is None and len(cols) == len(rows[0]) and \
+                set(map(len, rows)) == {len(cols)}:
+            # every row as long as the first and holding each of its columns: the same
+            # columns (cheaper than comparing each row's keys with the first's)
+            get = itemgetter(*cols)
+            try:
+                args = list(map(get, rows)) if len(cols) > 1 else [(get(r),) for r in rows]
+            except KeyError:
+                args = None
+        if args is not None:
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
-                get = itemgetter(*cols)
-                args = map(get, rows) if len(cols) > 1 else ((get(r),) for r in rows)
                 self.conn.executemany(self._upsert(cols), args)
             except apsw.ConstraintError:
                 self.conn.execute("ROLLBACK TO syncpack_batch")

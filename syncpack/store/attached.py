@@ -31,10 +31,13 @@ attachment pays nothing on import.
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from syncpack.store.db import Connection
+
+_COLLECTION = itemgetter(0)
 
 
 _TRIGGERS = [
@@ -339,7 +342,8 @@ def note_new_versions(conn: Connection, rows: list[tuple[str, str, bytes, bytes 
                       watched: frozenset[str]) -> None:
     """What the ``versions`` insert trigger would do for ``rows`` (collection, key, csn,
     value) just inserted in bulk, for those of attached tables."""
-    mine = [r for r in rows if r[0] in watched]
+    colls = set(map(_COLLECTION, rows))
+    mine = rows if colls <= watched else [r for r in rows if r[0] in watched]
     if not mine:
         return
     sink = _direct.get(id(conn))
