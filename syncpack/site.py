@@ -38,7 +38,9 @@ from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoined
                      UsageError)
 from syncpack.fileops import locked
 from syncpack.format.names import check_site_name
-from syncpack.format.values import check_json_value
+from syncpack.format.values import json_value_encoder
+
+_encode_json = json_value_encoder()
 # Also re-exported: applications and the packages above know these names from here.
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
                                  SYS_PREFIX, TABLES, Member, Replicated)
@@ -517,11 +519,7 @@ class Transaction:
         for anything else, and :class:`UsageError` for a bad collection or key."""
         check_collection(collection)
         check_key(key)
-        check_json_value(value)
-        try:
-            raw = codec.encode_value(value)
-        except ValueError as e:
-            raise InvalidValueError(str(e)) from None
+        raw = _encode_json(value)
         if len(raw) > codec.MAX_VALUE_BYTES:
             raise InvalidValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
                              f"(this one is {len(raw)}); peers would refuse it")
@@ -556,14 +554,15 @@ class Transaction:
         self.seq += 1
         self.epoch += 1
         replaced = versions.csns_of_key(site.conn, collection, key)
-        op = Op(site.site_id, self.epoch, self.hlc, seq, collection, key, raw, replaced)
         csn = pack_csn(self.hlc, site.site_id, seq)
+        sent = raw
         if site.policy_of(collection) == "merge":
             sent, raw = fields.as_patch(site.conn, collection, key, replaced, raw)
-            op = Op(*op[:6], sent, op.replaced)
             fields.note_write(site.conn, collection, key, csn, raw, replaced, local=True)
         versions.replace_key(site.conn, collection, key, csn, raw, bool(replaced))
-        self.ops.append(op)
+        # tuple.__new__ builds the Op in C (the namedtuple's own __new__ is Python)
+        self.ops.append(tuple.__new__(Op, (site.site_id, self.epoch, self.hlc, seq, collection,
+                                           key, sent, replaced)))
 
     def write_many(self, collection: str,
                    items: list[tuple[str, bytes | None, list[bytes]]]) -> None:
@@ -782,8 +781,11 @@ class Transaction:
             return
         if not self.ops:
             return
-        _o, _e, _h, _s, _c, keys_, values, _r = zip(*self.ops)
-        n_bytes = sum(map(len, keys_)) + sum(map(len, filter(None, values)))
+        n_bytes = 0
+        if len(self.ops) * (MAX_NAME_CHARS + codec.MAX_VALUE_BYTES) > chain.MAX_TXN_BYTES:
+            # enough ops that they might exceed the limit: count (a few cannot)
+            _o, _e, _h, _s, _c, keys_, values, _r = zip(*self.ops)
+            n_bytes = sum(map(len, keys_)) + sum(map(len, filter(None, values)))
         if len(self.ops) > chain.MAX_TXN_OPS or n_bytes > chain.MAX_TXN_BYTES:
             raise TransactionTooLargeError(
                 f"one transaction is limited to {chain.MAX_TXN_OPS} changes and "

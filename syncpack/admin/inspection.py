@@ -22,7 +22,7 @@ from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
-from syncpack.format.values import check_json_value
+from syncpack.format.values import json_value_encoder
 
 
 def lsepoch(site: Site) -> dict:
@@ -174,7 +174,7 @@ def _load_batches(p: Path, lines: list[str], counts: dict
     append = rows.append
     size = 0
     scan = _JSON_SCAN
-    packb = codec.value_packer()
+    encode = json_value_encoder()
     collections: set[str] = set()
     for n, line in enumerate(lines, 1):
         if not line or line.isspace():
@@ -203,18 +203,9 @@ def _load_batches(p: Path, lines: list[str], counts: dict
             if len(key) > MAX_NAME_CHARS:
                 check_key(key)
             if len(d) == 3 and "value" in d:
-                v = d["value"]
-                t = type(v)
-                if t is str or t is int or t is bool or v is None:
-                    # nothing to check that encoding does not (a lone surrogate fails it)
-                    try:
-                        raw = packb(v)
-                    except (ValueError, OverflowError):
-                        check_json_value(v)
-                        raw = codec.encode_value(v)
-                else:
-                    check_json_value(v)    # NaN or Infinity: json.loads takes them
-                    raw = codec.encode_value(v)  # an unencodable value is rejected with its line
+                # NaN or Infinity (json.loads takes them) and unencodable values are refused
+                # with their line
+                raw = encode(d["value"])
                 if len(raw) > codec.MAX_VALUE_BYTES:
                     raise ValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes "
                                      f"encoded (this one is {len(raw)})")

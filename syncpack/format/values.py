@@ -9,14 +9,38 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
 from syncpack.errors import InvalidValueError
+from syncpack.format import codec
 
 # Deeper than any real document; also what stops a list that contains itself.
 MAX_DEPTH = 500
+
+
+def json_value_encoder() -> Callable[[Any], bytes]:
+    """:func:`check_json_value` and :func:`codec.encode_value` in one step, for a writer of
+    many values: a string, integer, boolean or null is only encoded (whatever the check would
+    refuse in one, a lone surrogate, encoding refuses too, and the check then names it).
+    Raises :class:`InvalidValueError`."""
+    pack = codec.value_packer()
+
+    def encode(value: Any) -> bytes:
+        t = type(value)
+        if t is str or t is int or t is bool or value is None:
+            try:
+                return pack(value)
+            except (ValueError, OverflowError):
+                pass
+        check_json_value(value)
+        try:
+            return codec.encode_value(value)
+        except ValueError as e:
+            raise InvalidValueError(str(e)) from None
+
+    return encode
 
 
 def check_json_value(value: Any) -> None:
