@@ -354,7 +354,8 @@ class Site:
             return pos[1], pos[2], pos[3]
         return chain.own_position(self.conn, self.site_id)
 
-    def _committed(self, epoch: int, hlc: int, state: str) -> None:
+    def remember_position(self, epoch: int, hlc: int, state: str) -> None:
+        """After a local commit: where the next local transaction starts (see own_position)."""
         self._position = (db.data_version(self.conn), epoch, hlc, state)
 
     @contextmanager
@@ -473,7 +474,7 @@ class _TransactionScope:
             site.invalidate()
             raise
         if wrote:
-            site._committed(tx.epoch, tx.hlc, tx.state)
+            site.remember_position(tx.epoch, tx.hlc, tx.state)
         if tx.touched_system:
             site.invalidate()
         return False
