@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -27,7 +26,7 @@ def fsync_dir(directory: str | os.PathLike) -> None:
 
 def temp_name(final: Path) -> Path:
     """A hidden temporary name next to ``final`` (readers skip dot-files and ``*.tmp``)."""
-    return final.parent / f".{final.name}.{secrets.token_hex(4)}.tmp"
+    return final.parent / f".{final.name}.{os.urandom(4).hex()}.tmp"
 
 
 def commit_temp(f: BinaryIO, tmp: str | os.PathLike, final: str | os.PathLike) -> None:

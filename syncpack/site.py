@@ -16,7 +16,6 @@ no change.
 from __future__ import annotations
 
 import os
-import secrets
 import struct
 import time
 from contextlib import contextmanager
@@ -144,7 +143,7 @@ class Site:
                             hint="choose a new directory for the site")
         p.mkdir(parents=True, exist_ok=True)
         (p / PARKED_DIR).mkdir(exist_ok=True)
-        site_id = secrets.token_bytes(8)
+        site_id = os.urandom(8)
         ident = keys.generate(p, site, site_id)
         conn = db.create(p / db.DB_NAME)
         with db.write_txn(conn):
@@ -173,7 +172,7 @@ class Site:
         if not family:
             raise UsageError("the family needs a name", hint="init DIR --family NAME --site NAME")
         p, conn, ident = cls._create_dir(Path(path), site)
-        fam_id = secrets.token_bytes(16)
+        fam_id = os.urandom(16)
         with db.write_txn(conn):
             meta.put_many(conn, [("family_id", fam_id), ("family_name", family), ("joined", 1)])
         s = cls(p, conn)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
@@ -72,7 +71,7 @@ def packet_id(seed: bytes | None, sender: bytes, recipient: bytes, seq: int, par
     """Random by default; derived from a seed when reproducible packets are wanted (golden
     vectors, engine comparisons)."""
     if seed is None:
-        return secrets.token_bytes(16)
+        return os.urandom(16)
     return hashlib.blake2b(seed + sender + recipient + seq.to_bytes(8, "big")
                            + part.to_bytes(4, "big"), digest_size=16).digest()
 
