@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -51,3 +51,65 @@ def read_ahead(items: Iterator[T], depth: int = 2, name: str = "syncpack-read-ah
     finally:
         stop.set()
         th.join()
+
+
+class Pending:
+    """The result of a call a :class:`Worker` makes later: :meth:`result` waits for it and
+    returns it, or raises what the call raised."""
+
+    __slots__ = ("_done", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def finish(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+        self._done.set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Worker:
+    """One thread making submitted calls in order (``with Worker(name) as w: w.submit(...)``).
+    Leaving the block drops the calls not yet begun and waits for the one running, so the
+    thread never outlives the work it serves.  (concurrent.futures would do as well, but its
+    import, with logging's, cost every command's start ~30 ms.)"""
+
+    def __init__(self, name: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = False
+        self._th = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> "Worker":
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop = True
+        self._q.put(None)
+        self._th.join()
+
+    def submit(self, fn: Callable[..., Any], *args) -> Pending:
+        p = Pending()
+        self._q.put((p, fn, args))
+        return p
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            p, fn, args = item
+            if self._stop:
+                p.finish(error=RuntimeError("dropped: the worker was leaving"))
+                continue
+            try:
+                p.finish(fn(*args))
+            except BaseException as e:      # handed to whoever waits for the result
+                p.finish(error=e)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from itertools import islice
 from pathlib import Path
@@ -30,6 +29,7 @@ from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ra
                      store_acknowledgements)
 from syncpack.exchange.packets import PACKET_SUFFIX
 from syncpack.fileops import write_atomic
+from syncpack.pipeline import Pending, Worker
 from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
@@ -215,7 +215,7 @@ DECODE_AHEAD_MAX_RAW = 16 * 1024 * 1024
 class Decoding:
     """A block's columns, from its body being (or already) decompressed."""
 
-    def __init__(self, info: blocks.BlockInfo, body: Future | None):
+    def __init__(self, info: blocks.BlockInfo, body: Pending | None):
         self._info, self._body, self._columns = info, body, None
 
     def columns(self) -> blocks.BlockColumns:
@@ -232,16 +232,16 @@ class DecodeAhead:
     transaction."""
 
     def __enter__(self) -> "DecodeAhead":
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="syncpack-decompress")
+        self._worker = Worker("syncpack-decompress").__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._worker.__exit__(*exc)
 
     def decode(self, info: blocks.BlockInfo) -> Decoding:
         if info.raw_len > DECODE_AHEAD_MAX_RAW:
             return Decoding(info, None)
-        return Decoding(info, self._pool.submit(blocks.decompressed_body, info))
+        return Decoding(info, self._worker.submit(blocks.decompressed_body, info))
 
 
 class _Applier:
