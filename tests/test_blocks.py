@@ -664,3 +664,23 @@ def test_fuzz_mutated_columns(raw, edits):
     except PacketError:
         return
     assert [o.epoch for o in ops] == list(range(info.lo + 1, info.hi + 1))
+
+
+@settings(max_examples=80, deadline=None)
+@given(runs=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 7)),
+                     min_size=1, max_size=6),
+       size=st.integers(1, 9), one_txn=st.booleans())
+def test_column_batches_are_the_rows_in_runs_of_one_collection(runs, size, one_txn):
+    """A bulk insert's batches: in order, every row once, each batch one collection and at
+    most ``size`` rows, with the same CSNs as the rows."""
+    colls = [c for c, n in runs for _ in range(n)]
+    n = len(colls)
+    lens = [n] if one_txn else [1] * n
+    cols = blocks.BlockColumns(b"SITE-AAA", 10, 10 + n, lens, list(range(1, len(lens) + 1)),
+                               colls, [f"k{i}" for i in range(n)],
+                               [bytes([i % 256]) for i in range(n)], [b""] * n)
+    got = []
+    for c, keys, csns, values in cols.column_batches(size):
+        assert 1 <= len(keys) <= size and len(keys) == len(csns) == len(values)
+        got += [(c, k, s, v) for k, s, v in zip(keys, csns, values)]
+    assert got == list(cols.iter_rows())

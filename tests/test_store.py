@@ -8,12 +8,14 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import run
 from syncpack.format import codec
 from syncpack.format.csn import pack_csn
 from syncpack.errors import SiteError, UsageError
 from syncpack.site import Site
+from syncpack.store import db, versions
 from syncpack.store.db import DB_NAME, SCHEMA_VERSION
 
 
@@ -381,3 +383,37 @@ def test_a_store_made_by_an_older_release_migrates_and_keeps_syncing(tmp_path, r
     assert all(x == d[0] for x in d) and d[0]["records"] == records, d
     for site in sites:
         assert run("fsck", site=root / site).code == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.text(min_size=1, max_size=6),
+                               st.binary(min_size=20, max_size=20),
+                               st.binary(min_size=1, max_size=40)),
+                     min_size=1, max_size=30, unique_by=lambda r: r[0]),
+       tombstone=st.booleans(),
+       packed=st.sampled_from([versions.PACKED_BYTES, 16]))
+def test_insert_columns_stores_what_insert_many_stores(tmp_path_factory, rows, tombstone,
+                                                       packed):
+    """The bulk insert over a carray (each row packed into one blob and split by SQLite)
+    leaves exactly the rows, bytes and SQLite types that one binding per row leaves: keys with
+    NUL, non-ASCII and 0xff-free UTF-8 of any length, tombstones, batches cut by size."""
+    root = tmp_path_factory.mktemp("cols")
+    if tombstone:
+        rows[-1] = (*rows[-1][:2], None)
+    got = []
+    for how in ("many", "columns"):
+        conn = db.create(root / f"{how}.db")
+        keys, csns, vals = ([r[i] for r in rows] for i in range(3))
+        with db.write_txn(conn):
+            if how == "many":
+                versions.insert_many(conn, [("c", k, c, v) for k, c, v in rows])
+            else:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(versions, "PACKED_BYTES", packed)
+                    versions.insert_columns(conn, "c", keys, iter(csns), vals)
+        got.append(conn.execute(
+            "SELECT collection, key, typeof(key), length(CAST(key AS BLOB)), csn, "
+            "typeof(csn), value, typeof(value) FROM versions ORDER BY key, csn").fetchall())
+        conn.close()
+    assert got[0] == got[1]
+    assert len(got[0]) == len(rows)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import heapq
 import shutil
 from contextlib import ExitStack
-from itertools import islice
 from pathlib import Path
 from typing import Iterable
 
@@ -274,12 +273,10 @@ class _Applier:
         if len(win) == 1:
             info, cols = win[0]
             if self._clean(info, cols):
-                # the rows are made as the insert takes them (no list of a block's rows)
-                rows, n = cols.iter_rows(), cols.count
                 with blocks.gc_paused():
-                    for k in range(0, n, APPLY_BATCH):
-                        versions.insert_many(site.conn, islice(rows, APPLY_BATCH))
-                        self._count(min(APPLY_BATCH, n - k))
+                    for batch in cols.column_batches(APPLY_BATCH):
+                        versions.insert_columns(site.conn, *batch)
+                        self._count(len(batch[1]))
                 return
             ops: Iterable[Op] = cols.ops()
         else:
@@ -352,10 +349,9 @@ class _Applier:
                 return None     # not the transaction's beginning: the op-wise path refuses
             self.flush()
             if self._plain(cols):
-                rows = cols.iter_rows()
                 with blocks.gc_paused():
-                    for at in range(0, cols.count, APPLY_BATCH):
-                        versions.insert_many(conn, islice(rows, APPLY_BATCH))
+                    for batch in cols.column_batches(APPLY_BATCH):
+                        versions.insert_columns(conn, *batch)
             else:
                 for op in cols.ops():
                     self._fresh(op)

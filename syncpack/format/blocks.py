@@ -27,7 +27,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from contextlib import contextmanager
-from itertools import accumulate, chain, groupby, repeat
+from itertools import accumulate, chain, groupby, islice, repeat
 from operator import itemgetter
 from typing import Callable, Iterable, Iterator, NamedTuple
 
@@ -655,6 +655,23 @@ class BlockColumns(NamedTuple):
         """``(collection, key, csn, value)`` per op, ready for ``executemany``."""
         with gc_paused():
             return list(self.iter_rows())
+
+    def column_batches(self, size: int) -> Iterator[tuple[str, list[str], list[bytes],
+                                                          list[bytes | None]]]:
+        """The ops as ``(collection, keys, csns, values)``, runs of one collection of at most
+        ``size`` ops, in order (a bulk insert's batches)."""
+        csns = self.iter_csns()
+        colls, keys, values = self.collections, self.keys, self.values
+        at, n = 0, self.count
+        while at < n:
+            end = min(n, at + size)
+            c = colls[at]
+            if colls[at:end].count(c) != end - at:
+                end = at + 1                    # the run of c ends before: find where
+                while end < n and end - at < size and colls[end] == c:
+                    end += 1
+            yield c, keys[at:end], list(islice(csns, end - at)), values[at:end]
+            at = end
 
     def iter_rows(self) -> Iterator[tuple]:
         """:meth:`rows` made as they are taken: ``executemany`` over it builds no list, and

@@ -32,6 +32,17 @@ Connection = apsw.Connection
 DatabaseError = apsw.Error
 # A UNIQUE/PRIMARY KEY/NOT NULL constraint refused a row (the stdlib's sqlite3.IntegrityError).
 IntegrityError = apsw.ConstraintError
+# SQLite's carray table-valued function with apsw's binding for it (apsw.carray, in PyPI's
+# builds): a column of strings or blobs handed to one statement, which reads it in C, instead
+# of one binding per row.  A build without it takes the row-by-row path.
+HAS_CARRAY = hasattr(apsw, "carray") and "ENABLE_CARRAY" in apsw.compile_options
+
+
+def carray(items: tuple) -> object:
+    """``items`` (a tuple of str, or of bytes) bound as one value for ``carray(?)``."""
+    return apsw.carray(items)
+
+
 # Another process holding the write lock is waited for this long before BusyError.
 BUSY_TIMEOUT_MS = 30_000
 

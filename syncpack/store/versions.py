@@ -8,13 +8,14 @@ and writes.  Everything runs on the caller's connection and inside its transacti
 
 from __future__ import annotations
 
+from itertools import repeat
 from operator import itemgetter
 from typing import Iterable, Iterator
 
 from syncpack.format.codec import Op
-from syncpack.format.csn import csn_hlc, csn_origin, csn_seq, split_csns
+from syncpack.format.csn import CSN_LEN, csn_hlc, csn_origin, csn_seq, split_csns
 from syncpack.rules.conflict import Version
-from syncpack.store import attached, chain
+from syncpack.store import attached, chain, db
 
 _ROWS = "SELECT collection, key, csn, value FROM versions"
 
@@ -154,6 +155,49 @@ def remove_listed(conn, rows: list[tuple[str, str, bytes]]) -> None:
     supersedes; the key's other versions stay, concurrent with it)."""
     if rows:
         conn.executemany("DELETE FROM versions WHERE collection=? AND key=? AND csn=?", rows)
+
+
+# One blob per row, key (UTF-8, in which no byte is 0xff) | 0xff | CSN | value, read back into
+# the row's columns by SQLite: a batch of rows is one statement over a carray, where a binding
+# per row cost as much as the insert itself.
+_SEP = b"\xff"
+PACKED_BYTES = 4 * 1024 * 1024      # of values packed for one statement
+_INSERT_PACKED = (
+    "INSERT INTO versions(collection, key, csn, value) SELECT ?1, "
+    f"CAST(substr(value, 1, p - 1) AS TEXT), substr(value, p + 1, {CSN_LEN}), "
+    f"substr(value, p + {CSN_LEN + 1}) "
+    "FROM (SELECT value, instr(value, x'ff') AS p FROM carray(?2))")
+
+
+def insert_columns(conn, collection: str, keys: list[str], csns: Iterable[bytes],
+                   values: list[bytes | None]) -> None:
+    """:func:`insert_many` of rows of one collection held as columns (a block's, a bulk
+    writer's)."""
+    if not db.HAS_CARRAY or None in values or not keys:
+        # a tombstone has no bytes to pack; such a batch (rare in bulk) goes row by row
+        insert_many(conn, zip(repeat(collection), keys, csns, values))
+        return
+    csns = csns if isinstance(csns, list) else list(csns)
+    n = len(keys)
+    size = sum(map(len, values))
+    if size > PACKED_BYTES and n > 1:
+        # the packed copy of large values would add to an import's peak memory: in parts
+        step = max(1, n * PACKED_BYTES // size)
+        for at in range(0, n, step):
+            insert_columns(conn, collection, keys[at:at + step], csns[at:at + step],
+                           values[at:at + step])
+        return
+    packed = db.carray(tuple(map(b"".join, zip(map(str.encode, keys), repeat(_SEP), csns,
+                                                values))))
+    watched = attached.watched(conn)
+    if not watched:
+        conn.execute(_INSERT_PACKED, (collection, packed))
+        return
+    with attached.triggers_aside(conn):     # as insert_many does, for the same reason
+        conn.execute(_INSERT_PACKED, (collection, packed))
+    if collection in watched:
+        attached.note_new_versions(conn, list(zip(repeat(collection), keys, csns, values)),
+                                   watched)
 
 
 def replace_key(conn, collection: str, key: str, csn: bytes, value: bytes | None,
