@@ -722,7 +722,7 @@ class Transaction:
         if replaced is not None:
             versions.remove_listed(site.conn, [
                 (collection, k, c) for k, r in zip(keys, replaced) for c in split_csns(r)])
-        versions.insert_many(site.conn, zip(repeat(collection), keys, csns, raws))
+        versions.insert_columns(site.conn, collection, keys, csns, raws)
         self.seq += n
         self.epoch += n
         self._cols.append((collection, keys, raws, replaced))
