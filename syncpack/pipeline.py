@@ -84,18 +84,24 @@ class Worker:
     def __init__(self, name: str):
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = False
-        self._th = threading.Thread(target=self._run, name=name, daemon=True)
+        self._name = name
+        self._th: threading.Thread | None = None
 
     def __enter__(self) -> "Worker":
-        self._th.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop = True
-        self._q.put(None)
-        self._th.join()
+        if self._th is not None:
+            self._q.put(None)
+            self._th.join()
 
     def submit(self, fn: Callable[..., Any], *args) -> Pending:
+        if self._th is None:
+            # started by the first call only: an idle thread beside an import of large
+            # blocks (never decoded ahead) raised its peak memory by 16 MB
+            self._th = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._th.start()
         p = Pending()
         self._q.put((p, fn, args))
         return p
@@ -105,11 +111,16 @@ class Worker:
             item = self._q.get()
             if item is None:
                 return
-            p, fn, args = item
-            if self._stop:
-                p.finish(error=RuntimeError("dropped: the worker was leaving"))
-                continue
-            try:
-                p.finish(fn(*args))
-            except BaseException as e:      # handed to whoever waits for the result
-                p.finish(error=e)
+            self._call(*item)
+            # nothing of the call may stay referenced here while the next is awaited: a
+            # decompressed block held by this frame added its size to an import's peak
+            del item
+
+    def _call(self, p: Pending, fn: Callable[..., Any], args: tuple) -> None:
+        if self._stop:
+            p.finish(error=RuntimeError("dropped: the worker was leaving"))
+            return
+        try:
+            p.finish(fn(*args))
+        except BaseException as e:      # handed to whoever waits for the result
+            p.finish(error=e)
