@@ -95,8 +95,11 @@ class Worker:
         if self._th is not None:
             self._q.put(None)
             self._th.join()
+            self._th = None
 
     def submit(self, fn: Callable[..., Any], *args) -> Pending:
+        if self._stop:
+            raise RuntimeError("the worker has been left")
         if self._th is None:
             # started by the first call only: an idle thread beside an import of large
             # blocks (never decoded ahead) raised its peak memory by 16 MB

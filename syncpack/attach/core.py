@@ -34,8 +34,8 @@ from operator import itemgetter
 from syncpack.attach import rows, schema, shapes
 from syncpack.errors import AttachError, LockedError, UsageError
 from syncpack.format import codec
-from syncpack.format.csn import csn_origin
-from syncpack.pipeline import read_ahead
+from syncpack.format.csn import csn_origin, csn_origins
+from syncpack.pipeline import Pending, Worker, read_ahead
 from syncpack.rules.conflict import Version, pick
 from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
 from syncpack.store import appdb, attached, chain, fields
@@ -386,12 +386,22 @@ class DirectApply:
         self.written: set[str] = set()
         self.token = os.urandom(8)
         self.marks = 0
-        attached.set_direct(site.conn, self._sink)
+        self.decoder = Worker("syncpack-decode-rows").__enter__()
+        attached.set_direct(site.conn, self._sink, self._prepare)
 
-    def _sink(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> None:
+    def _prepare(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> Pending | None:
+        """The records of ``rows`` (one table's, about to be inserted into the store) decoded
+        on another thread while SQLite inserts them (it does so without the GIL)."""
+        if None in map(_FOURTH, rows):
+            return None
+        return self.decoder.submit(codec.decode_values, list(map(_FOURTH, rows)))
+
+    def _sink(self, rows: list[tuple[str, str, bytes, bytes | None]],
+              prepared: Pending | None = None) -> None:
         name = rows[0][0]
         if rows[-1][0] == name and all(map(name.__eq__, map(_FIRST, rows))):
-            later = self._write(name, rows)     # the common case: one table
+            # the common case: one table
+            later = self._write(name, rows, prepared.result() if prepared else None)
         else:
             by: dict[str, list] = {}
             for r in rows:
@@ -400,10 +410,11 @@ class DirectApply:
         if later:
             attached.mark_pending(self.site.conn, later)
 
-    def _write(self, name: str, part: list[tuple[str, str, bytes, bytes | None]]
-               ) -> list[tuple[str, str, bytes]]:
+    def _write(self, name: str, part: list[tuple[str, str, bytes, bytes | None]],
+               values: list | None = None) -> list[tuple[str, str, bytes]]:
         """Writes the rows of ``part`` (all of table ``name``) that can go straight in;
-        returns the (collection, key, csn) of the others, for the ordinary apply."""
+        returns the (collection, key, csn) of the others, for the ordinary apply.
+        ``values``: the rows' records, decoded already."""
         conn = self.site.conn
         w = self.writers.get(name)
         if w is None:
@@ -412,10 +423,14 @@ class DirectApply:
         raws = list(map(_FOURTH, part))
         several = attached.several_versions(conn, name, list(map(_SECOND, part)))
         if several or None in raws:
-            later = [r[:3] for r in part if r[3] is None or r[1] in several]
-            part = [r for r in part if r[3] is not None and r[1] not in several]
-            raws = [r[3] for r in part]
-        values = codec.decode_values(raws)
+            keep = [r[3] is not None and r[1] not in several for r in part]
+            later = [r[:3] for r, k in zip(part, keep) if not k]
+            part = list(compress(part, keep))
+            raws = list(map(_FOURTH, part))
+            if values is not None:
+                values = list(compress(values, keep))
+        if values is None:
+            values = codec.decode_values(raws)
         if not set(map(type, values)) <= _DICT:
             later += [r[:3] for r, v in zip(part, values) if v.__class__ is not dict]
             part = [r for r, v in zip(part, values) if v.__class__ is dict]
@@ -433,8 +448,7 @@ class DirectApply:
             if not part:
                 return later
         csns = list(map(_THIRD, part))
-        origins = set(map(csn_origin, csns))
-        one = len(origins) == 1
+        one = len(csn_origins(csns)) == 1
         origin = csn_origin(csns[0])
         attached.add_inflight(conn, self.token, self.marks, name, origin if one else None,
                               min(csns), max(csns))
@@ -449,6 +463,7 @@ class DirectApply:
             return
         site, app = self.site, self.app
         attached.set_direct(site.conn, None)
+        self.decoder.__exit__(None, None, None)
         ok = attached.inflight_count(site.conn, self.token) == self.marks
         try:
             if ok:
@@ -468,6 +483,7 @@ class DirectApply:
         if self.app is None:
             return
         attached.set_direct(self.site.conn, None)
+        self.decoder.__exit__(None, None, None)
         try:
             appdb.end_write(self.app, False)
         finally:

@@ -19,7 +19,8 @@ CSN the site has seen even when the wall clock jumps back.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Iterable, NamedTuple
 
 CSN_LEN = 20
 SITE_ID_LEN = 8
@@ -70,6 +71,14 @@ def csn_hlc(csn: bytes) -> int:
 def csn_origin(csn: bytes) -> bytes:
     """The origin site id of a packed CSN."""
     return bytes(csn[8:16])
+
+
+_ORIGIN_BYTES = itemgetter(slice(8, 16))
+
+
+def csn_origins(csns: Iterable[bytes]) -> set[bytes]:
+    """The origin site ids of packed CSNs (bytes), without a Python call per CSN."""
+    return set(map(_ORIGIN_BYTES, csns))
 
 
 def csn_seq(csn: bytes) -> int:

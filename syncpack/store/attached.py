@@ -325,30 +325,45 @@ def mark_pending(conn: Connection, rows: list[tuple[str, str, bytes]]) -> None:
 
 # Per store connection (by id; set and removed around one import), the callable that takes the
 # new versions of attached tables instead of noting them pending one key at a time.
-_direct: dict[int, Callable[[list[tuple[str, str, bytes, bytes | None]]], None]] = {}
+# and, optionally, the callable that begins the sink's own work on rows about to be inserted
+# (while SQLite inserts them; its result goes to the sink with them).
+_direct: dict[int, tuple[Callable, Callable | None]] = {}
 
 
-def set_direct(conn: Connection, sink: Callable | None) -> None:
+def set_direct(conn: Connection, sink: Callable | None, prepare: Callable | None = None
+               ) -> None:
     """While ``sink`` is set, :func:`note_new_versions` hands it the bulk-inserted versions of
     attached tables; the sink writes them into the application's tables itself and leaves
     :func:`add_inflight` marks (or notes keys pending) in the same store transaction."""
     if sink is None:
         _direct.pop(id(conn), None)
     else:
-        _direct[id(conn)] = sink
+        _direct[id(conn)] = (sink, prepare)
+
+
+def prepare_direct(conn: Connection, rows: list[tuple[str, str, bytes, bytes | None]]
+                   ) -> object:
+    """Before a bulk insert of ``rows`` (all of one attached table): what the sink's
+    ``prepare`` makes of them, for :func:`note_new_versions` (None without one)."""
+    sink = _direct.get(id(conn))
+    return sink[1](rows) if sink is not None and sink[1] is not None else None
 
 
 def note_new_versions(conn: Connection, rows: list[tuple[str, str, bytes, bytes | None]],
-                      watched: frozenset[str]) -> None:
+                      watched: frozenset[str], prepared: object = None) -> None:
     """What the ``versions`` insert trigger would do for ``rows`` (collection, key, csn,
-    value) just inserted in bulk, for those of attached tables."""
+    value) just inserted in bulk, for those of attached tables; ``prepared``, what
+    :func:`prepare_direct` made of exactly these rows."""
     colls = set(map(_COLLECTION, rows))
     mine = rows if colls <= watched else [r for r in rows if r[0] in watched]
     if not mine:
         return
     sink = _direct.get(id(conn))
     if sink is not None:
-        sink(mine)
+        if prepared is not None and mine is rows:
+            sink[0](mine, prepared)
+        else:
+            sink[0](mine)
     else:
         mark_pending(conn, [(c, k, csn) for c, k, csn, _v in mine])
 

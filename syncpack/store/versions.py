@@ -193,11 +193,13 @@ def insert_columns(conn, collection: str, keys: list[str], csns: Iterable[bytes]
     if not watched:
         conn.execute(_INSERT_PACKED, (collection, packed))
         return
+    rows = list(zip(repeat(collection), keys, csns, values)) if collection in watched else []
+    # an import's direct apply decodes the rows on another thread while SQLite inserts them
+    prepared = attached.prepare_direct(conn, rows) if rows else None
     with attached.triggers_aside(conn):     # as insert_many does, for the same reason
         conn.execute(_INSERT_PACKED, (collection, packed))
-    if collection in watched:
-        attached.note_new_versions(conn, list(zip(repeat(collection), keys, csns, values)),
-                                   watched)
+    if rows:
+        attached.note_new_versions(conn, rows, watched, prepared)
 
 
 def replace_key(conn, collection: str, key: str, csn: bytes, value: bytes | None,
