@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from typing import Any, Callable
 
 import msgpack
@@ -183,11 +182,11 @@ def encode_fields(fields: dict[str, bytes]) -> bytes:
         msgpack.packb(k, use_bin_type=True) + v for k, v in fields.items())
 
 
-_FIRST = operator.itemgetter(slice(0, 1))
-_LEAD_RE = re.compile(b"[" + re.escape(bytes(sorted(_EXT_LEADS))) + b"]")
+_FIRST_BYTE = operator.itemgetter(0)
 
 
 def may_hold_patch(raws) -> bool:
     """Whether any of these op values could be a patch (runs in C: a bulk insert asks it of
-    every value and takes the op-by-op path only when one could)."""
-    return _LEAD_RE.search(b"".join(map(_FIRST, filter(None, raws)))) is not None
+    every value and takes the op-by-op path only when one could).  The set of first bytes,
+    small ints, costs a third of joining them for a regular expression."""
+    return not _EXT_LEADS.isdisjoint(set(map(_FIRST_BYTE, filter(None, raws))))
