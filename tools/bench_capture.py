@@ -75,9 +75,12 @@ def main() -> int:
         for i in range(a.repeat):
             work = root / f"run{i}"
             shutil.copytree(tmpl, work)
+            # Run from the copy: "python -c" puts the working directory first on the path,
+            # so from the repository's root it imported that syncpack whatever --python-path
+            # said.
             r = subprocess.run([sys.executable, "-c", _CAPTURE, str(work / "a"),
                                 str(work / "a.db")], env=env, check=True,
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, cwd=work)
             runs.append(json.loads(r.stdout))
             shutil.rmtree(work)
     finally:
