@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from syncpack import site as site_mod
-from syncpack.attach import core, rows
+from syncpack.attach import core, reader, rows
 from syncpack.format import blocks, codec
 from syncpack.format.codec import Op
 from syncpack.store import appdb, chain
@@ -102,6 +102,79 @@ def test_a_large_capture_then_local_writes_in_one_store_transaction(tmp_path, mo
         sp(sites[n], "fsck")
 
 
+def _capture_twice(root: Path) -> list[tuple]:
+    """A site's records after two captures of an application's writes: every SQLite type,
+    composite, REAL and BLOB keys, keys born and gone, then updates and deletes over held
+    versions (the general path)."""
+    root.mkdir()
+    sites = make_family(root, ("a",))
+    db = root / "a.db"
+    app(db, SCHEMA)
+    sp(sites["a"], "attach", db, "--table", "items", "--table", "pairs", "--table", "counters")
+    app(db, [f"INSERT INTO items VALUES ('k{i:02d}', {i * 1000003}, {i} / 7.0, 'té{i}', "
+             f"CAST('b{i}' AS BLOB), {'NULL' if i % 3 else i / 2})" for i in range(30)]
+        + ["INSERT INTO items(id) VALUES ('[not plain')", "INSERT INTO items(id) VALUES ('born')",
+           "DELETE FROM items WHERE id = 'born'"]
+        + [f"INSERT INTO pairs VALUES ('p{i}', {i}, x'0{i}')" for i in range(5)]
+        + [f"INSERT INTO counters VALUES ({i - 3}, {i} * 0.5)" for i in range(6)])
+    assert run("capture", site=sites["a"]).code == 0
+    app(db, ["UPDATE items SET i = -i WHERE id < 'k10'", "DELETE FROM items WHERE id > 'k25'",
+             "DELETE FROM pairs WHERE b = 2", "UPDATE counters SET v = 'x' WHERE id = -3"])
+    assert run("capture", site=sites["a"]).code == 0
+    with site_mod.Site.open(sites["a"]) as s:
+        return [(r.collection, r.key, r.value) for r in s.iter_versions()
+                if not r.collection.startswith("$")]
+
+
+def test_a_capture_read_by_the_reader_process_is_the_capture_read_here(tmp_path, monkeypatch):
+    """A large capture's rows are read by a child process (attach/reader.py): the store gets
+    exactly what reading them in this process gives."""
+    monkeypatch.setattr(reader, "ELSEWHERE_AT", 10 ** 12)
+    here = _capture_twice(tmp_path / "here")
+    monkeypatch.setattr(reader, "ELSEWHERE_AT", 1)
+    started = []
+    real_init = reader.Elsewhere.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        started.append(bool(self))
+    monkeypatch.setattr(reader.Elsewhere, "__init__", init)
+    child = _capture_twice(tmp_path / "child")
+    assert started and all(started)
+    assert child == here and len(here) > 30
+
+
+def test_the_reader_process_is_not_used_on_another_snapshot(tmp_path):
+    """The child's snapshot must hold what the caller's holds: another highest change number
+    or schema version, and it declines (the caller reads the rows itself); a failure while
+    reading is raised here, and the child is always waited for."""
+    db = tmp_path / "a.db"
+    app(db, SCHEMA)
+    conn = appdb.open_app(db)
+    t = appdb.table_info(conn, "items")
+    with appdb.write_txn(conn):
+        appdb.install_capture(conn, t)
+    app(db, [f"INSERT INTO items(id) VALUES ('k{i}')" for i in range(3)])
+    upto, schema = appdb.max_seq(conn), appdb.schema_version(conn)
+    for wrong in (dict(upto=upto - 1), dict(schema=schema + 1)):
+        e = reader.Elsewhere(str(db), [t], 0, **{"upto": upto, "schema": schema, **wrong})
+        assert not e
+        e.close()
+    e = reader.Elsewhere(str(db), [t], 0, upto, schema)
+    assert e
+    got = [kr for kr in e.changes()]
+    e.close()
+    assert [k for keys, _raws in got for k in keys] == ["k0", "k1", "k2"]
+    gone = appdb.TableInfo("nosuch", "", ["id"], ["id"], {}, False, [], [])
+    e = reader.Elsewhere(str(db), [gone], 0, upto, schema)
+    assert e
+    with pytest.raises(core.AttachError, match="reading the application's changes failed"):
+        list(e.changes())
+    e.close()
+    assert e.proc is None
+    conn.close()
+
+
 # --- the bulk encoders are the one-by-one ones ----------------------------------------------
 
 _sqlite_value = st.one_of(
@@ -134,13 +207,13 @@ def test_row_encoder_and_keys_equal_encode_value_and_encode_key(tmp_path_factory
     if gone is not None:
         conn.execute(f"DELETE FROM t WHERE {' AND '.join(f'{c} IS ?' for c in cols[:npk])}",
                      gone)
-    encode = core._row_encoder(t)
+    encode = reader.row_encoder(t)
     with appdb.read_txn(conn):
         got = [r for part in appdb.changed_records(conn, t, 0, 1 << 62, 5) for r in part]
         want = list(appdb.changed_rows(conn, t, 0, 1 << 62))
     conn.close()
     assert len(got) == len(want)
-    assert core._keys(got, npk) == [rows.encode_key(k, npk == 1) for _s, k, _r in want]
+    assert reader.record_keys(got, npk) == [rows.encode_key(k, npk == 1) for _s, k, _r in want]
     assert encode(got) == [None if r is None else codec.encode_value(dict(zip(cols, r)))
                            for _s, _k, r in want]
 

@@ -4,7 +4,8 @@
 Builds, once, what ``tools/bench_attach.py`` builds for its pipeline (a site with one attached
 table of five columns, --rows rows written by the application in transactions of 100k), then
 captures a fresh copy of it --repeat times, each in a new process, and prints the medians of
-wall and CPU seconds, rows/s and the peak RSS of that process: the capture itself, without the
+wall and CPU seconds, rows/s and the peak RSS of that process (CPU of the process and of its
+reader process added, the larger peak RSS of the two): the capture itself, without the
 command's start-up or the export.  ``--python-path DIR`` puts DIR first on the captures' path,
 DIR holding another version's ``syncpack`` package (``git archive REV syncpack | tar -x -C
 DIR``): a before/after comparison in one session.
@@ -39,11 +40,15 @@ site = Site.open(site_dir)
 with site.write_txn() as c:     # the copy's own application file
     path, seq = attached.attachment(c)
     attached.set_attachment(c, db, seq)
-t0, c0 = time.perf_counter(), time.process_time()
+def cpu():     # this process and its reader process (attach/reader.py), once waited for
+    return sum(resource.getrusage(w).ru_utime + resource.getrusage(w).ru_stime
+               for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+t0, c0 = time.perf_counter(), cpu()
 doc = core.capture(site)
 print(json.dumps({"rows": doc["captured"], "wall_s": time.perf_counter() - t0,
-                  "cpu_s": time.process_time() - c0,
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "cpu_s": cpu() - c0,
+                  "rss_mb": max(resource.getrusage(w).ru_maxrss for w in (
+                      resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024}))
 """
 
 
@@ -70,9 +75,12 @@ def main() -> int:
         for i in range(a.repeat):
             work = root / f"run{i}"
             shutil.copytree(tmpl, work)
+            # Run from the copy: "python -c" puts the working directory first on the path,
+            # so from the repository's root it imported that syncpack whatever --python-path
+            # said.
             r = subprocess.run([sys.executable, "-c", _CAPTURE, str(work / "a"),
                                 str(work / "a.db")], env=env, check=True,
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, cwd=work)
             runs.append(json.loads(r.stdout))
             shutil.rmtree(work)
     finally:

@@ -1,0 +1,225 @@
+"""Reading a capture's changed rows: in this process, or, for a large capture, in a child
+process on the other core.
+
+Reading is most of a large capture's time (the changes' grouping and join in SQLite, then a
+Python object per value and the record's packing), and nearly all of it holds the GIL: a
+second *thread* took the GIL back and forth with the store's inserts row by row, which made
+the pair slower than one thread.  A child process has its own interpreter, so it reads and
+encodes part N+1 while this process inserts and seals part N; what crosses the pipe is one
+msgpack frame per part, ``[keys, records]``, unpacked here in C.
+
+The child reads the application's file in a snapshot of its own.  It is used only if that
+snapshot holds what the caller's does: the same highest change number (every write to an
+attached table adds a change row, and only syncpack, under the site lock, removes them) and
+the same schema version.  Otherwise, and whenever the child cannot be started, the rows are
+read here as before.  The child only reads: if either process dies, nothing was written by
+it, and the store's transaction rolls back as after any failed capture.
+
+The child runs :func:`main`: a request on stdin, frames on stdout.
+"""
+
+from __future__ import annotations
+
+import gc
+import struct
+import subprocess
+import sys
+from operator import itemgetter
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import msgpack
+
+from syncpack.attach import rows
+from syncpack.errors import AttachError
+from syncpack.format import codec
+from syncpack.pipeline import read_ahead
+from syncpack.store import appdb
+
+# Rows per part read and handed to the store.
+CAPTURE_CHUNK = 10_000
+# A capture of at least this many changes is read by a child process: its start (an
+# interpreter and these imports, 0.14-0.45 s of wall time measured) is then a small part.
+ELSEWHERE_AT = 100_000
+
+_LEN = struct.Struct(">I")
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
+            ) -> Iterator[tuple[list[str], list[bytes | None]]]:
+    """(record keys, records) of the keys of ``t`` changed in (since, upto], in chunks; a
+    row present is its record, one absent is a delete (None)."""
+    encode = row_encoder(t)
+    for part in appdb.changed_records(app, t, since, upto, CAPTURE_CHUNK):
+        yield record_keys(part, len(t.pk)), encode(part)
+
+
+def row_encoder(t: appdb.TableInfo):
+    """Rows laid out as :func:`appdb.changed_records` gives them -> their records, as
+    ``codec.encode_value(dict(zip(t.columns, row)))`` would encode them (None for a row that
+    is absent), in C: the interleaved names and values pack as an array of 2n elements, whose
+    header is then swapped for the header of a map of n."""
+    m, start = len(t.columns), 2 + len(t.pk)
+    packer = codec.value_packer()
+    map_header = codec.map_header(m)
+    skip = len(codec.array_header(2 * m))
+    tail = itemgetter(slice(start, None))
+    body = itemgetter(slice(skip, None))
+    present = itemgetter(1)
+
+    def encode(part: list[tuple]) -> list[bytes | None]:
+        raws = list(map(map_header.__add__, map(body, map(packer, map(tail, part)))))
+        if not all(map(present, part)):
+            raws = [r if p[1] else None for r, p in zip(raws, part)]
+        return raws
+
+    return encode
+
+
+def record_keys(part: list[tuple], npk: int) -> list[str]:
+    """The record keys of rows laid out as :func:`appdb.changed_records` gives them: SQLite
+    spelt the common ones (an integer, a text not starting with '['), rows.encode_key the
+    rest."""
+    keys = list(map(itemgetter(0), part))
+    if None in keys:
+        single = npk == 1
+        keys = [k if k is not None else rows.encode_key(tuple(r[2:2 + npk]), single)
+                for k, r in zip(keys, part)]
+    return keys
+
+
+# --- the child process ---------------------------------------------------------------------------
+
+def _write_frame(out: BinaryIO, obj) -> None:
+    body = msgpack.packb(obj, use_bin_type=True)
+    out.write(_LEN.pack(len(body)))
+    out.write(body)
+
+
+def _read_frame(inp: BinaryIO):
+    head = inp.read(_LEN.size)
+    if len(head) < _LEN.size:
+        raise EOFError("the capture's reader process ended early")
+    n = _LEN.unpack(head)[0]
+    body = inp.read(n)
+    if len(body) < n:
+        raise EOFError("the capture's reader process ended early")
+    return msgpack.unpackb(body, raw=False, use_list=True)
+
+
+def _frames(inp: BinaryIO) -> Iterator:
+    while True:
+        yield _read_frame(inp)
+
+
+def _serve(inp: BinaryIO, out: BinaryIO) -> None:
+    """The child's side: one request, then ``{"ok": bool}`` and, if ok, one frame per part
+    of each table, ``[]`` after each table; ``{"error": text}`` if reading failed."""
+    req = _read_frame(inp)
+    gc.disable()        # none of what is made here is cyclic; the collector only walks it
+    app = appdb.open_app(Path(req["path"]))
+    try:
+        with appdb.read_txn(app):
+            same = (appdb.max_seq(app) == req["upto"]
+                    and appdb.schema_version(app) == req["schema"]
+                    and req["module"] == __file__)
+            _write_frame(out, {"ok": same})
+            out.flush()
+            if not same:
+                return
+            try:
+                for name, columns, pk, parents in req["tables"]:
+                    t = appdb.TableInfo(name, "", columns, pk, {}, False, [], parents)
+                    for keys, raws in changes(app, t, req["since"], req["upto"]):
+                        _write_frame(out, [keys, raws])
+                    _write_frame(out, [])
+            except Exception as e:      # told to the capturing process, which raises it
+                _write_frame(out, {"error": f"{type(e).__name__}: {e}"})
+            out.flush()
+    finally:
+        app.close()
+
+
+def main() -> None:
+    try:
+        _serve(sys.stdin.buffer, sys.stdout.buffer)
+    except BrokenPipeError:       # the capturing process went away; nothing to tell
+        sys.exit(1)
+
+
+# Started as ``python -c``: the package is found where this process found it (and only the
+# package: the directory is taken off the path again before anything else is imported).
+_CHILD = ("import sys; sys.path.insert(0, {root!r}); import syncpack; sys.path.pop(0); "
+          "from syncpack.attach import reader; reader.main()")
+
+
+class Elsewhere:
+    """A child process reading the changed rows of ``tables`` in (since, upto] of the file at
+    ``path``: :meth:`changes` per table, in the order given.  Falsy when the child's snapshot
+    differs from the caller's or it could not start (then read here)."""
+
+    def __init__(self, path: str, tables: list[appdb.TableInfo], since: int, upto: int,
+                 schema: int):
+        self.proc: subprocess.Popen | None = None
+        self.ok = False
+        self._frames: Iterator | None = None
+        if not sys.executable:
+            return
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD.format(root=_PACKAGE_ROOT)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            _write_frame(self.proc.stdin, {
+                "path": str(path), "since": since, "upto": upto, "schema": schema,
+                "module": __file__,
+                "tables": [(t.name, t.columns, t.pk, t.parents) for t in tables]})
+            self.proc.stdin.close()
+            answer = _read_frame(self.proc.stdout)
+            self.ok = isinstance(answer, dict) and answer.get("ok") is True
+        except (OSError, EOFError, ValueError):
+            self.ok = False
+        if not self.ok:
+            self.close()
+            return
+        # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
+        # the child is never held back by a full pipe while this process inserts.
+        self._frames = read_ahead(_frames(self.proc.stdout), depth=4,
+                                  name="syncpack-capture-pipe")
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def changes(self) -> Iterator[tuple[list[str], list[bytes | None]]]:
+        """The next table's (record keys, records), in parts."""
+        frames = self._frames
+        while True:
+            try:
+                frame = next(frames)
+            except (EOFError, StopIteration):
+                raise AttachError("the process reading the application's changes ended "
+                                  "early") from None
+            if isinstance(frame, dict):
+                raise AttachError(f"reading the application's changes failed: "
+                                  f"{frame.get('error')}")
+            if not frame:
+                return
+            yield frame[0], frame[1]
+
+    def close(self) -> None:
+        """Stop the child if it is still running (an error on our side), and wait for it."""
+        p, self.proc = self.proc, None
+        if p is not None:
+            if p.poll() is None:
+                p.kill()        # then the thread reading its pipe sees the end and stops
+            p.wait()
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
+        if p is None:
+            return
+        for f in (p.stdin, p.stdout):
+            try:
+                f.close()
+            except OSError:     # a request the child never read
+                pass
