@@ -17,7 +17,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 import re
 from dataclasses import dataclass, field
-from itertools import chain as joined, islice
+from itertools import islice
 from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -25,6 +25,7 @@ from typing import Iterable, Iterator
 import apsw
 
 from syncpack.errors import AttachError
+from syncpack.store import db
 from syncpack.store.db import read_txn  # noqa: F401  (one snapshot rule for both files)
 
 Connection = apsw.Connection
@@ -34,10 +35,6 @@ BUSY_TIMEOUT_MS = 60_000
 CHANGES = "_syncpack_changes"
 APPLYING = "_syncpack_applying"
 TRIGGER_PREFIX = "_syncpack_"
-# Rows one upsert statement writes in a batch of the import's direct apply, within SQLite's
-# limit on bound values in a statement (32,766 since 3.32)
-UPSERT_ROWS = 64
-MAX_BINDINGS = 32_766
 # Key columns of the change table; more are added when a table with a longer key is attached.
 MIN_KEY_COLS = 4
 
@@ -498,21 +495,9 @@ class Writer:
         return sql
 
     def _upsert_all(self, cols: tuple[str, ...], args: list[tuple]) -> None:
-        """Every row of ``args``, in order, UPSERT_ROWS rows to a statement: run once per row,
-        a statement's own start and end cost more than its row (200k rows of five columns:
-        0.32-0.40 s against 0.55-0.86 s)."""
-        n, m = len(args), len(cols)
-        k = max(1, min(UPSERT_ROWS, MAX_BINDINGS // m))
-        whole = n - n % k
-        if k > 1 and whole:
-            flat = list(joined.from_iterable(args[:whole] if whole < n else args))
-            w = k * m
-            self.conn.executemany(self._upsert(cols, k),
-                                  (flat[i:i + w] for i in range(0, len(flat), w)))
-        else:
-            whole = 0
-        if whole < n:
-            self.conn.executemany(self._upsert(cols), args[whole:])
+        """Every row of ``args``, in order, several rows to a statement (db.execute_rows)."""
+        db.execute_rows(self.conn, self._upsert(cols),
+                        self._upsert(cols, db.rows_per_statement(len(cols))), args, len(cols))
 
     def put(self, row: dict) -> str | None:
         cols = tuple(c for c in row if c in self._cols)

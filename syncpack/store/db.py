@@ -19,6 +19,7 @@ driver it is.  Outside ``syncpack/store/`` no module runs SQL.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 from typing import Iterator
 
@@ -262,6 +263,33 @@ def write_txn(conn: Connection) -> Iterator[Connection]:
 # (Site.transaction: a generator-based one costs a one-put transaction ~3% of its CPU time).
 def begin_write(conn: Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
+
+
+# A statement run once per row costs more than its row: bulk writers bind this many rows to one
+# multi-row statement (versions: 1M rows 1.2-1.8 s against 2.1-3.4 s; an application's upsert of
+# 200k five-column rows 0.32-0.40 s against 0.55-0.86 s), within SQLite's limit on bound values
+# in one statement (32,766 since 3.32).
+ROWS_PER_STATEMENT = 64
+MAX_BINDINGS = 32_766
+
+
+def rows_per_statement(width: int) -> int:
+    """How many rows of ``width`` values one statement of :func:`execute_rows` binds."""
+    return max(1, min(ROWS_PER_STATEMENT, MAX_BINDINGS // max(1, width)))
+
+
+def execute_rows(conn: Connection, one: str, many: str, rows: list, width: int) -> None:
+    """Run ``one`` (a statement of one row of ``width`` values) for each of ``rows`` in order,
+    as ``many`` (the same statement with :func:`rows_per_statement` rows) where rows fill it."""
+    k = rows_per_statement(width)
+    n = len(rows)
+    whole = n - n % k if k > 1 else 0
+    if whole:
+        flat = list(chain.from_iterable(rows[:whole] if whole < n else rows))
+        w = k * width
+        conn.executemany(many, (flat[i:i + w] for i in range(0, len(flat), w)))
+    if whole < n:
+        conn.executemany(one, rows[whole:])
 
 
 def data_version(conn: Connection) -> int:

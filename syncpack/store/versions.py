@@ -8,7 +8,7 @@ and writes.  Everything runs on the caller's connection and inside its transacti
 
 from __future__ import annotations
 
-from itertools import chain as joined, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import Iterable, Iterator
 
@@ -136,22 +136,13 @@ def any_superseded(conn) -> bool:
 
 # --- writing -----------------------------------------------------------------------------------
 
-# Rows per statement of a bulk insert: a statement run per row cost more than the B-tree's
-# own work; bound 64 rows at a time, 1M versions went in in 1.2-1.8 s against 2.1-3.4 s.
-_BULK_ROWS = 64
 _INSERT = "INSERT INTO versions VALUES (?, ?, ?, ?)"
-_INSERT_BULK = "INSERT INTO versions VALUES " + ", ".join(["(?, ?, ?, ?)"] * _BULK_ROWS)
+_INSERT_BULK = "INSERT INTO versions VALUES " + ", ".join(
+    ["(?, ?, ?, ?)"] * db.rows_per_statement(4))
 
 
 def _insert(conn, rows: list[tuple[str, str, bytes, bytes | None]]) -> None:
-    n = len(rows)
-    whole = n - n % _BULK_ROWS
-    if whole:
-        flat = list(joined.from_iterable(rows[:whole] if whole < n else rows))
-        w = 4 * _BULK_ROWS
-        conn.executemany(_INSERT_BULK, (flat[i:i + w] for i in range(0, len(flat), w)))
-    if whole < n:
-        conn.executemany(_INSERT, rows[whole:])
+    db.execute_rows(conn, _INSERT, _INSERT_BULK, rows, 4)
 
 
 def insert_many(conn, rows: Iterable[tuple[str, str, bytes, bytes | None]]) -> None:
