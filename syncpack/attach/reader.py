@@ -28,8 +28,6 @@ from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-import msgpack
-
 from syncpack.attach import rows
 from syncpack.errors import AttachError
 from syncpack.format import codec
@@ -92,7 +90,7 @@ def record_keys(part: list[tuple], npk: int) -> list[str]:
 # --- the child process ---------------------------------------------------------------------------
 
 def _write_frame(out: BinaryIO, obj) -> None:
-    body = msgpack.packb(obj, use_bin_type=True)
+    body = codec.packb(obj)
     out.write(_LEN.pack(len(body)))
     out.write(body)
 
@@ -105,7 +103,7 @@ def _read_frame(inp: BinaryIO):
     body = inp.read(n)
     if len(body) < n:
         raise EOFError("the capture's reader process ended early")
-    return msgpack.unpackb(body, raw=False, use_list=True)
+    return codec.unpackb(body)    # our own child's frames
 
 
 def _frames(inp: BinaryIO) -> Iterator:
