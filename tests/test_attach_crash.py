@@ -138,3 +138,42 @@ def test_kill_9_during_capture_and_import_loses_nothing_and_repeats_nothing(tmp_
     assert n_log == 3 * (150 + 3000)
     exchange(tmp_path, sites)
     assert sp(sites["a"], "digest").out == sp(sites["b"], "digest").out
+
+
+def test_kill_9_during_a_capture_read_by_the_reader_process(tmp_path):
+    """A backlog large enough to be read by a child process (attach/reader.py): kill -9 of the
+    command alone (its reader left to notice) or of both at random instants loses no change and
+    repeats none, and the next capture moves everything."""
+    from syncpack.attach import reader
+    rnd = random.Random(7)
+    sites, dbs = two_sites(tmp_path)
+    n = reader.ELSEWHERE_AT + 20_000
+    app(dbs["a"], [f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n "
+                   f"WHERE i < {n - 1}) INSERT INTO log(id, what) SELECT 'big-' || i, "
+                   f"printf('%.40c', 'y') FROM n"])
+    args = [SYNCPACK, "--site", str(sites["a"]), "capture"]
+    killed = 0
+    for k in range(4):
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        time.sleep(rnd.uniform(0.3, 0.9))
+        if p.poll() is None:
+            if k % 2:
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                os.kill(p.pid, signal.SIGKILL)      # the reader process outlives it
+            killed += 1
+        p.wait()
+    assert killed >= 2      # a capture of this size takes longer than the waits
+    sp(sites["a"], "capture")
+    assert run("fsck", site=sites["a"]).code == 0
+    out = tmp_path / "carry"
+    out.mkdir()
+    sp(sites["a"], "export", "--to", "b", "--out", out)
+    sp(sites["b"], "import", out)
+    assert table(dbs["a"], "log") == table(dbs["b"], "log")
+    assert len(table(dbs["b"], "log")) == n
+    r = run("--json", "status", site=sites["a"])
+    assert r.json["conflicts"] == 0
+    for s in sites.values():
+        assert run("fsck", site=s).code == 0
