@@ -478,7 +478,8 @@ def ls_(obj: Ctx, collection):
       syncpack ls parts
     """
     s = obj.open()
-    recs = [{"collection": c, "key": k, "value": v} for c, k, v in s.records(collection)]
+    recs = [{"collection": c, "key": k, "value": v} for c, k, v in s.records(collection,
+                                                                             shown=True)]
     obj.emit({"records": recs},
              "\n".join(f"{printable(r['collection'])}\t{printable(r['key'])}\t"
                        f"{_shown(r['value'])}" for r in recs))

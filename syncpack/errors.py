@@ -204,6 +204,15 @@ class MetricsWriteError(SyncpackError):
                     "node_exporter: the --collector.textfile.directory)")
 
 
+class UndecodableRecordError(SyncpackError, ValueError):
+    """A stored record whose bytes are not a value: its origin signed them so (a member that
+    lies, or software that is not syncpack).  The store keeps what was signed; reading it
+    names the record instead of failing inside the decoder."""
+
+    default_hint = ("the record arrived like this from its origin; 'syncpack conflicts "
+                    "resolve', a new put or a delete of the key replaces it at every site")
+
+
 class InvalidValueError(UsageError):
     """A record value that is not plain JSON (bytes, NaN, infinities, non-string keys, other
     objects): refused before anything is written, so every site can show and ship it.

@@ -32,6 +32,7 @@ from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.blocks import SEQ_LIMIT
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn, split_csns
 from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError,
+                     UndecodableRecordError,
                      RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
@@ -296,16 +297,18 @@ class Site:
             if default is RecordNotFound:
                 raise RecordNotFound(f"no record {collection}/{key}")
             return default
-        return codec.decode_value(raw)
+        return _decoded(collection, key, raw)
 
-    def records(self, collection: str | None = None,
-                include_system: bool = False) -> Iterator[tuple[str, str, Any]]:
+    def records(self, collection: str | None = None, include_system: bool = False,
+                shown: bool = False) -> Iterator[tuple[str, str, Any]]:
         """``(collection, key, value)`` of every visible record, sorted; one collection
-        or all (syncpack's own ``$`` collections only with ``include_system``)."""
+        or all (syncpack's own ``$`` collections only with ``include_system``).  A record
+        that is not a value raises :class:`UndecodableRecordError`, or with ``shown`` (a
+        listing) comes as text saying so."""
         for coll, key, raw in self._replicated.visible_rows(self.conn, collection):
             if coll.startswith(SYS_PREFIX) and not include_system and collection is None:
                 continue
-            yield coll, key, codec.decode_value(raw)
+            yield coll, key, codec.shown_value(raw) if shown else _decoded(coll, key, raw)
 
     def vector(self) -> dict[bytes, int]:
         """This site's vector: origin site id -> highest epoch held."""
@@ -484,6 +487,14 @@ class _TransactionScope:
         finally:
             self.site.invalidate()
 
+
+
+def _decoded(collection: str, key: str, raw: bytes) -> Any:
+    try:
+        return codec.decode_value(raw)
+    except UndecodableRecordError as e:
+        raise UndecodableRecordError(f"record {collection}/{key} is not a value "
+                                     f"({len(raw)} bytes as its origin signed them)") from e
 
 class _ClosedStore:
     """Stands in for the connection of a closed site, so any use says so clearly (instead of

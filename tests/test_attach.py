@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from syncpack.attach import rows
+from syncpack.site import Site
 
 from conftest import run
 
@@ -571,3 +572,36 @@ def test_merge_policy_merges_an_attached_table_per_column(tmp_path, order):
     assert_converged(sites, dbs, ("items",))
     (row,) = table(dbs["b"], "items")
     assert (row[2], row[6], row[10]) == (2, "from b", 9)
+
+
+def test_a_lying_members_records_are_conflicts_not_crashes(tmp_path):
+    """Records an origin signed that are no row of the table (bytes that are not a value, a
+    value that is not a map, a column SQLite cannot store) arrive amid a bulk of good rows:
+    the import applies the good ones, lists each bad one as a conflict, and every command
+    that reads them answers without a traceback."""
+    sites = make_family(tmp_path, ("a", "b"))
+    db = tmp_path / "b.db"
+    app(db, SCHEMA[:1])
+    sp(sites["b"], "attach", db, "--table", "items")
+    bad = {"bad1": b"\xc1", "bad2": b"\x81\xa2id\xa4bad2\x00",     # never-used byte; extra data
+           "bad3": b"\x92\x01\x02", "bad4": b"\x82\xa2id\xa4bad4\xa1i\x92\x01\x02"}
+    with Site.open(sites["a"]) as s, s.transaction() as tx:
+        for i in range(1500):       # enough for the import's bulk path
+            tx.put("items", f"k{i:04d}", {"id": f"k{i:04d}", "i": i})
+        for k, raw in bad.items():
+            tx.write_raw("items", k, raw)
+    exchange(tmp_path, {"a": sites["a"], "b": sites["b"]}, rounds=1)
+    rows_b = table(db, "items")
+    assert len(rows_b) == 1500 and rows_b[0][:4] == ("k0000", "text", 0, "integer")
+    clashes = {c["key"]: c["constraint"]
+               for c in run("--json", "conflicts", site=sites["b"]).json["conflicts"]}
+    assert set(clashes) == set(bad), clashes
+    assert "SQLite" in clashes["bad4"] and "not a row" in clashes["bad1"]
+    r = run("get", "items", "bad1", site=sites["b"])
+    assert r.code == 1 and "items/bad1 is not a value" in r.err, r
+    assert run("get", "items", "bad3", site=sites["b"]).code == 0     # a value, not a row
+    r = run("ls", "items", site=sites["b"])
+    assert r.code == 0 and "not a value" in r.out, r
+    assert sp(sites["b"], "fsck").code == 0
+    sp(sites["b"], "conflicts", "resolve", "items", "bad1", "--value", '{"id": "bad1", "i": 7}')
+    assert ("bad1", "text", 7, "integer") in [r[:4] for r in table(db, "items")]

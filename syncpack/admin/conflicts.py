@@ -21,7 +21,7 @@ from syncpack.site import Site, check_collection
 
 
 def _decoded(raw: bytes | None) -> Any:
-    return None if raw is None else codec.decode_value(raw)
+    return None if raw is None else codec.shown_value(raw)
 
 
 def _field_rows(site: Site, coll: str, key: str, vs: list[Version]) -> tuple[list[dict], Any]:
@@ -141,7 +141,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
     attach_core.sync_app(site)               # into an attached table (retrying a clash)
     return {"collection": collection, "key": key,
-            "value": None if raw is None else codec.decode_value(raw),
+            "value": None if raw is None else codec.shown_value(raw),
             "deleted": raw is None, "superseded": len(vs)}
 
 

@@ -29,7 +29,7 @@ def definitions(site: Site, name: str) -> list[dict]:
     out = []
     for _csn, raw in attached.versions_of(site.conn, TABLES, name):
         if raw is not None:
-            v = codec.decode_value(raw)
+            v = codec.shown_value(raw)
             if isinstance(v, dict):
                 out.append(v)
     return out

@@ -21,8 +21,9 @@ import msgpack
 
 from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN
 from syncpack.lazy import OnFirstUse
-from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatError, PacketLimitError,
-                     PacketSealError, PacketVersionError)
+from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatError,
+                             PacketLimitError, PacketSealError, PacketVersionError,
+                             UndecodableRecordError)
 
 # --- msgpack, with fixed settings -------------------------------------------------------------
 
@@ -140,7 +141,21 @@ def encode_value(value: Any) -> bytes:
 
 
 def decode_value(raw: bytes) -> Any:
-    return unpackb(raw)
+    """A stored record's value.  Raises :class:`UndecodableRecordError` for bytes that are not
+    a value (the store keeps values as their origin signed them)."""
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except MSGPACK_ERRORS:
+        raise UndecodableRecordError(f"a record of {len(raw)} bytes is not a value") from None
+
+
+def shown_value(raw: bytes) -> Any:
+    """:func:`decode_value` for display: a value that does not decode is shown as text
+    saying so (with its first bytes), so that a listing of many still shows the others."""
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except MSGPACK_ERRORS:
+        return f"(not a value: {len(raw)} bytes {raw[:16].hex()})"
 
 
 def decode_values(raws: list[bytes]) -> list[Any]:
@@ -148,6 +163,31 @@ def decode_values(raws: list[bytes]) -> list[Any]:
     msgpack's own."""
     unpack = msgpack.unpackb
     return [unpack(r, raw=False, strict_map_key=False) for r in raws]
+
+
+class Undecodable:
+    """Stands for a value whose bytes are not msgpack (what a lying member may sign)."""
+
+    __slots__ = ()
+
+
+UNDECODABLE = Undecodable()
+
+
+def decode_records(raws: list[bytes]) -> list[Any]:
+    """:func:`decode_values` of values that came from peers: one that does not decode is
+    :data:`UNDECODABLE` instead of an error for all."""
+    try:
+        return decode_values(raws)
+    except MSGPACK_ERRORS:
+        pass
+    out = []
+    for r in raws:
+        try:
+            out.append(msgpack.unpackb(r, raw=False, strict_map_key=False))
+        except MSGPACK_ERRORS:
+            out.append(UNDECODABLE)
+    return out
 
 
 def _untrusted_unpacker(body: bool = False) -> msgpack.Unpacker:

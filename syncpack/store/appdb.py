@@ -456,6 +456,14 @@ def count_rows(conn: Connection, table: str) -> int:
     return conn.execute(f"SELECT count(*) FROM {q(table)}").fetchone()[0]
 
 
+_SQLITE_TYPES = (type(None), int, float, str, bytes)
+
+
+def _storable(v: object) -> bool:
+    """A value SQLite stores as it is (a 64-bit integer, a float, text, a blob, NULL)."""
+    return isinstance(v, _SQLITE_TYPES) and (v.__class__ is not int or -1 << 63 <= v < 1 << 63)
+
+
 class Writer:
     """Writes visible records into one table, one row per savepoint: a row the local schema
     refuses (UNIQUE, CHECK, NOT NULL, FOREIGN KEY) is rolled back alone and reported."""
@@ -505,6 +513,10 @@ class Writer:
             missing = [c for c in row if c not in self._cols and c not in self.t.dropped]
             if missing:
                 return waiting_text(self.t.name, missing)
+        odd = next((c for c in cols if not _storable(row[c])), None)
+        if odd is not None:     # what no application wrote: a lying member's record
+            return (f"column {odd} holds a {type(row[odd]).__name__}, which is not a value "
+                    f"SQLite stores")
         check = None
         if self._check_put:
             check = (self._check_put, [row.get(c) for c in self.t.pk])
@@ -530,7 +542,8 @@ class Writer:
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 self._upsert_all(cols, args)
-            except apsw.ConstraintError:
+            except (apsw.ConstraintError, TypeError, OverflowError):
+                # a refused row (or one SQLite cannot bind): found row by row below
                 self.conn.execute("ROLLBACK TO syncpack_batch")
                 self.conn.execute("RELEASE syncpack_batch")
             else:
