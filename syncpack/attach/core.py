@@ -24,7 +24,6 @@ own lock (one syncpack command at a time works on an attachment).
 from __future__ import annotations
 
 import os
-from collections import deque
 from contextlib import contextmanager, nullcontext
 from itertools import chain as joined
 from pathlib import Path
@@ -39,7 +38,7 @@ from syncpack.format.csn import csn_origin, csn_origins
 from syncpack.pipeline import Pending, Worker
 from syncpack.rules.conflict import Version, pick
 from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
-from syncpack.store import appdb, attached, db, fields
+from syncpack.store import appdb, attached, fields
 
 # An attach's initial rows travel as replication transactions of at most this many rows, as
 # 'load' cuts them.
@@ -53,9 +52,6 @@ APPLY_CHUNK = 10_000
 # (appdb.capture_paused), a capture this large with the store's versions triggers dropped
 # (attached.pause_triggers); smaller ones are not worth a schema change.
 PAUSE_CAPTURE_AT = 1_000
-
-# Batches an import hands to the application's writer thread before it waits for the oldest.
-APP_WRITES_AHEAD = 2
 
 # Fields of the (collection, key, csn, value) rows a bulk insert hands to DirectApply
 _FIRST, _SECOND, _THIRD, _FOURTH = map(itemgetter, range(4))
@@ -368,9 +364,6 @@ class DirectApply:
         self.token = os.urandom(8)
         self.marks = 0
         self.decoder = Worker("syncpack-decode-rows").__enter__()
-        self.writer = Worker("syncpack-app-writes").__enter__()
-        self.in_flight: deque[Pending] = deque()
-        self.broken = False
         attached.set_direct(site.conn, self._sink, self._prepare)
 
     def _prepare(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> Pending | None:
@@ -385,7 +378,7 @@ class DirectApply:
         name = rows[0][0]
         if rows[-1][0] == name and all(map(name.__eq__, map(_FIRST, rows))):
             # the common case: one table
-            later = self._write(name, rows, prepared)
+            later = self._write(name, rows, prepared.result() if prepared else None)
         else:
             by: dict[str, list] = {}
             for r in rows:
@@ -395,90 +388,50 @@ class DirectApply:
             attached.mark_pending(self.site.conn, later)
 
     def _write(self, name: str, part: list[tuple[str, str, bytes, bytes | None]],
-               values: Pending | None = None) -> list[tuple[str, str, bytes]]:
-        """Hands the rows of ``part`` (all of table ``name``) that can go straight in to the
-        application's writer thread; returns the (collection, key, csn) of the others, for
-        the ordinary apply.  ``values``: the rows' records, being decoded."""
+               values: list | None = None) -> list[tuple[str, str, bytes]]:
+        """Writes the rows of ``part`` (all of table ``name``) that can go straight in;
+        returns the (collection, key, csn) of the others, for the ordinary apply.
+        ``values``: the rows' records, decoded already."""
         conn = self.site.conn
         w = self.writers.get(name)
         if w is None:
             return [r[:3] for r in part]
         later = []
-        keep = None
+        raws = list(map(_FOURTH, part))
         several = attached.several_versions(conn, name, list(map(_SECOND, part)))
-        if several or None in map(_FOURTH, part):
+        if several or None in raws:
             keep = [r[3] is not None and r[1] not in several for r in part]
             later = [r[:3] for r, k in zip(part, keep) if not k]
             part = list(compress(part, keep))
+            raws = list(map(_FOURTH, part))
+            if values is not None:
+                values = list(compress(values, keep))
+        if values is None:
+            values = codec.decode_records(raws)
+        if not set(map(type, values)) <= _DICT:
+            later += [r[:3] for r, v in zip(part, values) if v.__class__ is not dict]
+            part = [r for r, v in zip(part, values) if v.__class__ is dict]
+            values = [v for v in values if v.__class__ is dict]
         if not part:
             return later
-        # The application's rows are written on a thread of their own while the store goes on
-        # with the next batch (two files, two cores: SQLite runs without the GIL); the marks
-        # are left in the store transaction that inserted the rows, before it commits.
-        if not self.in_flight:
-            db.before_commit(conn, self._settle, self._abandon)
-        self.in_flight.append(self.writer.submit(self._app_write, name, w, part, values, keep))
-        if len(self.in_flight) > APP_WRITES_AHEAD:
-            self._settle_one()
-        return later
-
-    def _app_write(self, name: str, w: appdb.Writer,
-                   part: list[tuple[str, str, bytes, bytes | None]], values: Pending | None,
-                   keep: list[bool] | None) -> tuple[list, tuple | None]:
-        """On the writer thread: ``part``'s rows into the application's table.  Returns the
-        (collection, key, csn) of rows left for the ordinary apply and the mark of those
-        written (table, their origin if only one, lowest and highest CSN), or None."""
-        if values is None:
-            decoded = codec.decode_records(list(map(_FOURTH, part)))
-        else:
-            decoded = values.result()
-            if keep is not None:
-                decoded = list(compress(decoded, keep))
-        later = []
-        if not set(map(type, decoded)) <= _DICT:
-            later = [r[:3] for r, v in zip(part, decoded) if v.__class__ is not dict]
-            part = [r for r, v in zip(part, decoded) if v.__class__ is dict]
-            decoded = [v for v in decoded if v.__class__ is dict]
-        if not part:
-            return later, None
         if name not in self.paused and len(part) >= PAUSE_CAPTURE_AT:
             appdb.drop_capture(self.app, name)
             self.paused.add(name)
-        errs = w.put_many(decoded)
+        errs = w.put_many(values)
         if any(errs):
             # refused rows: the ordinary apply retries them and records the constraint
             later += [r[:3] for r, e in zip(part, errs) if e]
             part = [r for r, e in zip(part, errs) if not e]
             if not part:
-                return later, None
+                return later
         csns = list(map(_THIRD, part))
-        origin = csn_origin(csns[0]) if len(csn_origins(csns)) == 1 else None
-        return later, (name, origin, min(csns), max(csns))
-
-    def _settle_one(self) -> None:
-        later, mark = self.in_flight.popleft().result()
-        conn = self.site.conn
-        if later:
-            attached.mark_pending(conn, later)
-        if mark is not None:
-            attached.add_inflight(conn, self.token, self.marks, *mark)
-            self.marks += 1
-            self.written.add(mark[0])
-
-    def _settle(self) -> None:
-        """Before the store commits: every batch written, its mark or pending keys left."""
-        while self.in_flight:
-            self._settle_one()
-
-    def _abandon(self) -> None:
-        """The store rolled back: rows written for it stay in the application's transaction
-        without their marks, so that transaction must not commit."""
-        self.broken = True
-        while self.in_flight:
-            try:
-                self.in_flight.popleft().result()
-            except Exception:       # raised already, or to be: the import is failing
-                pass
+        one = len(csn_origins(csns)) == 1
+        origin = csn_origin(csns[0])
+        attached.add_inflight(conn, self.token, self.marks, name, origin if one else None,
+                              min(csns), max(csns))
+        self.marks += 1
+        self.written.add(name)
+        return later
 
     def finish(self) -> None:
         """After the import's last store commit: commit the rows written, if all of them
@@ -487,11 +440,8 @@ class DirectApply:
             return
         site, app = self.site, self.app
         attached.set_direct(site.conn, None)
-        self._stop_threads()
-        # every store commit settled its writes (db.before_commit); any left belong to no
-        # committed transaction
-        ok = (not self.broken and not self.in_flight
-              and attached.inflight_count(site.conn, self.token) == self.marks)
+        self.decoder.__exit__(None, None, None)
+        ok = attached.inflight_count(site.conn, self.token) == self.marks
         try:
             if ok:
                 for name in self.paused:
@@ -504,18 +454,13 @@ class DirectApply:
                 attached.clear_inflight(conn, self.token)
                 attached.touch(conn, self.written, "last_apply_ms", wall_ms())
 
-    def _stop_threads(self) -> None:
-        # the writer first: a write of its may be waiting for the decoder's result
-        self.writer.__exit__(None, None, None)
-        self.decoder.__exit__(None, None, None)
-
     def close(self) -> None:
         """Without :meth:`finish` (an error): nothing written stays; the marks of what the
         store committed make those keys pending again at the next capture."""
         if self.app is None:
             return
         attached.set_direct(self.site.conn, None)
-        self._stop_threads()
+        self.decoder.__exit__(None, None, None)
         try:
             appdb.end_write(self.app, False)
         finally:

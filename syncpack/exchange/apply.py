@@ -225,12 +225,6 @@ class Decoding:
         return self._columns
 
 
-def _body_of(raw: bytes) -> tuple[blocks.BlockInfo, bytes]:
-    """A stored block's header and decompressed body (the part of decoding without the GIL)."""
-    info = blocks.read_block_header(raw)
-    return info, blocks.decompressed_body(info)
-
-
 class DecodeAhead:
     """One worker thread decompressing the blocks of one packet in order.  Leaving waits for
     the one that may still run (bounded by a block's limits): no thread outlives the packet's
@@ -349,33 +343,23 @@ class _Applier:
         if not tiles:
             return None
         n = 0
-        # each part's body is decompressed on another core while the one before it applies
-        with Worker("syncpack-decompress-parts") as ahead:
-            body = ahead.submit(_body_of, chain.block_bytes(conn, tiles[0]))
-            for k in range(len(tiles)):
-                info, raw = body.result()
-                if k + 1 < len(tiles):
-                    body = ahead.submit(_body_of, chain.block_bytes(conn, tiles[k + 1]))
-                cols = blocks.decode_block(info, raw)
-                if k == 0 and cols.first_seq != 0:
-                    return None     # not the transaction's beginning: the op-wise path refuses
-                n += self._part_as_columns(cols)
+        for k, b in enumerate(tiles):
+            cols = blocks.decode_block(chain.block_bytes(conn, b))
+            if k == 0 and cols.first_seq != 0:
+                return None     # not the transaction's beginning: the op-wise path refuses
+            self.flush()
+            if self._plain(cols):
+                with blocks.gc_paused():
+                    for batch in cols.column_batches(APPLY_BATCH):
+                        versions.insert_columns(conn, *batch)
+            else:
+                for op in cols.ops():
+                    self._fresh(op)
+                    if len(self.rows) >= APPLY_BATCH:
+                        self.flush()
+            n += cols.count
         self.flush()
         return n
-
-    def _part_as_columns(self, cols: blocks.BlockColumns) -> int:
-        """One part of :meth:`_whole_as_columns`; returns its ops."""
-        self.flush()
-        if self._plain(cols):
-            with blocks.gc_paused():
-                for batch in cols.column_batches(APPLY_BATCH):
-                    versions.insert_columns(self.site.conn, *batch)
-        else:
-            for op in cols.ops():
-                self._fresh(op)
-                if len(self.rows) >= APPLY_BATCH:
-                    self.flush()
-        return cols.count
 
     def _count(self, n: int) -> None:
         self.applied += n

@@ -21,7 +21,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import apsw
 
@@ -262,22 +262,7 @@ def write_txn(conn: Connection) -> Iterator[Connection]:
 # write_txn in three steps, for a caller that is itself a context manager class
 # (Site.transaction: a generator-based one costs a one-put transaction ~3% of its CPU time).
 def begin_write(conn: Connection) -> None:
-    _ending.pop(id(conn), None)     # left by a transaction its connection never ended
     conn.execute("BEGIN IMMEDIATE")
-
-
-# Per connection (by id), work a bulk writer keeps in flight beyond its statements (an import's
-# writes into an attached application, attach/core.py DirectApply): settled just before the
-# write transaction commits, abandoned if it rolls back.
-_ending: dict[int, list[tuple[Callable[[], None], Callable[[], None]]]] = {}
-
-
-def before_commit(conn: Connection, settle: Callable[[], None],
-                  abandon: Callable[[], None]) -> None:
-    """In the caller's write transaction: ``settle`` runs just before it commits (an error
-    from it rolls the transaction back, runs ``abandon`` and is raised), ``abandon`` runs if
-    it rolls back instead; either once."""
-    _ending.setdefault(id(conn), []).append((settle, abandon))
 
 
 # A statement run once per row costs more than its row: bulk writers bind this many rows to one
@@ -315,27 +300,11 @@ def data_version(conn: Connection) -> int:
 
 
 def commit(conn: Connection) -> None:
-    ending = _ending.pop(id(conn), None)
-    if ending:
-        try:
-            for settle, _abandon in ending:
-                settle()
-        except BaseException:
-            _rollback(conn, ending)
-            raise
     conn.execute("COMMIT")
 
 
 def rollback(conn: Connection) -> None:
-    _rollback(conn, _ending.pop(id(conn), None))
-
-
-def _rollback(conn: Connection, ending) -> None:
-    try:
-        conn.execute("ROLLBACK")
-    finally:
-        for _settle, abandon in ending or ():
-            abandon()
+    conn.execute("ROLLBACK")
 
 
 def integrity_check(conn: Connection) -> list[str]:
