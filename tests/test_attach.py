@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from syncpack.attach import rows
+from syncpack.format import codec
 from syncpack.site import Site
 
 from conftest import run
@@ -581,10 +582,13 @@ def test_a_lying_members_records_are_conflicts_not_crashes(tmp_path):
     that reads them answers without a traceback."""
     sites = make_family(tmp_path, ("a", "b"))
     db = tmp_path / "b.db"
-    app(db, SCHEMA[:1])
+    app(db, SCHEMA[:1], ["INSERT INTO items(id, i) VALUES ('mine', 222)"])
     sp(sites["b"], "attach", db, "--table", "items")
     bad = {"bad1": b"\xc1", "bad2": b"\x81\xa2id\xa4bad2\x00",     # never-used byte; extra data
-           "bad3": b"\x92\x01\x02", "bad4": b"\x82\xa2id\xa4bad4\xa1i\x92\x01\x02"}
+           "bad3": b"\x92\x01\x02", "bad4": b"\x82\xa2id\xa4bad4\xa1i\x92\x01\x02",
+           # rows whose key columns are not their key: another key's row, none, NULL
+           "bad5": codec.encode_value({"id": "mine", "i": 5}),
+           "bad6": codec.encode_value({"i": 6}), "bad7": codec.encode_value({"id": None})}
     with Site.open(sites["a"]) as s, s.transaction() as tx:
         for i in range(1500):       # enough for the import's bulk path
             tx.put("items", f"k{i:04d}", {"id": f"k{i:04d}", "i": i})
@@ -592,11 +596,13 @@ def test_a_lying_members_records_are_conflicts_not_crashes(tmp_path):
             tx.write_raw("items", k, raw)
     exchange(tmp_path, {"a": sites["a"], "b": sites["b"]}, rounds=1)
     rows_b = table(db, "items")
-    assert len(rows_b) == 1500 and rows_b[0][:4] == ("k0000", "text", 0, "integer")
+    assert len(rows_b) == 1501 and rows_b[0][:4] == ("k0000", "text", 0, "integer")
+    assert ("mine", "text", 222, "integer") in [r[:4] for r in rows_b]     # untouched
     clashes = {c["key"]: c["constraint"]
                for c in run("--json", "conflicts", site=sites["b"]).json["conflicts"]}
     assert set(clashes) == set(bad), clashes
     assert "SQLite" in clashes["bad4"] and "not a row" in clashes["bad1"]
+    assert all("not its key" in clashes[k] for k in ("bad5", "bad6", "bad7"))
     r = run("get", "items", "bad1", site=sites["b"])
     assert r.code == 1 and "items/bad1 is not a value" in r.err, r
     assert run("get", "items", "bad3", site=sites["b"]).code == 0     # a value, not a row
@@ -605,3 +611,20 @@ def test_a_lying_members_records_are_conflicts_not_crashes(tmp_path):
     assert sp(sites["b"], "fsck").code == 0
     sp(sites["b"], "conflicts", "resolve", "items", "bad1", "--value", '{"id": "bad1", "i": 7}')
     assert ("bad1", "text", 7, "integer") in [r[:4] for r in table(db, "items")]
+
+
+@given(st.lists(st.tuples(st.one_of(st.text(max_size=4), st.integers(-5, 5)),
+                          st.one_of(st.text(max_size=4), st.integers(-5, 5),
+                                    st.binary(max_size=3))), min_size=1, max_size=20),
+       st.booleans(), st.data())
+def test_key_mismatches_finds_exactly_the_records_not_of_their_key(kv, single, data):
+    pk = ["a"] if single else ["a", "b"]
+    records = [{"a": a, "b": b, "v": 1} for a, b in kv]
+    keys = [rows.encode_key(tuple(r[c] for c in pk)) for r in records]
+    assert rows.key_mismatches(records, keys, pk) == []
+    i = data.draw(st.integers(0, len(records) - 1))
+    wrong = keys[:i] + [keys[i] + "x"] + keys[i + 1:]
+    assert rows.key_mismatches(records, wrong, pk) == [i]
+    gone = [dict(r) for r in records]
+    del gone[i]["a"]
+    assert i in rows.key_mismatches(gone, keys, pk)

@@ -259,6 +259,13 @@ def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | 
             clashes.setdefault(name, {})[live[i][0]] = "the record is not a row of the table"
         live = [x for i, x in enumerate(live) if i not in bad]
         values = [v for i, v in enumerate(values) if i not in bad]
+    odd = set(rows.key_mismatches(values, [k for k, _v in live], w.t.pk))
+    if odd:
+        for i in odd:
+            clashes.setdefault(name, {})[live[i][0]] = (
+                "the record's primary key columns are not its key")
+        live = [x for i, x in enumerate(live) if i not in odd]
+        values = [v for i, v in enumerate(values) if i not in odd]
     _put_all(w, name, [k for k, _v in live], values, done, clashes)
     return any(v is None for _k, v in vis)
 
@@ -412,6 +419,11 @@ class DirectApply:
             later += [r[:3] for r, v in zip(part, values) if v.__class__ is not dict]
             part = [r for r, v in zip(part, values) if v.__class__ is dict]
             values = [v for v in values if v.__class__ is dict]
+        odd = set(rows.key_mismatches(values, list(map(_SECOND, part)), w.t.pk))
+        if odd:     # the ordinary apply records them as clashes
+            later += [r[:3] for i, r in enumerate(part) if i in odd]
+            part = [r for i, r in enumerate(part) if i not in odd]
+            values = [v for i, v in enumerate(values) if i not in odd]
         if not part:
             return later
         if name not in self.paused and len(part) >= PAUSE_CAPTURE_AT:

@@ -14,7 +14,8 @@ with bytes as ``{"hex": "..."}`` and floats in their exact repr.
 from __future__ import annotations
 
 import json
-from itertools import islice
+from itertools import chain, islice
+from operator import itemgetter, methodcaller
 from typing import Any, Iterable
 
 INT_AFFINITY = ("INTEGER", "REAL", "NUMERIC")
@@ -30,6 +31,41 @@ def encode_key(values: tuple, single: bool | None = None) -> str:
             return str(v)
     return json.dumps([_jsonable(v) for v in values], separators=(",", ":"),
                       ensure_ascii=False)
+
+
+def key_mismatches(records: list[dict], keys: list[str], pk: list[str]) -> list[int]:
+    """The positions of ``records`` whose primary key columns are not those of their record
+    key (``keys``, in step): a record a lying member signed for one key that would write
+    another key's row, or a row without its key (a NULL or missing key column)."""
+    if len(pk) == 1:
+        # the common cases in C: text keys that are their own value, integer keys their text
+        try:
+            vals = list(map(itemgetter(pk[0]), records))
+        except KeyError:
+            vals = None
+        if vals is not None:
+            kinds = set(map(type, vals))
+            if kinds == {str} and vals == keys and \
+                    not any(map(methodcaller("startswith", "["), keys)):
+                return []
+            if kinds == {int} and list(map(str, vals)) == keys:
+                return []
+    elif records:
+        # several columns: one JSON text for the lot against the keys joined the same way
+        try:
+            vals = list(map(itemgetter(*pk), records))
+        except KeyError:
+            vals = None
+        if vals is not None and set(map(type, chain.from_iterable(vals))) <= {str, int} and \
+                json.dumps(vals, separators=(",", ":"), ensure_ascii=False) == \
+                "[" + ",".join(keys) + "]":
+            return []
+    bad = []
+    for i, (r, k) in enumerate(zip(records, keys)):
+        vals = tuple(r.get(c) for c in pk)
+        if None in vals or any(c not in r for c in pk) or encode_key(vals) != k:
+            bad.append(i)
+    return bad
 
 
 def _jsonable(v: Any) -> Any:
