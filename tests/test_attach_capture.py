@@ -282,3 +282,37 @@ def test_bench_capture_smoke(tmp_path):
     assert res["rows"] == 500
     for k in ("wall_s", "cpu_s", "rss_mb", "rows_per_s", "rows_per_cpu_s"):
         assert res[k] > 0, k
+
+
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_text_that_is_not_utf8_stops_the_capture_clearly_until_fixed(tmp_path, monkeypatch,
+                                                                    elsewhere):
+    """SQLite keeps any bytes as TEXT.  A row holding TEXT that is not UTF-8 stops the
+    capture with a clear error (nothing captured, the changes kept); once the application
+    corrects it, the capture goes on, and a key that was never UTF-8 and is gone again is no
+    change at all."""
+    monkeypatch.setattr(reader, "ELSEWHERE_AT", 1 if elsewhere else 10 ** 12)
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], SCHEMA[:1])
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], ["INSERT INTO items(id, t) VALUES ('ok', 'fine')",
+                   "INSERT INTO items(id, t) VALUES ('x', CAST(x'ff80' AS TEXT))",
+                   "INSERT INTO items(id, t) VALUES (CAST(x'fe' AS TEXT), 'y')"])
+    r = run("capture", site=sites["a"])
+    assert r.code == 1 and "not valid UTF-8" in r.err and "hint: " in r.err, r
+    assert run("--json", "attached", site=sites["a"]).json["tables"][0]["pending"] == 3
+    assert run("ls", "items", site=sites["a"]).out == ""
+    app(dbs["a"], ["UPDATE items SET t = CAST(t AS BLOB) WHERE id = 'x'",
+                   "DELETE FROM items WHERE id = CAST(x'fe' AS TEXT)"])
+    sp(sites["a"], "capture")
+    out = tmp_path / "drop"
+    out.mkdir()
+    sp(sites["a"], "export", "--all", "--out", out)
+    sp(sites["b"], "import", out)
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    assert [r[0] for r in table(dbs["b"], "items")] == ["ok", "x"]
+    assert table(dbs["b"], "items")[1][6:8] == (b"\xff\x80", "blob")
+    for n in sites:
+        sp(sites[n], "fsck")

@@ -49,8 +49,31 @@ def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
     """(record keys, records) of the keys of ``t`` changed in (since, upto], in chunks; a
     row present is its record, one absent is a delete (None)."""
     encode = row_encoder(t)
+    npk = len(t.pk)
     for part in appdb.changed_records(app, t, since, upto, CAPTURE_CHUNK):
-        yield record_keys(part, len(t.pk)), encode(part)
+        if not all(map(itemgetter(1), part)):
+            part = gone_keys(part, npk)
+        yield record_keys(part, npk), encode(part)
+
+
+def gone_keys(part: list[tuple], npk: int) -> list[tuple]:
+    """The rows of ``part`` with the TEXT key values of keys no longer in the table read back
+    from hex (see appdb.changed_records); a key that is not UTF-8 was never captured, so its
+    delete is nothing and its row is left out."""
+    out = []
+    for r in part:
+        if r[1] or r[0] is not None:
+            out.append(r)
+            continue
+        vals = list(r[2:2 + npk])
+        try:
+            for i, v in enumerate(vals):
+                if isinstance(v, str):
+                    vals[i] = bytes.fromhex(v[1:]).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            continue
+        out.append(r[:2] + tuple(vals) + r[2 + npk:])
+    return out
 
 
 def row_encoder(t: appdb.TableInfo):
@@ -132,8 +155,11 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                     for keys, raws in changes(app, t, req["since"], req["upto"]):
                         _write_frame(out, [keys, raws])
                     _write_frame(out, [])
-            except Exception as e:      # told to the capturing process, which raises it
-                _write_frame(out, {"error": f"{type(e).__name__}: {e}"})
+            except AttachError as e:    # told to the capturing process, which raises it
+                _write_frame(out, {"error": str(e), "hint": e.hint})
+            except Exception as e:
+                _write_frame(out, {"error": f"reading the application's changes failed: "
+                                            f"{type(e).__name__}: {e}", "hint": None})
             out.flush()
     finally:
         app.close()
@@ -198,8 +224,7 @@ class Elsewhere:
                 raise AttachError("the process reading the application's changes ended "
                                   "early") from None
             if isinstance(frame, dict):
-                raise AttachError(f"reading the application's changes failed: "
-                                  f"{frame.get('error')}")
+                raise AttachError(str(frame.get("error")), hint=frame.get("hint"))
             if not frame:
                 return
             yield frame[0], frame[1]

@@ -376,21 +376,31 @@ def changed_records(conn: Connection, t: TableInfo, since: int, upto: int, n: in
     TEXT key not starting with '[' (attach/rows.py: encode_key); the key values are there
     only when it is not (NULL otherwise: a value fewer to convert per row); the interleaved
     names and values pack as a msgpack array whose elements are exactly those of the row's
-    map."""
+    map.
+
+    The TEXT key values of a key no longer in the table come as ``'T'`` and their bytes in
+    hex (never spelt as the record key): SQLite keeps any bytes as TEXT, and such a key may
+    be one that was never valid UTF-8 (nor ever captured), whose delete must not stop the
+    capture.  attach/reader.py reads them back."""
     ks = [f"c.k{i}" for i in range(len(t.pk))]
     on = " AND ".join(f"t.{q(c)} = {k}" for c, k in zip(t.pk, ks))
     pairs = ", ".join(f"'{c.replace(chr(39), chr(39) * 2)}', t.{q(c)}" for c in t.columns)
+    absent = f"t.{q(t.pk[0])} IS NULL"
+
+    def gone_as_hex(k: str) -> str:
+        return f"CASE WHEN {absent} AND typeof({k}) = 'text' THEN 'T' || hex({k}) ELSE {k} END"
+
     if len(t.pk) == 1:
         key = ("CASE typeof(c.k0) WHEN 'integer' THEN CAST(c.k0 AS TEXT) WHEN 'text' THEN "
-               "CASE WHEN substr(c.k0, 1, 1) <> '[' THEN c.k0 END END")
-        kvals = (f"CASE WHEN typeof(c.k0) NOT IN ('integer', 'text') OR "
-                 f"substr(c.k0, 1, 1) = '[' THEN c.k0 END")
+               f"CASE WHEN substr(c.k0, 1, 1) <> '[' AND NOT {absent} THEN c.k0 END END")
+        kvals = (f"CASE WHEN typeof(c.k0) = 'integer' THEN NULL WHEN typeof(c.k0) <> 'text' OR "
+                 f"substr(c.k0, 1, 1) = '[' OR {absent} THEN {gone_as_hex('c.k0')} END")
     else:
-        key, kvals = "NULL", ", ".join(ks)
+        key, kvals = "NULL", ", ".join(map(gone_as_hex, ks))
     present = f"t.{q(t.pk[0])} IS NOT NULL"
     sql = (f"SELECT {key}, {present}, {kvals}, {pairs} FROM ({_changed_keys(t)}) c "
            f"LEFT JOIN {q(t.name)} t ON {on}{_in_order(t)}")
-    return _parts(conn.execute(sql, (t.name, since, upto)), n)
+    return _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
 
 
 def changed_rows(conn: Connection, t: TableInfo, since: int, upto: int
@@ -414,7 +424,7 @@ def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
     present = f"t.{q(t.pk[0])} IS NOT NULL"
     sql = (f"SELECT {cols}, {present}, {', '.join(ks)}, c.s FROM ({_changed_keys(t)}) c "
            f"LEFT JOIN {q(t.name)} t ON {on}{_in_order(t)}")
-    return _parts(conn.execute(sql, (t.name, since, upto)), n)
+    return _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
 
 
 def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> None:
@@ -423,14 +433,20 @@ def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> Non
     if has_table(conn, CHANGES):
         keep = list(keep)
         # The largest stays: the next number is always above it (see install_capture).
-        last = conn.execute(f"SELECT * FROM {CHANGES} ORDER BY seq DESC LIMIT 1").fetchone()
-        if not keep and last is not None and last[0] <= upto:
+        last = conn.execute(f"SELECT max(seq) FROM {CHANGES}").fetchone()[0]
+        if not keep and last is not None and last <= upto:
             # Everything goes but the largest: a DELETE without WHERE empties the table
             # without visiting each row (1M rows: 0.01 s against 0.5 s), and the largest is
-            # put back in the same transaction, so no reader sees it gone.
-            conn.execute(f"DELETE FROM {CHANGES}")
-            conn.execute(f"INSERT INTO {CHANGES} VALUES ({', '.join('?' for _ in last)})",
-                         last)
+            # put back in the same transaction, so no reader sees it gone.  It waits in a
+            # table of our connection's own, not in Python: its key may be TEXT that is not
+            # UTF-8, which Python cannot hold as text.
+            conn.execute(f"CREATE TEMP TABLE syncpack_last AS SELECT * FROM {CHANGES} "
+                         f"WHERE seq = ?", (last,))
+            try:
+                conn.execute(f"DELETE FROM {CHANGES}")
+                conn.execute(f"INSERT INTO {CHANGES} SELECT * FROM temp.syncpack_last")
+            finally:
+                conn.execute("DROP TABLE temp.syncpack_last")
             return
         conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ? AND seq < "
                      f"(SELECT max(seq) FROM {CHANGES}) AND tbl NOT IN "
@@ -449,7 +465,10 @@ def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
 def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
     """Every row of ``t`` (columns in ``t.columns`` order)."""
     cols = ", ".join(q(c) for c in t.columns)
-    return conn.execute(f"SELECT {cols} FROM {q(t.name)}")
+    try:
+        yield from conn.execute(f"SELECT {cols} FROM {q(t.name)}")
+    except UnicodeDecodeError:
+        raise _not_utf8(t.name) from None
 
 
 def count_rows(conn: Connection, table: str) -> int:
@@ -638,7 +657,10 @@ def _others(conn: Connection, table: str) -> list[tuple]:
 def fetch_row(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:
     cols = ", ".join(q(c) for c in t.columns)
     where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
-    return conn.execute(f"SELECT {cols} FROM {q(t.name)} WHERE {where}", key).fetchone()
+    try:
+        return conn.execute(f"SELECT {cols} FROM {q(t.name)} WHERE {where}", key).fetchone()
+    except UnicodeDecodeError:
+        raise _not_utf8(t.name) from None
 
 
 def foreign_keys_ok(conn: Connection, tables: Iterable[str]) -> list[str]:
@@ -649,10 +671,22 @@ def foreign_keys_ok(conn: Connection, tables: Iterable[str]) -> list[str]:
     return out
 
 
-def _parts(cur, n: int) -> Iterator[list[tuple]]:
-    """A cursor's rows in lists of up to ``n``."""
+def _parts(cur, n: int, table: str) -> Iterator[list[tuple]]:
+    """A cursor's rows of ``table`` in lists of up to ``n``."""
     while True:
-        part = list(islice(cur, n))
+        try:
+            part = list(islice(cur, n))
+        except UnicodeDecodeError:
+            raise _not_utf8(table) from None
         if not part:
             return
         yield part
+
+
+def _not_utf8(table: str) -> AttachError:
+    """SQLite keeps whatever bytes it is given as TEXT; a record's text is UTF-8."""
+    return AttachError(
+        f"table {table!r} holds TEXT that is not valid UTF-8, which syncpack cannot "
+        f"replicate; nothing was captured or written",
+        hint="store such bytes as a BLOB (CAST(value AS BLOB)) or correct the text, then "
+             "run the command again")
