@@ -197,11 +197,16 @@ def pipeline(root: Path, rows: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--bulk", type=int, default=100_000)
-    ap.add_argument("--single", type=int, default=2_000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rows", type=int, default=1_000_000,
+                    help="rows of the capture/export/import pipeline (default 1,000,000; the "
+                         "peak-RSS check also runs a quarter of them)")
+    ap.add_argument("--bulk", type=int, default=100_000,
+                    help="rows of the one bulk application transaction (default 100,000)")
+    ap.add_argument("--single", type=int, default=2_000,
+                    help="one-row application transactions (default 2,000)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each figure; the median is reported (default 3)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--dir", help="where to work (default: a new temporary directory)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(dir=a.dir))

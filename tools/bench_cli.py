@@ -449,8 +449,11 @@ def main() -> int:
                          "for the disk, to save the time of their fsyncs)")
     ap.add_argument("--peers", type=int, default=8,
                     help="relay recipients besides p0 (8; 0 skips the relay)")
-    ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--runs", type=int, default=1,
+                    help="runs of each workload; every figure is their median (default 1; "
+                         "the issue's targets are medians of 3)")
+    ap.add_argument("--seed", type=int, default=13,
+                    help="seed of the generated records (the same seed, the same data)")
     ap.add_argument("--big-gb", type=float, nargs="*", default=[],
                     help="packet sizes in GB for the peak-RSS runs (default: none)")
     ap.add_argument("--big-value-kb", type=float, default=3.0,
