@@ -628,3 +628,31 @@ def test_key_mismatches_finds_exactly_the_records_not_of_their_key(kv, single, d
     gone = [dict(r) for r in records]
     del gone[i]["a"]
     assert i in rows.key_mismatches(gone, keys, pk)
+
+
+@pytest.mark.parametrize("create_sql, pk", [
+    ("CREATE TABLE items(x)", ["id"]),                              # no key at all
+    ("CREATE TABLE items(id TEXT PRIMARY KEY, i)", ["i"]),          # another key than said
+])
+def test_a_lying_definition_creates_nothing_and_stops_nothing(tmp_path, create_sql, pk):
+    """A member publishes a definition of a table that is not what it says: a site that
+    follows new tables creates nothing, and its imports, captures and exports go on."""
+    sites = make_family(tmp_path, ("a", "b"))
+    db = tmp_path / "b.db"
+    app(db, SCHEMA[1:2])
+    sp(sites["b"], "attach", db, "--table", "counters")
+    with Site.open(sites["a"]) as s, s.transaction(_system=True) as tx:
+        tx.write_raw("$tables", "items", codec.encode_value({"create_sql": create_sql,
+                                                             "pk": pk}))
+        tx.put("items", "k1", {"id": "k1", "i": 1})
+    exchange(tmp_path, {"a": sites["a"], "b": sites["b"]}, rounds=1)
+    c = sqlite3.connect(db)
+    assert c.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'items'").fetchone() == (0,)
+    c.close()
+    app(db, ["INSERT INTO counters VALUES (1, 'x')"])
+    sp(sites["b"], "capture")
+    r = run("attach", db, "--table", "items", site=sites["b"])
+    assert r.code == 1 and "does not create a table keyed by" in r.err, r
+    sp(sites["b"], "fsck")
+    exchange(tmp_path, {"a": sites["a"], "b": sites["b"]}, rounds=1)
+    assert run("get", "counters", "1", site=sites["a"]).code == 0

@@ -695,6 +695,19 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     return None
 
 
+def _check_created(t: appdb.TableInfo | None, name: str, d: dict) -> None:
+    """A table made from the family's definition (a peer's text) must be what the definition
+    says it is, keyed as its records are; else the caller's transaction of the application's
+    file rolls back and nothing was created."""
+    pk = d.get("pk")
+    if t is None or t.virtual or not t.pk or t.pk != pk:
+        raise AttachError(
+            f"the family's definition of table {name!r} does not create a table keyed by "
+            f"({', '.join(map(str, pk or []))}); nothing was created",
+            hint="the site that attached the table may have published a wrong definition; "
+                 "create the table yourself and attach it")
+
+
 def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[str],
                    all_tables: bool) -> dict:
     current = attached.tables(site.conn)
@@ -719,7 +732,9 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         _capture(site, app, infos)     # what the attached tables hold so far, first
         for n in names:
             if appdb.table_info(app, n) is None:
-                appdb.create_table(app, n, _definition(site, n)["create_sql"])
+                d = _definition(site, n)
+                appdb.create_table(app, n, d["create_sql"])
+                _check_created(appdb.table_info(app, n), n, d)
         new = {n: appdb.table_info(app, n) for n in names}
         for t in new.values():
             appdb.install_capture(app, t)
