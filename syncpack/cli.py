@@ -425,9 +425,7 @@ def put(obj: Ctx, collection, key, value):
         # Large values do not fit the shell's argument limit.
         value = sys.stdin.read()
     v = _json_value(value)
-    s = obj.open()
-    with s.transaction() as tx:
-        tx.put(collection, key, v)
+    _refused_by_table(obj, inspection.put(obj.open(), collection, key, v))
     obj.emit({"collection": collection, "key": key, "value": v})
 
 
@@ -442,10 +440,14 @@ def delete(obj: Ctx, collection, key):
     Example:
       syncpack delete parts p-099
     """
-    s = obj.open()
-    with s.transaction() as tx:
-        tx.delete(collection, key)
+    _refused_by_table(obj, inspection.delete(obj.open(), collection, key))
     obj.emit({"collection": collection, "key": key, "deleted": True})
+
+
+def _refused_by_table(obj: Ctx, why: str | None) -> None:
+    if why:
+        obj.warn(f"written, but the attached table refused it: {why} (listed by "
+                 f"'syncpack conflicts' until a write or 'conflicts resolve' settles it)")
 
 
 @cli.command()

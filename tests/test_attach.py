@@ -656,3 +656,19 @@ def test_a_lying_definition_creates_nothing_and_stops_nothing(tmp_path, create_s
     sp(sites["b"], "fsck")
     exchange(tmp_path, {"a": sites["a"], "b": sites["b"]}, rounds=1)
     assert run("get", "counters", "1", site=sites["a"]).code == 0
+
+
+def test_put_and_delete_of_an_attached_table_reach_the_table_at_once(tmp_path):
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, SCHEMA[:1])
+    sp(sites["a"], "attach", db, "--table", "items")
+    r = sp(sites["a"], "put", "items", "p1", '{"id": "p1", "i": 5}')
+    assert "warning" not in r.err
+    assert [x[:4] for x in table(db, "items")] == [("p1", "text", 5, "integer")]
+    r = sp(sites["a"], "put", "items", "p2", '{"id": "elsewhere", "i": 6}')
+    assert "refused it: the record's primary key columns are not its key" in r.err, r
+    assert [x[0] for x in table(db, "items")] == ["p1"]
+    sp(sites["a"], "delete", "items", "p1")
+    assert table(db, "items") == []
+    sp(sites["a"], "fsck")

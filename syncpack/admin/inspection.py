@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from json.scanner import make_scanner
+from operator import itemgetter
 from pathlib import Path
 from typing import Iterator
 
@@ -128,6 +129,30 @@ LOAD_TXN_OPS = 100_000
 LOAD_TXN_BYTES = 32 * 1024 * 1024
 
 
+def put(site: Site, collection: str, key: str, value) -> str | None:
+    """One record in one transaction (a command's ``put``), into an attached application's
+    table as well.  Returns why such a table refused it (it is then listed by conflicts)."""
+    with site.transaction() as tx:
+        tx.put(collection, key, value)
+    return _into_attached(site, collection, key)
+
+
+def delete(site: Site, collection: str, key: str) -> str | None:
+    """:func:`put` of a delete."""
+    with site.transaction() as tx:
+        tx.delete(collection, key)
+    return _into_attached(site, collection, key)
+
+
+def _into_attached(site: Site, collection: str, key: str) -> str | None:
+    # An administrator's write to an attached table's collection shows in the table at once
+    # (not only at the next capture); if another command holds the site, that one does it.
+    if not attach_core.attached_among(site, [collection]):
+        return None
+    attach_core.sync_app(site, wait=False)
+    return attach_core.clash_of(site, collection, key)
+
+
 def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     """JSON lines, all in one store transaction; a bad line rejects the whole file."""
     p = Path(path)
@@ -155,13 +180,17 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
     # held (a 1M-record load peaked at 743 MB holding them all, 486 MB so); a bad line rolls
     # the store transaction, all of the file, back.  (Parsing on a second thread gained
     # nothing: the writer gives up the GIL at every row SQLite inserts, and waits for it.)
+    collections: set[str] = set()
     with site.transaction() as tx:
         for i, batch in enumerate(_load_batches(p, lines, counts)):
             if i:
                 tx.split()
             tx.write_rows(batch)
+            collections.update(map(itemgetter(0), batch))
             if progress:
                 progress(len(batch))
+    if attach_core.attached_among(site, collections):
+        attach_core.sync_app(site, wait=False)      # as put does
     return {"loaded": counts["loaded"], "puts": counts["loaded"] - counts["deletes"],
             "deletes": counts["deletes"]}
 
