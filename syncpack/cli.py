@@ -30,6 +30,7 @@ from .site import Site
 attach_core = OnFirstUse("syncpack.attach.core")
 conflicts_mod = OnFirstUse("syncpack.admin.conflicts")
 inspection = OnFirstUse("syncpack.admin.inspection")
+writes = OnFirstUse("syncpack.admin.writes")
 metrics = OnFirstUse("syncpack.admin.metrics")
 recovery = OnFirstUse("syncpack.admin.recovery")
 replica = OnFirstUse("syncpack.exchange.replica")
@@ -425,7 +426,7 @@ def put(obj: Ctx, collection, key, value):
         # Large values do not fit the shell's argument limit.
         value = sys.stdin.read()
     v = _json_value(value)
-    _refused_by_table(obj, inspection.put(obj.open(), collection, key, v))
+    _refused_by_table(obj, writes.put(obj.open(), collection, key, v))
     obj.emit({"collection": collection, "key": key, "value": v})
 
 
@@ -440,7 +441,7 @@ def delete(obj: Ctx, collection, key):
     Example:
       syncpack delete parts p-099
     """
-    _refused_by_table(obj, inspection.delete(obj.open(), collection, key))
+    _refused_by_table(obj, writes.delete(obj.open(), collection, key))
     obj.emit({"collection": collection, "key": key, "deleted": True})
 
 

@@ -12,7 +12,7 @@ from typing import Iterator
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import chain, db, fields, log, stash, versions
+from syncpack.store import attached, chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
@@ -129,30 +129,6 @@ LOAD_TXN_OPS = 100_000
 LOAD_TXN_BYTES = 32 * 1024 * 1024
 
 
-def put(site: Site, collection: str, key: str, value) -> str | None:
-    """One record in one transaction (a command's ``put``), into an attached application's
-    table as well.  Returns why such a table refused it (it is then listed by conflicts)."""
-    with site.transaction() as tx:
-        tx.put(collection, key, value)
-    return _into_attached(site, collection, key)
-
-
-def delete(site: Site, collection: str, key: str) -> str | None:
-    """:func:`put` of a delete."""
-    with site.transaction() as tx:
-        tx.delete(collection, key)
-    return _into_attached(site, collection, key)
-
-
-def _into_attached(site: Site, collection: str, key: str) -> str | None:
-    # An administrator's write to an attached table's collection shows in the table at once
-    # (not only at the next capture); if another command holds the site, that one does it.
-    if not attach_core.attached_among(site, [collection]):
-        return None
-    attach_core.sync_app(site, wait=False)
-    return attach_core.clash_of(site, collection, key)
-
-
 def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     """JSON lines, all in one store transaction; a bad line rejects the whole file."""
     p = Path(path)
@@ -189,8 +165,8 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
             collections.update(map(itemgetter(0), batch))
             if progress:
                 progress(len(batch))
-    if attach_core.attached_among(site, collections):
-        attach_core.sync_app(site, wait=False)      # as put does
+    if not attached.watched(site.conn).isdisjoint(collections):
+        attach_core.sync_app(site, wait=False)      # as a put does (admin/writes.py)
     return {"loaded": counts["loaded"], "puts": counts["loaded"] - counts["deletes"],
             "deletes": counts["deletes"]}
 

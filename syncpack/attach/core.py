@@ -66,11 +66,6 @@ def is_attached(site: Site) -> bool:
     return attached.attachment(site.conn) is not None
 
 
-def attached_among(site: Site, collections) -> bool:
-    """Whether any of ``collections`` is an attached table of this site."""
-    return not attached.watched(site.conn).isdisjoint(collections)
-
-
 @contextmanager
 def _open_attached(site: Site) -> Iterator[tuple[appdb.Connection, dict[str, appdb.TableInfo]]]:
     path, _seq = attached.attachment(site.conn)

@@ -1,0 +1,42 @@
+"""One record written from the command line (``put``, ``delete``), and, when its collection
+is an attached table, into the application's table at once.
+
+Kept apart from :mod:`syncpack.admin.inspection`: a ``put`` starts without the packet code,
+cryptography or zstd (tests/test_speed.py), and the attach code is loaded only for a
+collection that is attached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from syncpack.lazy import OnFirstUse
+from syncpack.site import Site
+from syncpack.store import attached
+
+attach_core = OnFirstUse("syncpack.attach.core")
+
+
+def put(site: Site, collection: str, key: str, value: Any) -> str | None:
+    """One record in one transaction, into an attached application's table as well.
+    Returns why such a table refused it (it is then listed by conflicts)."""
+    with site.transaction() as tx:
+        tx.put(collection, key, value)
+    return into_attached(site, collection, key)
+
+
+def delete(site: Site, collection: str, key: str) -> str | None:
+    """:func:`put` of a delete."""
+    with site.transaction() as tx:
+        tx.delete(collection, key)
+    return into_attached(site, collection, key)
+
+
+def into_attached(site: Site, collection: str, key: str | None = None) -> str | None:
+    """Write what is pending for the application's tables if ``collection`` is attached
+    (an administrator's write shows in the table at once, not only at the next capture; if
+    another command holds the site, that one does it).  Returns why the table refused
+    ``key``'s record, if it did."""
+    if collection not in attached.watched(site.conn):
+        return None
+    attach_core.sync_app(site, wait=False)
+    return attach_core.clash_of(site, collection, key) if key is not None else None
