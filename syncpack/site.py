@@ -32,7 +32,6 @@ from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.blocks import SEQ_LIMIT
 from syncpack.format.csn import CSN_LEN, next_hlc, pack_csn, split_csns
 from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoinedError,
-                     UndecodableRecordError,
                      RecordNotFound,
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
@@ -297,7 +296,7 @@ class Site:
             if default is RecordNotFound:
                 raise RecordNotFound(f"no record {collection}/{key}")
             return default
-        return _decoded(collection, key, raw)
+        return codec.decode_value(raw, f"record {collection}/{key}")
 
     def records(self, collection: str | None = None, include_system: bool = False,
                 shown: bool = False) -> Iterator[tuple[str, str, Any]]:
@@ -308,7 +307,8 @@ class Site:
         for coll, key, raw in self._replicated.visible_rows(self.conn, collection):
             if coll.startswith(SYS_PREFIX) and not include_system and collection is None:
                 continue
-            yield coll, key, codec.shown_value(raw) if shown else _decoded(coll, key, raw)
+            yield coll, key, (codec.shown_value(raw) if shown
+                              else codec.decode_value(raw, f"record {coll}/{key}"))
 
     def vector(self) -> dict[bytes, int]:
         """This site's vector: origin site id -> highest epoch held."""
@@ -487,14 +487,6 @@ class _TransactionScope:
         finally:
             self.site.invalidate()
 
-
-
-def _decoded(collection: str, key: str, raw: bytes) -> Any:
-    try:
-        return codec.decode_value(raw)
-    except UndecodableRecordError as e:
-        raise UndecodableRecordError(f"record {collection}/{key} is not a value "
-                                     f"({len(raw)} bytes as its origin signed them)") from e
 
 class _ClosedStore:
     """Stands in for the connection of a closed site, so any use says so clearly (instead of

@@ -628,6 +628,11 @@ def test_key_mismatches_finds_exactly_the_records_not_of_their_key(kv, single, d
     gone = [dict(r) for r in records]
     del gone[i]["a"]
     assert i in rows.key_mismatches(gone, keys, pk)
+    # with a record that is not a map beside them: each refused for its own reason
+    mixed = records[:i] + [[1, 2]] + records[i + 1:]
+    assert rows.refused_records(mixed, keys, pk) == {i: rows.NOT_A_ROW}
+    assert rows.refused_records(mixed + records[:1], keys + ["x" + keys[0]], pk) == {
+        i: rows.NOT_A_ROW, len(records): rows.NOT_ITS_KEY}
 
 
 @pytest.mark.parametrize("create_sql, pk", [

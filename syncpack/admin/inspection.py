@@ -9,10 +9,11 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Iterator
 
+from syncpack.admin import writes
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import attached, chain, db, fields, log, stash, versions
+from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
@@ -165,8 +166,7 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
             collections.update(map(itemgetter(0), batch))
             if progress:
                 progress(len(batch))
-    if not attached.watched(site.conn).isdisjoint(collections):
-        attach_core.sync_app(site, wait=False)      # as a put does (admin/writes.py)
+    writes.into_attached(site, collections)     # as a put does
     return {"loaded": counts["loaded"], "puts": counts["loaded"] - counts["deletes"],
             "deletes": counts["deletes"]}
 

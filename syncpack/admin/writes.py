@@ -7,7 +7,7 @@ collection that is attached."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from syncpack.lazy import OnFirstUse
 from syncpack.site import Site
@@ -21,22 +21,24 @@ def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     Returns why such a table refused it (it is then listed by conflicts)."""
     with site.transaction() as tx:
         tx.put(collection, key, value)
-    return into_attached(site, collection, key)
+    return into_attached(site, [collection], key)
 
 
 def delete(site: Site, collection: str, key: str) -> str | None:
     """:func:`put` of a delete."""
     with site.transaction() as tx:
         tx.delete(collection, key)
-    return into_attached(site, collection, key)
+    return into_attached(site, [collection], key)
 
 
-def into_attached(site: Site, collection: str, key: str | None = None) -> str | None:
-    """Write what is pending for the application's tables if ``collection`` is attached
-    (an administrator's write shows in the table at once, not only at the next capture; if
-    another command holds the site, that one does it).  Returns why the table refused
-    ``key``'s record, if it did."""
-    if collection not in attached.watched(site.conn):
+def into_attached(site: Site, collections: Iterable[str], key: str | None = None
+                  ) -> str | None:
+    """Write what is pending for the application's tables if one of ``collections`` is
+    attached (an administrator's write shows in the table at once, not only at the next
+    capture; if another command holds the site, that one does it).  Returns why the table of
+    the first collection refused ``key``'s record, if it did."""
+    collections = list(collections)
+    if attached.watched(site.conn).isdisjoint(collections):
         return None
     attach_core.sync_app(site, wait=False)
-    return attach_core.clash_of(site, collection, key) if key is not None else None
+    return attach_core.clash_of(site, collections[0], key) if key is not None else None

@@ -55,7 +55,6 @@ PAUSE_CAPTURE_AT = 1_000
 
 # Fields of the (collection, key, csn, value) rows a bulk insert hands to DirectApply
 _FIRST, _SECOND, _THIRD, _FOURTH = map(itemgetter, range(4))
-_DICT = {dict}
 
 
 def _path(db_path: str | os.PathLike) -> Path:
@@ -253,19 +252,12 @@ def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | 
     vis = _visible_part(site, name, part)
     live = [(k, v) for k, v in vis if v is not None]
     values = codec.decode_records([v for _k, v in live])
-    if not all(v.__class__ is dict for v in values):
-        bad = {i for i, v in enumerate(values) if not isinstance(v, dict)}
-        for i in bad:
-            clashes.setdefault(name, {})[live[i][0]] = "the record is not a row of the table"
-        live = [x for i, x in enumerate(live) if i not in bad]
-        values = [v for i, v in enumerate(values) if i not in bad]
-    odd = set(rows.key_mismatches(values, [k for k, _v in live], w.t.pk))
-    if odd:
-        for i in odd:
-            clashes.setdefault(name, {})[live[i][0]] = (
-                "the record's primary key columns are not its key")
-        live = [x for i, x in enumerate(live) if i not in odd]
-        values = [v for i, v in enumerate(values) if i not in odd]
+    refused = rows.refused_records(values, [k for k, _v in live], w.t.pk)
+    if refused:
+        for i, why in refused.items():
+            clashes.setdefault(name, {})[live[i][0]] = why
+        live = [x for i, x in enumerate(live) if i not in refused]
+        values = [v for i, v in enumerate(values) if i not in refused]
     _put_all(w, name, [k for k, _v in live], values, done, clashes)
     return any(v is None for _k, v in vis)
 
@@ -415,15 +407,11 @@ class DirectApply:
                 values = list(compress(values, keep))
         if values is None:
             values = codec.decode_records(raws)
-        if not set(map(type, values)) <= _DICT:
-            later += [r[:3] for r, v in zip(part, values) if v.__class__ is not dict]
-            part = [r for r, v in zip(part, values) if v.__class__ is dict]
-            values = [v for v in values if v.__class__ is dict]
-        odd = set(rows.key_mismatches(values, list(map(_SECOND, part)), w.t.pk))
-        if odd:     # the ordinary apply records them as clashes
-            later += [r[:3] for i, r in enumerate(part) if i in odd]
-            part = [r for i, r in enumerate(part) if i not in odd]
-            values = [v for i, v in enumerate(values) if i not in odd]
+        refused = rows.refused_records(values, list(map(_SECOND, part)), w.t.pk)
+        if refused:     # the ordinary apply records them as clashes
+            later += [r[:3] for i, r in enumerate(part) if i in refused]
+            part = [r for i, r in enumerate(part) if i not in refused]
+            values = [v for i, v in enumerate(values) if i not in refused]
         if not part:
             return later
         if name not in self.paused and len(part) >= PAUSE_CAPTURE_AT:

@@ -33,6 +33,23 @@ def encode_key(values: tuple, single: bool | None = None) -> str:
                       ensure_ascii=False)
 
 
+NOT_A_ROW = "the record is not a row of the table"
+NOT_ITS_KEY = "the record's primary key columns are not its key"
+
+
+def refused_records(records: list, keys: list[str], pk: list[str]) -> dict[int, str]:
+    """Why the decoded ``records`` of ``keys`` (in step) cannot go into a table keyed by
+    ``pk``, by position: not a map (or not a value at all), or a map whose key columns are not
+    its key.  Empty in the common case, found in C."""
+    if set(map(type, records)) <= {dict}:
+        return dict.fromkeys(key_mismatches(records, keys, pk), NOT_ITS_KEY)
+    maps = [i for i, r in enumerate(records) if r.__class__ is dict]
+    out = {i: NOT_A_ROW for i, r in enumerate(records) if r.__class__ is not dict}
+    for j in key_mismatches([records[i] for i in maps], [keys[i] for i in maps], pk):
+        out[maps[j]] = NOT_ITS_KEY
+    return out
+
+
 def key_mismatches(records: list[dict], keys: list[str], pk: list[str]) -> list[int]:
     """The positions of ``records`` whose primary key columns are not those of their record
     key (``keys``, in step): a record a lying member signed for one key that would write

@@ -140,31 +140,6 @@ def encode_value(value: Any) -> bytes:
         raise ValueError(f"value cannot be encoded: {e}") from None
 
 
-def decode_value(raw: bytes) -> Any:
-    """A stored record's value.  Raises :class:`UndecodableRecordError` for bytes that are not
-    a value (the store keeps values as their origin signed them)."""
-    try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except MSGPACK_ERRORS:
-        raise UndecodableRecordError(f"a record of {len(raw)} bytes is not a value") from None
-
-
-def shown_value(raw: bytes) -> Any:
-    """:func:`decode_value` for display: a value that does not decode is shown as text
-    saying so (with its first bytes), so that a listing of many still shows the others."""
-    try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except MSGPACK_ERRORS:
-        return f"(not a value: {len(raw)} bytes {raw[:16].hex()})"
-
-
-def decode_values(raws: list[bytes]) -> list[Any]:
-    """:func:`decode_value` of many (a bulk reader): no Python call per value beyond
-    msgpack's own."""
-    unpack = msgpack.unpackb
-    return [unpack(r, raw=False, strict_map_key=False) for r in raws]
-
-
 class Undecodable:
     """Stands for a value whose bytes are not msgpack (what a lying member may sign)."""
 
@@ -174,20 +149,46 @@ class Undecodable:
 UNDECODABLE = Undecodable()
 
 
+def _value_or_undecodable(raw: bytes) -> Any:
+    """A stored record's value, or :data:`UNDECODABLE` (the store keeps values as their
+    origin signed them)."""
+    try:
+        return unpackb(raw)
+    except MSGPACK_ERRORS:
+        return UNDECODABLE
+
+
+def decode_value(raw: bytes, what: str = "a record") -> Any:
+    """A stored record's value.  Raises :class:`UndecodableRecordError`, naming ``what``, for
+    bytes that are not a value."""
+    v = _value_or_undecodable(raw)
+    if v is UNDECODABLE:
+        raise UndecodableRecordError(f"{what} is not a value ({len(raw)} bytes as its origin "
+                                     f"signed them)")
+    return v
+
+
+def shown_value(raw: bytes) -> Any:
+    """:func:`decode_value` for display: a value that does not decode is shown as text
+    saying so (with its first bytes), so that a listing of many still shows the others."""
+    v = _value_or_undecodable(raw)
+    return f"(not a value: {len(raw)} bytes {raw[:16].hex()})" if v is UNDECODABLE else v
+
+
+def decode_values(raws: list[bytes]) -> list[Any]:
+    """:func:`decode_value` of many (a bulk reader): no Python call per value beyond
+    msgpack's own."""
+    unpack = msgpack.unpackb
+    return [unpack(r, raw=False, strict_map_key=False) for r in raws]
+
+
 def decode_records(raws: list[bytes]) -> list[Any]:
     """:func:`decode_values` of values that came from peers: one that does not decode is
-    :data:`UNDECODABLE` instead of an error for all."""
+    :data:`UNDECODABLE` instead of an error for all (one by one only after a failure)."""
     try:
         return decode_values(raws)
     except MSGPACK_ERRORS:
-        pass
-    out = []
-    for r in raws:
-        try:
-            out.append(msgpack.unpackb(r, raw=False, strict_map_key=False))
-        except MSGPACK_ERRORS:
-            out.append(UNDECODABLE)
-    return out
+        return list(map(_value_or_undecodable, raws))
 
 
 def _untrusted_unpacker(body: bool = False) -> msgpack.Unpacker:

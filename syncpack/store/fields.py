@@ -21,10 +21,7 @@ def to_fields(raw: bytes | None) -> dict[str, bytes] | None:
     """A stored value as field -> msgpack bytes; None for a tombstone or a value not a map."""
     if raw is None:
         return None
-    try:
-        v = codec.decode_value(raw)
-    except ValueError:      # not a value at all: not a map either
-        return None
+    v = codec.shown_value(raw)      # bytes that are not a value are not a map either
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
         return None
     return {k: codec.packb(x) for k, x in v.items()}
