@@ -177,3 +177,46 @@ def test_kill_9_during_a_capture_read_by_the_reader_process(tmp_path):
     assert r.json["conflicts"] == 0
     for s in sites.values():
         assert run("fsck", site=s).code == 0
+
+
+def test_kill_9_during_an_import_written_by_the_writer_process(tmp_path):
+    """An import large enough for its rows to be written by a child process
+    (attach/writer.py), while b's application writes: kill -9 of the command alone (its
+    writer left to notice and roll back) or of both at random instants loses no change and
+    applies none twice, and the next import writes everything."""
+    from syncpack.attach import writer
+    rnd = random.Random(11)
+    sites, dbs = two_sites(tmp_path)
+    n = writer.ELSEWHERE_AT + 20_000
+    app(dbs["a"], [f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n "
+                   f"WHERE i < {n - 1}) INSERT INTO log(id, what) SELECT 'big-' || i, "
+                   f"printf('%.40c', 'y') FROM n"])
+    sp(sites["a"], "capture")
+    out = tmp_path / "carry"
+    out.mkdir()
+    sp(sites["a"], "export", "--to", "b", "--out", out)
+    w = start_transfers(dbs["b"], 300, 5)
+    args = [SYNCPACK, "--site", str(sites["b"]), "import", str(out)]
+    killed = 0
+    for k in range(4):
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        time.sleep(rnd.uniform(0.4, 1.2))
+        if p.poll() is None:
+            if k % 2:
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                os.kill(p.pid, signal.SIGKILL)      # the writer process outlives it
+            killed += 1
+        p.wait()
+    assert killed >= 2      # an import of this size takes longer than the waits
+    assert w.wait() == 0
+    sp(sites["b"], "import", out)
+    assert balance(dbs["b"]) == 1000
+    exchange(tmp_path, sites)
+    for t in ("log", "acct"):
+        assert table(dbs["a"], t) == table(dbs["b"], t)
+    assert len(table(dbs["b"], "log")) == n + 300
+    for s in sites.values():
+        assert run("fsck", site=s).code == 0
+        assert run("--json", "status", site=s).json["conflicts"] == 0

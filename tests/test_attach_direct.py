@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from syncpack.errors import PacketBodyError
+from syncpack.format import codec
 from syncpack.exchange import apply as apply_mod, sync
 from syncpack.site import Site
 from syncpack.store import appdb, attached
@@ -206,3 +207,156 @@ def test_several_versions_names_exactly_the_keys_with_more_than_one(tmp_path_fac
         assert attached.several_versions(conn, "t", batch) == want
     finally:
         conn.close()
+
+
+# --- rows written by a child process (attach/writer.py) ---------------------------------------
+
+def _elsewhere(monkeypatch, at: int) -> list[bool]:
+    """Imports of at least ``at`` ops write through the writer process; the list records, per
+    import, whether one served."""
+    from syncpack.attach import writer
+    monkeypatch.setattr(writer, "ELSEWHERE_AT", at)
+    served: list[bool] = []
+    real_init = writer.Elsewhere.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        served.append(bool(self))
+    monkeypatch.setattr(writer.Elsewhere, "__init__", init)
+    return served
+
+
+def _mixed_import(root, monkeypatch, at: int):
+    """b imports (in this process) a's rows of every type and key kind, deletes, a row that
+    clashes with b's UNIQUE column, records that are no row, and a key b wrote itself."""
+    sites = make_family(root, ("a", "b"))
+    dbs = {n: root / f"{n}.db" for n in sites}
+    app(dbs["a"], SCHEMA)
+    app(dbs["b"], SCHEMA, ["CREATE UNIQUE INDEX items_t ON items(t)"])
+    attach_all(sites, dbs)
+    app(dbs["a"], rows_sql(0, 1200),
+        [["INSERT INTO items VALUES (?, ?, ?, ?, ?, ?)",
+          ["x", 2 ** 63 - 1, -0.5, "héllo\x00tail", "hex:00ff10", None]]],
+        ["INSERT INTO counters(v) VALUES ('one')", "INSERT INTO counters(v) VALUES (2.5)"],
+        [["INSERT INTO pairs VALUES (?, ?, ?)", ["k", 1, "hex:beef"]]],
+        ["DELETE FROM items WHERE id BETWEEN 'k00010' AND 'k00019'",
+         "UPDATE items SET t = 'changed' WHERE id = 'k00020'"])
+    app(dbs["b"], ["INSERT INTO items(id, t) VALUES ('mine', 't30')",
+                   "INSERT INTO items(id, i) VALUES ('k00007', -7)"])
+    with Site.open(sites["a"]) as s, s.transaction() as tx:
+        tx.write_raw("items", "bad1", b"\xc1")
+        tx.write_raw("items", "bad2", codec.encode_value({"id": "mine", "i": 5}))
+    out = export(sites, root, "drop")
+    served = _elsewhere(monkeypatch, at)
+    with Site.open(sites["b"]) as s:
+        res = sync.import_packets(s, [out])
+    monkeypatch.undo()
+    assert res.applied and not res.rejected
+    clashes = sorted((c["key"], c["constraint"])
+                     for c in run_json(sites["b"], "conflicts")["conflicts"])
+    assert sp(sites["b"], "fsck").code == 0
+    return served, {t: table(dbs["b"], t) for t in ("items", "counters", "pairs")}, clashes
+
+
+def test_rows_written_by_the_writer_process_are_the_rows_written_here(tmp_path, monkeypatch):
+    served_here, here, clashes_here = _mixed_import(tmp_path / "here", monkeypatch, 10 ** 12)
+    served, there, clashes = _mixed_import(tmp_path / "there", monkeypatch, 1)
+    assert served_here == [] and served == [True]
+    assert there == here
+    assert clashes == clashes_here
+    keys = {k for k, _c in clashes}
+    assert {"bad1", "bad2", "k00030", "k00007"} <= keys, clashes
+    assert len(here["items"]) == 1200 - 10 + 2 - 1     # + x and mine; k00030 clashes
+
+
+def test_an_import_whose_writer_process_dies_still_writes_every_row(tmp_path, monkeypatch):
+    """The child killed after its first batch: the batches after it go the ordinary way, the
+    ones it had go back to pending by their marks, and the import's own apply writes them."""
+    import os
+    import signal
+    from syncpack.attach import writer
+    sites, dbs = two_sites(tmp_path)
+    app(dbs["a"], rows_sql(0, 25_000))
+    out = export(sites, tmp_path, "drop")
+    served = _elsewhere(monkeypatch, 1)
+    real_put = writer.Elsewhere.put
+
+    def put_then_die(self, *a):
+        real_put(self, *a)
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+    monkeypatch.setattr(writer.Elsewhere, "put", put_then_die)
+    with Site.open(sites["b"]) as s:
+        res = sync.import_packets(s, [out])
+        assert not attached.has_inflight(s.conn)
+    monkeypatch.undo()
+    assert served == [True] and res.applied
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    assert sp(sites["b"], "fsck").code == 0
+
+
+def test_a_power_cut_before_the_writer_process_commits(tmp_path, monkeypatch):
+    """Everything in the store, nothing in the application's file (the child killed as it
+    was to commit): the marks make the next command write the rows, after capturing what the
+    application wrote meanwhile."""
+    import os
+    import signal
+    from syncpack.attach import writer
+    sites, dbs = two_sites(tmp_path)
+    app(dbs["a"], rows_sql(0, 2500))
+    out = export(sites, tmp_path, "drop")
+    served = _elsewhere(monkeypatch, 1)
+
+    def power_cut(self, commit):
+        os.kill(self.proc.pid, signal.SIGKILL)
+        raise RuntimeError("power cut")
+    monkeypatch.setattr(writer.Elsewhere, "end", power_cut)
+    with Site.open(sites["b"]) as s:
+        with pytest.raises(RuntimeError, match="power cut"):
+            sync.import_packets(s, [out])
+        assert attached.has_inflight(s.conn)
+    monkeypatch.undo()
+    assert served == [True]
+    assert table(dbs["b"], "items") == []
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('k00007', -7)"])
+    sp(sites["b"], "capture")
+    got = {r[0]: r for r in table(dbs["b"], "items")}
+    assert len(got) == 2500 and got["k00100"] == table(dbs["a"], "items")[100]
+    assert "k00007" in sp(sites["b"], "conflicts", "items").out
+    assert sp(sites["b"], "fsck").code == 0
+
+
+def test_the_writer_process_serves_only_the_file_as_left(tmp_path):
+    """Another highest change number or schema version (the application wrote between the
+    caller's commit and the child's lock): the child declines and holds nothing.  Serving, it
+    answers the positions it did not write, and commits only when told."""
+    from syncpack.attach import writer
+    db = tmp_path / "a.db"
+    app(db, SCHEMA[:1], ["CREATE UNIQUE INDEX items_t ON items(t)",
+                         "INSERT INTO items(id, t) VALUES ('mine', 'taken')"])
+    conn = appdb.open_app(db)
+    t = appdb.table_info(conn, "items")
+    with appdb.write_txn(conn):
+        appdb.install_capture(conn, t)
+    app(db, ["INSERT INTO items(id) VALUES ('k0')"])
+    upto, schema = appdb.max_seq(conn), appdb.schema_version(conn)
+    for wrong in (dict(upto=upto - 1), dict(schema=schema + 1)):
+        w = writer.Elsewhere(str(db), ["items"], **{"upto": upto, "schema": schema, **wrong},
+                             pause_at=1000)
+        assert not w
+        w.close()
+    rec = [codec.encode_value({"id": "n1", "t": "a"}), b"\xc1",
+           codec.encode_value({"id": "n3", "t": "taken"}), codec.encode_value({"id": "n4"})]
+    for commit in (False, True):
+        w = writer.Elsewhere(str(db), ["items"], upto, schema, pause_at=1000)
+        assert w
+        w.put("items", ["n1", "n2", "n3", "n4"], rec, ["one", "two", "three", "four"])
+        assert w.refused(wait=True) == ["two", "three"]
+        assert w.end(commit) is commit
+        w.close()
+        assert w.proc is None
+        got = [r[0] for r in table(db, "items")]
+        assert got == (["k0", "mine", "n1", "n4"] if commit else ["k0", "mine"])
+    # nothing it wrote was captured as the application's change
+    assert appdb.max_seq(conn) == upto
+    conn.close()

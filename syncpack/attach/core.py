@@ -31,7 +31,7 @@ from typing import Iterator
 from itertools import compress
 from operator import itemgetter
 
-from syncpack.attach import reader, rows, schema, shapes
+from syncpack.attach import child, reader, rows, schema, shapes, writer
 from syncpack.errors import AttachError, LockedError, UsageError
 from syncpack.format import blocks, codec
 from syncpack.format.csn import csn_origin, csn_origins
@@ -323,9 +323,10 @@ class DirectApply:
     a crash or an interruption at any point leaves the marks, and :func:`_recover` makes
     their keys pending again.  Inactive when nothing is attached."""
 
-    def __init__(self, site: Site):
+    def __init__(self, site: Site, expected_ops: int = 0):
         self.site = site
         self.app: appdb.Connection | None = None
+        self.child: writer.Elsewhere | None = None
         if not is_attached(site) or site.state == "recovering":
             return
         _recover(site)
@@ -335,24 +336,24 @@ class DirectApply:
         except AttachError:
             return      # the ordinary apply after the import reports it
         try:
-            infos = {}
+            tables = {}
             for name in attached.tables(site.conn):
                 t = appdb.table_info(app, name)
                 if t is None:
                     app.close()
                     return
-                infos[name] = t
-            appdb.begin_write(app)
-            try:
-                # as _cycle does; peers' new columns are added by the apply after the import
-                # (a record that needs one waits for it there)
-                infos = schema.review(site, app, infos)     # stopped tables are left out
-                _heal(site, app, infos)
-                _capture(site, app, infos)
-                _forget(app, site)
-            except BaseException:
-                appdb.end_write(app, False)
-                raise
+                tables[name] = t
+            infos = self._begin(app, tables)
+            if expected_ops >= writer.ELSEWHERE_AT:
+                # a large import: the rows are written by a child process, which takes the
+                # application's write lock over once ours, with the capture, is committed
+                upto, version = appdb.max_seq(app), appdb.schema_version(app)
+                appdb.end_write(app, True)
+                self.child = writer.Elsewhere(path, list(infos), upto, version,
+                                              PAUSE_CAPTURE_AT)
+                if not self.child:      # the application wrote meanwhile: as ever, here
+                    self.child = None
+                    infos = self._begin(app, tables)
         except BaseException:
             app.close()
             raise
@@ -362,13 +363,31 @@ class DirectApply:
         self.written: set[str] = set()
         self.token = os.urandom(8)
         self.marks = 0
+        self.child_lost = False
         self.decoder = Worker("syncpack-decode-rows").__enter__()
         attached.set_direct(site.conn, self._sink, self._prepare)
+
+    def _begin(self, app: appdb.Connection, tables: dict[str, appdb.TableInfo]
+               ) -> dict[str, appdb.TableInfo]:
+        """Take the application's write lock and capture; the tables to write into."""
+        site = self.site
+        appdb.begin_write(app)
+        try:
+            # as _cycle does; peers' new columns are added by the apply after the import
+            # (a record that needs one waits for it there)
+            infos = schema.review(site, app, tables)     # stopped tables are left out
+            _heal(site, app, infos)
+            _capture(site, app, infos)
+            _forget(app, site)
+        except BaseException:
+            appdb.end_write(app, False)
+            raise
+        return infos
 
     def _prepare(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> Pending | None:
         """The records of ``rows`` (one table's, about to be inserted into the store) decoded
         on another thread while SQLite inserts them (it does so without the GIL)."""
-        if None in map(_FOURTH, rows):
+        if self.child is not None or None in map(_FOURTH, rows):
             return None
         return self.decoder.submit(codec.decode_records, list(map(_FOURTH, rows)))
 
@@ -385,6 +404,22 @@ class DirectApply:
             later = [x for n, part in by.items() for x in self._write(n, part)]
         if later:
             attached.mark_pending(self.site.conn, later)
+        if self.child is not None:
+            refused = self._refused(wait=False)
+            if refused:
+                attached.mark_pending_held(self.site.conn, refused)
+
+    def _refused(self, wait: bool) -> list[tuple[str, str, bytes]]:
+        """The rows the child did not write, of the batches it has answered (``wait``: of
+        all); the ordinary apply retries them.  A child gone leaves its batches to the
+        marks."""
+        if self.child_lost:
+            return []
+        try:
+            return self.child.refused(wait)
+        except child.ChildEnded:
+            self.child_lost = True
+            return []
 
     def _write(self, name: str, part: list[tuple[str, str, bytes, bytes | None]],
                values: list | None = None) -> list[tuple[str, str, bytes]]:
@@ -405,6 +440,18 @@ class DirectApply:
             raws = list(map(_FOURTH, part))
             if values is not None:
                 values = list(compress(values, keep))
+        if self.child is not None:     # it decodes, checks and writes them
+            if not part:
+                return later
+            if self.child_lost:
+                return later + [r[:3] for r in part]
+            try:
+                self.child.put(name, list(map(_SECOND, part)), raws, [r[:3] for r in part])
+            except child.ChildEnded:
+                self.child_lost = True
+                return later + [r[:3] for r in part]
+            self._mark(name, part)
+            return later
         if values is None:
             values = codec.decode_records(raws)
         refused = rows.refused_records(values, list(map(_SECOND, part)), w.t.pk)
@@ -424,14 +471,18 @@ class DirectApply:
             part = [r for r, e in zip(part, errs) if not e]
             if not part:
                 return later
+        self._mark(name, part)
+        return later
+
+    def _mark(self, name: str, part: list[tuple[str, str, bytes, bytes | None]]) -> None:
+        """The store's mark of rows written into the application's open transaction."""
         csns = list(map(_THIRD, part))
         one = len(csn_origins(csns)) == 1
         origin = csn_origin(csns[0])
-        attached.add_inflight(conn, self.token, self.marks, name, origin if one else None,
-                              min(csns), max(csns))
+        attached.add_inflight(self.site.conn, self.token, self.marks, name,
+                              origin if one else None, min(csns), max(csns))
         self.marks += 1
         self.written.add(name)
-        return later
 
     def finish(self) -> None:
         """After the import's last store commit: commit the rows written, if all of them
@@ -441,18 +492,35 @@ class DirectApply:
         site, app = self.site, self.app
         attached.set_direct(site.conn, None)
         self.decoder.__exit__(None, None, None)
-        ok = attached.inflight_count(site.conn, self.token) == self.marks
         try:
-            if ok:
-                for name in self.paused:
-                    appdb.install_capture(app, self.infos[name])
-            appdb.end_write(app, ok)
+            if self.child is not None:
+                ok = self._finish_child()
+            else:
+                ok = attached.inflight_count(site.conn, self.token) == self.marks
+                if ok:
+                    for name in self.paused:
+                        appdb.install_capture(app, self.infos[name])
+                appdb.end_write(app, ok)
         finally:
             self.close()
         if ok and self.marks:
             with site.write_txn() as conn:
                 attached.clear_inflight(conn, self.token)
                 attached.touch(conn, self.written, "last_apply_ms", wall_ms())
+
+    def _finish_child(self) -> bool:
+        """:meth:`finish` of rows the child wrote: its answers in, the rows it refused
+        pending (committed before the application's file, like the marks), then its commit."""
+        refused = self._refused(wait=True)
+        if refused:
+            with self.site.write_txn() as conn:
+                attached.mark_pending_held(conn, refused)
+        ok = (not self.child_lost
+              and attached.inflight_count(self.site.conn, self.token) == self.marks)
+        try:
+            return self.child.end(ok) and ok
+        except child.ChildEnded:
+            return False
 
     def close(self) -> None:
         """Without :meth:`finish` (an error): nothing written stays; the marks of what the
@@ -462,7 +530,10 @@ class DirectApply:
         attached.set_direct(self.site.conn, None)
         self.decoder.__exit__(None, None, None)
         try:
-            appdb.end_write(self.app, False)
+            if self.child is not None:
+                self.child.close()      # uncommitted, its transaction rolls back
+            else:
+                appdb.end_write(self.app, False)
         finally:
             self.app.close()
             self.app = None

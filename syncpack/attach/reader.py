@@ -21,14 +21,13 @@ The child runs :func:`main`: a request on stdin, frames on stdout.
 from __future__ import annotations
 
 import gc
-import struct
 import subprocess
 import sys
 from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from syncpack.attach import rows
+from syncpack.attach import child, rows
 from syncpack.errors import AttachError
 from syncpack.format import codec
 from syncpack.pipeline import read_ahead
@@ -39,9 +38,6 @@ CAPTURE_CHUNK = 10_000
 # A capture of at least this many changes is read by a child process: its start (an
 # interpreter and these imports, 0.14-0.45 s of wall time measured) is then a small part.
 ELSEWHERE_AT = 100_000
-
-_LEN = struct.Struct(">I")
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
@@ -112,32 +108,10 @@ def record_keys(part: list[tuple], npk: int) -> list[str]:
 
 # --- the child process ---------------------------------------------------------------------------
 
-def _write_frame(out: BinaryIO, obj) -> None:
-    body = codec.packb(obj)
-    out.write(_LEN.pack(len(body)))
-    out.write(body)
-
-
-def _read_frame(inp: BinaryIO):
-    head = inp.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError("the capture's reader process ended early")
-    n = _LEN.unpack(head)[0]
-    body = inp.read(n)
-    if len(body) < n:
-        raise EOFError("the capture's reader process ended early")
-    return codec.unpackb(body)    # our own child's frames
-
-
-def _frames(inp: BinaryIO) -> Iterator:
-    while True:
-        yield _read_frame(inp)
-
-
 def _serve(inp: BinaryIO, out: BinaryIO) -> None:
     """The child's side: one request, then ``{"ok": bool}`` and, if ok, one frame per part
     of each table, ``[]`` after each table; ``{"error": text}`` if reading failed."""
-    req = _read_frame(inp)
+    req = child.read_frame(inp)
     gc.disable()        # none of what is made here is cyclic; the collector only walks it
     app = appdb.open_app(Path(req["path"]))
     try:
@@ -145,7 +119,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
             same = (appdb.max_seq(app) == req["upto"]
                     and appdb.schema_version(app) == req["schema"]
                     and req["module"] == __file__)
-            _write_frame(out, {"ok": same})
+            child.write_frame(out, {"ok": same})
             out.flush()
             if not same:
                 return
@@ -153,12 +127,12 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                 for name, columns, pk, parents in req["tables"]:
                     t = appdb.TableInfo(name, "", columns, pk, {}, False, [], parents)
                     for keys, raws in changes(app, t, req["since"], req["upto"]):
-                        _write_frame(out, [keys, raws])
-                    _write_frame(out, [])
+                        child.write_frame(out, [keys, raws])
+                    child.write_frame(out, [])
             except AttachError as e:    # told to the capturing process, which raises it
-                _write_frame(out, {"error": str(e), "hint": e.hint})
+                child.write_frame(out, {"error": str(e), "hint": e.hint})
             except Exception as e:
-                _write_frame(out, {"error": f"reading the application's changes failed: "
+                child.write_frame(out, {"error": f"reading the application's changes failed: "
                                             f"{type(e).__name__}: {e}", "hint": None})
             out.flush()
     finally:
@@ -172,12 +146,6 @@ def main() -> None:
         sys.exit(1)
 
 
-# Started as ``python -c``: the package is found where this process found it (and only the
-# package: the directory is taken off the path again before anything else is imported).
-_CHILD = ("import sys; sys.path.insert(0, {root!r}); import syncpack; sys.path.pop(0); "
-          "from syncpack.attach import reader; reader.main()")
-
-
 class Elsewhere:
     """A child process reading the changed rows of ``tables`` in (since, upto] of the file at
     ``path``: :meth:`changes` per table, in the order given.  Falsy when the child's snapshot
@@ -185,21 +153,18 @@ class Elsewhere:
 
     def __init__(self, path: str, tables: list[appdb.TableInfo], since: int, upto: int,
                  schema: int):
-        self.proc: subprocess.Popen | None = None
         self.ok = False
         self._frames: Iterator | None = None
-        if not sys.executable:
+        self.proc: subprocess.Popen | None = child.spawn("reader")
+        if self.proc is None:
             return
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD.format(root=_PACKAGE_ROOT)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            _write_frame(self.proc.stdin, {
+            child.write_frame(self.proc.stdin, {
                 "path": str(path), "since": since, "upto": upto, "schema": schema,
                 "module": __file__,
                 "tables": [(t.name, t.columns, t.pk, t.parents) for t in tables]})
             self.proc.stdin.close()
-            answer = _read_frame(self.proc.stdout)
+            answer = child.read_frame(self.proc.stdout)
             self.ok = isinstance(answer, dict) and answer.get("ok") is True
         except (OSError, EOFError, ValueError):
             self.ok = False
@@ -208,7 +173,7 @@ class Elsewhere:
             return
         # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
         # the child is never held back by a full pipe while this process inserts.
-        self._frames = read_ahead(_frames(self.proc.stdout), depth=4,
+        self._frames = read_ahead(child.frames(self.proc.stdout), depth=4,
                                   name="syncpack-capture-pipe")
 
     def __bool__(self) -> bool:
@@ -232,17 +197,9 @@ class Elsewhere:
     def close(self) -> None:
         """Stop the child if it is still running (an error on our side), and wait for it."""
         p, self.proc = self.proc, None
-        if p is not None:
-            if p.poll() is None:
-                p.kill()        # then the thread reading its pipe sees the end and stops
-            p.wait()
+        if p is not None and p.poll() is None:
+            p.kill()        # then the thread reading its pipe sees the end and stops
         if self._frames is not None:
             self._frames.close()
             self._frames = None
-        if p is None:
-            return
-        for f in (p.stdin, p.stdout):
-            try:
-                f.close()
-            except OSError:     # a request the child never read
-                pass
+        child.stop(p)

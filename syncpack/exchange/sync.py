@@ -557,7 +557,9 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
         with site.write_txn():
             forks.end_retired(site)
         # rows of attached tables go into the application's tables as they arrive
-        direct = attach_core.DirectApply(site)
+        # (the headers' counts are the senders' word: they choose only how rows are written)
+        direct = attach_core.DirectApply(site, sum(
+            c.pk.header.count for c in [*cands, *(c for g in snaps.values() for c in g)]))
         try:
             for group in snaps.values():
                 _apply_snapshot(site, group, res, progress)

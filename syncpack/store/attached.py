@@ -321,6 +321,13 @@ def mark_pending(conn: Connection, rows: list[tuple[str, str, bytes]]) -> None:
     conn.executemany("INSERT OR IGNORE INTO attach_pending VALUES (?, ?, ?)", rows)
 
 
+def mark_pending_held(conn: Connection, rows: list[tuple[str, str, bytes]]) -> None:
+    """:func:`mark_pending` of versions inserted by an earlier transaction, those still held
+    (one whose packet was rolled back, or that a later op superseded, needs no apply)."""
+    conn.executemany("INSERT OR IGNORE INTO attach_pending SELECT ?1, ?2, ?3 WHERE EXISTS "
+                     "(SELECT 1 FROM versions WHERE collection=?1 AND key=?2 AND csn=?3)", rows)
+
+
 # --- rows written into the application as an import inserts them --------------------------------
 
 # Per store connection (by id; set and removed around one import), the callable that takes the

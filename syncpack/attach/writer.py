@@ -1,0 +1,195 @@
+"""A large import's rows written into the application's tables by a child process, on the
+other core.
+
+An import into an attached table (attach/core.py, DirectApply) otherwise decodes every record
+and binds every value on the interpreter that also verifies, decompresses and inserts the
+blocks into the store: for 1M rows about a third of the import's time, all of it holding the
+GIL.  Here the store's process sends each batch's records as they are (bytes, as signed) and
+goes on with the next batch while the child decodes and writes them.
+
+The child holds the application's write transaction for the whole import, as the importing
+process would, and commits it only when told to (after the store committed every batch's mark,
+as before).  It takes over from the importing process, which captured and then committed: it
+serves only if the file is as that process left it (the same highest change number and schema
+version: nothing was written between that commit and the child's BEGIN IMMEDIATE), else the
+caller writes the rows itself.  If either process dies, the child's transaction rolls back and
+the store's marks make the rows pending again (attach/core.py, _recover).
+
+The child runs :func:`main`.  Request ``{"path", "tables", "upto", "schema", "module",
+"pause_at"}``, answered ``{"ok": bool}``; then per ``["put", table, keys, records]`` the
+positions of the records not written (the ordinary apply retries them and records why), in
+order; ``["end", commit]`` answered ``{"done": committed}``.  Input that ends before ``end``
+rolls back.
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+from typing import BinaryIO
+
+from syncpack.attach import child, rows
+from syncpack.format import codec
+from syncpack.store import appdb
+
+# An import of at least this many ops (as its packets' headers say) writes the application's
+# rows in a child process: the child's start (0.15-0.45 s measured) is then a small part.
+ELSEWHERE_AT = 100_000
+
+
+def _put(app: appdb.Connection, w: appdb.Writer, keys: list[str], raws: list[bytes],
+         paused: set[str], pause_at: int) -> list[int]:
+    """The positions of ``raws`` not written into ``w``'s table: no row (attach/rows.py), or
+    refused by the table's constraints."""
+    values = codec.decode_records(raws)
+    refused = rows.refused_records(values, keys, w.t.pk)
+    at = range(len(values))
+    if refused:
+        at = [i for i in at if i not in refused]
+        values = [values[i] for i in at]
+    if not values:
+        return sorted(refused)
+    name = w.t.name
+    if name not in paused and len(values) >= pause_at:
+        appdb.drop_capture(app, name)       # put back before the commit
+        paused.add(name)
+    errs = w.put_many(values)
+    return sorted([*refused, *(at[j] for j, e in enumerate(errs) if e)])
+
+
+def _serve(inp: BinaryIO, out: BinaryIO) -> None:
+    req = child.read_frame(inp)
+    gc.disable()        # nothing made here is cyclic; the collector would only walk it
+    app = appdb.open_app(Path(req["path"]))
+    try:
+        appdb.begin_write(app)
+        try:
+            infos = {}
+            same = (appdb.max_seq(app) == req["upto"]
+                    and appdb.schema_version(app) == req["schema"]
+                    and req["module"] == __file__)
+            if same:
+                infos = {n: appdb.table_info(app, n) for n in req["tables"]}
+                same = all(infos.values())
+            child.write_frame(out, {"ok": same})
+            out.flush()
+            if not same:
+                return
+            writers = {n: appdb.Writer(app, t) for n, t in infos.items()}
+            paused: set[str] = set()
+            for frame in child.frames(inp):
+                if frame[0] == "end":
+                    commit = frame[1] is True
+                    if commit:
+                        for n in paused:
+                            appdb.install_capture(app, infos[n])
+                    appdb.end_write(app, commit)
+                    child.write_frame(out, {"done": commit})
+                    out.flush()
+                    return
+                _op, name, keys, raws = frame
+                child.write_frame(out, _put(app, writers[name], keys, raws, paused,
+                                            req["pause_at"]))
+                out.flush()
+        except child.ChildEnded:        # the importing process went away: roll back
+            return
+        finally:
+            appdb.end_write(app, False)     # nothing, after a commit
+    finally:
+        app.close()
+
+
+def main() -> None:
+    try:
+        _serve(sys.stdin.buffer, sys.stdout.buffer)
+    except BrokenPipeError:       # the importing process went away; nothing to tell
+        sys.exit(1)
+
+
+class Elsewhere:
+    """The child writing the rows of ``tables`` of the file at ``path``.  Falsy when it found
+    the file changed since the caller's commit (``upto``, ``schema``) or could not start: then
+    the caller writes the rows itself.
+
+    :meth:`put` sends a batch and returns at once; :meth:`refused` gives the batches' rows the
+    child did not write, as its answers arrive; :meth:`end` commits or rolls back.  Any of
+    them raises :class:`child.ChildEnded` once the child is gone."""
+
+    def __init__(self, path: str, tables: list[str], upto: int, schema: int, pause_at: int):
+        self.ok = False
+        self._sent: deque[list] = deque()
+        self._inbox: child.Inbox | None = None
+        self._outbox: child.Outbox | None = None
+        self._ended = False
+        self.proc: subprocess.Popen | None = child.spawn("writer")
+        if self.proc is None:
+            return
+        try:
+            child.write_frame(self.proc.stdin, {
+                "path": str(path), "tables": tables, "upto": upto, "schema": schema,
+                "module": __file__, "pause_at": pause_at})
+            self.proc.stdin.flush()
+            answer = child.read_frame(self.proc.stdout)
+            self.ok = isinstance(answer, dict) and answer.get("ok") is True
+        except (OSError, EOFError, ValueError):
+            self.ok = False
+        if not self.ok:
+            self.close()
+            return
+        self._inbox = child.Inbox(self.proc.stdout, "syncpack-apply-answers")
+        self._outbox = child.Outbox(self.proc.stdin, "syncpack-apply-rows", depth=8)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def put(self, table: str, keys: list[str], raws: list[bytes], ids: list) -> None:
+        """Write ``raws`` (the records of ``keys``) into ``table``; ``ids`` name them, in the
+        same order, for :meth:`refused`."""
+        self._outbox.put(["put", table, keys, raws])
+        self._sent.append(ids)
+
+    def refused(self, wait: bool) -> list:
+        """The ids of rows the child did not write, of every batch answered by now (with
+        ``wait``: of every batch sent)."""
+        out = []
+        while self._sent:
+            answer = self._inbox.get(wait)
+            if answer is None:
+                break
+            ids = self._sent.popleft()
+            if not isinstance(answer, list):
+                raise child.ChildEnded("the process writing the application's rows failed")
+            out += [ids[i] for i in answer]
+        return out
+
+    def end(self, commit: bool) -> bool:
+        """Commit (or roll back) everything written; True if committed."""
+        self._outbox.put(["end", commit])
+        answer = self._inbox.get()
+        self._ended = isinstance(answer, dict) and answer.get("done") is not None
+        return self._ended and answer["done"] is True
+
+    def close(self) -> None:
+        """Wait for the child if it has ended its transaction, else stop it (what it wrote
+        is rolled back)."""
+        p, self.proc = self.proc, None
+        if p is not None and self._ended:
+            try:
+                p.wait(timeout=5)       # it exits once it has answered
+            except subprocess.TimeoutExpired:
+                pass
+        if p is not None and p.poll() is None:
+            p.kill()
+        if self._outbox is not None:
+            try:
+                self._outbox.close()
+            except child.ChildEnded:
+                pass
+            self._outbox = None
+        child.stop(p)
+        if self._inbox is not None:
+            self._inbox.join()
+            self._inbox = None
