@@ -12,7 +12,8 @@ See docs/attach.md for the model.  The order of commits is what makes a crash ha
   clash), commits the application's file, and only then clears the pending keys in the store.
   A crash before that leaves the keys pending, and writing a visible record twice is harmless;
 - an import (:class:`DirectApply`) holds that lock, captures first, and writes rows whose new
-  version is their key's only one as the store inserts them, leaving a mark of their CSNs in
+  version is their key's only one as the store inserts them (a large import's in a child
+  process that took the lock over, attach/writer.py), leaving a mark of their CSNs in
   the same store transaction; the application commits only if every mark committed, and only
   then are the marks dropped.  Marks found later (a crash) make their keys pending again
   (:func:`_recover`, before any capture).
@@ -321,7 +322,13 @@ class DirectApply:
     transaction.  :meth:`finish` commits the application's transaction only if every mark is
     committed (no packet was rolled back after its rows were written), then drops the marks;
     a crash or an interruption at any point leaves the marks, and :func:`_recover` makes
-    their keys pending again.  Inactive when nothing is attached."""
+    their keys pending again.  Inactive when nothing is attached.
+
+    An import of :data:`writer.ELSEWHERE_AT` ops or more hands the writing to a child process
+    (attach/writer.py) once the capture is committed: this process sends each batch's
+    records as they are and marks it at once; the rows the child answers it did not write
+    become pending; the child commits when :meth:`finish` would.  A child that declines or
+    cannot start leaves the writing here; one that dies leaves its batches to the marks."""
 
     def __init__(self, site: Site, expected_ops: int = 0):
         self.site = site
