@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from syncpack.format import codec
 
@@ -66,6 +66,37 @@ def spawn(module: str) -> subprocess.Popen | None:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     except OSError:
         return None
+
+
+def start(module: str, request: dict, more_input: bool) -> subprocess.Popen | None:
+    """:func:`spawn` of ``module`` given ``request`` (and, unless ``more_input``, nothing
+    after it), if it answers that it serves (``{"ok": true}``); None otherwise, the child
+    stopped: the caller then does the work itself."""
+    proc = spawn(module)
+    if proc is None:
+        return None
+    try:
+        write_frame(proc.stdin, request)
+        if more_input:
+            proc.stdin.flush()
+        else:
+            proc.stdin.close()
+        answer = read_frame(proc.stdout)
+        if isinstance(answer, dict) and answer.get("ok") is True:
+            return proc
+    except (OSError, EOFError, ValueError):
+        pass
+    stop(proc)
+    return None
+
+
+def run(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
+    """A child's main: ``serve(its stdin, its stdout)``; the parent gone is an exit, not a
+    traceback."""
+    try:
+        serve(sys.stdin.buffer, sys.stdout.buffer)
+    except BrokenPipeError:
+        sys.exit(1)
 
 
 def stop(proc: subprocess.Popen | None) -> None:

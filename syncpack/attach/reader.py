@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gc
 import subprocess
-import sys
 from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -140,10 +139,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 
 def main() -> None:
-    try:
-        _serve(sys.stdin.buffer, sys.stdout.buffer)
-    except BrokenPipeError:       # the capturing process went away; nothing to tell
-        sys.exit(1)
+    child.run(_serve)
 
 
 class Elsewhere:
@@ -153,23 +149,13 @@ class Elsewhere:
 
     def __init__(self, path: str, tables: list[appdb.TableInfo], since: int, upto: int,
                  schema: int):
-        self.ok = False
         self._frames: Iterator | None = None
-        self.proc: subprocess.Popen | None = child.spawn("reader")
-        if self.proc is None:
-            return
-        try:
-            child.write_frame(self.proc.stdin, {
-                "path": str(path), "since": since, "upto": upto, "schema": schema,
-                "module": __file__,
-                "tables": [(t.name, t.columns, t.pk, t.parents) for t in tables]})
-            self.proc.stdin.close()
-            answer = child.read_frame(self.proc.stdout)
-            self.ok = isinstance(answer, dict) and answer.get("ok") is True
-        except (OSError, EOFError, ValueError):
-            self.ok = False
+        self.proc: subprocess.Popen | None = child.start("reader", {
+            "path": str(path), "since": since, "upto": upto, "schema": schema,
+            "module": __file__,
+            "tables": [(t.name, t.columns, t.pk, t.parents) for t in tables]}, more_input=False)
+        self.ok = self.proc is not None
         if not self.ok:
-            self.close()
             return
         # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
         # the child is never held back by a full pipe while this process inserts.

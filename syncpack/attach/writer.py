@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import subprocess
-import sys
 from collections import deque
 from pathlib import Path
 from typing import BinaryIO
@@ -103,10 +102,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 
 def main() -> None:
-    try:
-        _serve(sys.stdin.buffer, sys.stdout.buffer)
-    except BrokenPipeError:       # the importing process went away; nothing to tell
-        sys.exit(1)
+    child.run(_serve)
 
 
 class Elsewhere:
@@ -124,20 +120,11 @@ class Elsewhere:
         self._inbox: child.Inbox | None = None
         self._outbox: child.Outbox | None = None
         self._ended = False
-        self.proc: subprocess.Popen | None = child.spawn("writer")
-        if self.proc is None:
-            return
-        try:
-            child.write_frame(self.proc.stdin, {
-                "path": str(path), "tables": tables, "upto": upto, "schema": schema,
-                "module": __file__, "pause_at": pause_at})
-            self.proc.stdin.flush()
-            answer = child.read_frame(self.proc.stdout)
-            self.ok = isinstance(answer, dict) and answer.get("ok") is True
-        except (OSError, EOFError, ValueError):
-            self.ok = False
+        self.proc: subprocess.Popen | None = child.start("writer", {
+            "path": str(path), "tables": tables, "upto": upto, "schema": schema,
+            "module": __file__, "pause_at": pause_at}, more_input=True)
+        self.ok = self.proc is not None
         if not self.ok:
-            self.close()
             return
         self._inbox = child.Inbox(self.proc.stdout, "syncpack-apply-answers")
         self._outbox = child.Outbox(self.proc.stdin, "syncpack-apply-rows", depth=8)
