@@ -95,14 +95,21 @@ for i in range(300):
         assert run("fsck", site=s).code == 0
 
 
-def _kill_at_random(args: list[str], rnd: random.Random, tries: int) -> int:
+def _kill_at_random(args: list[str], rnd: random.Random, tries: int,
+                    waits: tuple[float, float] = (0.05, 0.9), alone: bool = False) -> int:
+    """Runs the command ``tries`` times, each killed -9 after a random wait if still running;
+    with ``alone``, every other time the command only, leaving its child process to notice.
+    Returns how many were killed."""
     killed = 0
-    for _ in range(tries):
+    for k in range(tries):
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
-        time.sleep(rnd.uniform(0.05, 0.9))
+        time.sleep(rnd.uniform(*waits))
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            if alone and k % 2 == 0:
+                os.kill(p.pid, signal.SIGKILL)
+            else:
+                os.killpg(p.pid, signal.SIGKILL)
             killed += 1
         p.wait()
     return killed
@@ -151,19 +158,8 @@ def test_kill_9_during_a_capture_read_by_the_reader_process(tmp_path):
     app(dbs["a"], [f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n "
                    f"WHERE i < {n - 1}) INSERT INTO log(id, what) SELECT 'big-' || i, "
                    f"printf('%.40c', 'y') FROM n"])
-    args = [SYNCPACK, "--site", str(sites["a"]), "capture"]
-    killed = 0
-    for k in range(4):
-        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-        time.sleep(rnd.uniform(0.3, 0.9))
-        if p.poll() is None:
-            if k % 2:
-                os.killpg(p.pid, signal.SIGKILL)
-            else:
-                os.kill(p.pid, signal.SIGKILL)      # the reader process outlives it
-            killed += 1
-        p.wait()
+    killed = _kill_at_random([SYNCPACK, "--site", str(sites["a"]), "capture"], rnd, 4,
+                             (0.3, 0.9), alone=True)
     assert killed >= 2      # a capture of this size takes longer than the waits
     sp(sites["a"], "capture")
     assert run("fsck", site=sites["a"]).code == 0
@@ -196,19 +192,8 @@ def test_kill_9_during_an_import_written_by_the_writer_process(tmp_path):
     out.mkdir()
     sp(sites["a"], "export", "--to", "b", "--out", out)
     w = start_transfers(dbs["b"], 300, 5)
-    args = [SYNCPACK, "--site", str(sites["b"]), "import", str(out)]
-    killed = 0
-    for k in range(4):
-        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-        time.sleep(rnd.uniform(0.4, 1.2))
-        if p.poll() is None:
-            if k % 2:
-                os.killpg(p.pid, signal.SIGKILL)
-            else:
-                os.kill(p.pid, signal.SIGKILL)      # the writer process outlives it
-            killed += 1
-        p.wait()
+    killed = _kill_at_random([SYNCPACK, "--site", str(sites["b"]), "import", str(out)], rnd, 4,
+                             (0.4, 1.2), alone=True)
     assert killed >= 2      # an import of this size takes longer than the waits
     assert w.wait() == 0
     sp(sites["b"], "import", out)
