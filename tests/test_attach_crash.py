@@ -147,6 +147,14 @@ def test_kill_9_during_capture_and_import_loses_nothing_and_repeats_nothing(tmp_
     assert sp(sites["a"], "digest").out == sp(sites["b"], "digest").out
 
 
+def _big_backlog(db: Path, n: int) -> int:
+    """``n`` log rows in one application transaction; returns ``n``."""
+    app(db, [f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n "
+             f"WHERE i < {n - 1}) INSERT INTO log(id, what) SELECT 'big-' || i, "
+             f"printf('%.40c', 'y') FROM n"])
+    return n
+
+
 def test_kill_9_during_a_capture_read_by_the_reader_process(tmp_path):
     """A backlog large enough to be read by a child process (attach/reader.py): kill -9 of the
     command alone (its reader left to notice) or of both at random instants loses no change and
@@ -154,10 +162,7 @@ def test_kill_9_during_a_capture_read_by_the_reader_process(tmp_path):
     from syncpack.attach import reader
     rnd = random.Random(7)
     sites, dbs = two_sites(tmp_path)
-    n = reader.ELSEWHERE_AT + 20_000
-    app(dbs["a"], [f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n "
-                   f"WHERE i < {n - 1}) INSERT INTO log(id, what) SELECT 'big-' || i, "
-                   f"printf('%.40c', 'y') FROM n"])
+    n = _big_backlog(dbs["a"], reader.ELSEWHERE_AT + 20_000)
     killed = _kill_at_random([SYNCPACK, "--site", str(sites["a"]), "capture"], rnd, 4,
                              (0.3, 0.9), alone=True)
     assert killed >= 2      # a capture of this size takes longer than the waits
@@ -183,10 +188,7 @@ def test_kill_9_during_an_import_written_by_the_writer_process(tmp_path):
     from syncpack.attach import writer
     rnd = random.Random(11)
     sites, dbs = two_sites(tmp_path)
-    n = writer.ELSEWHERE_AT + 20_000
-    app(dbs["a"], [f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n "
-                   f"WHERE i < {n - 1}) INSERT INTO log(id, what) SELECT 'big-' || i, "
-                   f"printf('%.40c', 'y') FROM n"])
+    n = _big_backlog(dbs["a"], writer.ELSEWHERE_AT + 20_000)
     sp(sites["a"], "capture")
     out = tmp_path / "carry"
     out.mkdir()
