@@ -360,3 +360,36 @@ def test_the_writer_process_serves_only_the_file_as_left(tmp_path):
     # nothing it wrote was captured as the application's change
     assert appdb.max_seq(conn) == upto
     conn.close()
+
+
+def test_a_batch_that_cannot_reach_the_writer_process_ends_it_without_a_hang(tmp_path):
+    """A frame the importing process cannot send (here one that does not pack) ends the
+    child's input: the child rolls back and exits, and waiting for answers raises instead
+    of waiting forever."""
+    import threading
+    from syncpack.attach import child, writer
+    db = tmp_path / "a.db"
+    app(db, SCHEMA[:1])
+    conn = appdb.open_app(db)
+    t = appdb.table_info(conn, "items")
+    with appdb.write_txn(conn):
+        appdb.install_capture(conn, t)
+    w = writer.Elsewhere(str(db), ["items"], appdb.max_seq(conn), appdb.schema_version(conn),
+                         pause_at=1000)
+    assert w
+    w.put("items", ["n1"], [codec.encode_value({"id": "n1"})], ["one"])
+    w.put("items", ["n2"], [object()], ["two"])
+    outcome: list = []
+
+    def wait_for_answers():
+        try:
+            outcome.append(w.refused(wait=True))
+        except child.ChildEnded as e:
+            outcome.append(e)
+    waiter = threading.Thread(target=wait_for_answers, daemon=True)
+    waiter.start()
+    waiter.join(30)
+    assert outcome and isinstance(outcome[0], child.ChildEnded), outcome
+    w.close()
+    assert table(db, "items") == []         # rolled back
+    conn.close()

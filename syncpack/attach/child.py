@@ -138,8 +138,14 @@ class Outbox:
             try:
                 write_frame(out, obj)
                 out.flush()
-            except (OSError, ValueError):
+            except Exception:
+                # A frame that could not be written or packed: the child must not wait for
+                # it (nor the caller for its answer), so its input ends here.
                 self._failed = True
+                try:
+                    out.close()
+                except OSError:
+                    pass
 
     def put(self, obj) -> None:
         if self._failed:
