@@ -393,3 +393,32 @@ def test_a_batch_that_cannot_reach_the_writer_process_ends_it_without_a_hang(tmp
     w.close()
     assert table(db, "items") == []         # rolled back
     conn.close()
+
+
+def test_an_application_write_at_the_hand_over_is_captured_not_overwritten(tmp_path,
+                                                                          monkeypatch):
+    """The application writes between the importer's commit and the child's lock: the child
+    declines, the importer takes the lock back, captures that write, and writes the rows
+    itself; the write is a conflict with the peer's row, not overwritten."""
+    from syncpack.attach import writer
+    sites, dbs = two_sites(tmp_path)
+    app(dbs["a"], rows_sql(0, 1500))
+    out = export(sites, tmp_path, "drop")
+    served = _elsewhere(monkeypatch, 1)
+    wrapped_init = writer.Elsewhere.__init__
+
+    def write_first(self, *a, **k):
+        c = sqlite3.connect(dbs["b"], timeout=60, isolation_level=None)
+        c.execute("INSERT INTO items(id, i) VALUES ('k00042', -42)")
+        c.close()
+        wrapped_init(self, *a, **k)
+    monkeypatch.setattr(writer.Elsewhere, "__init__", write_first)
+    with Site.open(sites["b"]) as s:
+        res = sync.import_packets(s, [out])
+    monkeypatch.undo()
+    assert served == [False] and res.applied
+    assert len(table(dbs["b"], "items")) == 1500
+    assert "k00042" in sp(sites["b"], "conflicts", "items").out
+    sp(sites["b"], "export", "--to", "a", "--out", tmp_path / "back", "--create-out")
+    sp(sites["a"], "import", tmp_path / "back")
+    assert_converged(sites, dbs)
