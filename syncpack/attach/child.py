@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from syncpack.format import codec
+from syncpack.store import appdb
 
 _LEN = struct.Struct(">I")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -88,6 +89,16 @@ def start(module: str, request: dict, more_input: bool) -> subprocess.Popen | No
         pass
     stop(proc)
     return None
+
+
+def file_as_left(app: appdb.Connection, req: dict, module_file: str) -> bool:
+    """The child's check before serving: the application's file holds what the caller's
+    snapshot held (the same highest change number: every write to an attached table adds a
+    change row, and only syncpack, under the site lock, removes them; the same schema
+    version), and the child runs the caller's code (``module_file``, the serving module's
+    file, as the request names it)."""
+    return (appdb.max_seq(app) == req["upto"] and appdb.schema_version(app) == req["schema"]
+            and req["module"] == module_file)
 
 
 def run(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:

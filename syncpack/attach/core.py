@@ -251,15 +251,11 @@ def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | 
     one) of table ``w.t``; returns whether it holds deletes (they go after all puts)."""
     name = w.t.name
     vis = _visible_part(site, name, part)
-    live = [(k, v) for k, v in vis if v is not None]
-    values = codec.decode_records([v for _k, v in live])
-    refused = rows.refused_records(values, [k for k, _v in live], w.t.pk)
-    if refused:
-        for i, why in refused.items():
-            clashes.setdefault(name, {})[live[i][0]] = why
-        live = [x for i, x in enumerate(live) if i not in refused]
-        values = [v for i, v in enumerate(values) if i not in refused]
-    _put_all(w, name, [k for k, _v in live], values, done, clashes)
+    keys = [k for k, v in vis if v is not None]
+    why = writer.write_batch(w, keys, [v for _k, v in vis if v is not None])
+    for i, text in why.items():
+        clashes.setdefault(name, {})[keys[i]] = text
+    done[name] = done.get(name, 0) + len(keys) - len(why)
     return any(v is None for _k, v in vis)
 
 
@@ -274,19 +270,6 @@ def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
             vs.append((csn, value))
     if key is not None:
         yield key, vs
-
-
-def _put_all(w: appdb.Writer, name: str, keys: list[str], values: list[dict],
-             done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
-    errs = w.put_many(values)
-    if not any(errs):
-        done[name] = done.get(name, 0) + len(keys)  # the common case: the whole batch went in
-        return
-    for key, err in zip(keys, errs):
-        if err:
-            clashes.setdefault(name, {})[key] = err
-        else:
-            done[name] = done.get(name, 0) + 1
 
 
 def _settle(site: Site, done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
@@ -447,9 +430,9 @@ class DirectApply:
             raws = list(map(_FOURTH, part))
             if values is not None:
                 values = list(compress(values, keep))
+        if not part:
+            return later
         if self.child is not None:     # it decodes, checks and writes them
-            if not part:
-                return later
             if self.child_lost:
                 return later + [r[:3] for r in part]
             try:
@@ -459,23 +442,11 @@ class DirectApply:
                 return later + [r[:3] for r in part]
             self._mark(name, part)
             return later
-        if values is None:
-            values = codec.decode_records(raws)
-        refused = rows.refused_records(values, list(map(_SECOND, part)), w.t.pk)
-        if refused:     # the ordinary apply records them as clashes
-            later += [r[:3] for i, r in enumerate(part) if i in refused]
-            part = [r for i, r in enumerate(part) if i not in refused]
-            values = [v for i, v in enumerate(values) if i not in refused]
-        if not part:
-            return later
-        if name not in self.paused and len(part) >= PAUSE_CAPTURE_AT:
-            appdb.drop_capture(self.app, name)
-            self.paused.add(name)
-        errs = w.put_many(values)
-        if any(errs):
-            # refused rows: the ordinary apply retries them and records the constraint
-            later += [r[:3] for r, e in zip(part, errs) if e]
-            part = [r for r, e in zip(part, errs) if not e]
+        not_written = writer.write_batch(w, list(map(_SECOND, part)), raws, values,
+                                         self.paused, PAUSE_CAPTURE_AT)
+        if not_written:     # the ordinary apply retries them and records why
+            later += [part[i][:3] for i in sorted(not_written)]
+            part = [r for i, r in enumerate(part) if i not in not_written]
             if not part:
                 return later
         self._mark(name, part)

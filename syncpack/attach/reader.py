@@ -115,9 +115,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
     app = appdb.open_app(Path(req["path"]))
     try:
         with appdb.read_txn(app):
-            same = (appdb.max_seq(app) == req["upto"]
-                    and appdb.schema_version(app) == req["schema"]
-                    and req["module"] == __file__)
+            same = child.file_as_left(app, req, __file__)
             child.write_frame(out, {"ok": same})
             out.flush()
             if not same:

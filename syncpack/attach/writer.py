@@ -39,24 +39,32 @@ from syncpack.store import appdb
 ELSEWHERE_AT = 100_000
 
 
-def _put(app: appdb.Connection, w: appdb.Writer, keys: list[str], raws: list[bytes],
-         paused: set[str], pause_at: int) -> list[int]:
-    """The positions of ``raws`` not written into ``w``'s table: no row (attach/rows.py), or
-    refused by the table's constraints."""
-    values = codec.decode_records(raws)
-    refused = rows.refused_records(values, keys, w.t.pk)
+def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: list | None = None,
+                paused: set[str] | None = None, pause_at: int = 0) -> dict[int, str]:
+    """Writes the records ``raws`` of ``keys`` (``values``: decoded already) into ``w``'s
+    table, in the caller's write transaction; returns why, by position, each record not
+    written: no row of that key (attach/rows.py), or refused by the table's constraints.
+    With ``paused``, a batch of ``pause_at`` rows or more first drops the table's capture
+    triggers, and its name joins ``paused`` (the caller puts them back before its commit).
+    The one way a batch goes in: the child's, a smaller import's in the importing process,
+    and the ordinary apply's."""
+    if values is None:
+        values = codec.decode_records(raws)
+    why = rows.refused_records(values, keys, w.t.pk)
     at = range(len(values))
-    if refused:
-        at = [i for i in at if i not in refused]
+    if why:
+        at = [i for i in at if i not in why]
         values = [values[i] for i in at]
     if not values:
-        return sorted(refused)
+        return why
     name = w.t.name
-    if name not in paused and len(values) >= pause_at:
-        appdb.drop_capture(app, name)       # put back before the commit
+    if paused is not None and name not in paused and len(values) >= pause_at:
+        appdb.drop_capture(w.conn, name)
         paused.add(name)
-    errs = w.put_many(values)
-    return sorted([*refused, *(at[j] for j, e in enumerate(errs) if e)])
+    for j, err in enumerate(w.put_many(values)):
+        if err:
+            why[at[j]] = err
+    return why
 
 
 def _serve(inp: BinaryIO, out: BinaryIO) -> None:
@@ -67,9 +75,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
         appdb.begin_write(app)
         try:
             infos = {}
-            same = (appdb.max_seq(app) == req["upto"]
-                    and appdb.schema_version(app) == req["schema"]
-                    and req["module"] == __file__)
+            same = child.file_as_left(app, req, __file__)
             if same:
                 infos = {n: appdb.table_info(app, n) for n in req["tables"]}
                 same = all(infos.values())
@@ -90,8 +96,8 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                     out.flush()
                     return
                 _op, name, keys, raws = frame
-                child.write_frame(out, _put(app, writers[name], keys, raws, paused,
-                                            req["pause_at"]))
+                child.write_frame(out, sorted(write_batch(
+                    writers[name], keys, raws, paused=paused, pause_at=req["pause_at"])))
                 out.flush()
         except child.ChildEnded:        # the importing process went away: roll back
             return
