@@ -95,15 +95,33 @@ for i in range(300):
         assert run("fsck", site=s).code == 0
 
 
+def _children(pid: int) -> list[str]:
+    """The processes ``pid`` started (any of its threads), as Linux lists them."""
+    out: list[str] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += f.read().split()
+    except OSError:     # gone already
+        pass
+    return out
+
+
 def _kill_at_random(args: list[str], rnd: random.Random, tries: int,
                     waits: tuple[float, float] = (0.05, 0.9), alone: bool = False) -> int:
-    """Runs the command ``tries`` times, each killed -9 after a random wait if still running;
-    with ``alone``, every other time the command only, leaving its child process to notice.
-    Returns how many were killed."""
+    """Runs the command ``tries`` times, each killed -9 after a random wait if still running.
+    With ``alone``, the wait starts once the command has started its child process, and every
+    other time the command only is killed, leaving the child to notice (a command that did
+    all its work before a kill would leave the next ones nothing to do).  Returns how many
+    were killed."""
     killed = 0
     for k in range(tries):
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
+        if alone:
+            deadline = time.monotonic() + 60
+            while p.poll() is None and not _children(p.pid) and time.monotonic() < deadline:
+                time.sleep(0.005)
         time.sleep(rnd.uniform(*waits))
         if p.poll() is None:
             if alone and k % 2 == 0:
@@ -162,9 +180,9 @@ def test_kill_9_during_a_capture_read_by_the_reader_process(tmp_path):
     from syncpack.attach import reader
     rnd = random.Random(7)
     sites, dbs = two_sites(tmp_path)
-    n = _big_backlog(dbs["a"], reader.ELSEWHERE_AT + 20_000)
+    n = _big_backlog(dbs["a"], reader.ELSEWHERE_AT + 50_000)
     killed = _kill_at_random([SYNCPACK, "--site", str(sites["a"]), "capture"], rnd, 4,
-                             (0.3, 0.9), alone=True)
+                             (0.0, 0.4), alone=True)
     assert killed >= 2      # a capture of this size takes longer than the waits
     sp(sites["a"], "capture")
     assert run("fsck", site=sites["a"]).code == 0
@@ -188,14 +206,14 @@ def test_kill_9_during_an_import_written_by_the_writer_process(tmp_path):
     from syncpack.attach import writer
     rnd = random.Random(11)
     sites, dbs = two_sites(tmp_path)
-    n = _big_backlog(dbs["a"], writer.ELSEWHERE_AT + 20_000)
+    n = _big_backlog(dbs["a"], writer.ELSEWHERE_AT + 50_000)
     sp(sites["a"], "capture")
     out = tmp_path / "carry"
     out.mkdir()
     sp(sites["a"], "export", "--to", "b", "--out", out)
     w = start_transfers(dbs["b"], 300, 5)
     killed = _kill_at_random([SYNCPACK, "--site", str(sites["b"]), "import", str(out)], rnd, 4,
-                             (0.4, 1.2), alone=True)
+                             (0.0, 0.4), alone=True)
     assert killed >= 2      # an import of this size takes longer than the waits
     assert w.wait() == 0
     sp(sites["b"], "import", out)

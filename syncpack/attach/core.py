@@ -354,7 +354,8 @@ class DirectApply:
         self.token = os.urandom(8)
         self.marks = 0
         self.child_lost = False
-        self.decoder = Worker("syncpack-decode-rows").__enter__()
+        # the child decodes its own batches: a thread here only when the rows are written here
+        self.decoder = None if self.child else Worker("syncpack-decode-rows").__enter__()
         attached.set_direct(site.conn, self._sink, self._prepare)
 
     def _begin(self, app: appdb.Connection, tables: dict[str, appdb.TableInfo]
@@ -377,7 +378,7 @@ class DirectApply:
     def _prepare(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> Pending | None:
         """The records of ``rows`` (one table's, about to be inserted into the store) decoded
         on another thread while SQLite inserts them (it does so without the GIL)."""
-        if self.child is not None or None in map(_FOURTH, rows):
+        if self.decoder is None or None in map(_FOURTH, rows):
             return None
         return self.decoder.submit(codec.decode_records, list(map(_FOURTH, rows)))
 
@@ -462,14 +463,20 @@ class DirectApply:
         self.marks += 1
         self.written.add(name)
 
+    def _unhook(self) -> None:
+        """No more rows from the store's inserts; the decoding thread, if any, stopped."""
+        attached.set_direct(self.site.conn, None)
+        if self.decoder is not None:
+            self.decoder.__exit__(None, None, None)
+            self.decoder = None
+
     def finish(self) -> None:
         """After the import's last store commit: commit the rows written, if all of them
         belong to committed store transactions."""
         if self.app is None:
             return
         site, app = self.site, self.app
-        attached.set_direct(site.conn, None)
-        self.decoder.__exit__(None, None, None)
+        self._unhook()
         try:
             if self.child is not None:
                 ok = self._finish_child()
@@ -505,8 +512,7 @@ class DirectApply:
         store committed make those keys pending again at the next capture."""
         if self.app is None:
             return
-        attached.set_direct(self.site.conn, None)
-        self.decoder.__exit__(None, None, None)
+        self._unhook()
         try:
             if self.child is not None:
                 self.child.close()      # uncommitted, its transaction rolls back
