@@ -350,8 +350,8 @@ def test_the_writer_process_serves_only_the_file_as_left(tmp_path):
     for commit in (False, True):
         w = writer.Elsewhere(str(db), ["items"], upto, schema, pause_at=1000)
         assert w
-        w.put("items", ["n1", "n2", "n3", "n4"], rec, ["one", "two", "three", "four"])
-        assert w.refused(wait=True) == ["two", "three"]
+        w.put("items", ["n1", "n2", "n3", "n4"], rec, [b"one", b"two", b"three", b"four"])
+        assert w.refused(wait=True) == [("items", "n2", b"two"), ("items", "n3", b"three")]
         assert w.end(commit) is commit
         w.close()
         assert w.proc is None
@@ -377,8 +377,8 @@ def test_a_batch_that_cannot_reach_the_writer_process_ends_it_without_a_hang(tmp
     w = writer.Elsewhere(str(db), ["items"], appdb.max_seq(conn), appdb.schema_version(conn),
                          pause_at=1000)
     assert w
-    w.put("items", ["n1"], [codec.encode_value({"id": "n1"})], ["one"])
-    w.put("items", ["n2"], [object()], ["two"])
+    w.put("items", ["n1"], [codec.encode_value({"id": "n1"})], [b"one"])
+    w.put("items", ["n2"], [object()], [b"two"])
     outcome: list = []
 
     def wait_for_answers():

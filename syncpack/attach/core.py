@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager, nullcontext
-from itertools import chain as joined
+from itertools import chain as joined, compress, repeat
 from pathlib import Path
 from typing import Iterator
-from itertools import compress
-from operator import itemgetter
 
 from syncpack.attach import child, reader, rows, schema, shapes, writer
 from syncpack.errors import AttachError, LockedError, UsageError
@@ -53,9 +51,6 @@ APPLY_CHUNK = 10_000
 # (appdb.capture_paused), a capture this large with the store's versions triggers dropped
 # (attached.pause_triggers); smaller ones are not worth a schema change.
 PAUSE_CAPTURE_AT = 1_000
-
-# Fields of the (collection, key, csn, value) rows a bulk insert hands to DirectApply
-_FIRST, _SECOND, _THIRD, _FOURTH = map(itemgetter, range(4))
 
 
 def _path(db_path: str | os.PathLike) -> Path:
@@ -375,24 +370,16 @@ class DirectApply:
             raise
         return infos
 
-    def _prepare(self, rows: list[tuple[str, str, bytes, bytes | None]]) -> Pending | None:
-        """The records of ``rows`` (one table's, about to be inserted into the store) decoded
-        on another thread while SQLite inserts them (it does so without the GIL)."""
-        if self.decoder is None or None in map(_FOURTH, rows):
+    def _prepare(self, raws: list[bytes | None]) -> Pending | None:
+        """The records ``raws`` (one table's, about to be inserted into the store) decoded on
+        another thread while SQLite inserts them (it does so without the GIL)."""
+        if self.decoder is None or None in raws:
             return None
-        return self.decoder.submit(codec.decode_records, list(map(_FOURTH, rows)))
+        return self.decoder.submit(codec.decode_records, raws)
 
-    def _sink(self, rows: list[tuple[str, str, bytes, bytes | None]],
+    def _sink(self, name: str, keys: list[str], csns: list[bytes], raws: list[bytes | None],
               prepared: Pending | None = None) -> None:
-        name = rows[0][0]
-        if rows[-1][0] == name and all(map(name.__eq__, map(_FIRST, rows))):
-            # the common case: one table
-            later = self._write(name, rows, prepared.result() if prepared else None)
-        else:
-            by: dict[str, list] = {}
-            for r in rows:
-                by.setdefault(r[0], []).append(r)
-            later = [x for n, part in by.items() for x in self._write(n, part)]
+        later = self._write(name, keys, csns, raws, prepared.result() if prepared else None)
         if later:
             attached.mark_pending(self.site.conn, later)
         if self.child is not None:
@@ -412,50 +399,48 @@ class DirectApply:
             self.child_lost = True
             return []
 
-    def _write(self, name: str, part: list[tuple[str, str, bytes, bytes | None]],
+    def _write(self, name: str, keys: list[str], csns: list[bytes], raws: list[bytes | None],
                values: list | None = None) -> list[tuple[str, str, bytes]]:
-        """Writes the rows of ``part`` (all of table ``name``) that can go straight in;
-        returns the (collection, key, csn) of the others, for the ordinary apply.
-        ``values``: the rows' records, decoded already."""
+        """Writes the records ``raws`` of ``keys`` (new versions ``csns`` of table ``name``)
+        that can go straight in; returns the (collection, key, csn) of the others, for the
+        ordinary apply.  ``values``: the records, decoded already."""
         conn = self.site.conn
         w = self.writers.get(name)
         if w is None:
-            return [r[:3] for r in part]
-        later = []
-        raws = list(map(_FOURTH, part))
-        several = attached.several_versions(conn, name, list(map(_SECOND, part)))
+            return list(zip(repeat(name), keys, csns))
+        later: list[tuple[str, str, bytes]] = []
+        several = attached.several_versions(conn, name, keys)
         if several or None in raws:
-            keep = [r[3] is not None and r[1] not in several for r in part]
-            later = [r[:3] for r, k in zip(part, keep) if not k]
-            part = list(compress(part, keep))
-            raws = list(map(_FOURTH, part))
+            keep = [r is not None and k not in several for k, r in zip(keys, raws)]
+            later = [(name, k, c) for k, c, ok in zip(keys, csns, keep) if not ok]
+            keys, csns, raws = (list(compress(keys, keep)), list(compress(csns, keep)),
+                                list(compress(raws, keep)))
             if values is not None:
                 values = list(compress(values, keep))
-        if not part:
+        if not keys:
             return later
         if self.child is not None:     # it decodes, checks and writes them
             if self.child_lost:
-                return later + [r[:3] for r in part]
+                return later + list(zip(repeat(name), keys, csns))
             try:
-                self.child.put(name, list(map(_SECOND, part)), raws, [r[:3] for r in part])
+                self.child.put(name, keys, raws, csns)
             except child.ChildEnded:
                 self.child_lost = True
-                return later + [r[:3] for r in part]
-            self._mark(name, part)
+                return later + list(zip(repeat(name), keys, csns))
+            self._mark(name, csns)
             return later
-        not_written = writer.write_batch(w, list(map(_SECOND, part)), raws, values,
-                                         self.paused, PAUSE_CAPTURE_AT)
+        not_written = writer.write_batch(w, keys, raws, values, self.paused, PAUSE_CAPTURE_AT)
         if not_written:     # the ordinary apply retries them and records why
-            later += [part[i][:3] for i in sorted(not_written)]
-            part = [r for i, r in enumerate(part) if i not in not_written]
-            if not part:
+            later += [(name, keys[i], csns[i]) for i in sorted(not_written)]
+            csns = [c for i, c in enumerate(csns) if i not in not_written]
+            if not csns:
                 return later
-        self._mark(name, part)
+        self._mark(name, csns)
         return later
 
-    def _mark(self, name: str, part: list[tuple[str, str, bytes, bytes | None]]) -> None:
-        """The store's mark of rows written into the application's open transaction."""
-        csns = list(map(_THIRD, part))
+    def _mark(self, name: str, csns: list[bytes]) -> None:
+        """The store's mark of rows (new versions ``csns`` of table ``name``) written into the
+        application's open transaction."""
         one = len(csn_origins(csns)) == 1
         origin = csn_origin(csns[0])
         attached.add_inflight(self.site.conn, self.token, self.marks, name,

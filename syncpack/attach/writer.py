@@ -138,24 +138,23 @@ class Elsewhere:
     def __bool__(self) -> bool:
         return self.ok
 
-    def put(self, table: str, keys: list[str], raws: list[bytes], ids: list) -> None:
-        """Write ``raws`` (the records of ``keys``) into ``table``; ``ids`` name them, in the
-        same order, for :meth:`refused`."""
+    def put(self, table: str, keys: list[str], raws: list[bytes], csns: list[bytes]) -> None:
+        """Write ``raws`` (the records of ``keys``, versions ``csns``) into ``table``."""
         self._outbox.put(["put", table, keys, raws])
-        self._sent.append(ids)
+        self._sent.append((table, keys, csns))
 
-    def refused(self, wait: bool) -> list:
-        """The ids of rows the child did not write, of every batch answered by now (with
-        ``wait``: of every batch sent)."""
+    def refused(self, wait: bool) -> list[tuple[str, str, bytes]]:
+        """(table, key, csn) of the rows the child did not write, of every batch answered by
+        now (with ``wait``: of every batch sent)."""
         out = []
         while self._sent:
             answer = self._inbox.get(wait)
             if answer is None:
                 break
-            ids = self._sent.popleft()
+            table, keys, csns = self._sent.popleft()
             if not isinstance(answer, list):
                 raise child.ChildEnded("the process writing the application's rows failed")
-            out += [ids[i] for i in answer]
+            out += [(table, keys[i], csns[i]) for i in answer]
         return out
 
     def end(self, commit: bool) -> bool:

@@ -156,7 +156,15 @@ def insert_many(conn, rows: Iterable[tuple[str, str, bytes, bytes | None]]) -> N
     # cost an import three times its own insert.
     with attached.triggers_aside(conn):
         _insert(conn, rows)
-    attached.note_new_versions(conn, rows, watched)
+    by: dict[str, tuple[list, list, list]] = {}
+    for collection, key, csn, value in rows:
+        if collection in watched:
+            ks, cs, vs = by.setdefault(collection, ([], [], []))
+            ks.append(key)
+            cs.append(csn)
+            vs.append(value)
+    for collection, (ks, cs, vs) in by.items():
+        attached.note_new_versions(conn, collection, ks, cs, vs)
 
 
 def remove_listed(conn, rows: list[tuple[str, str, bytes]]) -> None:
@@ -202,13 +210,13 @@ def insert_columns(conn, collection: str, keys: list[str], csns: Iterable[bytes]
     if not watched:
         conn.execute(_INSERT_PACKED, (collection, packed))
         return
-    rows = list(zip(repeat(collection), keys, csns, values)) if collection in watched else []
+    mine = collection in watched
     # an import's direct apply decodes the rows on another thread while SQLite inserts them
-    prepared = attached.prepare_direct(conn, rows) if rows else None
+    prepared = attached.prepare_direct(conn, values) if mine else None
     with attached.triggers_aside(conn):     # as insert_many does, for the same reason
         conn.execute(_INSERT_PACKED, (collection, packed))
-    if rows:
-        attached.note_new_versions(conn, rows, watched, prepared)
+    if mine:
+        attached.note_new_versions(conn, collection, keys, csns, values, prepared)
 
 
 def replace_key(conn, collection: str, key: str, csn: bytes, value: bytes | None,
