@@ -380,15 +380,17 @@ def several_versions(conn: Connection, collection: str, keys: list[str]) -> set[
     if not keys:
         return set()
     n = len(keys)
-    if len(set(keys)) == n:
-        # The common bulk case first: the batch's keys are all the versions between its lowest
-        # and highest key (a load in key order), so none has a second one.  Counting stops
-        # past n, whatever else the range holds.
-        held = conn.execute("SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection=? "
-                            "AND key BETWEEN ? AND ? LIMIT ?)",
-                            (collection, min(keys), max(keys), n + 1)).fetchone()[0]
-        if held == n:
-            return set()
+    # The common bulk case first: the versions between the batch's lowest and highest key
+    # are the batch's own (exactly n of them: a load in key order) on n distinct keys, so
+    # none has a second one.  Both counts read the key index in order, and stop past n
+    # whatever else the range holds.
+    held, distinct = conn.execute(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM versions WHERE collection=?1 AND key "
+        "BETWEEN ?2 AND ?3 LIMIT ?4)), (SELECT count(*) FROM (SELECT DISTINCT key FROM "
+        "versions WHERE collection=?1 AND key BETWEEN ?2 AND ?3 LIMIT ?4))",
+        (collection, min(keys), max(keys), n + 1)).fetchone()
+    if held == n and distinct == n:
+        return set()
     return {r[0] for r in conn.execute(
         "SELECT j.value FROM json_each(?) j WHERE (SELECT count(*) FROM versions v "
         "WHERE v.collection=? AND v.key=j.value) > 1", (json.dumps(keys), collection))}
