@@ -1243,10 +1243,14 @@ def attach_(obj: Ctx, database, tables, all_tables, refresh, as_json):
       syncpack --site boston attach /srv/shop/shop.db --refresh --table orders
     """
     obj.json = obj.json or as_json
+    if refresh and all_tables:
+        raise click.UsageError("use either --refresh [--table T...] or --all-tables")
+    if not refresh and not tables and not all_tables:
+        raise click.UsageError("name the tables with --table T (repeatable) or use --all-tables")
+    if tables and all_tables:
+        raise click.UsageError("use either --table T... or --all-tables")
     s = obj.open()
     if refresh:
-        if all_tables:
-            raise click.UsageError("use either --refresh [--table T...] or --all-tables")
         doc = attach_core.refresh(s, database, list(tables) or None)
         obj.emit(doc, "\n".join(f"refreshed {t['table']} ({len(t['columns'])} columns, "
                                 f"{t['changes']} change(s) captured)" for t in doc["refreshed"]))

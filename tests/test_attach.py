@@ -362,7 +362,18 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     s = sites["a"]
     db = tmp_path / "app.db"
     app(db, SCHEMA + ["CREATE TABLE nokey(a, b)", "CREATE VIRTUAL TABLE v USING rtree(id, x, y)",
-                      "CREATE TABLE parts(id TEXT PRIMARY KEY)"])
+                      "CREATE TABLE parts(id TEXT PRIMARY KEY)",
+                      "CREATE TABLE badtext(id TEXT PRIMARY KEY, v TEXT)",
+                      "INSERT INTO badtext VALUES ('ok', 'fine'), ('bad', CAST(x'ff' AS TEXT))"])
+    # a file whose header and schema read, and whose table's pages are damaged
+    damaged = tmp_path / "damaged.db"
+    app(damaged, ["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
+                  "WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i < 1999) "
+                  "INSERT INTO t SELECT 'k' || i, hex(randomblob(50)) FROM c"])
+    data = bytearray(damaged.read_bytes())
+    for page in range(3, len(data) // 4096, 3):
+        data[page * 4096:page * 4096 + 200] = b"\xa5" * 200
+    damaged.write_bytes(bytes(data))
     sp(s, "put", "parts", "p1", '{"x": 1}')
     not_sqlite = tmp_path / "notes.txt"
     not_sqlite.write_text("hello, this is not a database at all\n")
@@ -373,17 +384,24 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
              ((db, "--table", "parts"), "already used by a collection"),
              ((db, "--table", "items", "--table", "nokey"), "PRIMARY KEY"),
              ((db, "--table", "absent"), "no table absent"),
-             ((db,), "--table")]
+             # found only while its rows are read, after the checks
+             ((db, "--table", "badtext"), "not valid UTF-8"),
+             ((db, "--table", "items", "--table", "badtext"), "not valid UTF-8"),
+             ((damaged, "--table", "t"), "the application's database"),
+             ((db,), "--table"),
+             ((db, "--table", "items", "--all-tables"), "either")]
     before = sqlite3.connect(db).execute("SELECT sql FROM sqlite_schema ORDER BY name").fetchall()
+    ops_before = run("fsck", site=s).err
     for args, words in cases:
         r = run("attach", *args, site=s)
-        assert r.code in (1, 2), (args, r)
+        assert r.code == (2 if words in ("--table", "either") else 1), (args, r)
         assert words in r.err, (args, r.err)
-        assert "Traceback" not in r.err
+        assert "Traceback" not in r.err and "site store cannot" not in r.err, r.err
         assert run("--json", "attached", site=s).json["tables"] == []
         after = sqlite3.connect(db).execute(
             "SELECT sql FROM sqlite_schema ORDER BY name").fetchall()
         assert after == before, args
+        assert run("fsck", site=s).err == ops_before, args     # no op written
     sp(s, "attach", db, "--table", "items")
     other = tmp_path / "other.db"
     app(other, SCHEMA)
@@ -453,9 +471,32 @@ def test_status_answers_when_the_database_is_gone(three):
     assert r.code == 0, r
     assert r.json["attached"]["tables"][0]["rows"] is None
     r = run("capture", site=sites["a"])
-    assert r.code == 1 and "no such file" in r.err, r
+    assert r.code == 1 and "is gone" in r.err and "syncpack detach" in r.err, r
     r = run("fsck", site=sites["a"])
     assert r.code == 1 and "attached database" in r.err, r
+    # the way out the hint names works without the file
+    r = run("detach", str(dbs["a"]), site=sites["a"])
+    assert r.code == 0, r
+    assert run("fsck", site=sites["a"]).code == 0
+    assert run("--json", "attached", site=sites["a"]).json["tables"] == []
+
+
+def test_detach_of_a_table_the_application_dropped(three):
+    """The application dropped an attached table: every command says so and names detach,
+    and detach works (it does not need the table)."""
+    import sqlite3
+    root, sites, dbs = three
+    attach_all(sites, dbs, ("items",))
+    c = sqlite3.connect(dbs["a"])
+    c.execute("DROP TABLE items")
+    c.commit()
+    c.close()
+    r = run("capture", site=sites["a"])
+    assert r.code == 1 and "gone" in r.err and "detach" in r.err, r
+    r = run("detach", str(dbs["a"]), "--table", "items", site=sites["a"])
+    assert r.code == 0, r
+    assert run("fsck", site=sites["a"]).code == 0
+    assert run("--json", "attached", site=sites["a"]).json["tables"] == []
 
 
 # --- pure rules -------------------------------------------------------------------------------

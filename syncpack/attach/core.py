@@ -62,14 +62,23 @@ def is_attached(site: Site) -> bool:
 
 
 @contextmanager
-def _open_attached(site: Site) -> Iterator[tuple[appdb.Connection, dict[str, appdb.TableInfo]]]:
+def _open_attached(site: Site, gone_ok: bool = False
+                   ) -> Iterator[tuple[appdb.Connection, dict[str, appdb.TableInfo]]]:
+    """The attached file and its attached tables; one gone from the file is an error, or
+    with ``gone_ok`` (detach) left out."""
     path, _seq = attached.attachment(site.conn)
+    if not Path(path).exists():
+        raise AttachError(f"the attached application database {path} is gone",
+                          hint=f"put it back, or 'syncpack detach {path}' to stop replicating "
+                               f"it (the records stay in the family)")
     app = appdb.open_app(Path(path))
     try:
         infos = {}
         for name in attached.tables(site.conn):
             t = appdb.table_info(app, name)
             if t is None:
+                if gone_ok:
+                    continue
                 raise AttachError(f"attached table {name} is gone from {path}",
                                   hint=f"'syncpack detach {path} --table {name}' stops "
                                        f"replicating it")
@@ -523,54 +532,60 @@ def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bo
     concurrent with whatever the store holds (``rescan=False``); on a rescan they replace what
     the application had seen.  Keys the store holds and the table lacks are deleted on a
     rescan only."""
+    with site.transaction() as tx:
+        return _load_rows_in(site, tx, app, t, rescan)
+
+
+def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
+                  rescan: bool) -> int:
+    """:func:`_load_rows` in the caller's store transaction ``tx``."""
     conn = site.conn
     name = t.name
     single = len(t.pk) == 1
     key_at = [t.columns.index(c) for c in t.pk]
     n = 0
-    with site.transaction() as tx:
-        attached.begin_capturing(conn)
-        size = 0
-        seen_keys: set[str] = set()
-        pending = set(attached.pending_keys(conn, name)) if rescan else set()
-        for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
-            items = []
-            for row in part:
-                key = rows.encode_key(tuple(row[i] for i in key_at), single)
-                if rescan:
-                    seen_keys.add(key)
-                    if key in pending:
-                        continue
-                items.append((key, _record(t, row)))
-            current = attached.versions_for(conn, name, [k for k, _r in items])
-            batch = []
-            for key, raw in items:
-                vs = current.get(key, ())
-                if len(vs) == 1 and (vs[0][1] == raw or rescan and vs[0][1] is not None
-                                     and rows.same_row(codec.shown_value(vs[0][1]),
-                                                       codec.decode_value(raw))):
+    attached.begin_capturing(conn)
+    size = 0
+    seen_keys: set[str] = set()
+    pending = set(attached.pending_keys(conn, name)) if rescan else set()
+    for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
+        items = []
+        for row in part:
+            key = rows.encode_key(tuple(row[i] for i in key_at), single)
+            if rescan:
+                seen_keys.add(key)
+                if key in pending:
                     continue
-                if tx.seq + len(batch) >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
-                    tx.write_many(name, batch)
-                    batch = []
-                    tx.split()
-                    size = 0
-                size += len(key) + len(raw)
-                batch.append((key, raw, [c for c, _v in vs] if rescan else []))
-            tx.write_many(name, batch)
-            n += len(batch)
-        if rescan:
-            gone = []
-            for key, vs in _grouped((k, c, v) for k, c, v in
-                                    attached.visible_candidates(conn, name)):
-                if key in seen_keys or key in pending:
-                    continue
-                v = _visible(site, name, vs, key)
-                if v is not None and v.value is not None:
-                    gone.append((key, None, [c for c, _v in vs]))
-            tx.write_many(name, gone)
-            n += len(gone)
-        attached.end_capturing(conn)
+            items.append((key, _record(t, row)))
+        current = attached.versions_for(conn, name, [k for k, _r in items])
+        batch = []
+        for key, raw in items:
+            vs = current.get(key, ())
+            if len(vs) == 1 and (vs[0][1] == raw or rescan and vs[0][1] is not None
+                                 and rows.same_row(codec.shown_value(vs[0][1]),
+                                                   codec.decode_value(raw))):
+                continue
+            if tx.seq + len(batch) >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
+                tx.write_many(name, batch)
+                batch = []
+                tx.split()
+                size = 0
+            size += len(key) + len(raw)
+            batch.append((key, raw, [c for c, _v in vs] if rescan else []))
+        tx.write_many(name, batch)
+        n += len(batch)
+    if rescan:
+        gone = []
+        for key, vs in _grouped((k, c, v) for k, c, v in
+                                attached.visible_candidates(conn, name)):
+            if key in seen_keys or key in pending:
+                continue
+            v = _visible(site, name, vs, key)
+            if v is not None and v.value is not None:
+                gone.append((key, None, [c for c, _v in vs]))
+        tx.write_many(name, gone)
+        n += len(gone)
+    attached.end_capturing(conn)
     return n
 
 
@@ -767,7 +782,11 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         for t in new.values():
             appdb.install_capture(app, t)
         upto = appdb.max_seq(app)
-        with site.write_txn() as conn:
+        # One store transaction for the attachment, the definitions and the rows: a table
+        # whose rows cannot be read (text that is not UTF-8, a damaged file) leaves the site
+        # as it was, not attached to a table it never captured.
+        with site.transaction() as tx:
+            conn = site.conn
             if attached.attachment(conn) is None:
                 attached.set_attachment(conn, str(path), upto)
             attached.set_captured(conn, upto)
@@ -775,18 +794,17 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 attached.mark_all_pending(conn, n)
                 attached.add_table(conn, n, t.pk, t.columns, t.create_sql)
                 attached.set_shape(conn, n, schema.shape_of(t))
-        with site.transaction() as tx:
             for n, t in new.items():
                 d = schema.definition(t, schema.definitions(site, n))
                 if _definition(site, n) != d:
                     tx.write_raw(TABLES, n, codec.encode_value(d))
-        for n, t in new.items():
-            rows_n = appdb.count_rows(app, n)
-            _load_rows(site, app, t, rescan=False)
-            w = rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql)
-            if w:
-                warnings.append(w)
-            out.append({"table": n, "rows": rows_n, "primary_key": t.pk})
+            for n, t in new.items():
+                tx.split()      # each table's rows a transaction of their own
+                _load_rows_in(site, tx, app, t, rescan=False)
+                w = rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql)
+                if w:
+                    warnings.append(w)
+                out.append({"table": n, "rows": 0, "primary_key": t.pk})
         infos.update(new)
         infos, grown = schema.follow(site, app, infos, [])
         done, clashes = _apply(site, app, infos)
@@ -823,7 +841,14 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
         current = attached.tables(site.conn)
         names = _named_tables(site, path, names, current, "detached")
         _recover(site)
-        with _open_attached(site) as (app, infos):
+        if not path.exists():
+            # The file was moved or deleted: nothing of ours is left to remove from it, and
+            # its changes not yet captured went with it.
+            with site.write_txn() as conn:
+                for n in names:
+                    attached.remove_table(conn, n)
+            return {"database": str(path), "detached": names}
+        with _open_attached(site, gone_ok=True) as (app, infos):
             if site.state != "recovering":
                 _cycle(site, app, infos)
             with appdb.write_txn(app):

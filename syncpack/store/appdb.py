@@ -32,6 +32,55 @@ Connection = apsw.Connection
 ConstraintError = apsw.ConstraintError
 # The application may hold the write lock for a while (a bulk transaction); we wait as long.
 BUSY_TIMEOUT_MS = 60_000
+
+# Failures of the file itself, not of a statement: told as the application's file's, never
+# as the site store's (whose hint, restore from a backup, would be wrong and dangerous).
+# Statement errors (a constraint, a schema the caller reads) stay the caller's to handle.
+_FILE_ERRORS = (apsw.BusyError, apsw.LockedError, apsw.ReadOnlyError, apsw.CorruptError,
+                apsw.NotADBError, apsw.IOError, apsw.FullError, apsw.CantOpenError,
+                apsw.PermissionsError, apsw.ProtocolError)
+
+
+def file_error(path: str, e: BaseException) -> AttachError:
+    """The :class:`AttachError` that tells a failure of the application's file ``path``."""
+    if isinstance(e, (apsw.BusyError, apsw.LockedError)):
+        return AttachError(
+            f"the application's database {path} stayed locked by another connection for "
+            f"{BUSY_TIMEOUT_MS // 1000} s", hint="an application transaction held it; run the "
+            "command again once that transaction has ended")
+    return AttachError(f"the application's database {path} cannot be used: {e}",
+                       hint="the site store is not at fault: check that file (its "
+                            "permissions, free space, sqlite3 FILE 'PRAGMA integrity_check')")
+
+
+class _AppCursor(apsw.Cursor):
+    """A cursor on the application's file whose file failures are :func:`file_error`'s.
+    Rows taken one by one are not wrapped (a Python call per row); the bulk readers here
+    wrap their loops themselves."""
+
+    def execute(self, *args, **kwargs):
+        try:
+            return super().execute(*args, **kwargs)
+        except _FILE_ERRORS as e:
+            raise file_error(self.connection.filename, e) from None
+
+    def executemany(self, *args, **kwargs):
+        try:
+            return super().executemany(*args, **kwargs)
+        except _FILE_ERRORS as e:
+            raise file_error(self.connection.filename, e) from None
+
+    def fetchone(self):
+        try:
+            return super().fetchone()
+        except _FILE_ERRORS as e:
+            raise file_error(self.connection.filename, e) from None
+
+    def fetchall(self):
+        try:
+            return super().fetchall()
+        except _FILE_ERRORS as e:
+            raise file_error(self.connection.filename, e) from None
 CHANGES = "_syncpack_changes"
 APPLYING = "_syncpack_applying"
 TRIGGER_PREFIX = "_syncpack_"
@@ -81,9 +130,12 @@ def open_app(path: Path) -> Connection:
                           hint="attach the application's SQLite database file")
     try:
         conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
+        conn.cursor_factory = _AppCursor
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+    except AttachError:
+        raise
     except apsw.Error as e:
         raise AttachError(f"{path} cannot be opened as an SQLite database ({e})") from None
     return conn
@@ -469,6 +521,8 @@ def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
         yield from conn.execute(f"SELECT {cols} FROM {q(t.name)}")
     except UnicodeDecodeError:
         raise _not_utf8(t.name) from None
+    except _FILE_ERRORS as e:
+        raise file_error(conn.filename, e) from None
 
 
 def count_rows(conn: Connection, table: str) -> int:
@@ -678,6 +732,8 @@ def _parts(cur, n: int, table: str) -> Iterator[list[tuple]]:
             part = list(islice(cur, n))
         except UnicodeDecodeError:
             raise _not_utf8(table) from None
+        except _FILE_ERRORS as e:
+            raise file_error(cur.connection.filename, e) from None
         if not part:
             return
         yield part
