@@ -414,6 +414,28 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     assert [t["table"] for t in run("--json", "attached", site=s).json["tables"]] == ["items"]
 
 
+def test_one_file_is_attached_by_one_site(tmp_path):
+    """A second site attaching the same file would take the changes the first has not
+    captured yet: refused while the first attaches it; a copy, or the file once the first
+    detached it, can be attached."""
+    import shutil
+    sites = make_family(tmp_path, ("a", "b"))
+    db = tmp_path / "shared.db"
+    app(db, SCHEMA[:1])
+    sp(sites["a"], "attach", db, "--table", "items")
+    r = run("attach", db, "--table", "items", site=sites["b"])
+    assert r.code == 1 and "one site" in r.err and "detach" in r.err, r
+    assert run("--json", "attached", site=sites["b"]).json["tables"] == []
+    app(db, ["INSERT INTO items(id) VALUES ('k1')"])
+    assert sp(sites["a"], "--json", "capture").json["captured"] == 1
+    copy = tmp_path / "copy.db"
+    shutil.copy(db, copy)
+    sp(sites["b"], "attach", copy, "--table", "items")
+    sp(sites["b"], "detach", copy)
+    sp(sites["a"], "detach", db)
+    sp(sites["b"], "attach", db, "--table", "items")
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

@@ -708,9 +708,26 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
                               hint=f"'syncpack detach {att[0]}' first, or use another site")
         app = appdb.open_app(path)
         try:
+            _check_owner(site, app, path)
             return _attach_locked(site, app, path, names, all_tables)
         finally:
             app.close()
+
+
+def _check_owner(site: Site, app: appdb.Connection, path: Path) -> None:
+    """One file, one site: a second site's capture would empty the change table of the
+    changes the first has not read yet, and they would never reach the family.  The file
+    names the site that attached it; that site still attaching it refuses the attach (a copy
+    of the file, or one whose site has gone or detached it, is taken over)."""
+    with appdb.read_txn(app):
+        owner = appdb.owner(app)
+    if owner is None or owner[0] == site.site_id:
+        return
+    other = Path(owner[1])
+    if attached.attachment_in(other) == str(path):
+        raise AttachError(f"{path} is attached to the site at {other}; one application "
+                          f"database is replicated by one site", hint=f"detach it there "
+                          f"('syncpack --site {other} detach {path}') or attach a copy here")
 
 
 def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) -> str | None:
@@ -781,6 +798,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         new = {n: appdb.table_info(app, n) for n in names}
         for t in new.values():
             appdb.install_capture(app, t)
+        appdb.set_owner(app, site.site_id, str(site.path.resolve()))
         upto = appdb.max_seq(app)
         # One store transaction for the attachment, the definitions and the rows: a table
         # whose rows cannot be read (text that is not UTF-8, a damaged file) leaves the site

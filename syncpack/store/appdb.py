@@ -83,6 +83,8 @@ class _AppCursor(apsw.Cursor):
             raise file_error(self.connection.filename, e) from None
 CHANGES = "_syncpack_changes"
 APPLYING = "_syncpack_applying"
+# Which site attached the file (one site replicates one file).
+OWNER = "_syncpack_site"
 TRIGGER_PREFIX = "_syncpack_"
 # Key columns of the change table; more are added when a table with a longer key is attached.
 MIN_KEY_COLS = 4
@@ -379,6 +381,23 @@ def has_capture(conn: Connection, table: str) -> bool:
 def drop_capture_tables(conn: Connection) -> None:
     conn.execute(f"DROP TABLE IF EXISTS {CHANGES}")
     conn.execute(f"DROP TABLE IF EXISTS {APPLYING}")
+    conn.execute(f"DROP TABLE IF EXISTS {OWNER}")
+
+
+def owner(conn: Connection) -> tuple[bytes, str] | None:
+    """(site id, site directory) of the site that attached this file, if it says."""
+    if not has_table(conn, OWNER):
+        return None
+    row = conn.execute(f"SELECT site_id, site_dir FROM {OWNER}").fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def set_owner(conn: Connection, site_id: bytes, site_dir: str) -> None:
+    """Note the site that attached this file (a second site's capture would take the
+    changes the first has not read yet); the caller holds the write lock."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {OWNER}(site_id BLOB, site_dir TEXT)")
+    conn.execute(f"DELETE FROM {OWNER}")
+    conn.execute(f"INSERT INTO {OWNER} VALUES (?, ?)", (site_id, site_dir))
 
 
 def schema_version(conn: Connection) -> int:

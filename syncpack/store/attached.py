@@ -33,8 +33,10 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from itertools import repeat
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from syncpack.store import db
 from syncpack.store.db import Connection
 
 
@@ -54,6 +56,23 @@ def attachment(conn: Connection) -> tuple[str, int] | None:
     """(database path, captured_seq), or None when nothing is attached."""
     row = conn.execute("SELECT db_path, captured_seq FROM attached").fetchone()
     return (row[0], row[1]) if row else None
+
+
+def attachment_in(site_dir: Path) -> str | None:
+    """The path of the application database another site's store has attached, read without
+    writing; None when it has none, or there is no such store, or it cannot be read."""
+    store_file = site_dir / db.DB_NAME
+    if not store_file.is_file():
+        return None
+    try:
+        conn = db.open_readonly(store_file)
+        try:
+            row = conn.execute("SELECT db_path FROM attached").fetchone()
+        finally:
+            conn.close()
+    except db.DatabaseError:
+        return None
+    return row[0] if row else None
 
 
 def set_attachment(conn: Connection, path: str, captured_seq: int) -> None:

@@ -329,6 +329,11 @@ def _open(db_path: Path, flags: int) -> Connection:
     return conn
 
 
+def open_readonly(db_path: Path) -> Connection:
+    """Another site's store, to read a setting of it: never written, never migrated."""
+    return _open(db_path, apsw.SQLITE_OPEN_READONLY)
+
+
 def _configure(conn: Connection, new: bool = False) -> None:
     if new:
         # 4 KiB pages (SQLite's default): a commit writes whole pages to the WAL and waits for
