@@ -364,7 +364,9 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     app(db, SCHEMA + ["CREATE TABLE nokey(a, b)", "CREATE VIRTUAL TABLE v USING rtree(id, x, y)",
                       "CREATE TABLE parts(id TEXT PRIMARY KEY)",
                       "CREATE TABLE badtext(id TEXT PRIMARY KEY, v TEXT)",
-                      "INSERT INTO badtext VALUES ('ok', 'fine'), ('bad', CAST(x'ff' AS TEXT))"])
+                      "INSERT INTO badtext VALUES ('ok', 'fine'), ('bad', CAST(x'ff' AS TEXT))",
+                      "CREATE TABLE nullkey(a TEXT, b INTEGER, PRIMARY KEY(a, b))",
+                      "INSERT INTO nullkey VALUES ('x', 1), ('y', NULL)"])
     # a file whose header and schema read, and whose table's pages are damaged
     damaged = tmp_path / "damaged.db"
     app(damaged, ["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
@@ -384,6 +386,7 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
              ((db, "--table", "parts"), "already used by a collection"),
              ((db, "--table", "items", "--table", "nokey"), "PRIMARY KEY"),
              ((db, "--table", "absent"), "no table absent"),
+             ((db, "--table", "nullkey"), "1 row(s) with NULL in its primary key"),
              # found only while its rows are read, after the checks
              ((db, "--table", "badtext"), "not valid UTF-8"),
              ((db, "--table", "items", "--table", "badtext"), "not valid UTF-8"),
@@ -421,8 +424,10 @@ def test_one_file_is_attached_by_one_site(tmp_path):
     import shutil
     sites = make_family(tmp_path, ("a", "b"))
     db = tmp_path / "shared.db"
-    app(db, SCHEMA[:1])
-    sp(sites["a"], "attach", db, "--table", "items")
+    app(db, SCHEMA)
+    r = sp(sites["a"], "attach", db, "--table", "items", "--table", "counters")
+    # items' TEXT key may hold NULL (SQLite allows it without NOT NULL), counters' rowid not
+    assert "column(s) id of table items allow NULL" in r.err and "counters allow" not in r.err, r
     r = run("attach", db, "--table", "items", site=sites["b"])
     assert r.code == 1 and "one site" in r.err and "detach" in r.err, r
     assert run("--json", "attached", site=sites["b"]).json["tables"] == []

@@ -747,6 +747,10 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         return f"table {name} is a virtual table; only ordinary tables can be replicated"
     if not t.pk:
         return f"table {name} has no declared PRIMARY KEY; a replicated row needs a key"
+    nulls = appdb.null_key_rows(app, name, appdb.nullable_key(app, name))
+    if nulls:
+        return (f"table {name} has {nulls} row(s) with NULL in its primary key; a replicated "
+                f"row needs a key (give them one, or delete them)")
     if d is None and attached.collection_used(site.conn, name):
         return f"table name {name} is already used by a collection of this family"
     if d is not None and list(d.get("pk", [])) != t.pk:
@@ -819,9 +823,10 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             for n, t in new.items():
                 tx.split()      # each table's rows a transaction of their own
                 _load_rows_in(site, tx, app, t, rescan=False)
-                w = rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql)
-                if w:
-                    warnings.append(w)
+                for w in (rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql),
+                          rows.null_key_warning(n, appdb.nullable_key(app, n))):
+                    if w:
+                        warnings.append(w)
                 out.append({"table": n, "rows": 0, "primary_key": t.pk})
         infos.update(new)
         infos, grown = schema.follow(site, app, infos, [])

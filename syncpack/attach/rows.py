@@ -171,6 +171,16 @@ def integer_key_warning(table: str, pk: list[str], affinities: dict[str, str],
     return None
 
 
+def null_key_warning(table: str, columns: list[str]) -> str | None:
+    """A warning when key columns of ``table`` may hold NULL: such a row has no key to
+    replicate under, and is left out (SQLite allows it unless NOT NULL is declared)."""
+    if not columns:
+        return None
+    return (f"key column(s) {', '.join(columns)} of table {table} allow NULL: a row with a "
+            f"NULL key is not replicated (fsck reports it); declare them NOT NULL, or never "
+            f"write NULL there")
+
+
 def chunks(items: Iterable, n: int):
     """Lists of ``n`` items in order (the last one shorter), taken by islice in C."""
     it = iter(items)

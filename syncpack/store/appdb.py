@@ -247,6 +247,25 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
     return info
 
 
+def nullable_key(conn: Connection, table: str) -> list[str]:
+    """The key columns of ``table`` that may hold NULL: SQLite lets a PRIMARY KEY column of a
+    rowid table hold NULL unless NOT NULL is declared (a rowid alias never does, nor a key of
+    a WITHOUT ROWID table)."""
+    key = sorted((r for r in conn.execute(f"PRAGMA table_xinfo({q(table)})") if r[5]),
+                 key=lambda r: r[5])
+    if len(key) == 1 and (key[0][2] or "").upper() == "INTEGER":
+        return []
+    return [r[1] for r in key if not r[3]]
+
+
+def null_key_rows(conn: Connection, table: str, columns: list[str]) -> int:
+    """Rows of ``table`` with NULL in any of ``columns``."""
+    if not columns:
+        return 0
+    where = " OR ".join(f"{q(c)} IS NULL" for c in columns)
+    return conn.execute(f"SELECT count(*) FROM {q(table)} WHERE {where}").fetchone()[0]
+
+
 _DEFERRED = re.compile(r"DEFERRABLE\s+INITIALLY\s+DEFERRED", re.I)
 
 
