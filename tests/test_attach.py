@@ -441,6 +441,21 @@ def test_one_file_is_attached_by_one_site(tmp_path):
     sp(sites["b"], "attach", db, "--table", "items")
 
 
+def test_attach_warns_of_column_types_other_than_the_familys(tmp_path):
+    """A column declared with another affinity than at the origin would store some values
+    with other types here (1 as '1'): the attach says so."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dba, dbb = tmp_path / "a.db", tmp_path / "b.db"
+    app(dba, ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, v, n INTEGER)"])
+    app(dbb, ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, v TEXT, n INT)"])
+    r = sp(sites["a"], "attach", dba, "--table", "t")
+    assert "warning" not in r.err, r
+    exchange(tmp_path, sites, rounds=1)
+    r = sp(sites["b"], "attach", dbb, "--table", "t")
+    assert "column(s) v (TEXT here, BLOB in the family)" in r.err, r
+    assert "n (" not in r.err, r        # INT and INTEGER: the same affinity
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

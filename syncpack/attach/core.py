@@ -800,6 +800,9 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 appdb.create_table(app, n, d["create_sql"])
                 _check_created(appdb.table_info(app, n), n, d)
         new = {n: appdb.table_info(app, n) for n in names}
+        odd_types = {n: rows.type_warning(n, new[n].affinity,
+                                          appdb.declared_affinities(n, d["create_sql"]))
+                     for n in names if (d := _definition(site, n)) is not None}
         for t in new.values():
             appdb.install_capture(app, t)
         appdb.set_owner(app, site.site_id, str(site.path.resolve()))
@@ -824,7 +827,8 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 tx.split()      # each table's rows a transaction of their own
                 _load_rows_in(site, tx, app, t, rescan=False)
                 for w in (rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql),
-                          rows.null_key_warning(n, appdb.nullable_key(app, n))):
+                          rows.null_key_warning(n, appdb.nullable_key(app, n)),
+                          odd_types.get(n)):
                     if w:
                         warnings.append(w)
                 out.append({"table": n, "rows": 0, "primary_key": t.pk})

@@ -171,6 +171,20 @@ def integer_key_warning(table: str, pk: list[str], affinities: dict[str, str],
     return None
 
 
+def type_warning(table: str, here: dict[str, str], family: dict[str, str] | None
+                 ) -> str | None:
+    """A warning when columns of ``table`` have another type affinity here than in the
+    family's definition: SQLite would store some values with other types here (1 as '1')."""
+    if family is None:
+        return None
+    odd = [f"{c} ({here[c]} here, {family[c]} in the family)" for c in here
+           if c in family and here[c] != family[c]]
+    if not odd:
+        return None
+    return (f"table {table} declares column(s) {', '.join(odd)}: values may be stored with "
+            f"other types here than at the other sites; declare the same column types")
+
+
 def null_key_warning(table: str, columns: list[str]) -> str | None:
     """A warning when key columns of ``table`` may hold NULL: such a row has no key to
     replicate under, and is left out (SQLite allows it unless NOT NULL is declared)."""

@@ -298,6 +298,20 @@ def _violations_sql(fk: tuple[str, list[str], str, list[str]]) -> str:
     return f"({present} AND NOT EXISTS (SELECT 1 FROM {q(parent)} p WHERE {match}))"
 
 
+def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
+    """Column -> affinity of the table that ``sql`` (a peer's CREATE TABLE text) would make,
+    read by making it in a private in-memory database; None if it makes no such table."""
+    mem = apsw.Connection(":memory:")
+    try:
+        create_table(mem, name, sql)
+        t = table_info(mem, name)
+        return None if t is None else dict(t.affinity)
+    except (AttachError, apsw.Error):
+        return None
+    finally:
+        mem.close()
+
+
 def create_table(conn: Connection, name: str, sql: str) -> None:
     """Create a table from the definition that travelled with its records: one CREATE TABLE
     statement of that name and nothing else (the text comes from a peer)."""
