@@ -456,6 +456,33 @@ def test_attach_warns_of_column_types_other_than_the_familys(tmp_path):
     assert "n (" not in r.err, r        # INT and INTEGER: the same affinity
 
 
+def test_a_value_the_table_would_store_otherwise_is_refused(tmp_path):
+    """SQLite converts by column affinity ('7' in an INTEGER column is 7): a put or load
+    holding such a value is refused before anything is written, as the record and the row
+    would otherwise disagree."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, SCHEMA[:1])
+    sp(sites["a"], "attach", db, "--table", "items")
+    for value, words in (({"id": "k", "i": "7"}, 'column i of attached table items has '
+                                                  'INTEGER affinity: "7" would be stored as 7'),
+                         ({"id": "k", "t": 5}, 'column t'),
+                         ({"id": "k", "i": True}, 'true would be stored as 1')):
+        r = run("put", "items", "k", json.dumps(value), site=sites["a"])
+        assert r.code == 1 and words in r.err, r
+    lines = tmp_path / "load.jsonl"
+    lines.write_text(json.dumps({"collection": "items", "key": "a", "value": {"id": "a"}})
+                     + "\n" + json.dumps({"collection": "items", "key": "b",
+                                          "value": {"id": "b", "r": "1.5"}}) + "\n")
+    r = run("load", lines, site=sites["a"])
+    assert r.code == 1 and "column r" in r.err, r
+    assert table(db, "items") == []
+    assert run("--json", "ls", "items", site=sites["a"]).json["records"] == []
+    sp(sites["a"], "put", "items", "k", json.dumps({"id": "k", "i": 7, "r": 1.5, "t": "7"}))
+    assert table(db, "items")[0][:8] == ("k", "text", 7, "integer", 1.5, "real", "7", "text")
+    assert run("fsck", site=sites["a"]).code == 0
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

@@ -13,7 +13,7 @@ from syncpack.admin import writes
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import chain, db, fields, log, stash, versions
+from syncpack.store import attached, chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
@@ -158,10 +158,14 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
     # the store transaction, all of the file, back.  (Parsing on a second thread gained
     # nothing: the writer gives up the GIL at every row SQLite inserts, and waits for it.)
     collections: set[str] = set()
+    watched = attached.watched(site.conn)
     with site.transaction() as tx:
         for i, batch in enumerate(_load_batches(p, lines, counts)):
             if i:
                 tx.split()
+            for name in watched & set(map(itemgetter(0), batch)):
+                attach_core.check_values(site, name, [
+                    codec.decode_value(raw) for c, _k, raw in batch if c == name and raw])
             tx.write_rows(batch)
             collections.update(map(itemgetter(0), batch))
             if progress:

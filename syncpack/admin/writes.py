@@ -19,6 +19,8 @@ attach_core = OnFirstUse("syncpack.attach.core")
 def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     """One record in one transaction, into an attached application's table as well.
     Returns why such a table refused it (it is then listed by conflicts)."""
+    if collection in attached.watched(site.conn):
+        attach_core.check_values(site, collection, [value])
     with site.transaction() as tx:
         tx.put(collection, key, value)
     return into_attached(site, [collection], key)

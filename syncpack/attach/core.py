@@ -24,6 +24,7 @@ own lock (one syncpack command at a time works on an attachment).
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager, nullcontext
 from itertools import chain as joined, compress, repeat
@@ -997,6 +998,30 @@ def report(site: Site) -> dict | None:
          "stopped": shp.get(n, (None, None))[1],
          "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
         for n, d in tables.items()], "available": schema.available(site)}
+
+
+def check_values(site: Site, collection: str, values: list) -> None:
+    """Refuses, before anything is written, records for an attached table holding a value
+    the table would store as another one (SQLite converts by the column's type affinity: the
+    record would say "7", the table 7, and the sites would disagree)."""
+    shape = attached.shapes(site.conn).get(collection, (None, None))[0]
+    if shape is None:
+        return
+    affinity = dict(map(tuple, shape["columns"]))
+    rows_ = [{c: v for c, v in value.items() if c in affinity and type(v) in _BINDABLE
+              and (type(v) is not int or -2 ** 63 <= v < 2 ** 63)}
+             if isinstance(value, dict) else {} for value in values]
+    for given, stored in zip(rows_, appdb.as_stored(affinity, rows_)):
+        for c, v in given.items():
+            if type(stored[c]) is not type(v) or stored[c] != v:
+                raise AttachError(
+                    f"column {c} of attached table {collection} has {affinity[c]} affinity: "
+                    f"{json.dumps(v)} would be stored as {json.dumps(stored[c])}; nothing was "
+                    f"written", hint="write the value as the table stores it")
+
+
+# Values SQLite binds as they are (bool binds as an integer, and so is refused above).
+_BINDABLE = (type(None), int, float, str, bytes, bool)
 
 
 def clash_list(site: Site, collection: str | None = None) -> list[tuple[str, str, str]]:

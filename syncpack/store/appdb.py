@@ -298,6 +298,35 @@ def _violations_sql(fk: tuple[str, list[str], str, list[str]]) -> str:
     return f"({present} AND NOT EXISTS (SELECT 1 FROM {q(parent)} p WHERE {match}))"
 
 
+_DECLARED = {"INTEGER": "INTEGER", "REAL": "REAL", "TEXT": "TEXT", "NUMERIC": "NUMERIC",
+             "BLOB": ""}
+
+
+def as_stored(affinity: dict[str, str], rows: list[dict]) -> list[dict]:
+    """``rows`` (column -> value; columns of ``affinity`` only, values SQLite can bind) as
+    columns of those type affinities would store them: SQLite's own conversions (a TEXT '7'
+    in an INTEGER column is 7, an integer in a TEXT column is text), made in a private
+    in-memory table rather than told again here."""
+    mem = apsw.Connection(":memory:")
+    try:
+        cols = list(affinity)
+        mem.execute(f"CREATE TABLE t({', '.join(f'{q(c)} {_DECLARED[affinity[c]]}' for c in cols)})")
+        out = []
+        for row in rows:
+            names = [c for c in cols if c in row]
+            if not names:
+                out.append({})
+                continue
+            got = mem.execute(
+                f"INSERT INTO t({', '.join(map(q, names))}) VALUES "
+                f"({', '.join('?' for _ in names)}) RETURNING {', '.join(map(q, names))}",
+                [row[c] for c in names]).fetchone()
+            out.append(dict(zip(names, got)))
+        return out
+    finally:
+        mem.close()
+
+
 def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
     """Column -> affinity of the table that ``sql`` (a peer's CREATE TABLE text) would make,
     read by making it in a private in-memory database; None if it makes no such table."""
