@@ -483,6 +483,40 @@ def test_a_value_the_table_would_store_otherwise_is_refused(tmp_path):
     assert run("fsck", site=sites["a"]).code == 0
 
 
+@pytest.mark.parametrize("schema, writes", [
+    # a swap of UNIQUE values through a temporary one: each row alone clashes with the other
+    (["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, u TEXT UNIQUE, v)",
+      "INSERT INTO t VALUES ('k1', 'u1', 1), ('k2', 'u2', 2)"],
+     ["UPDATE t SET u = 'tmp' WHERE id = 'k1'", "UPDATE t SET u = 'u1' WHERE id = 'k2'",
+      "UPDATE t SET u = 'u2' WHERE id = 'k1'"]),
+    # two tables whose deferred foreign keys point at each other's new rows
+    (["CREATE TABLE pa(id TEXT PRIMARY KEY NOT NULL, b TEXT REFERENCES pb(id) "
+      "DEFERRABLE INITIALLY DEFERRED)",
+      "CREATE TABLE pb(id TEXT PRIMARY KEY NOT NULL, a TEXT REFERENCES pa(id) "
+      "DEFERRABLE INITIALLY DEFERRED)"],
+     ["INSERT INTO pa VALUES ('A1', 'B1')", "INSERT INTO pb VALUES ('B1', 'A1')"]),
+])
+def test_a_transaction_the_origin_committed_is_not_split_by_the_order_of_its_rows(
+        tmp_path, schema, writes):
+    """Rows that each break a constraint alone, and not together, go in together at the
+    peers, as the origin's transaction committed them."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    tables = [x.split()[2].split("(")[0] for x in schema if x.startswith("CREATE")]
+    for n in sites:
+        app(dbs[n], ["PRAGMA foreign_keys=ON"] + [x for x in schema if x.startswith("CREATE")])
+    app(dbs["a"], [x for x in schema if not x.startswith("CREATE")])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], *[x for t in tables for x in ("--table", t)])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], writes)           # one transaction
+    exchange(tmp_path, sites, rounds=1)
+    for t in tables:
+        assert table(dbs["a"], t) == table(dbs["b"], t) != []
+    assert "0 key(s) in conflict" in run("conflicts", site=sites["b"]).out
+    assert run("fsck", site=sites["b"]).code == 0
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

@@ -210,6 +210,7 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
     clashes: dict[str, dict[str, str]] = {}
     order = rows.fk_order({n: t.parents for n, t in infos.items()})
     has_deletes: list[str] = []
+    stuck: dict[str, dict[str, bytes]] = {}
     for name in order:
         t = infos[name]
         w = appdb.Writer(app, t)
@@ -221,8 +222,10 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         big = len(first) >= PAUSE_CAPTURE_AT
         with appdb.capture_paused(app, t) if big else nullcontext():
             for part in joined([first], parts):
-                if _apply_part(site, w, part, done, clashes):
+                if _apply_part(site, w, part, done, clashes, stuck):
                     has_deletes.append(name)
+    if stuck:
+        _apply_together(app, infos, order, stuck, done, clashes)
     # Deletes after every put, children before their parents: a second pass over the keys.
     for name in reversed(order):
         if name not in has_deletes:
@@ -251,17 +254,61 @@ def _visible_part(site: Site, name: str, part: list[tuple[str, int, bytes | None
 
 
 def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | None]],
-                done: dict[str, int], clashes: dict[str, dict[str, str]]) -> bool:
+                done: dict[str, int], clashes: dict[str, dict[str, str]],
+                stuck: dict[str, dict[str, bytes]]) -> bool:
     """Write the live records of one chunk of (key, number of versions, the value if exactly
-    one) of table ``w.t``; returns whether it holds deletes (they go after all puts)."""
+    one) of table ``w.t``; returns whether it holds deletes (they go after all puts).  The
+    records a UNIQUE or FOREIGN KEY constraint refused go to ``stuck`` too, for
+    :func:`_apply_together` (up to :data:`TOGETHER_MAX`)."""
     name = w.t.name
     vis = _visible_part(site, name, part)
     keys = [k for k, v in vis if v is not None]
-    why = writer.write_batch(w, keys, [v for _k, v in vis if v is not None])
+    raws = [v for _k, v in vis if v is not None]
+    why = writer.write_batch(w, keys, raws)
     for i, text in why.items():
         clashes.setdefault(name, {})[keys[i]] = text
+        if text.startswith(_TOGETHER_MAY_HELP) and \
+                sum(map(len, stuck.values())) < TOGETHER_MAX:
+            stuck.setdefault(name, {})[keys[i]] = raws[i]
     done[name] = done.get(name, 0) + len(keys) - len(why)
     return any(v is None for _k, v in vis)
+
+
+# Refusals that rows written together may avoid (a swap of UNIQUE values, rows whose deferred
+# foreign keys point at each other): a CHECK or NOT NULL is about the row alone.
+_TOGETHER_MAY_HELP = ("UNIQUE constraint failed", "FOREIGN KEY constraint failed")
+# Refused rows held for writing together; past this many, the rest stay clashes as before.
+TOGETHER_MAX = 10_000
+
+
+def _apply_together(app: appdb.Connection, infos: dict[str, appdb.TableInfo],
+                    order: list[str], stuck: dict[str, dict[str, bytes]],
+                    done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
+    """A transaction the origin could commit is never split at a peer by the order its rows
+    are written here: rows refused one at a time are tried again all together (tables in
+    foreign-key order), then each table's together; those that go in are no longer
+    clashes."""
+    def group(names: list[str]) -> list[tuple[appdb.Writer, list[dict]]]:
+        return [(appdb.Writer(app, infos[n]), [codec.decode_value(r) for r in stuck[n].values()])
+                for n in names]
+
+    def written(names: list[str]) -> None:
+        for n in names:
+            keys = stuck.pop(n)
+            done[n] += len(keys)
+            for k in keys:
+                clashes[n].pop(k, None)
+            if not clashes[n]:
+                del clashes[n]
+
+    names = [n for n in order if n in stuck]
+    delete_first = {n for n in names if not appdb.referenced(app, n)}
+    if appdb.write_group(group(names), delete_first):
+        written(names)
+    elif len(names) > 1:
+        for n in names:
+            if appdb.write_group(group([n]), delete_first):
+                written([n])
 
 
 def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:

@@ -723,6 +723,48 @@ class Writer:
         return None
 
 
+def referenced(conn: Connection, table: str) -> bool:
+    """Whether any table's FOREIGN KEY refers to ``table`` (deleting a row of it could
+    cascade, or fail, elsewhere)."""
+    for (other,) in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
+        for r in conn.execute(f"PRAGMA foreign_key_list({q(other)})").fetchall():
+            if r[2].lower() == table.lower():
+                return True
+    return False
+
+
+def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]) -> bool:
+    """Writes every row of ``group`` (per table, in the order given) or none: the rows that
+    one at a time each broke a constraint only because of another of them (two rows that
+    swap a UNIQUE value, rows whose deferred FOREIGN KEYs point at each other) go in
+    together, as the origin's transaction wrote them.  The rows of tables in
+    ``delete_first`` (tables no FOREIGN KEY refers to) are deleted first, so that values
+    they swap are free; deferred foreign keys are checked once all are in.  Returns whether
+    they went in."""
+    if not group:
+        return False
+    conn = group[0][0].conn
+    conn.execute("SAVEPOINT syncpack_group")
+    try:
+        for w, rows in group:
+            if w.t.name in delete_first:
+                conn.executemany(w._delete, [[r.get(c) for c in w.t.pk] for r in rows])
+        for w, rows in group:
+            for r in rows:
+                cols = tuple(c for c in r if c in w._cols)
+                conn.execute(w._upsert(cols), [r[c] for c in cols])
+        for w, rows in group:
+            if w._check_put and any(conn.execute(w._check_put, [r.get(c) for c in w.t.pk])
+                                    .fetchone() for r in rows):
+                raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
+    except (apsw.ConstraintError, TypeError, OverflowError):
+        conn.execute("ROLLBACK TO syncpack_group")
+        conn.execute("RELEASE syncpack_group")
+        return False
+    conn.execute("RELEASE syncpack_group")
+    return True
+
+
 # A record with a column the table lacks waits (it stays pending, and is listed as a clash with
 # this text) until the column arrives, instead of losing the column's value.
 WAITING = "waits for column"
