@@ -706,8 +706,16 @@ class Writer:
         return [self.put(r) for r in rows]
 
     def delete(self, key: tuple) -> str | None:
-        return self._one(self._delete, list(key),
-                         (self._check_delete, list(key)) if self._check_delete else None)
+        # Rows of other attached tables that the delete changes by their foreign keys' ON
+        # DELETE actions (CASCADE, SET NULL, SET DEFAULT) are the application's schema at
+        # work, not our write: they are noted as changes, which the next capture makes local
+        # ops, so the peers do the same and the store stays equal to the table.
+        touched = _cascade(self.conn, self.t.name, self.t.pk, list(key), {})
+        err = self._one(self._delete, list(key),
+                        (self._check_delete, list(key)) if self._check_delete else None)
+        if err is None and touched:
+            note_changed(self.conn, touched)
+        return err
 
     def _one(self, sql: str, args: list, check: tuple[str, list] | None = None) -> str | None:
         self.conn.execute("SAVEPOINT syncpack_row")
@@ -721,6 +729,65 @@ class Writer:
             return str(e).replace("ConstraintError: ", "")
         self.conn.execute("RELEASE syncpack_row")
         return None
+
+
+def _actions_on(conn: Connection, table: str, cache: dict
+                ) -> list[tuple[str, list[str], list[str], str]]:
+    """(child table, its columns, the columns of ``table`` they refer to, action) of every
+    foreign key with an ON DELETE action that refers to ``table``."""
+    if table not in cache:
+        out = []
+        for (child,) in conn.execute(
+                "SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
+            fks: dict[int, tuple[str, list, list, str]] = {}
+            for r in conn.execute(f"PRAGMA foreign_key_list({q(child)})").fetchall():
+                if r[2].lower() == table.lower() and r[6] in ("CASCADE", "SET NULL",
+                                                               "SET DEFAULT"):
+                    f = fks.setdefault(r[0], (child, [], [], r[6]))
+                    f[1].append(r[3])
+                    f[2].append(r[4])
+            for child_, frm, to, action in fks.values():
+                if any(c is None for c in to):      # the parent's primary key
+                    to = [x[1] for x in sorted(conn.execute(f"PRAGMA table_info({q(table)})"),
+                                               key=lambda x: x[5]) if x[5]]
+                out.append((child_, frm, list(to), action))
+        cache[table] = out
+    return cache[table]
+
+
+def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict,
+             depth: int = 0) -> list[tuple[str, tuple]]:
+    """(table, key values) of the rows of attached tables that deleting ``key`` from
+    ``table`` would change through ON DELETE actions (a CASCADE's own cascades too)."""
+    actions = _actions_on(conn, table, cache)
+    if not actions or depth > 16:
+        return []
+    where = " AND ".join(f"{q(c)} IS ?" for c in pk)
+    out: list[tuple[str, tuple]] = []
+    for child, frm, to, action in actions:
+        parent = conn.execute(f"SELECT {', '.join(map(q, to))} FROM {q(table)} WHERE {where}",
+                              key).fetchone()
+        if parent is None or not has_capture(conn, child):
+            continue
+        cpk = [x[1] for x in sorted(conn.execute(f"PRAGMA table_info({q(child)})"),
+                                    key=lambda x: x[5]) if x[5]] or ["rowid"]
+        rows = conn.execute(
+            f"SELECT {', '.join(map(q, cpk))} FROM {q(child)} WHERE "
+            + " AND ".join(f"{q(c)} = ?" for c in frm), list(parent)).fetchall()
+        out += [(child, tuple(r)) for r in rows]
+        if action == "CASCADE":
+            for r in rows:
+                out += _cascade(conn, child, cpk, list(r), cache, depth + 1)
+    return out
+
+
+def note_changed(conn: Connection, rows: list[tuple[str, tuple]]) -> None:
+    """Note rows of attached tables as changed, as their capture triggers would (inside our
+    write transaction, where the triggers are quiet)."""
+    for table, key in rows:
+        ks = ", ".join(f"k{i}" for i in range(len(key)))
+        conn.execute(f"INSERT INTO {CHANGES}(tbl, {ks}) VALUES (?{', ?' * len(key)})",
+                     (table, *key))
 
 
 def referenced(conn: Connection, table: str) -> bool:
