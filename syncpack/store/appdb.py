@@ -705,6 +705,22 @@ class Writer:
                 return [None] * len(rows)
         return [self.put(r) for r in rows]
 
+    def delete_plain(self, rows: list[dict]) -> None:
+        """Delete the rows of these records' keys, no savepoint, no check (write_group)."""
+        self.conn.executemany(self._delete, [[r.get(c) for c in self.t.pk] for r in rows])
+
+    def put_plain(self, rows: list[dict]) -> None:
+        """Upsert these records, no savepoint, no check (write_group)."""
+        for r in rows:
+            cols = tuple(c for c in r if c in self._cols)
+            self.conn.execute(self._upsert(cols), [r[c] for c in cols])
+
+    def breaks_deferred(self, rows: list[dict]) -> bool:
+        """Whether a row of these records' keys breaks a deferred foreign key."""
+        return bool(self._check_put) and any(
+            self.conn.execute(self._check_put, [r.get(c) for c in self.t.pk]).fetchone()
+            for r in rows)
+
     def delete(self, key: tuple) -> str | None:
         # Rows of other attached tables that the delete changes by their foreign keys' ON
         # DELETE actions (CASCADE, SET NULL, SET DEFAULT) are the application's schema at
@@ -815,14 +831,11 @@ def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]
     try:
         for w, rows in group:
             if w.t.name in delete_first:
-                conn.executemany(w._delete, [[r.get(c) for c in w.t.pk] for r in rows])
+                w.delete_plain(rows)
         for w, rows in group:
-            for r in rows:
-                cols = tuple(c for c in r if c in w._cols)
-                conn.execute(w._upsert(cols), [r[c] for c in cols])
+            w.put_plain(rows)
         for w, rows in group:
-            if w._check_put and any(conn.execute(w._check_put, [r.get(c) for c in w.t.pk])
-                                    .fetchone() for r in rows):
+            if w.breaks_deferred(rows):
                 raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
     except (apsw.ConstraintError, TypeError, OverflowError):
         conn.execute("ROLLBACK TO syncpack_group")
