@@ -550,6 +550,35 @@ def test_an_imported_delete_whose_foreign_key_action_changes_rows_here_travels(t
         assert run("fsck", site=sites[n]).code == 0, n
 
 
+def test_attached_again_a_table_tells_its_own_changes_from_rows_left_behind(tmp_path):
+    """While a table is detached, imports reach the store and not the table, and the
+    application may write.  Attached again: a row as it was left is not a change (the
+    records that arrived are written over it, a delete that arrived removes it); a row the
+    application changed or deleted meanwhile is its change, which wins over what it saw."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, v)"])
+    app(dbs["a"], ["INSERT INTO t VALUES ('k1', 'old'), ('k2', 'old'), ('k3', 'old'), "
+                   "('k4', 'old')"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "t")
+        exchange(tmp_path, sites, rounds=1)
+    sp(sites["b"], "detach", dbs["b"])
+    app(dbs["a"], ["UPDATE t SET v = 'new' WHERE id = 'k1'", "DELETE FROM t WHERE id = 'k2'"])
+    app(dbs["b"], ["UPDATE t SET v = 'b' WHERE id = 'k3'", "DELETE FROM t WHERE id = 'k4'",
+                   "INSERT INTO t VALUES ('k5', 'b')"])
+    exchange(tmp_path, sites, rounds=1)
+    sp(sites["b"], "attach", dbs["b"], "--table", "t")
+    exchange(tmp_path, sites, rounds=2)
+    want = [("k1", "text", "new", "text"), ("k3", "text", "b", "text"),
+            ("k5", "text", "b", "text")]
+    for n in sites:
+        assert table(dbs[n], "t") == want, n
+        assert run("fsck", site=sites[n]).code == 0, n
+        assert "0 key(s) in conflict" in run("conflicts", site=sites[n]).out, n
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

@@ -24,6 +24,7 @@ own lock (one syncpack command at a time works on an attachment).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from contextlib import contextmanager, nullcontext
@@ -34,7 +35,7 @@ from typing import Iterator
 from syncpack.attach import child, reader, rows, schema, shapes, writer
 from syncpack.errors import AttachError, LockedError, UsageError
 from syncpack.format import blocks, codec
-from syncpack.format.csn import csn_origin, csn_origins
+from syncpack.format.csn import csn_origin, csn_origins, split_csns
 from syncpack.pipeline import Pending, Worker
 from syncpack.rules.conflict import Version, pick
 from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
@@ -596,6 +597,11 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     size = 0
     seen_keys: set[str] = set()
     pending = set(attached.pending_keys(conn, name)) if rescan else set()
+    # Attached again, from the file it was detached from: a row as it was left is no change
+    # of the application's (the records that arrived meanwhile are written over it), and one
+    # the application changed meanwhile replaces what the row showed then, as a capture would.
+    left = None if rescan else attached.detached_rows(conn, name, attached.attachment(conn)[0])
+    as_left: list[tuple[str, str, bytes]] = []
     for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
         items = []
         for row in part:
@@ -609,17 +615,28 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
         batch = []
         for key, raw in items:
             vs = current.get(key, ())
+            was = left.pop(key, None) if left is not None else None
+            if was is not None and _digest(raw) == was[1]:
+                as_left.append((name, key, b""))
+                continue
             if len(vs) == 1 and (vs[0][1] == raw or rescan and vs[0][1] is not None
                                  and rows.same_row(codec.shown_value(vs[0][1]),
                                                    codec.decode_value(raw))):
                 continue
+            if rescan:
+                replaced = [c for c, _v in vs]
+            elif was is not None:
+                shown = set(split_csns(was[0]))
+                replaced = [c for c, _v in vs if c in shown]
+            else:
+                replaced = []
             if tx.seq + len(batch) >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
                 tx.write_many(name, batch)
                 batch = []
                 tx.split()
                 size = 0
             size += len(key) + len(raw)
-            batch.append((key, raw, [c for c, _v in vs] if rescan else []))
+            batch.append((key, raw, replaced))
         tx.write_many(name, batch)
         n += len(batch)
     if rescan:
@@ -633,6 +650,20 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
                 gone.append((key, None, [c for c, _v in vs]))
         tx.write_many(name, gone)
         n += len(gone)
+    if left:
+        # rows the application deleted while the table was detached
+        current = attached.versions_for(conn, name, list(left))
+        gone = []
+        for key, (csns, _d) in left.items():
+            shown = set(split_csns(csns))
+            vs = current.get(key, ())
+            if any(v is not None for _c, v in vs):
+                gone.append((key, None, [c for c, _v in vs if c in shown]))
+        tx.write_many(name, gone)
+        n += len(gone)
+    if left is not None:
+        attached.mark_pending(conn, as_left)    # each gets the visible record, or goes
+        attached.forget_detached(conn, name)
     attached.end_capturing(conn)
     return n
 
@@ -933,8 +964,28 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
                     appdb.drop_capture_tables(app)
             with site.write_txn() as conn:
                 for n in names:
+                    if n in infos:
+                        attached.remember_detached(conn, n, str(path), _as_left(site, n))
                     attached.remove_table(conn, n)
     return {"database": str(path), "detached": names}
+
+
+def _digest(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def _as_left(site: Site, name: str) -> Iterator[tuple[str, bytes, bytes]]:
+    """(key, CSNs of its versions, digest of the visible record) of each row the table holds
+    as it is detached: the visible records, but for the keys still pending (a record the
+    table refused, or not yet written), whose row is something else."""
+    conn = site.conn
+    pending = set(attached.pending_keys(conn, name))
+    for key, vs in _grouped(attached.visible_candidates(conn, name)):
+        if key in pending:
+            continue
+        v = _visible(site, name, vs, key)
+        if v is not None and v.value is not None:
+            yield key, b"".join(c for c, _v in vs), _digest(v.value)
 
 
 def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> None:

@@ -114,6 +114,32 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
 
 
+def remember_detached(conn: Connection, collection: str, db_path: str,
+                      rows: Iterable[tuple[str, bytes, bytes]]) -> None:
+    """What the rows of ``collection`` held as it is detached: (key, the CSNs of the versions
+    the row showed, the digest of its record)."""
+    forget_detached(conn, collection)
+    conn.execute("INSERT INTO detached_tables VALUES (?, ?)", (collection, db_path))
+    conn.executemany("INSERT INTO detached_rows VALUES (?, ?, ?, ?)",
+                     ((collection, k, c, d) for k, c, d in rows))
+
+
+def detached_rows(conn: Connection, collection: str, db_path: str
+                  ) -> dict[str, tuple[bytes, bytes]] | None:
+    """key -> (CSNs, digest) of ``collection`` as it was detached from ``db_path``; None if it
+    was not."""
+    if conn.execute("SELECT 1 FROM detached_tables WHERE collection=? AND db_path=?",
+                    (collection, db_path)).fetchone() is None:
+        return None
+    return {k: (c, d) for k, c, d in conn.execute(
+        "SELECT key, csns, digest FROM detached_rows WHERE collection=?", (collection,))}
+
+
+def forget_detached(conn: Connection, collection: str) -> None:
+    conn.execute("DELETE FROM detached_tables WHERE collection=?", (collection,))
+    conn.execute("DELETE FROM detached_rows WHERE collection=?", (collection,))
+
+
 def shapes(conn: Connection) -> dict[str, tuple[dict | None, str | None]]:
     """Per attached table: (recorded shape or None, why capture stopped or None)."""
     return {n: (json.loads(s) if s else None, st) for n, s, st in conn.execute(

@@ -48,7 +48,7 @@ def carray(items: tuple) -> object:
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -242,6 +242,14 @@ MIGRATIONS: list[str] = [
     CREATE TABLE attach_inflight(token BLOB NOT NULL, n INTEGER NOT NULL,
                                  collection TEXT NOT NULL, origin BLOB, lo BLOB NOT NULL,
                                  hi BLOB NOT NULL, PRIMARY KEY(token, n)) WITHOUT ROWID;
+    """,
+    # 11: what a detached table's rows held when it was detached (the versions each row
+    # showed, and a digest of its record), so that attaching it again tells the rows the
+    # application changed meanwhile from those left behind by imports (attach/core.py).
+    """
+    CREATE TABLE detached_tables(collection TEXT PRIMARY KEY, db_path TEXT NOT NULL);
+    CREATE TABLE detached_rows(collection TEXT NOT NULL, key TEXT NOT NULL, csns BLOB NOT NULL,
+                               digest BLOB NOT NULL, PRIMARY KEY(collection, key)) WITHOUT ROWID;
     """,
 ]
 
