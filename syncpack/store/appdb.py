@@ -628,6 +628,7 @@ class Writer:
         self._delete = f"DELETE FROM {q(t.name)} WHERE {where}"
         self._cols = set(t.columns)
         self._sql: dict[tuple[tuple[str, ...], int], str] = {}
+        self._actions: dict = {}     # table -> its incoming ON DELETE actions (_actions_on)
         # deferred foreign keys are checked by hand, in the row's savepoint (see TableInfo)
         self._check_put = self._check_delete = None
         if t.deferred:
@@ -726,7 +727,7 @@ class Writer:
         # DELETE actions (CASCADE, SET NULL, SET DEFAULT) are the application's schema at
         # work, not our write: they are noted as changes, which the next capture makes local
         # ops, so the peers do the same and the store stays equal to the table.
-        touched = _cascade(self.conn, self.t.name, self.t.pk, list(key), {})
+        touched = _cascade(self.conn, self.t.name, self.t.pk, list(key), self._actions)
         err = self._one(self._delete, list(key),
                         (self._check_delete, list(key)) if self._check_delete else None)
         if err is None and touched:
