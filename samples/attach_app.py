@@ -17,10 +17,11 @@ con = sqlite3.connect(db, timeout=30)
 with con:
     if cmd == "init":
         con.execute("PRAGMA journal_mode=WAL")
-        con.execute("CREATE TABLE IF NOT EXISTS stock(sku TEXT PRIMARY KEY, qty INTEGER NOT NULL,"
-                    " price REAL, photo BLOB)")
-        con.execute("CREATE TABLE IF NOT EXISTS orders(site TEXT, n INTEGER, sku TEXT "
-                    "REFERENCES stock(sku), qty INTEGER, PRIMARY KEY(site, n))")
+        # key columns NOT NULL: SQLite would otherwise let a row be keyed by NULL
+        con.execute("CREATE TABLE IF NOT EXISTS stock(sku TEXT PRIMARY KEY NOT NULL, qty INTEGER "
+                    "NOT NULL, price REAL, photo BLOB)")
+        con.execute("CREATE TABLE IF NOT EXISTS orders(site TEXT NOT NULL, n INTEGER NOT NULL, "
+                    "sku TEXT REFERENCES stock(sku), qty INTEGER, PRIMARY KEY(site, n))")
     elif cmd == "order":
         site, count = args[0], int(args[1])
         for i in range(count):
