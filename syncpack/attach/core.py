@@ -573,6 +573,7 @@ def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) 
     for name, t in infos.items():
         if not appdb.has_capture(app, name):
             appdb.install_capture(app, t)
+            appdb.set_owner(app, site.site_id, str(site.path.resolve()))
             _load_rows(site, app, t, rescan=True)
 
 
