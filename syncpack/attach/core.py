@@ -243,6 +243,9 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
                     clashes.setdefault(name, {})[key] = err
                 else:
                     done[name] += 1
+    if stuck and has_deletes:
+        # a row that takes a UNIQUE value from a row its transaction deleted
+        _apply_together(app, infos, order, stuck, done, clashes)
     return done, clashes
 
 
@@ -303,7 +306,7 @@ def _apply_together(app: appdb.Connection, infos: dict[str, appdb.TableInfo],
                 del clashes[n]
 
     names = [n for n in order if n in stuck]
-    delete_first = {n for n in names if not appdb.referenced(app, n)}
+    delete_first = {n for n in names if not appdb.deletes_reach_further(app, n)}
     if appdb.write_group(group(names), delete_first):
         written(names)
     elif len(names) > 1:
@@ -601,7 +604,8 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     # Attached again, from the file it was detached from: a row as it was left is no change
     # of the application's (the records that arrived meanwhile are written over it), and one
     # the application changed meanwhile replaces what the row showed then, as a capture would.
-    left = None if rescan else attached.detached_rows(conn, name, attached.attachment(conn)[0])
+    path = attached.attachment(conn)[0]
+    left = None if rescan else attached.detached_rows(conn, name, path, _file_id(Path(path)))
     as_left: list[tuple[str, str, bytes]] = []
     for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
         items = []
@@ -958,35 +962,47 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
         with _open_attached(site, gone_ok=True) as (app, infos):
             if site.state != "recovering":
                 _cycle(site, app, infos)
-            with appdb.write_txn(app):
+            # The store's transaction around the application's: the rows are read as the
+            # triggers go, and a crash after the application's commit leaves the table
+            # attached without triggers, which the next command heals.
+            with site.write_txn() as conn, appdb.write_txn(app):
                 for n in names:
                     appdb.drop_capture(app, n)
+                    if n in infos:
+                        attached.remember_detached(conn, n, str(path), _file_id(path),
+                                                   _as_left(site, app, infos[n]))
+                    attached.remove_table(conn, n)
                 if set(names) == set(current):
                     appdb.drop_capture_tables(app)
-            with site.write_txn() as conn:
-                for n in names:
-                    if n in infos:
-                        attached.remember_detached(conn, n, str(path), _as_left(site, n))
-                    attached.remove_table(conn, n)
     return {"database": str(path), "detached": names}
+
+
+def _file_id(path: Path) -> str:
+    """Which file ``path`` is (device and inode): a file put in its place is another."""
+    st = path.stat()
+    return f"{st.st_dev}:{st.st_ino}"
 
 
 def _digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
-def _as_left(site: Site, name: str) -> Iterator[tuple[str, bytes, bytes]]:
-    """(key, CSNs of its versions, digest of the visible record) of each row the table holds
-    as it is detached: the visible records, but for the keys still pending (a record the
-    table refused, or not yet written), whose row is something else."""
+def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
+             ) -> Iterator[tuple[str, bytes, bytes]]:
+    """(key, CSNs of the versions its row has seen, digest of the row's record) of each row
+    of ``t`` as it is detached: what a capture would compare it with."""
     conn = site.conn
-    pending = set(attached.pending_keys(conn, name))
-    for key, vs in _grouped(attached.visible_candidates(conn, name)):
-        if key in pending:
-            continue
-        v = _visible(site, name, vs, key)
-        if v is not None and v.value is not None:
-            yield key, b"".join(c for c, _v in vs), _digest(v.value)
+    single = len(t.pk) == 1
+    key_at = [t.columns.index(c) for c in t.pk]
+    for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
+        items = [(rows.encode_key(tuple(r[i] for i in key_at), single), _record(t, r))
+                 for r in part]
+        keys = [k for k, _r in items]
+        current = attached.versions_for(conn, t.name, keys)
+        unseen = attached.unseen_for(conn, t.name, keys)
+        for key, raw in items:
+            u = unseen.get(key, ())
+            yield key, b"".join(c for c, _v in current.get(key, ()) if c not in u), _digest(raw)
 
 
 def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> None:

@@ -807,9 +807,12 @@ def note_changed(conn: Connection, rows: list[tuple[str, tuple]]) -> None:
                      (table, *key))
 
 
-def referenced(conn: Connection, table: str) -> bool:
-    """Whether any table's FOREIGN KEY refers to ``table`` (deleting a row of it could
-    cascade, or fail, elsewhere)."""
+def deletes_reach_further(conn: Connection, table: str) -> bool:
+    """Whether deleting a row of ``table`` could change or refuse anything beyond that row:
+    a FOREIGN KEY of any table refers to it, or the application has a trigger on it."""
+    if conn.execute("SELECT 1 FROM sqlite_schema WHERE type='trigger' AND tbl_name=? AND "
+                    "name NOT LIKE '\\_syncpack\\_%' ESCAPE '\\'", (table,)).fetchone():
+        return True
     for (other,) in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
         for r in conn.execute(f"PRAGMA foreign_key_list({q(other)})").fetchall():
             if r[2].lower() == table.lower():

@@ -114,22 +114,23 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
 
 
-def remember_detached(conn: Connection, collection: str, db_path: str,
+def remember_detached(conn: Connection, collection: str, db_path: str, file_id: str,
                       rows: Iterable[tuple[str, bytes, bytes]]) -> None:
-    """What the rows of ``collection`` held as it is detached: (key, the CSNs of the versions
-    the row showed, the digest of its record)."""
+    """What the rows of ``collection`` held as it is detached from the file ``file_id`` at
+    ``db_path``: (key, the CSNs of the versions the row had seen, the digest of its
+    record)."""
     forget_detached(conn, collection)
-    conn.execute("INSERT INTO detached_tables VALUES (?, ?)", (collection, db_path))
+    conn.execute("INSERT INTO detached_tables VALUES (?, ?, ?)", (collection, db_path, file_id))
     conn.executemany("INSERT INTO detached_rows VALUES (?, ?, ?, ?)",
                      ((collection, k, c, d) for k, c, d in rows))
 
 
-def detached_rows(conn: Connection, collection: str, db_path: str
+def detached_rows(conn: Connection, collection: str, db_path: str, file_id: str
                   ) -> dict[str, tuple[bytes, bytes]] | None:
-    """key -> (CSNs, digest) of ``collection`` as it was detached from ``db_path``; None if it
-    was not."""
-    if conn.execute("SELECT 1 FROM detached_tables WHERE collection=? AND db_path=?",
-                    (collection, db_path)).fetchone() is None:
+    """key -> (CSNs, digest) of ``collection`` as it was detached from the same file at
+    ``db_path``; None if it was not (or another file stands there now)."""
+    if conn.execute("SELECT 1 FROM detached_tables WHERE collection=? AND db_path=? AND "
+                    "file_id=?", (collection, db_path, file_id)).fetchone() is None:
         return None
     return {k: (c, d) for k, c, d in conn.execute(
         "SELECT key, csns, digest FROM detached_rows WHERE collection=?", (collection,))}

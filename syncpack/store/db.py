@@ -247,7 +247,8 @@ MIGRATIONS: list[str] = [
     # showed, and a digest of its record), so that attaching it again tells the rows the
     # application changed meanwhile from those left behind by imports (attach/core.py).
     """
-    CREATE TABLE detached_tables(collection TEXT PRIMARY KEY, db_path TEXT NOT NULL);
+    CREATE TABLE detached_tables(collection TEXT PRIMARY KEY, db_path TEXT NOT NULL,
+                                 file_id TEXT NOT NULL);
     CREATE TABLE detached_rows(collection TEXT NOT NULL, key TEXT NOT NULL, csns BLOB NOT NULL,
                                digest BLOB NOT NULL, PRIMARY KEY(collection, key)) WITHOUT ROWID;
     """,
