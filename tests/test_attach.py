@@ -435,6 +435,11 @@ def test_one_file_is_attached_by_one_site(tmp_path):
     assert "column(s) id of table items allow NULL" in r.err and "counters allow" not in r.err, r
     r = run("attach", db, "--table", "items", site=sites["b"])
     assert r.code == 1 and "one site" in r.err and "detach" in r.err, r
+    linked = tmp_path / "linked.db"     # the same file under another name
+    linked.hardlink_to(db)
+    r = run("attach", linked, "--table", "items", site=sites["b"])
+    assert r.code == 1 and "one site" in r.err, r
+    linked.unlink()
     assert run("--json", "attached", site=sites["b"]).json["tables"] == []
     app(db, ["INSERT INTO items(id) VALUES ('k1')"])
     assert sp(sites["a"], "--json", "capture").json["captured"] == 1
@@ -486,6 +491,12 @@ def test_a_value_the_table_would_store_otherwise_is_refused(tmp_path):
     sp(sites["a"], "put", "items", "k", json.dumps({"id": "k", "i": 7, "r": 1.5, "t": "7"}))
     assert table(db, "items")[0][:8] == ("k", "text", 7, "integer", 1.5, "real", "7", "text")
     assert run("fsck", site=sites["a"]).code == 0
+    # a site where the table is not attached checks against the family's definition
+    other = make_family_member(tmp_path, sites, "b")
+    exchange(tmp_path, {"a": sites["a"], "b": other}, rounds=1)
+    r = run("put", "items", "k2", json.dumps({"id": "k2", "i": "7"}), site=other)
+    assert r.code == 1 and 'column i of attached table items' in r.err, r
+    sp(other, "put", "items", "k2", json.dumps({"id": "k2", "i": 7}))
 
 
 @pytest.mark.parametrize("schema, writes", [
@@ -577,6 +588,33 @@ def test_attached_again_a_table_tells_its_own_changes_from_rows_left_behind(tmp_
         assert table(dbs[n], "t") == want, n
         assert run("fsck", site=sites[n]).code == 0, n
         assert "0 key(s) in conflict" in run("conflicts", site=sites[n]).out, n
+
+
+def test_a_row_detached_while_its_update_waits_on_a_clash_is_not_a_change(tmp_path):
+    """A peer's update refused here by a UNIQUE clash is pending when the table is detached;
+    attached again, the row (which never took the update) is no change of the
+    application's, so the peer's update is not undone anywhere."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE u(id TEXT PRIMARY KEY NOT NULL, email TEXT UNIQUE, n INTEGER)"])
+    app(dbs["a"], ["INSERT INTO u VALUES ('k1', 'e1', 1), ('k2', 'e2', 2)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "u")
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["b"], ["INSERT INTO u VALUES ('loc', 'zz', 0)"])
+    app(dbs["a"], ["UPDATE u SET email = 'zz', n = 10 WHERE id = 'k1'"])
+    out = tmp_path / "a-to-b"
+    sp(sites["a"], "export", "--all", "--out", out, "--create-out")
+    sp(sites["b"], "import", out)
+    assert "UNIQUE" in run("conflicts", site=sites["b"]).out
+    sp(sites["b"], "detach", dbs["b"])
+    sp(sites["b"], "attach", dbs["b"], "--table", "u")
+    exchange(tmp_path, sites, rounds=2)
+    assert [r[:5] for r in table(dbs["a"], "u") if r[0] == "k1"] == \
+        [("k1", "text", "zz", "text", 10)]
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0, n
 
 
 def test_detach_stops_capture_and_leaves_rows(three):

@@ -19,7 +19,7 @@ from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
-from syncpack.site import MAX_NAME_CHARS, Site, check_collection, check_key
+from syncpack.site import MAX_NAME_CHARS, TABLES, Site, check_collection, check_key
 from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
@@ -159,11 +159,16 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
     # nothing: the writer gives up the GIL at every row SQLite inserts, and waits for it.)
     collections: set[str] = set()
     watched = attached.watched(site.conn)
+    tables: dict[str, bool] = {}     # collection -> whether it is a table of the family
     with site.transaction() as tx:
         for i, batch in enumerate(_load_batches(p, lines, counts)):
             if i:
                 tx.split()
-            for name in watched & set(map(itemgetter(0), batch)):
+            for name in set(map(itemgetter(0), batch)):
+                if name not in tables:
+                    tables[name] = name in watched or attached.defined(site.conn, TABLES, name)
+                if not tables[name]:
+                    continue
                 attach_core.check_values(site, name, [
                     codec.decode_value(raw) for c, _k, raw in batch if c == name and raw])
             tx.write_rows(batch)

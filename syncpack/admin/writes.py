@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from syncpack.lazy import OnFirstUse
-from syncpack.site import Site
+from syncpack.site import TABLES, Site
 from syncpack.store import attached
 
 attach_core = OnFirstUse("syncpack.attach.core")
@@ -19,7 +19,7 @@ attach_core = OnFirstUse("syncpack.attach.core")
 def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     """One record in one transaction, into an attached application's table as well.
     Returns why such a table refused it (it is then listed by conflicts)."""
-    if collection in attached.watched(site.conn):
+    if collection in attached.watched(site.conn) or attached.defined(site.conn, TABLES, collection):
         attach_core.check_values(site, collection, [value])
     with site.transaction() as tx:
         tx.put(collection, key, value)

@@ -808,10 +808,13 @@ def _check_owner(site: Site, app: appdb.Connection, path: Path) -> None:
     if owner is None or owner[0] == site.site_id:
         return
     other = Path(owner[1])
-    if attached.attachment_in(other) == str(path):
+    theirs = attached.attachment_in(other)
+    if theirs is not None and Path(theirs).exists() and \
+            (theirs == str(path) or _file_id(Path(theirs)) == _file_id(path)):
+        # the same path, or the same file under another name (a hard link)
         raise AttachError(f"{path} is attached to the site at {other}; one application "
                           f"database is replicated by one site", hint=f"detach it there "
-                          f"('syncpack --site {other} detach {path}') or attach a copy here")
+                          f"('syncpack --site {other} detach {theirs}') or attach a copy here")
 
 
 def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) -> str | None:
@@ -1120,9 +1123,15 @@ def check_values(site: Site, collection: str, values: list) -> None:
     the table would store as another one (SQLite converts by the column's type affinity: the
     record would say "7", the table 7, and the sites would disagree)."""
     shape = attached.shapes(site.conn).get(collection, (None, None))[0]
-    if shape is None:
-        return
-    affinity = dict(map(tuple, shape["columns"]))
+    if shape is not None:
+        affinity = dict(map(tuple, shape["columns"]))
+    else:
+        # not attached here, but a peer's table: its definition says how it stores values
+        d = _definition(site, collection) if not collection.startswith(SYS_PREFIX) else None
+        affinity = appdb.declared_affinities(collection, d["create_sql"]) \
+            if isinstance(d, dict) and isinstance(d.get("create_sql"), str) else None
+        if not affinity:
+            return
     rows_ = [{c: v for c, v in value.items() if c in affinity and type(v) in _BINDABLE
               and (type(v) is not int or -2 ** 63 <= v < 2 ** 63)}
              if isinstance(value, dict) else {} for value in values]

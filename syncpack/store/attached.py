@@ -114,6 +114,13 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
 
 
+def defined(conn: Connection, definitions: str, collection: str) -> bool:
+    """Whether the collection of table ``definitions`` holds one of ``collection`` (an
+    attached table of the family, attached here or not)."""
+    return conn.execute("SELECT 1 FROM versions WHERE collection=? AND key=? AND value IS NOT "
+                        "NULL LIMIT 1", (definitions, collection)).fetchone() is not None
+
+
 def remember_detached(conn: Connection, collection: str, db_path: str, file_id: str,
                       rows: Iterable[tuple[str, bytes, bytes]]) -> None:
     """What the rows of ``collection`` held as it is detached from the file ``file_id`` at
