@@ -228,6 +228,7 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
     if stuck:
         _apply_together(app, infos, order, stuck, done, clashes)
     # Deletes after every put, children before their parents: a second pass over the keys.
+    refused: dict[str, dict[str, tuple]] = {}
     for name in reversed(order):
         if name not in has_deletes:
             continue
@@ -241,8 +242,22 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
                 err = w.delete(rows.decode_key(key, aff))
                 if err:
                     clashes.setdefault(name, {})[key] = err
+                    if err.startswith("FOREIGN KEY") and \
+                            sum(map(len, refused.values())) < TOGETHER_MAX:
+                        refused.setdefault(name, {})[key] = rows.decode_key(key, aff)
                 else:
                     done[name] += 1
+    if refused:
+        # rows whose deferred foreign keys refer to each other, deleted together
+        names = [n for n in reversed(order) if n in refused]
+        if appdb.delete_group([(appdb.Writer(app, infos[n]), list(refused[n].values()))
+                               for n in names]):
+            for n in names:
+                done[n] += len(refused[n])
+                for k in refused[n]:
+                    clashes[n].pop(k, None)
+                if not clashes[n]:
+                    del clashes[n]
     if stuck and has_deletes:
         # a row that takes a UNIQUE value from a row its transaction deleted
         _apply_together(app, infos, order, stuck, done, clashes)

@@ -722,6 +722,20 @@ class Writer:
             self.conn.execute(self._check_put, [r.get(c) for c in self.t.pk]).fetchone()
             for r in rows)
 
+    def delete_keys(self, keys: list[tuple]) -> None:
+        """Delete these keys' rows, no savepoint, no deferred check (delete_group); rows the
+        schema's ON DELETE actions change are noted as :meth:`delete` notes them."""
+        for key in keys:
+            touched = _cascade(self.conn, self.t.name, self.t.pk, list(key), self._actions)
+            self.conn.execute(self._delete, list(key))
+            if touched:
+                note_changed(self.conn, touched)
+
+    def orphans_deferred(self, keys: list[tuple]) -> bool:
+        """Whether a deferred foreign key still refers to one of these deleted keys."""
+        return bool(self._check_delete) and any(
+            self.conn.execute(self._check_delete, list(k)).fetchone() for k in keys)
+
     def delete(self, key: tuple) -> str | None:
         # Rows of other attached tables that the delete changes by their foreign keys' ON
         # DELETE actions (CASCADE, SET NULL, SET DEFAULT) are the application's schema at
@@ -842,6 +856,28 @@ def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]
             if w.breaks_deferred(rows):
                 raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
     except (apsw.ConstraintError, TypeError, OverflowError):
+        conn.execute("ROLLBACK TO syncpack_group")
+        conn.execute("RELEASE syncpack_group")
+        return False
+    conn.execute("RELEASE syncpack_group")
+    return True
+
+
+def delete_group(group: list[tuple["Writer", list[tuple]]]) -> bool:
+    """Deletes every key of ``group`` or none: rows whose deferred foreign keys refer to
+    each other, refused one at a time, go together as the origin's transaction deleted
+    them; the deferred keys are checked once all are gone.  Returns whether they went."""
+    if not group:
+        return False
+    conn = group[0][0].conn
+    conn.execute("SAVEPOINT syncpack_group")
+    try:
+        for w, keys in group:
+            w.delete_keys(keys)
+        for w, keys in group:
+            if w.orphans_deferred(keys):
+                raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
+    except apsw.ConstraintError:
         conn.execute("ROLLBACK TO syncpack_group")
         conn.execute("RELEASE syncpack_group")
         return False
