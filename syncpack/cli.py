@@ -447,8 +447,7 @@ def delete(obj: Ctx, collection, key):
 
 def _refused_by_table(obj: Ctx, why: str | None) -> None:
     if why:
-        obj.warn(f"written, but the attached table refused it: {why} (listed by "
-                 f"'syncpack conflicts' until a write or 'conflicts resolve' settles it)")
+        obj.warn(f"written, but {why}")
 
 
 @cli.command()

@@ -639,6 +639,22 @@ def test_a_row_detached_while_its_update_waits_on_a_clash_is_not_a_change(tmp_pa
         assert run("fsck", site=sites[n]).code == 0, n
 
 
+def test_put_says_when_the_applications_file_cannot_be_written_now(tmp_path):
+    """A put into an attached table whose file is gone (or locked, read-only) is in the
+    store, and says the table was not written now; a refused record says why."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, u TEXT UNIQUE)",
+             "INSERT INTO t VALUES ('k1', 'taken')"])
+    sp(sites["a"], "attach", db, "--table", "t")
+    r = sp(sites["a"], "put", "t", "k2", json.dumps({"id": "k2", "u": "taken"}))
+    assert "written, but the attached table refused it: UNIQUE" in r.err, r
+    db.rename(tmp_path / "away.db")
+    r = sp(sites["a"], "put", "t", "k3", json.dumps({"id": "k3"}))
+    assert "written, but" in r.err and "is gone" in r.err and "next capture" in r.err, r
+    assert sp(sites["a"], "--json", "get", "t", "k3").json["value"] == {"id": "k3"}
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from syncpack.errors import AttachError, LockedError
 from syncpack.lazy import OnFirstUse
 from syncpack.site import TABLES, Site
 from syncpack.store import attached
@@ -18,7 +19,8 @@ attach_core = OnFirstUse("syncpack.attach.core")
 
 def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     """One record in one transaction, into an attached application's table as well.
-    Returns why such a table refused it (it is then listed by conflicts)."""
+    Returns a warning when such a table refused it (it is then listed by conflicts) or
+    could not be written now."""
     if collection in attached.watched(site.conn) or attached.defined(site.conn, TABLES, collection):
         attach_core.check_values(site, collection, [value])
     with site.transaction() as tx:
@@ -37,10 +39,19 @@ def into_attached(site: Site, collections: Iterable[str], key: str | None = None
                   ) -> str | None:
     """Write what is pending for the application's tables if one of ``collections`` is
     attached (an administrator's write shows in the table at once, not only at the next
-    capture; if another command holds the site, that one does it).  Returns why the table of
-    the first collection refused ``key``'s record, if it did."""
+    capture; if another command holds the site, that one does it).  Returns a warning when
+    the table of the first collection refused ``key``'s record, or the application's file
+    could not be written now (the records wait in the store either way)."""
     collections = list(collections)
     if attached.watched(site.conn).isdisjoint(collections):
         return None
-    attach_core.sync_app(site, wait=False)
-    return attach_core.clash_of(site, collections[0], key) if key is not None else None
+    try:
+        attach_core.sync_app(site, wait=True)
+    except LockedError:
+        return None     # the command holding the site writes it
+    except AttachError as e:
+        return (f"{e.message}; the record is in the store, and goes into the application's "
+                f"table at the next capture that can write it")
+    why = attach_core.clash_of(site, collections[0], key) if key is not None else None
+    return (f"the attached table refused it: {why} (listed by 'syncpack conflicts' until a "
+            f"write or 'conflicts resolve' settles it)") if why else None

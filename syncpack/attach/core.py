@@ -297,7 +297,7 @@ def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | 
 # foreign keys point at each other): a CHECK or NOT NULL is about the row alone.
 _TOGETHER_MAY_HELP = ("UNIQUE constraint failed", "FOREIGN KEY constraint failed")
 # Refused rows held for writing together; past this many, the rest stay clashes as before.
-TOGETHER_MAX = 10_000
+TOGETHER_MAX = 100_000
 
 
 def _apply_together(app: appdb.Connection, infos: dict[str, appdb.TableInfo],
