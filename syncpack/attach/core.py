@@ -321,8 +321,7 @@ def _apply_together(app: appdb.Connection, infos: dict[str, appdb.TableInfo],
                 del clashes[n]
 
     names = [n for n in order if n in stuck]
-    delete_first = {n: c for n in names
-                    if (c := appdb.delete_first_children(app, n)) is not None}
+    delete_first = {n for n in names if not appdb.deletes_reach_further(app, n)}
     if appdb.write_group(group(names), delete_first):
         written(names)
     elif len(names) > 1:

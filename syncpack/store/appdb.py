@@ -821,53 +821,32 @@ def note_changed(conn: Connection, rows: list[tuple[str, tuple]]) -> None:
                      (table, *key))
 
 
-def delete_first_children(conn: Connection, table: str) -> list[str] | None:
-    """Whether rows of ``table`` may be deleted and written again inside one savepoint
-    without anything beyond them seeing it: None when not (the application has a trigger on
-    the table, or a foreign key refers to it with an ON DELETE action or to other columns
-    than its key); else the tables whose foreign keys refer to its key, to check after."""
+def deletes_reach_further(conn: Connection, table: str) -> bool:
+    """Whether deleting a row of ``table`` could change or refuse anything beyond that row:
+    a FOREIGN KEY of any table refers to it, or the application has a trigger on it."""
     if conn.execute("SELECT 1 FROM sqlite_schema WHERE type='trigger' AND tbl_name=? AND "
                     "name NOT LIKE '\\_syncpack\\_%' ESCAPE '\\'", (table,)).fetchone():
-        return None
-    pk = [r[1] for r in sorted(conn.execute(f"PRAGMA table_info({q(table)})"),
-                               key=lambda r: r[5]) if r[5]]
-    children: list[str] = []
+        return True
     for (other,) in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
-        fks: dict[int, list] = {}
         for r in conn.execute(f"PRAGMA foreign_key_list({q(other)})").fetchall():
             if r[2].lower() == table.lower():
-                if r[6] not in ("NO ACTION", ""):
-                    return None
-                fks.setdefault(r[0], []).append(r[4])
-        for to in fks.values():
-            if not all(c is None for c in to) and sorted(to) != sorted(pk):
-                return None
-        if fks:
-            children.append(other)
-    return children
+                return True
+    return False
 
 
-def write_group(group: list[tuple["Writer", list[dict]]],
-                delete_first: dict[str, list[str]]) -> bool:
+def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]) -> bool:
     """Writes every row of ``group`` (per table, in the order given) or none: the rows that
-    one at a time each broke a constraint only because of another of them (rows that swap
-    a UNIQUE value, rows whose deferred FOREIGN KEYs point at each other) go in together,
-    as the origin's transaction wrote them.  The rows of the tables in ``delete_first``
-    (:func:`delete_first_children`) are deleted first, so that values they swap are free;
-    deferred foreign keys are checked once all are in.  Where other tables refer to such a
-    table, foreign keys are deferred for the savepoint (the rows come back with the same
-    keys) and every table involved is checked before it is released.  Returns whether they
-    went in."""
+    one at a time each broke a constraint only because of another of them (two rows that
+    swap a UNIQUE value, rows whose deferred FOREIGN KEYs point at each other) go in
+    together, as the origin's transaction wrote them.  The rows of tables in
+    ``delete_first`` (tables no FOREIGN KEY refers to) are deleted first, so that values
+    they swap are free; deferred foreign keys are checked once all are in.  Returns whether
+    they went in."""
     if not group:
         return False
     conn = group[0][0].conn
-    names = [w.t.name for w, _r in group]
-    children = sorted({c for n in names for c in delete_first.get(n, ())})
-    deferring = bool(children)
     conn.execute("SAVEPOINT syncpack_group")
     try:
-        if deferring:
-            conn.execute("PRAGMA defer_foreign_keys=ON")
         for w, rows in group:
             if w.t.name in delete_first:
                 w.delete_plain(rows)
@@ -876,17 +855,10 @@ def write_group(group: list[tuple["Writer", list[dict]]],
         for w, rows in group:
             if w.breaks_deferred(rows):
                 raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
-        if deferring:
-            for t in dict.fromkeys(names + children):
-                if conn.execute(f"PRAGMA foreign_key_check({q(t)})").fetchone():
-                    raise apsw.ConstraintError("FOREIGN KEY constraint failed")
     except (apsw.ConstraintError, TypeError, OverflowError):
         conn.execute("ROLLBACK TO syncpack_group")
         conn.execute("RELEASE syncpack_group")
         return False
-    finally:
-        if deferring:
-            conn.execute("PRAGMA defer_foreign_keys=OFF")
     conn.execute("RELEASE syncpack_group")
     return True
 
