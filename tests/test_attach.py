@@ -648,6 +648,34 @@ def test_put_says_when_the_applications_file_cannot_be_written_now(tmp_path):
     assert sp(sites["a"], "--json", "get", "t", "k3").json["value"] == {"id": "k3"}
 
 
+def test_a_cascade_that_would_orphan_a_deferred_reference_here_is_a_clash(tmp_path):
+    """An imported delete whose ON DELETE CASCADE would remove a row that a deferred
+    foreign key of a row added here refers to is refused like a direct delete would be (a
+    clash), never left for the COMMIT to fail on: the site keeps working."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE ta(id TEXT PRIMARY KEY NOT NULL)",
+                     "CREATE TABLE tc(id TEXT PRIMARY KEY NOT NULL, aid TEXT REFERENCES ta(id) "
+                     "ON DELETE CASCADE)",
+                     "CREATE TABLE td(id TEXT PRIMARY KEY NOT NULL, cid TEXT REFERENCES tc(id) "
+                     "DEFERRABLE INITIALLY DEFERRED)"])
+    app(dbs["a"], ["INSERT INTO ta VALUES ('a1')", "INSERT INTO tc VALUES ('c1', 'a1')",
+                   "INSERT INTO td VALUES ('d1', 'c1')"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "ta", "--table", "tc", "--table", "td")
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["b"], ["INSERT INTO td VALUES ('d9', 'c1')"])
+    app(dbs["a"], ["PRAGMA foreign_keys=ON", "DELETE FROM td WHERE id = 'd1'",
+                   "DELETE FROM ta WHERE id = 'a1'"])
+    exchange(tmp_path, sites, rounds=2)
+    assert run("capture", site=sites["b"]).code == 0
+    assert "FOREIGN KEY" in run("conflicts", site=sites["b"]).out
+    assert [r[0] for r in table(dbs["b"], "td")] == ["d9"]
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0, n
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

@@ -178,6 +178,18 @@ def end_write(conn: Connection, commit: bool) -> None:
         if has_table(conn, APPLYING):
             conn.execute(f"DELETE FROM {APPLYING}")
         conn.execute("COMMIT")
+    except apsw.ConstraintError as e:
+        # A deferred foreign key that the rows written broke where no check of ours saw it:
+        # everything written here is rolled back, and the store's side with it.
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        raise AttachError(
+            f"the application's database {conn.filename} refused the records written into it "
+            f"at COMMIT ({e}); nothing was written",
+            hint="a deferred foreign key of the application's schema is broken by records "
+                 "from the peers; 'syncpack conflicts' lists what waits, and resolving or "
+                 "deleting the row that refers to the missing one lets the rest through") \
+            from None
     except BaseException:
         if not conn.get_autocommit():
             conn.execute("ROLLBACK")
@@ -629,6 +641,7 @@ class Writer:
         self._cols = set(t.columns)
         self._sql: dict[tuple[tuple[str, ...], int], str] = {}
         self._actions: dict = {}     # table -> its incoming ON DELETE actions (_actions_on)
+        self._others: dict = {}      # table -> its Writer, for a cascade's deferred checks
         # deferred foreign keys are checked by hand, in the row's savepoint (see TableInfo)
         self._check_put = self._check_delete = None
         if t.deferred:
@@ -736,23 +749,42 @@ class Writer:
         return bool(self._check_delete) and any(
             self.conn.execute(self._check_delete, list(k)).fetchone() for k in keys)
 
+    def delete_check(self, key: tuple) -> tuple[str, list] | None:
+        """The deferred foreign keys' check of deleting ``key`` (SQL, arguments), if any."""
+        if not self._check_delete or len(key) != len(self.t.pk):
+            return None
+        return self._check_delete, list(key)
+
     def delete(self, key: tuple) -> str | None:
         # Rows of other attached tables that the delete changes by their foreign keys' ON
         # DELETE actions (CASCADE, SET NULL, SET DEFAULT) are the application's schema at
         # work, not our write: they are noted as changes, which the next capture makes local
         # ops, so the peers do the same and the store stays equal to the table.
         touched = _cascade(self.conn, self.t.name, self.t.pk, list(key), self._actions)
-        err = self._one(self._delete, list(key),
-                        (self._check_delete, list(key)) if self._check_delete else None)
+        checks = [(self._check_delete, list(key))] if self._check_delete else []
+        for table, k in touched:
+            # a row the cascade deleted may be one a deferred foreign key refers to
+            w = self._others.get(table)
+            if w is None:
+                t = table_info(self.conn, table)
+                w = self._others[table] = Writer(self.conn, t) if t and t.pk else False
+            check = w.delete_check(k) if w else None
+            if check:
+                checks.append(check)
+        err = self._one(self._delete, list(key), checks)
         if err is None and touched:
             note_changed(self.conn, touched)
         return err
 
-    def _one(self, sql: str, args: list, check: tuple[str, list] | None = None) -> str | None:
+    def _one(self, sql: str, args: list, checks=None) -> str | None:
+        """``sql`` in a savepoint of its own; any of ``checks`` (SQL, arguments) finding a
+        row after it is a deferred foreign key broken, and rolls it back."""
+        if checks and isinstance(checks, tuple):
+            checks = [checks]
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
             self.conn.execute(sql, args)
-            if check and self.conn.execute(*check).fetchone() is not None:
+            if checks and any(self.conn.execute(*c).fetchone() is not None for c in checks):
                 raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
         except apsw.ConstraintError as e:
             self.conn.execute("ROLLBACK TO syncpack_row")
@@ -788,7 +820,7 @@ def _actions_on(conn: Connection, table: str, cache: dict
 
 def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict,
              depth: int = 0) -> list[tuple[str, tuple]]:
-    """(table, key values) of the rows of attached tables that deleting ``key`` from
+    """(table, key values) of the rows that deleting ``key`` from
     ``table`` would change through ON DELETE actions (a CASCADE's own cascades too)."""
     actions = _actions_on(conn, table, cache)
     if not actions or depth > 16:
@@ -798,7 +830,7 @@ def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict
     for child, frm, to, action in actions:
         parent = conn.execute(f"SELECT {', '.join(map(q, to))} FROM {q(table)} WHERE {where}",
                               key).fetchone()
-        if parent is None or not has_capture(conn, child):
+        if parent is None:
             continue
         cpk = [x[1] for x in sorted(conn.execute(f"PRAGMA table_info({q(child)})"),
                                     key=lambda x: x[5]) if x[5]] or ["rowid"]
@@ -813,9 +845,15 @@ def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict
 
 
 def note_changed(conn: Connection, rows: list[tuple[str, tuple]]) -> None:
-    """Note rows of attached tables as changed, as their capture triggers would (inside our
-    write transaction, where the triggers are quiet)."""
+    """Note rows as changed, as their capture triggers would (inside our write transaction,
+    where the triggers are quiet); those of tables not attached are never read, and go
+    with the captured ones."""
+    if not has_table(conn, CHANGES):
+        return
+    width = key_cols(conn)
     for table, key in rows:
+        if len(key) > width:
+            continue
         ks = ", ".join(f"k{i}" for i in range(len(key)))
         conn.execute(f"INSERT INTO {CHANGES}(tbl, {ks}) VALUES (?{', ?' * len(key)})",
                      (table, *key))
