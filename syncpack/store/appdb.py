@@ -872,27 +872,12 @@ def deletes_reach_further(conn: Connection, table: str) -> bool:
     return False
 
 
-def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]) -> bool:
-    """Writes every row of ``group`` (per table, in the order given) or none: the rows that
-    one at a time each broke a constraint only because of another of them (two rows that
-    swap a UNIQUE value, rows whose deferred FOREIGN KEYs point at each other) go in
-    together, as the origin's transaction wrote them.  The rows of tables in
-    ``delete_first`` (tables no FOREIGN KEY refers to) are deleted first, so that values
-    they swap are free; deferred foreign keys are checked once all are in.  Returns whether
-    they went in."""
-    if not group:
-        return False
-    conn = group[0][0].conn
+def _all_or_none(conn: Connection, work) -> bool:
+    """``work()`` in one savepoint, rolled back whole if a constraint (or a value SQLite
+    cannot bind) refuses any of it; whether it went in."""
     conn.execute("SAVEPOINT syncpack_group")
     try:
-        for w, rows in group:
-            if w.t.name in delete_first:
-                w.delete_plain(rows)
-        for w, rows in group:
-            w.put_plain(rows)
-        for w, rows in group:
-            if w.breaks_deferred(rows):
-                raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
+        work()
     except (apsw.ConstraintError, TypeError, OverflowError):
         conn.execute("ROLLBACK TO syncpack_group")
         conn.execute("RELEASE syncpack_group")
@@ -901,26 +886,35 @@ def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]
     return True
 
 
+def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]) -> bool:
+    """Writes every row of ``group`` (per table, in the order given) or none: the rows that
+    one at a time each broke a constraint only because of another of them (two rows that
+    swap a UNIQUE value, rows whose deferred FOREIGN KEYs point at each other) go in
+    together, as the origin's transaction wrote them.  The rows of tables in
+    ``delete_first`` (tables no FOREIGN KEY refers to) are deleted first, so that values
+    they swap are free; deferred foreign keys are checked once all are in.  Returns whether
+    they went in."""
+    def work() -> None:
+        for w, rows in group:
+            if w.t.name in delete_first:
+                w.delete_plain(rows)
+        for w, rows in group:
+            w.put_plain(rows)
+        if any(w.breaks_deferred(rows) for w, rows in group):
+            raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
+    return bool(group) and _all_or_none(group[0][0].conn, work)
+
+
 def delete_group(group: list[tuple["Writer", list[tuple]]]) -> bool:
     """Deletes every key of ``group`` or none: rows whose deferred foreign keys refer to
     each other, refused one at a time, go together as the origin's transaction deleted
     them; the deferred keys are checked once all are gone.  Returns whether they went."""
-    if not group:
-        return False
-    conn = group[0][0].conn
-    conn.execute("SAVEPOINT syncpack_group")
-    try:
+    def work() -> None:
         for w, keys in group:
             w.delete_keys(keys)
-        for w, keys in group:
-            if w.orphans_deferred(keys):
-                raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
-    except apsw.ConstraintError:
-        conn.execute("ROLLBACK TO syncpack_group")
-        conn.execute("RELEASE syncpack_group")
-        return False
-    conn.execute("RELEASE syncpack_group")
-    return True
+        if any(w.orphans_deferred(keys) for w, keys in group):
+            raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
+    return bool(group) and _all_or_none(group[0][0].conn, work)
 
 
 # A record with a column the table lacks waits (it stays pending, and is listed as a clash with
