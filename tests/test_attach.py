@@ -676,6 +676,33 @@ def test_a_cascade_that_would_orphan_a_deferred_reference_here_is_a_clash(tmp_pa
         assert run("fsck", site=sites[n]).code == 0, n
 
 
+def test_a_parent_change_that_would_orphan_a_deferred_reference_here_is_a_clash(tmp_path):
+    """A parent's UNIQUE column that a deferred foreign key refers to changes at the origin
+    with its child; here the child's own concurrent edit wins, so writing the parent would
+    orphan it: the parent's record waits as a clash, and the site keeps working."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE p(id TEXT PRIMARY KEY NOT NULL, code TEXT UNIQUE NOT NULL)",
+                     "CREATE TABLE q(id TEXT PRIMARY KEY NOT NULL, pcode TEXT REFERENCES "
+                     "p(code) DEFERRABLE INITIALLY DEFERRED, note TEXT)"])
+    app(dbs["a"], ["INSERT INTO p VALUES ('p1', 'A'), ('p2', 'B')",
+                   "INSERT INTO q VALUES ('q1', 'A', '')"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "p", "--table", "q")
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], ["PRAGMA foreign_keys=ON", "UPDATE p SET code = 'A2' WHERE id = 'p1'",
+                   "UPDATE q SET pcode = 'A2' WHERE id = 'q1'"])
+    app(dbs["b"], ["UPDATE q SET note = 'edited at b' WHERE id = 'q1'"])
+    out = tmp_path / "a-to-b"
+    sp(sites["a"], "export", "--all", "--out", out, "--create-out")
+    sp(sites["b"], "import", out)
+    for _ in range(2):
+        assert run("capture", site=sites["b"]).code == 0
+    assert "FOREIGN KEY" in run("conflicts", site=sites["b"]).out
+    assert run("fsck", site=sites["b"]).code == 0
+
+
 def test_detach_stops_capture_and_leaves_rows(three):
     root, sites, dbs = three
     attach_all(sites, dbs, ("items",))

@@ -656,6 +656,12 @@ class Writer:
                            for f, to in zip(fk[1], fk[3])) if sorted(fk[3]) == sorted(t.pk)
                    else "") + f"{_violations_sql(fk)})"
                 for fk in t.deferred_children)
+        # An update can break only the deferred keys that refer to other columns than the
+        # primary key (which a record never changes): checked after each row that writes.
+        by_other = [fk for fk in t.deferred_children if sorted(fk[3]) != sorted(t.pk)]
+        self._check_update = ("SELECT 1 WHERE " + " OR ".join(
+            f"EXISTS (SELECT 1 FROM {q(fk[0])} c WHERE {_violations_sql(fk)})"
+            for fk in by_other)) if by_other else None
 
     def _upsert(self, cols: tuple[str, ...], rows: int = 1) -> str:
         sql = self._sql.get((cols, rows))
@@ -687,7 +693,9 @@ class Writer:
                     f"SQLite stores")
         check = None
         if self._check_put:
-            check = (self._check_put, [row.get(c) for c in self.t.pk])
+            check = [(self._check_put, [row.get(c) for c in self.t.pk])]
+        if self._check_update:
+            check = (check or []) + [(self._check_update, [])]
         return self._one(self._upsert(cols), [row[c] for c in cols], check)
 
     def put_many(self, rows: list[dict]) -> list[str | None]:
@@ -697,7 +705,8 @@ class Writer:
             return []
         cols = tuple(c for c in rows[0] if c in self._cols)
         args = None
-        if self._check_put is None and len(cols) == len(rows[0]) and \
+        if self._check_put is None and self._check_update is None and \
+                len(cols) == len(rows[0]) and \
                 set(map(len, rows)) == {len(cols)}:
             # every row as long as the first and holding each of its columns: the same
             # columns (cheaper than comparing each row's keys with the first's)
@@ -733,7 +742,8 @@ class Writer:
         """Whether a row of these records' keys breaks a deferred foreign key."""
         return bool(self._check_put) and any(
             self.conn.execute(self._check_put, [r.get(c) for c in self.t.pk]).fetchone()
-            for r in rows)
+            for r in rows) or bool(self._check_update) and \
+            self.conn.execute(self._check_update).fetchone() is not None
 
     def delete_keys(self, keys: list[tuple]) -> None:
         """Delete these keys' rows, no savepoint, no deferred check (delete_group); rows the
