@@ -676,6 +676,35 @@ def test_a_cascade_that_would_orphan_a_deferred_reference_here_is_a_clash(tmp_pa
         assert run("fsck", site=sites[n]).code == 0, n
 
 
+def test_deletes_written_together_are_checked_after_their_cascades(tmp_path):
+    """Rows whose deferred keys point at each other are deleted together; a row one of them
+    removes by ON DELETE CASCADE (here in a table of this site's own) is checked too, so a
+    deferred reference to it makes the deletes a clash, never a COMMIT that fails."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE x(id TEXT PRIMARY KEY NOT NULL, y TEXT REFERENCES y(id) "
+                     "DEFERRABLE INITIALLY DEFERRED)",
+                     "CREATE TABLE y(id TEXT PRIMARY KEY NOT NULL, x TEXT REFERENCES x(id) "
+                     "DEFERRABLE INITIALLY DEFERRED)",
+                     "CREATE TABLE c(id TEXT PRIMARY KEY NOT NULL, xid TEXT REFERENCES x(id) "
+                     "ON DELETE CASCADE)",
+                     "CREATE TABLE d(id TEXT PRIMARY KEY NOT NULL, cid TEXT REFERENCES c(id) "
+                     "DEFERRABLE INITIALLY DEFERRED)"])
+    app(dbs["a"], ["INSERT INTO x VALUES ('x1', 'y1')", "INSERT INTO y VALUES ('y1', 'x1')"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "x", "--table", "y")
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["b"], ["INSERT INTO c VALUES ('c1', 'x1')", "INSERT INTO d VALUES ('d9', 'c1')"])
+    app(dbs["a"], ["DELETE FROM x", "DELETE FROM y"])
+    exchange(tmp_path, sites, rounds=1)
+    for _ in range(2):
+        assert run("capture", site=sites["b"]).code == 0
+    assert "FOREIGN KEY" in run("conflicts", site=sites["b"]).out
+    assert [r[0] for r in table(dbs["b"], "d")] == ["d9"]
+    assert run("fsck", site=sites["b"]).code == 0
+
+
 def test_a_parent_change_that_would_orphan_a_deferred_reference_here_is_a_clash(tmp_path):
     """A parent's UNIQUE column that a deferred foreign key refers to changes at the origin
     with its child; here the child's own concurrent edit wins, so writing the parent would

@@ -53,34 +53,28 @@ def file_error(path: str, e: BaseException) -> AttachError:
                             "permissions, free space, sqlite3 FILE 'PRAGMA integrity_check')")
 
 
+def _told_as_the_files(method):
+    """``method`` of apsw.Cursor with the file's failures raised as :func:`file_error`'s."""
+    def told(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except _FILE_ERRORS as e:
+            raise file_error(self.connection.filename, e) from None
+    told.__name__ = method.__name__
+    return told
+
+
 class _AppCursor(apsw.Cursor):
     """A cursor on the application's file whose file failures are :func:`file_error`'s.
     Rows taken one by one are not wrapped (a Python call per row); the bulk readers here
     wrap their loops themselves."""
 
-    def execute(self, *args, **kwargs):
-        try:
-            return super().execute(*args, **kwargs)
-        except _FILE_ERRORS as e:
-            raise file_error(self.connection.filename, e) from None
+    execute = _told_as_the_files(apsw.Cursor.execute)
+    executemany = _told_as_the_files(apsw.Cursor.executemany)
+    fetchone = _told_as_the_files(apsw.Cursor.fetchone)
+    fetchall = _told_as_the_files(apsw.Cursor.fetchall)
 
-    def executemany(self, *args, **kwargs):
-        try:
-            return super().executemany(*args, **kwargs)
-        except _FILE_ERRORS as e:
-            raise file_error(self.connection.filename, e) from None
 
-    def fetchone(self):
-        try:
-            return super().fetchone()
-        except _FILE_ERRORS as e:
-            raise file_error(self.connection.filename, e) from None
-
-    def fetchall(self):
-        try:
-            return super().fetchall()
-        except _FILE_ERRORS as e:
-            raise file_error(self.connection.filename, e) from None
 CHANGES = "_syncpack_changes"
 APPLYING = "_syncpack_applying"
 # Which site attached the file (one site replicates one file).
@@ -259,6 +253,12 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
     return info
 
 
+def key_columns(conn: Connection, table: str) -> list[str]:
+    """The primary key columns of ``table``, in key order."""
+    return [r[1] for r in sorted(conn.execute(f"PRAGMA table_info({q(table)})"),
+                                 key=lambda r: r[5]) if r[5]]
+
+
 def nullable_key(conn: Connection, table: str) -> list[str]:
     """The key columns of ``table`` that may hold NULL: SQLite lets a PRIMARY KEY column of a
     rowid table hold NULL unless NOT NULL is declared (a rowid alias never does, nor a key of
@@ -296,8 +296,7 @@ def _deferred_fks(conn: Connection, table: str, sql: str
     out = []
     for parent, frm, to in fks.values():
         if any(c is None for c in to):     # the parent's primary key
-            to = [r[1] for r in sorted(conn.execute(f"PRAGMA table_info({q(parent)})"),
-                                       key=lambda r: r[5]) if r[5]]
+            to = key_columns(conn, parent)
         out.append((table, frm, parent, list(to)))
     return out
 
@@ -691,12 +690,12 @@ class Writer:
         if odd is not None:     # what no application wrote: a lying member's record
             return (f"column {odd} holds a {type(row[odd]).__name__}, which is not a value "
                     f"SQLite stores")
-        check = None
+        checks = []
         if self._check_put:
-            check = [(self._check_put, [row.get(c) for c in self.t.pk])]
+            checks.append((self._check_put, [row.get(c) for c in self.t.pk]))
         if self._check_update:
-            check = (check or []) + [(self._check_update, [])]
-        return self._one(self._upsert(cols), [row[c] for c in cols], check)
+            checks.append((self._check_update, []))
+        return self._one(self._upsert(cols), [row[c] for c in cols], checks)
 
     def put_many(self, rows: list[dict]) -> list[str | None]:
         """Each row's constraint message or None; the whole batch in one savepoint, and row by
@@ -740,61 +739,63 @@ class Writer:
 
     def breaks_deferred(self, rows: list[dict]) -> bool:
         """Whether a row of these records' keys breaks a deferred foreign key."""
-        return bool(self._check_put) and any(
+        by_row = bool(self._check_put) and any(
             self.conn.execute(self._check_put, [r.get(c) for c in self.t.pk]).fetchone()
-            for r in rows) or bool(self._check_update) and \
-            self.conn.execute(self._check_update).fetchone() is not None
+            for r in rows)
+        return by_row or (bool(self._check_update) and
+                          self.conn.execute(self._check_update).fetchone() is not None)
 
-    def delete_keys(self, keys: list[tuple]) -> None:
-        """Delete these keys' rows, no savepoint, no deferred check (delete_group); rows the
-        schema's ON DELETE actions change are noted as :meth:`delete` notes them."""
+    def delete_keys(self, keys: list[tuple]) -> list[tuple[str, list]]:
+        """Delete these keys' rows, no savepoint (delete_group), as :meth:`delete` does;
+        returns the deferred checks to run once all are gone."""
+        checks: list[tuple[str, list]] = []
         for key in keys:
-            touched = _cascade(self.conn, self.t.name, self.t.pk, list(key), self._actions)
+            touched, more = self._delete_plan(key)
             self.conn.execute(self._delete, list(key))
             if touched:
                 note_changed(self.conn, touched)
+            checks += more
+        return checks
 
-    def orphans_deferred(self, keys: list[tuple]) -> bool:
-        """Whether a deferred foreign key still refers to one of these deleted keys."""
-        return bool(self._check_delete) and any(
-            self.conn.execute(self._check_delete, list(k)).fetchone() for k in keys)
-
-    def delete_check(self, key: tuple) -> tuple[str, list] | None:
+    def delete_check(self, key: tuple) -> list[tuple[str, list]]:
         """The deferred foreign keys' check of deleting ``key`` (SQL, arguments), if any."""
         if not self._check_delete or len(key) != len(self.t.pk):
-            return None
-        return self._check_delete, list(key)
+            return []
+        return [(self._check_delete, list(key))]
 
-    def delete(self, key: tuple) -> str | None:
-        # Rows of other attached tables that the delete changes by their foreign keys' ON
-        # DELETE actions (CASCADE, SET NULL, SET DEFAULT) are the application's schema at
-        # work, not our write: they are noted as changes, which the next capture makes local
-        # ops, so the peers do the same and the store stays equal to the table.
+    def _delete_plan(self, key: tuple) -> tuple[list[tuple[str, tuple]], list[tuple[str, list]]]:
+        """What deleting ``key`` changes beyond its row, and what must be checked after.
+
+        Rows of other tables that the delete changes by their foreign keys' ON DELETE actions
+        (CASCADE, SET NULL, SET DEFAULT) are the application's schema at work, not our write:
+        the caller notes them as changes, which the next capture makes local ops, so the
+        peers do the same and the store stays equal to the table.  Each row so removed may be
+        one a deferred foreign key refers to: its own check joins the delete's."""
         touched = _cascade(self.conn, self.t.name, self.t.pk, list(key), self._actions)
-        checks = [(self._check_delete, list(key))] if self._check_delete else []
+        checks = self.delete_check(key)
         for table, k in touched:
-            # a row the cascade deleted may be one a deferred foreign key refers to
             w = self._others.get(table)
             if w is None:
                 t = table_info(self.conn, table)
                 w = self._others[table] = Writer(self.conn, t) if t and t.pk else False
-            check = w.delete_check(k) if w else None
-            if check:
-                checks.append(check)
+            if w:
+                checks += w.delete_check(k)
+        return touched, checks
+
+    def delete(self, key: tuple) -> str | None:
+        touched, checks = self._delete_plan(key)
         err = self._one(self._delete, list(key), checks)
         if err is None and touched:
             note_changed(self.conn, touched)
         return err
 
-    def _one(self, sql: str, args: list, checks=None) -> str | None:
+    def _one(self, sql: str, args: list, checks: list[tuple[str, list]]) -> str | None:
         """``sql`` in a savepoint of its own; any of ``checks`` (SQL, arguments) finding a
         row after it is a deferred foreign key broken, and rolls it back."""
-        if checks and isinstance(checks, tuple):
-            checks = [checks]
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
             self.conn.execute(sql, args)
-            if checks and any(self.conn.execute(*c).fetchone() is not None for c in checks):
+            if any(self.conn.execute(*c).fetchone() is not None for c in checks):
                 raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
         except apsw.ConstraintError as e:
             self.conn.execute("ROLLBACK TO syncpack_row")
@@ -821,8 +822,7 @@ def _actions_on(conn: Connection, table: str, cache: dict
                     f[2].append(r[4])
             for child_, frm, to, action in fks.values():
                 if any(c is None for c in to):      # the parent's primary key
-                    to = [x[1] for x in sorted(conn.execute(f"PRAGMA table_info({q(table)})"),
-                                               key=lambda x: x[5]) if x[5]]
+                    to = key_columns(conn, table)
                 out.append((child_, frm, list(to), action))
         cache[table] = out
     return cache[table]
@@ -842,8 +842,7 @@ def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict
                               key).fetchone()
         if parent is None:
             continue
-        cpk = [x[1] for x in sorted(conn.execute(f"PRAGMA table_info({q(child)})"),
-                                    key=lambda x: x[5]) if x[5]] or ["rowid"]
+        cpk = key_columns(conn, child) or ["rowid"]
         rows = conn.execute(
             f"SELECT {', '.join(map(q, cpk))} FROM {q(child)} WHERE "
             + " AND ".join(f"{q(c)} = ?" for c in frm), list(parent)).fetchall()
@@ -919,12 +918,15 @@ def delete_group(group: list[tuple["Writer", list[tuple]]]) -> bool:
     """Deletes every key of ``group`` or none: rows whose deferred foreign keys refer to
     each other, refused one at a time, go together as the origin's transaction deleted
     them; the deferred keys are checked once all are gone.  Returns whether they went."""
+    if not group:
+        return False
+    conn = group[0][0].conn
+
     def work() -> None:
-        for w, keys in group:
-            w.delete_keys(keys)
-        if any(w.orphans_deferred(keys) for w, keys in group):
+        checks = [c for w, keys in group for c in w.delete_keys(keys)]
+        if any(conn.execute(*c).fetchone() is not None for c in checks):
             raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
-    return bool(group) and _all_or_none(group[0][0].conn, work)
+    return _all_or_none(conn, work)
 
 
 # A record with a column the table lacks waits (it stays pending, and is listed as a clash with
