@@ -426,7 +426,7 @@ def put(obj: Ctx, collection, key, value):
         # Large values do not fit the shell's argument limit.
         value = sys.stdin.read()
     v = _json_value(value)
-    _refused_by_table(obj, writes.put(obj.open(), collection, key, v))
+    _table_warning(obj, writes.put(obj.open(), collection, key, v))
     obj.emit({"collection": collection, "key": key, "value": v})
 
 
@@ -441,11 +441,11 @@ def delete(obj: Ctx, collection, key):
     Example:
       syncpack delete parts p-099
     """
-    _refused_by_table(obj, writes.delete(obj.open(), collection, key))
+    _table_warning(obj, writes.delete(obj.open(), collection, key))
     obj.emit({"collection": collection, "key": key, "deleted": True})
 
 
-def _refused_by_table(obj: Ctx, why: str | None) -> None:
+def _table_warning(obj: Ctx, why: str | None) -> None:
     if why:
         obj.warn(f"written, but {why}")
 

@@ -499,6 +499,22 @@ def test_a_value_the_table_would_store_otherwise_is_refused(tmp_path):
     sp(other, "put", "items", "k2", json.dumps({"id": "k2", "i": 7}))
 
 
+def attached_pair(root: Path, schema: list[str], rows: list[str], tables: list[str]
+                  ) -> tuple[dict, dict]:
+    """Sites a and b, each with its own database of ``schema``; a's holds ``rows``; both
+    attach ``tables`` and exchange once.  Returns (sites, databases)."""
+    sites = make_family(root, ("a", "b"))
+    dbs = {n: root / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], schema)
+    if rows:
+        app(dbs["a"], rows)
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], *[x for t in tables for x in ("--table", t)])
+    exchange(root, sites, rounds=1)
+    return sites, dbs
+
+
 @pytest.mark.parametrize("schema, writes", [
     # a swap of UNIQUE values through a temporary one: each row alone clashes with the other
     (["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, u TEXT UNIQUE, v)",
@@ -530,15 +546,9 @@ def test_a_transaction_the_origin_committed_is_not_split_by_the_order_of_its_row
         tmp_path, schema, writes):
     """Rows that each break a constraint alone, and not together, go in together at the
     peers, as the origin's transaction committed them."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
     tables = [x.split()[2].split("(")[0] for x in schema if x.startswith("CREATE")]
-    for n in sites:
-        app(dbs[n], ["PRAGMA foreign_keys=ON"] + [x for x in schema if x.startswith("CREATE")])
-    app(dbs["a"], [x for x in schema if not x.startswith("CREATE")])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], *[x for t in tables for x in ("--table", t)])
-    exchange(tmp_path, sites, rounds=1)
+    sites, dbs = attached_pair(tmp_path, [x for x in schema if x.startswith("CREATE")],
+                               [x for x in schema if not x.startswith("CREATE")], tables)
     app(dbs["a"], writes)           # one transaction
     exchange(tmp_path, sites, rounds=1)
     assert any(table(dbs["a"], t) for t in tables)
@@ -554,17 +564,12 @@ def test_an_imported_delete_whose_foreign_key_action_changes_rows_here_travels(t
     """Deleting a parent that a child added here still refers to runs the schema's ON
     DELETE action on that child: a change made by the application's schema, not by the
     import, which the peers then make too (the tables and the stores agree)."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["PRAGMA foreign_keys=ON",
-                     "CREATE TABLE parent(pid TEXT PRIMARY KEY NOT NULL, name TEXT)",
-                     f"CREATE TABLE child(cid TEXT PRIMARY KEY NOT NULL, pid TEXT REFERENCES "
-                     f"parent(pid) ON DELETE {action}, x INTEGER)"])
-    app(dbs["a"], ["INSERT INTO parent VALUES ('P', 'p')", "INSERT INTO child VALUES ('C1', 'P', 1)"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "parent", "--table", "child")
-    exchange(tmp_path, sites, rounds=1)
+    sites, dbs = attached_pair(
+        tmp_path, ["CREATE TABLE parent(pid TEXT PRIMARY KEY NOT NULL, name TEXT)",
+                   f"CREATE TABLE child(cid TEXT PRIMARY KEY NOT NULL, pid TEXT REFERENCES "
+                   f"parent(pid) ON DELETE {action}, x INTEGER)"],
+        ["INSERT INTO parent VALUES ('P', 'p')", "INSERT INTO child VALUES ('C1', 'P', 1)"],
+        ["parent", "child"])
     app(dbs["a"], ["PRAGMA foreign_keys=ON", "DELETE FROM parent WHERE pid = 'P'"])
     app(dbs["b"], ["PRAGMA foreign_keys=ON", "INSERT INTO child VALUES ('C2', 'P', 2)"])
     exchange(tmp_path, sites, rounds=3)
@@ -609,14 +614,9 @@ def test_a_row_detached_while_its_update_waits_on_a_clash_is_not_a_change(tmp_pa
     """A peer's update refused here by a UNIQUE clash is pending when the table is detached;
     attached again, the row (which never took the update) is no change of the
     application's, so the peer's update is not undone anywhere."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE u(id TEXT PRIMARY KEY NOT NULL, email TEXT UNIQUE, n INTEGER)"])
-    app(dbs["a"], ["INSERT INTO u VALUES ('k1', 'e1', 1), ('k2', 'e2', 2)"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "u")
-    exchange(tmp_path, sites, rounds=1)
+    sites, dbs = attached_pair(
+        tmp_path, ["CREATE TABLE u(id TEXT PRIMARY KEY NOT NULL, email TEXT UNIQUE, n INTEGER)"],
+        ["INSERT INTO u VALUES ('k1', 'e1', 1), ('k2', 'e2', 2)"], ["u"])
     app(dbs["b"], ["INSERT INTO u VALUES ('loc', 'zz', 0)"])
     app(dbs["a"], ["UPDATE u SET email = 'zz', n = 10 WHERE id = 'k1'"])
     out = tmp_path / "a-to-b"
@@ -652,19 +652,14 @@ def test_a_cascade_that_would_orphan_a_deferred_reference_here_is_a_clash(tmp_pa
     """An imported delete whose ON DELETE CASCADE would remove a row that a deferred
     foreign key of a row added here refers to is refused like a direct delete would be (a
     clash), never left for the COMMIT to fail on: the site keeps working."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE ta(id TEXT PRIMARY KEY NOT NULL)",
-                     "CREATE TABLE tc(id TEXT PRIMARY KEY NOT NULL, aid TEXT REFERENCES ta(id) "
-                     "ON DELETE CASCADE)",
-                     "CREATE TABLE td(id TEXT PRIMARY KEY NOT NULL, cid TEXT REFERENCES tc(id) "
-                     "DEFERRABLE INITIALLY DEFERRED)"])
-    app(dbs["a"], ["INSERT INTO ta VALUES ('a1')", "INSERT INTO tc VALUES ('c1', 'a1')",
-                   "INSERT INTO td VALUES ('d1', 'c1')"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "ta", "--table", "tc", "--table", "td")
-    exchange(tmp_path, sites, rounds=1)
+    sites, dbs = attached_pair(
+        tmp_path, ["CREATE TABLE ta(id TEXT PRIMARY KEY NOT NULL)",
+                   "CREATE TABLE tc(id TEXT PRIMARY KEY NOT NULL, aid TEXT REFERENCES ta(id) "
+                   "ON DELETE CASCADE)",
+                   "CREATE TABLE td(id TEXT PRIMARY KEY NOT NULL, cid TEXT REFERENCES tc(id) "
+                   "DEFERRABLE INITIALLY DEFERRED)"],
+        ["INSERT INTO ta VALUES ('a1')", "INSERT INTO tc VALUES ('c1', 'a1')",
+         "INSERT INTO td VALUES ('d1', 'c1')"], ["ta", "tc", "td"])
     app(dbs["b"], ["INSERT INTO td VALUES ('d9', 'c1')"])
     app(dbs["a"], ["PRAGMA foreign_keys=ON", "DELETE FROM td WHERE id = 'd1'",
                    "DELETE FROM ta WHERE id = 'a1'"])
@@ -680,21 +675,16 @@ def test_deletes_written_together_are_checked_after_their_cascades(tmp_path):
     """Rows whose deferred keys point at each other are deleted together; a row one of them
     removes by ON DELETE CASCADE (here in a table of this site's own) is checked too, so a
     deferred reference to it makes the deletes a clash, never a COMMIT that fails."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE x(id TEXT PRIMARY KEY NOT NULL, y TEXT REFERENCES y(id) "
-                     "DEFERRABLE INITIALLY DEFERRED)",
-                     "CREATE TABLE y(id TEXT PRIMARY KEY NOT NULL, x TEXT REFERENCES x(id) "
-                     "DEFERRABLE INITIALLY DEFERRED)",
-                     "CREATE TABLE c(id TEXT PRIMARY KEY NOT NULL, xid TEXT REFERENCES x(id) "
-                     "ON DELETE CASCADE)",
-                     "CREATE TABLE d(id TEXT PRIMARY KEY NOT NULL, cid TEXT REFERENCES c(id) "
-                     "DEFERRABLE INITIALLY DEFERRED)"])
-    app(dbs["a"], ["INSERT INTO x VALUES ('x1', 'y1')", "INSERT INTO y VALUES ('y1', 'x1')"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "x", "--table", "y")
-    exchange(tmp_path, sites, rounds=1)
+    sites, dbs = attached_pair(
+        tmp_path, ["CREATE TABLE x(id TEXT PRIMARY KEY NOT NULL, y TEXT REFERENCES y(id) "
+                   "DEFERRABLE INITIALLY DEFERRED)",
+                   "CREATE TABLE y(id TEXT PRIMARY KEY NOT NULL, x TEXT REFERENCES x(id) "
+                   "DEFERRABLE INITIALLY DEFERRED)",
+                   "CREATE TABLE c(id TEXT PRIMARY KEY NOT NULL, xid TEXT REFERENCES x(id) "
+                   "ON DELETE CASCADE)",
+                   "CREATE TABLE d(id TEXT PRIMARY KEY NOT NULL, cid TEXT REFERENCES c(id) "
+                   "DEFERRABLE INITIALLY DEFERRED)"],
+        ["INSERT INTO x VALUES ('x1', 'y1')", "INSERT INTO y VALUES ('y1', 'x1')"], ["x", "y"])
     app(dbs["b"], ["INSERT INTO c VALUES ('c1', 'x1')", "INSERT INTO d VALUES ('d9', 'c1')"])
     app(dbs["a"], ["DELETE FROM x", "DELETE FROM y"])
     exchange(tmp_path, sites, rounds=1)
@@ -709,17 +699,12 @@ def test_a_parent_change_that_would_orphan_a_deferred_reference_here_is_a_clash(
     """A parent's UNIQUE column that a deferred foreign key refers to changes at the origin
     with its child; here the child's own concurrent edit wins, so writing the parent would
     orphan it: the parent's record waits as a clash, and the site keeps working."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE p(id TEXT PRIMARY KEY NOT NULL, code TEXT UNIQUE NOT NULL)",
-                     "CREATE TABLE q(id TEXT PRIMARY KEY NOT NULL, pcode TEXT REFERENCES "
-                     "p(code) DEFERRABLE INITIALLY DEFERRED, note TEXT)"])
-    app(dbs["a"], ["INSERT INTO p VALUES ('p1', 'A'), ('p2', 'B')",
-                   "INSERT INTO q VALUES ('q1', 'A', '')"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "p", "--table", "q")
-    exchange(tmp_path, sites, rounds=1)
+    sites, dbs = attached_pair(
+        tmp_path, ["CREATE TABLE p(id TEXT PRIMARY KEY NOT NULL, code TEXT UNIQUE NOT NULL)",
+                   "CREATE TABLE q(id TEXT PRIMARY KEY NOT NULL, pcode TEXT REFERENCES "
+                   "p(code) DEFERRABLE INITIALLY DEFERRED, note TEXT)"],
+        ["INSERT INTO p VALUES ('p1', 'A'), ('p2', 'B')", "INSERT INTO q VALUES ('q1', 'A', '')"],
+        ["p", "q"])
     app(dbs["a"], ["PRAGMA foreign_keys=ON", "UPDATE p SET code = 'A2' WHERE id = 'p1'",
                    "UPDATE q SET pcode = 'A2' WHERE id = 'q1'"])
     app(dbs["b"], ["UPDATE q SET note = 'edited at b' WHERE id = 'q1'"])

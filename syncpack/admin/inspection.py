@@ -158,7 +158,6 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
     # the store transaction, all of the file, back.  (Parsing on a second thread gained
     # nothing: the writer gives up the GIL at every row SQLite inserts, and waits for it.)
     collections: set[str] = set()
-    watched = attached.watched(site.conn)
     tables: dict[str, bool] = {}     # collection -> whether it is a table of the family
     with site.transaction() as tx:
         for i, batch in enumerate(_load_batches(p, lines, counts)):
@@ -166,7 +165,7 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
                 tx.split()
             for name in set(map(itemgetter(0), batch)):
                 if name not in tables:
-                    tables[name] = name in watched or attached.defined(site.conn, TABLES, name)
+                    tables[name] = attached.family_table(site.conn, TABLES, name)
                 if not tables[name]:
                     continue
                 attach_core.check_values(site, name, [

@@ -21,7 +21,7 @@ def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     """One record in one transaction, into an attached application's table as well.
     Returns a warning when such a table refused it (it is then listed by conflicts) or
     could not be written now."""
-    if collection in attached.watched(site.conn) or attached.defined(site.conn, TABLES, collection):
+    if attached.family_table(site.conn, TABLES, collection):
         attach_core.check_values(site, collection, [value])
     with site.transaction() as tx:
         tx.put(collection, key, value)

@@ -604,13 +604,18 @@ def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bo
         return _load_rows_in(site, tx, app, t, rescan)
 
 
+def _keyed_records(t: appdb.TableInfo, part: list[tuple]) -> list[tuple[str, bytes]]:
+    """(record key, record) of rows of ``t`` as :func:`appdb.scan` gives them."""
+    single = len(t.pk) == 1
+    key_at = [t.columns.index(c) for c in t.pk]
+    return [(rows.encode_key(tuple(r[i] for i in key_at), single), _record(t, r)) for r in part]
+
+
 def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
                   rescan: bool) -> int:
     """:func:`_load_rows` in the caller's store transaction ``tx``."""
     conn = site.conn
     name = t.name
-    single = len(t.pk) == 1
-    key_at = [t.columns.index(c) for c in t.pk]
     n = 0
     attached.begin_capturing(conn)
     size = 0
@@ -623,14 +628,10 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     left = None if rescan else attached.detached_rows(conn, name, path, _file_id(Path(path)))
     as_left: list[tuple[str, str, bytes]] = []
     for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
-        items = []
-        for row in part:
-            key = rows.encode_key(tuple(row[i] for i in key_at), single)
-            if rescan:
-                seen_keys.add(key)
-                if key in pending:
-                    continue
-            items.append((key, _record(t, row)))
+        items = _keyed_records(t, part)
+        if rescan:
+            seen_keys.update(k for k, _r in items)
+            items = [(k, r) for k, r in items if k not in pending]
         current = attached.versions_for(conn, name, [k for k, _r in items])
         batch = []
         for key, raw in items:
@@ -1010,11 +1011,8 @@ def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
     """(key, CSNs of the versions its row has seen, digest of the row's record) of each row
     of ``t`` as it is detached: what a capture would compare it with."""
     conn = site.conn
-    single = len(t.pk) == 1
-    key_at = [t.columns.index(c) for c in t.pk]
     for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
-        items = [(rows.encode_key(tuple(r[i] for i in key_at), single), _record(t, r))
-                 for r in part]
+        items = _keyed_records(t, part)
         keys = [k for k, _r in items]
         current = attached.versions_for(conn, t.name, keys)
         unseen = attached.unseen_for(conn, t.name, keys)

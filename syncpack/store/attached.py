@@ -114,11 +114,12 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
 
 
-def defined(conn: Connection, definitions: str, collection: str) -> bool:
-    """Whether the collection of table ``definitions`` holds one of ``collection`` (an
-    attached table of the family, attached here or not)."""
-    return conn.execute("SELECT 1 FROM versions WHERE collection=? AND key=? AND value IS NOT "
-                        "NULL LIMIT 1", (definitions, collection)).fetchone() is not None
+def family_table(conn: Connection, definitions: str, collection: str) -> bool:
+    """Whether ``collection`` is an attached table of the family, attached here or only at a
+    peer (the collection of table ``definitions`` holds one of it)."""
+    return collection in watched(conn) or conn.execute(
+        "SELECT 1 FROM versions WHERE collection=? AND key=? AND value IS NOT NULL LIMIT 1",
+        (definitions, collection)).fetchone() is not None
 
 
 def remember_detached(conn: Connection, collection: str, db_path: str, file_id: str,
