@@ -7,7 +7,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from conftest import run
+from syncpack import site as site_mod
+from syncpack.exchange import apply as apply_mod
 from syncpack.format import blocks
 from syncpack.store import chain
 
@@ -379,3 +383,77 @@ def test_parts_that_replace_and_delete_apply_like_the_whole(family, tmp_path):
     got = json.loads(run("get", "parts", "p-00001", site=b).out)
     assert got["round"] == 2
     assert run("fsck", site=b).code == 0
+
+
+def test_a_packet_holding_a_whole_transaction_applies_its_parts_as_they_arrive(
+        family, tmp_path, monkeypatch):
+    """The parts of a transaction that all travel in one packet are applied as they arrive
+    (each decoded once); past the look-ahead, as before, the whole transaction is read back
+    at its last part.  Both end as at the origin, and later updates and deletes too."""
+    monkeypatch.setattr(site_mod, "PART_OPS", 40)
+    family.init("a")
+    family.add("b", via="a")
+    family.add("c", via="a")
+    a = family.path("a")
+    assert run("load", _load_file(tmp_path, 1500, 100), site=a).code == 0
+    second = tmp_path / "second.jsonl"
+    with open(second, "w") as out:
+        for i in range(0, 500, 2):
+            line = ({"collection": "parts", "key": f"p-{i:05d}", "delete": True} if i % 4 == 0
+                    else {"collection": "parts", "key": f"p-{i:05d}", "value": {"round": 2}})
+            out.write(json.dumps(line) + "\n")
+    assert run("load", second, site=a).code == 0
+    with family.open("a") as s:
+        own = [blocks.read_block_header(data) for o, _lo, _hi, data in chain.block_rows(s.conn)
+               if o == s.site_id]
+    assert sum(1 for b in own if b.flags) == 38         # the first load travels in parts
+
+    read_back = []
+    whole = apply_mod._Applier._whole_as_columns
+    monkeypatch.setattr(apply_mod._Applier, "_whole_as_columns",
+                        lambda self, *a: read_back.append(a) or whole(self, *a))
+    r = family.import_("b", family.export("a", "b"))
+    assert r.applied and not r.parked and read_back == []
+    monkeypatch.setattr(apply_mod, "LOOKAHEAD_BYTES", 1)
+    r = family.import_("c", family.export("a", "c"))
+    assert r.applied and not r.parked and len(read_back) == 1
+    assert family.digest("a") == family.digest("b") == family.digest("c")
+    for n in ("b", "c"):
+        assert run("fsck", site=family.path(n)).code == 0
+        assert json.loads(run("get", "parts", "p-00002", site=family.path(n)).out) == \
+            {"round": 2}
+        assert run("get", "parts", "p-00004", site=family.path(n)).code != 0
+
+
+def _vector(name: str) -> bytes:
+    return (Path(__file__).resolve().parents[1] / "formats" / "vectors" / f"{name}.bin"
+            ).read_bytes()
+
+
+def test_the_look_ahead_finds_a_transaction_whose_parts_all_follow(monkeypatch):
+    nxt, p1, p2, other = map(_vector, ("v2-block-next", "v2-block-part1", "v2-block-part2",
+                                       "v2-block-charlie"))
+    i1, i2 = blocks.read_block_header(p1), blocks.read_block_header(p2)
+
+    def look(raws):
+        whole: dict = {}
+        return list(apply_mod.whole_transactions(raws, whole)), whole
+
+    # the blocks always come through unchanged, in order
+    assert look([nxt, p1, p2, other]) == (
+        [nxt, p1, p2, other], {(i1.origin, i1.lo): i1.lo, (i2.origin, i2.lo): i1.lo})
+    assert look([nxt, p1, other, p2]) == ([nxt, p1, other, p2], {})    # not its next block
+    assert look([p1]) == ([p1], {})                                     # the last part later
+    assert look([p2]) == ([p2], {})                                     # the first one before
+    assert look([p1, b"not a block", p2]) == ([p1, b"not a block", p2], {})
+    monkeypatch.setattr(apply_mod, "LOOKAHEAD_BYTES", len(p1) - 1)
+    assert look([p1, p2]) == ([p1, p2], {})                             # too far ahead
+
+    def damaged():
+        yield p1
+        raise blocks.BlockError("body ends inside a block")
+    got = []
+    with pytest.raises(blocks.BlockError):
+        for raw in apply_mod.whole_transactions(damaged(), {}):
+            got.append(raw)
+    assert got == [p1]      # the damage is met after the blocks before it

@@ -13,7 +13,7 @@ import heapq
 import shutil
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from syncpack.admin import recovery
 from syncpack.format import blocks, codec, keys, values
@@ -211,6 +211,75 @@ MERGE_WINDOW_OPS = 200_000
 DECODE_AHEAD_MAX_RAW = 16 * 1024 * 1024
 
 
+# How far an import reads ahead in a packet, in raw block bytes, for the last part of a
+# transaction whose first part it has reached (see :func:`whole_transactions`).
+LOOKAHEAD_BYTES = 32 * 1024 * 1024
+
+
+def whole_transactions(raws: Iterable[bytes], whole: dict[tuple[bytes, int], int]
+                       ) -> Iterator[bytes]:
+    """The blocks ``raws``, unchanged and in order; for each transaction whose parts (formats/
+    BLOCKS.md, 4.2) all follow in them within :data:`LOOKAHEAD_BYTES` of its first, ``whole``
+    maps (origin, lo) of each part to the lo of its first part, before that part is given.
+
+    Such a transaction can be applied part by part as its parts arrive: the packet is one
+    store transaction, so nobody sees it half applied, and each part is decoded once, on the
+    other core, while the one before it is applied.  Without it the parts are kept and the
+    whole transaction read back and decoded again at its last part.  Only what the headers
+    claim is read here; every block is still verified when it is reached, and a part that
+    fails rolls the packet back."""
+    it = iter(raws)
+    pending: bytes | None = None
+    while True:
+        if pending is None:
+            raw = next(it, None)
+            if raw is None:
+                return
+        else:
+            raw, pending = pending, None
+        if blocks.read_block_header_flags(raw) != blocks.FLAG_MORE:
+            yield raw       # not a transaction's first part
+            continue
+        try:
+            first = last = blocks.read_block_header(raw)
+        except blocks.BlockError:
+            yield raw       # refused when it is reached
+            continue
+        held, los, size, complete = [raw], [first.lo], len(raw), False
+        failed: Exception | None = None
+        while size <= LOOKAHEAD_BYTES:
+            try:
+                nxt = next(it, None)
+            except Exception as e:
+                # the packet's body is damaged further on: raised where it would have been,
+                # after the blocks before it
+                failed = e
+                break
+            if nxt is None:
+                break
+            try:
+                p = blocks.read_block_header(nxt)
+            except blocks.BlockError:
+                p = None
+            if p is None or p.origin != first.origin or p.lo != last.hi or not p.cont:
+                pending = nxt   # not this transaction's: looked at on its own
+                break
+            held.append(nxt)
+            los.append(p.lo)
+            size += len(nxt)
+            last = p
+            if not p.more:
+                complete = True
+                break
+        if complete:
+            whole.update(((first.origin, lo), first.lo) for lo in los)
+        held.reverse()
+        while held:
+            yield held.pop()    # let go as they are applied
+        if failed is not None:
+            raise failed
+
+
 class Decoding:
     """A block's columns, from its body being (or already) decompressed."""
 
@@ -254,6 +323,9 @@ class _Applier:
         self.applied = 0
         self.system = False
         self.rows: list[tuple] = []
+        # (origin, lo) of each part whose whole transaction is in the packet -> its first
+        # part's lo (filled by whole_transactions)
+        self.whole: dict[tuple[bytes, int], int] = {}
 
     def flush(self) -> None:
         if self.rows:
@@ -267,7 +339,8 @@ class _Applier:
             if info.hi > self.vec.get(info.origin, 0):
                 # We keep what extends our history, byte for byte, to pass on.
                 chain.store_block(site.conn, info, cols.last_seq)
-        if any(info.flags and info.hi > self.vec.get(info.origin, 0) for info, _c in win):
+        if any(info.flags and info.hi > self.vec.get(info.origin, 0) and not self.alone(info)
+               for info, _c in win):
             self._parts(win)
             return
         if len(win) == 1:
@@ -300,7 +373,7 @@ class _Applier:
         streams: list[Iterable[Op]] = []
         whole: list[tuple[blocks.BlockInfo, int]] = []
         for info, cols in win:
-            if not info.flags or info.hi <= self.vec.get(info.origin, 0):
+            if not info.flags or info.hi <= self.vec.get(info.origin, 0) or self.alone(info):
                 streams.append(cols.ops())
             elif not info.more:
                 whole.append((info, info.lo - cols.first_seq))
@@ -360,6 +433,12 @@ class _Applier:
             n += cols.count
         self.flush()
         return n
+
+    def alone(self, info: blocks.BlockInfo) -> bool:
+        """``info`` is a part applied as it arrives, like a block of whole transactions: its
+        transaction's parts are all in the packet and none of them is held here yet."""
+        start = self.whole.get((info.origin, info.lo))
+        return start is not None and start >= self.vec.get(info.origin, 0)
 
     def _count(self, n: int) -> None:
         self.applied += n
@@ -492,7 +571,8 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
             win_hlc, win_ops = -1, 0
             last_key: tuple | None = None
             last_hash: dict[bytes, bytes] = {}     # per origin, the packet's previous block
-            for raw in packet_blocks(site, pk):
+            win_alone = False
+            for raw in whole_transactions(packet_blocks(site, pk), ap.whole):
                 # Where the block sits first (its header, not yet trusted): a block missing,
                 # repeated or moved by whoever assembled the packet shows as such, before any
                 # chain comparison could blame its origin.
@@ -550,11 +630,15 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                         raise ForkFound(o, *found)
                 # decoded on the other core while the window before it is applied
                 cols = ahead.decode(info)
-                if win and (info.hlc_first > win_hlc or
+                # a part applied as it arrives is a window of its own (the fast path takes
+                # one block at a time)
+                alone = ap.alone(info)
+                if win and (alone or win_alone or info.hlc_first > win_hlc or
                             win_ops + info.count > MERGE_WINDOW_OPS):
                     ap.window(win)
                     win, win_hlc, win_ops = [], -1, 0
                 win.append((info, cols))
+                win_alone = alone
                 win_hlc = max(win_hlc, info.hlc_last)
                 win_ops += info.count
             if win:
