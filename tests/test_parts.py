@@ -443,6 +443,8 @@ def test_the_look_ahead_finds_a_transaction_whose_parts_all_follow(monkeypatch):
     assert look([nxt, p1, p2, other]) == (
         [nxt, p1, p2, other], {(i1.origin, i1.lo): i1.lo, (i2.origin, i2.lo): i1.lo})
     assert look([nxt, p1, other, p2]) == ([nxt, p1, other, p2], {})    # not its next block
+    assert look([p1, p1, p2]) == ([p1, p1, p2], {(i1.origin, i1.lo): i1.lo,
+                                               (i2.origin, i2.lo): i1.lo})  # the second one
     assert look([p1]) == ([p1], {})                                     # the last part later
     assert look([p2]) == ([p2], {})                                     # the first one before
     assert look([p1, b"not a block", p2]) == ([p1, b"not a block", p2], {})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import shutil
+from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -227,57 +228,58 @@ def whole_transactions(raws: Iterable[bytes], whole: dict[tuple[bytes, int], int
     other core, while the one before it is applied.  Without it the parts are kept and the
     whole transaction read back and decoded again at its last part.  Only what the headers
     claim is read here; every block is still verified when it is reached, and a part that
-    fails rolls the packet back."""
+    fails rolls the packet back.  A block given is not held here (an import's memory is
+    counted in blocks)."""
     it = iter(raws)
-    pending: bytes | None = None
+    ahead: deque[bytes] = deque()      # read, not yet given
+    failed: Exception | None = None
     while True:
-        if pending is None:
+        if ahead:
+            raw = ahead.popleft()
+        elif failed is not None:
+            raise failed    # the packet's damage, met after the blocks before it
+        else:
             raw = next(it, None)
             if raw is None:
                 return
-        else:
-            raw, pending = pending, None
-        if blocks.read_block_header_flags(raw) != blocks.FLAG_MORE:
-            yield raw       # not a transaction's first part
-            continue
+        if not ahead and failed is None and \
+                blocks.read_block_header_flags(raw) == blocks.FLAG_MORE:
+            failed = _look_ahead(raw, it, ahead, whole)
+        yield raw
+        raw = None
+
+
+def _look_ahead(first_raw: bytes, it: Iterator[bytes], ahead: deque[bytes],
+                whole: dict[tuple[bytes, int], int]) -> Exception | None:
+    """Read the blocks after ``first_raw``, a transaction's first part, into ``ahead`` up to
+    its last part (then noted in ``whole``), a block that does not continue it, or the
+    limit; returns what reading them raised, if anything."""
+    try:
+        first = last = blocks.read_block_header(first_raw)
+    except blocks.BlockError:
+        return None     # refused when it is reached
+    los, size = [first.lo], len(first_raw)
+    while size <= LOOKAHEAD_BYTES:
         try:
-            first = last = blocks.read_block_header(raw)
+            nxt = next(it, None)
+        except Exception as e:
+            return e
+        if nxt is None:
+            return None
+        ahead.append(nxt)
+        try:
+            p = blocks.read_block_header(nxt)
         except blocks.BlockError:
-            yield raw       # refused when it is reached
-            continue
-        held, los, size, complete = [raw], [first.lo], len(raw), False
-        failed: Exception | None = None
-        while size <= LOOKAHEAD_BYTES:
-            try:
-                nxt = next(it, None)
-            except Exception as e:
-                # the packet's body is damaged further on: raised where it would have been,
-                # after the blocks before it
-                failed = e
-                break
-            if nxt is None:
-                break
-            try:
-                p = blocks.read_block_header(nxt)
-            except blocks.BlockError:
-                p = None
-            if p is None or p.origin != first.origin or p.lo != last.hi or not p.cont:
-                pending = nxt   # not this transaction's: looked at on its own
-                break
-            held.append(nxt)
-            los.append(p.lo)
-            size += len(nxt)
-            last = p
-            if not p.more:
-                complete = True
-                break
-        if complete:
+            return None
+        if p.origin != first.origin or p.lo != last.hi or not p.cont:
+            return None     # not this transaction's: looked at on its own
+        los.append(p.lo)
+        size += len(nxt)
+        last = p
+        if not p.more:
             whole.update(((first.origin, lo), first.lo) for lo in los)
-        held.reverse()
-        while held:
-            yield held.pop()    # let go as they are applied
-        if failed is not None:
-            raise failed
+            return None
+    return None
 
 
 class Decoding:
