@@ -18,6 +18,10 @@ from pathlib import Path
 
 from test_attach import app, exchange, make_family, run, sp, table
 
+from syncpack.format import blocks
+from syncpack.site import Site
+from syncpack.store import chain
+
 SYNCPACK = str(Path(sys.executable).with_name("syncpack"))
 
 # Moves one unit between two accounts per transaction (the sum never changes) and logs it:
@@ -208,6 +212,11 @@ def test_kill_9_during_an_import_written_by_the_writer_process(tmp_path):
     sites, dbs = two_sites(tmp_path)
     n = _big_backlog(dbs["a"], writer.ELSEWHERE_AT + 50_000)
     sp(sites["a"], "capture")
+    # one transaction in parts, all in the one packet: applied part by part as they arrive
+    with Site.open(sites["a"]) as s:
+        parts = [o for o, _lo, _hi, data in chain.block_rows(s.conn)
+                 if o == s.site_id and blocks.read_block_header_flags(data)]
+    assert len(parts) >= 2
     out = tmp_path / "carry"
     out.mkdir()
     sp(sites["a"], "export", "--to", "b", "--out", out)
