@@ -30,6 +30,7 @@ from syncpack.exchange import replica, sync, verify
 from syncpack.format import blocks, codec, keys
 from syncpack.format.codec import Op
 from syncpack.errors import PacketError
+from syncpack import site as site_mod
 from syncpack.site import SYS_PREFIX, Site
 
 VECTORS = Path(__file__).resolve().parents[1] / "formats" / "vectors"
@@ -332,6 +333,15 @@ def build_world(root: Path) -> World:
             tx.put("tools", "t1", [1, 2.5, "x", None, True])
         with s.transaction() as tx:
             tx.put("parts", "p003", {"qty": -3, "blob": "\x00\x01"})
+        # one transaction sealed as three parts (formats/BLOCKS.md, 4.2), all in the packet:
+        # applied part by part as they arrive, which a damaged part must not split
+        part_ops, site_mod.PART_OPS = site_mod.PART_OPS, 4
+        try:
+            with s.transaction() as tx:
+                tx.write_columns("bulk", [f"q{i:02d}" for i in range(10)],
+                                 [codec.encode_value({"n": i}) for i in range(10)])
+        finally:
+            site_mod.PART_OPS = part_ops
     p1 = fam.export("a", "b")
     with fam.open("a") as s, s.transaction() as tx:
         for i in range(5):
@@ -359,6 +369,8 @@ def build_world(root: Path) -> World:
     w.blocks = {n: body_blocks(w.corpus[n]) for n in ("update", "gap")}
     origins = [origin_of(b) for b in w.blocks["update"]]
     assert w.ids["r"] in origins and origins.count(w.ids["a"]) >= 3, origins
+    assert [blocks.read_block_header_flags(b) for b in w.blocks["update"]
+            if blocks.read_block_header_flags(b)] == [1, 3, 2]     # the parts, in order
     with Site.open(w.pristine) as s:
         rows = s.conn.execute("SELECT collection, key, csn, value FROM versions").fetchall()
     w.system = [r for r in rows if r[0].startswith(SYS_PREFIX)]
@@ -899,24 +911,32 @@ def edit_txns(ch, w: World, txns: list, desc: list) -> None:
         raise Unmakeable("no op left")
 
 
+def continues(block: bytes) -> bool:
+    """``block`` is a part whose transaction continues in the next block (MORE)."""
+    return bool(blocks.read_block_header_flags(block) & blocks.FLAG_MORE)
+
+
 def remade_from_ops(ch, w: World, block: bytes, key, desc: list) -> bytes:
     """``block`` with its ops edited, encoded again by the writers' own code and signed with
     ``key``: a valid block when ``key`` is its origin's."""
     f = fields_of(block)
     txns: list = []
+    first_seq = 0       # > 0 in a later part of a transaction, whose first op is not seq 0
     for op in blocks.decode_ops(block):
-        if op.seq == 0:
+        if op.seq == 0 or not txns:
             txns.append([op.hlc, []])
+            first_seq = first_seq if len(txns) > 1 else op.seq
         txns[-1][1].append([op.collection, op.key, op.value, op.replaced])
     for _ in range(ch.int(1, 3)):
         edit_txns(ch, w, txns, desc)
     ops, epoch = [], f["lo"]
-    for hlc, body in txns:
-        for seq, (c, k, v, r) in enumerate(body):
+    for i, (hlc, body) in enumerate(txns):
+        for seq, (c, k, v, r) in enumerate(body, first_seq if i == 0 else 0):
             epoch += 1
             ops.append(Op(f["origin"], epoch, hlc, seq, c, k, v, r))
     try:
-        return blocks.encode_block(w.family, f["origin"], f["prev_hash"], ops, key.sign)
+        return blocks.encode_block(w.family, f["origin"], f["prev_hash"], ops, key.sign,
+                                   more=continues(block))
     except blocks.BlockEncodeError as e:
         raise Unmakeable(str(e)) from None
 
@@ -1132,7 +1152,8 @@ def rechain(w: World, bl: list[bytes], k: int, old: dict) -> None:
             continue
         try:
             ops = [op._replace(epoch=op.epoch + shift) for op in blocks.decode_ops(bl[j])]
-            bl[j] = blocks.encode_block(w.family, f["origin"], prev, ops, w.key_a.sign)
+            bl[j] = blocks.encode_block(w.family, f["origin"], prev, ops, w.key_a.sign,
+                                        more=continues(bl[j]))
         except (PacketError, blocks.BlockEncodeError):
             return
         prev = blocks.block_hash(w.family, bl[j][:blocks.SIGNED_LEN])
