@@ -371,7 +371,10 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
                       "CREATE TABLE badtext(id TEXT PRIMARY KEY, v TEXT)",
                       "INSERT INTO badtext VALUES ('ok', 'fine'), ('bad', CAST(x'ff' AS TEXT))",
                       "CREATE TABLE nullkey(a TEXT, b INTEGER, PRIMARY KEY(a, b))",
-                      "INSERT INTO nullkey VALUES ('x', 1), ('y', NULL)"])
+                      "INSERT INTO nullkey VALUES ('x', 1), ('y', NULL)",
+                      "CREATE TABLE nocase(name TEXT PRIMARY KEY COLLATE NOCASE, v)",
+                      "CREATE TABLE rtrim(a TEXT, b TEXT, PRIMARY KEY(a, b COLLATE RTRIM)) "
+                      "WITHOUT ROWID"])
     # a file whose header and schema read, and whose table's pages are damaged
     damaged = tmp_path / "damaged.db"
     app(damaged, ["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
@@ -392,6 +395,8 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
              ((db, "--table", "items", "--table", "nokey"), "PRIMARY KEY"),
              ((db, "--table", "absent"), "no table absent"),
              ((db, "--table", "nullkey"), "1 row(s) with NULL in its primary key"),
+             ((db, "--table", "nocase"), "key column name compares with COLLATE NOCASE"),
+             ((db, "--table", "items", "--table", "rtrim"), "column b compares with COLLATE RTRIM"),
              # found only while its rows are read, after the checks
              ((db, "--table", "badtext"), "not valid UTF-8"),
              ((db, "--table", "items", "--table", "badtext"), "not valid UTF-8"),
@@ -420,6 +425,34 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     r = run("detach", other, site=s)
     assert r.code == 1 and "not attached" in r.err
     assert [t["table"] for t in run("--json", "attached", site=s).json["tables"]] == ["items"]
+
+
+def test_a_unique_index_on_the_key_under_another_collation_clashes_as_a_conflict(tmp_path):
+    """A key of exact text, kept unique without case by an index of the application's: two
+    sites' keys that differ only in case clash there like any UNIQUE constraint (listed,
+    neither row touched), and are never written as an update of the other one.  A rowid key
+    declared with a collation is taken as it is."""
+    schema = ["CREATE TABLE users(email TEXT PRIMARY KEY NOT NULL, n INTEGER)",
+              "CREATE UNIQUE INDEX users_nocase ON users(email COLLATE NOCASE)",
+              "CREATE TABLE counters(id INTEGER PRIMARY KEY COLLATE NOCASE, n INTEGER)"]
+    sites, dbs = attached_pair(tmp_path, schema, [], ["users", "counters"])
+    app(dbs["a"], ["INSERT INTO users VALUES ('Bob@x.org', 1)", "INSERT INTO counters VALUES (1, 1)"])
+    app(dbs["b"], ["INSERT INTO users VALUES ('bob@x.org', 2)", "INSERT INTO counters VALUES (2, 2)"])
+    exchange(tmp_path, sites)
+    assert table(dbs["a"], "users") == [("Bob@x.org", "text", 1, "integer")]
+    assert table(dbs["b"], "users") == [("bob@x.org", "text", 2, "integer")]
+    for n, other in (("a", "bob@x.org"), ("b", "Bob@x.org")):
+        r = run("--json", "conflicts", site=sites[n])
+        assert [(c["key"], "UNIQUE constraint failed: users.email" in c["constraint"])
+                for c in r.json["conflicts"]] == [(other, True)], r
+        assert table(dbs[n], "counters") == [(1, "integer", 1, "integer"),
+                                             (2, "integer", 2, "integer")]
+        assert run("fsck", site=sites[n]).code == 0
+    # the local row goes: the peer's row takes its place, at every site
+    app(dbs["a"], ["DELETE FROM users WHERE email = 'Bob@x.org'"])
+    app(dbs["b"], ["DELETE FROM users WHERE email = 'bob@x.org'"])
+    exchange(tmp_path, sites)
+    assert table(dbs["a"], "users") == table(dbs["b"], "users") == []
 
 
 def test_one_file_is_attached_by_one_site(tmp_path):

@@ -850,6 +850,9 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         return f"table {name} is a virtual table; only ordinary tables can be replicated"
     if not t.pk:
         return f"table {name} has no declared PRIMARY KEY; a replicated row needs a key"
+    collated = _collated_key(app, t)
+    if collated:
+        return collated
     nulls = appdb.null_key_rows(app, name, appdb.nullable_key(app, name))
     if nulls:
         return (f"table {name} has {nulls} row(s) with NULL in its primary key; a replicated "
@@ -862,11 +865,32 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     return None
 
 
-def _check_created(t: appdb.TableInfo | None, name: str, d: dict) -> None:
+def _collated_key(app: appdb.Connection, t: appdb.TableInfo) -> str | None:
+    """Why ``t``'s key cannot be replicated for its collation, or None.  A record's key is
+    its exact text, while the table would hold keys its collation calls equal ('Bob' and
+    'bob' under NOCASE) as one row: a peer's row would overwrite, or delete, another."""
+    odd = appdb.key_collations(app, t)
+    if not odd:
+        return None
+    col, coll = odd[0]
+    return (f"table {t.name}'s key column {col} compares with COLLATE {coll}, and syncpack "
+            f"keys rows by their exact text: two sites' keys that {coll} holds equal would "
+            f"overwrite each other's rows (declare the key without COLLATE; a UNIQUE index on "
+            f"({col} COLLATE {coll}) keeps the rule, and its clashes become conflicts)")
+
+
+def _check_created(app: appdb.Connection, t: appdb.TableInfo | None, name: str,
+                   d: dict) -> None:
     """A table made from the family's definition (a peer's text) must be what the definition
     says it is, keyed as its records are; else the caller's transaction of the application's
     file rolls back and nothing was created."""
     pk = d.get("pk")
+    why = _collated_key(app, t) if t is not None and t.pk else None
+    if why:
+        raise AttachError(f"the family's definition of table {name!r} cannot be replicated: "
+                          f"{why}; nothing was created",
+                          hint="the site that attached the table may have published a wrong "
+                               "definition; create the table yourself and attach it")
     if t is None or t.virtual or not t.pk or t.pk != pk:
         raise AttachError(
             f"the family's definition of table {name!r} does not create a table keyed by "
@@ -901,7 +925,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             if appdb.table_info(app, n) is None:
                 d = _definition(site, n)
                 appdb.create_table(app, n, d["create_sql"])
-                _check_created(appdb.table_info(app, n), n, d)
+                _check_created(app, appdb.table_info(app, n), n, d)
         new = {n: appdb.table_info(app, n) for n in names}
         odd_types = {n: rows.type_warning(n, new[n].affinity,
                                           appdb.declared_affinities(n, d["create_sql"]))

@@ -259,6 +259,32 @@ def key_columns(conn: Connection, table: str) -> list[str]:
                                  key=lambda r: r[5]) if r[5]]
 
 
+def rowid_alias(conn: Connection, t: TableInfo) -> bool:
+    """``t`` is keyed by its rowid (one column declared INTEGER PRIMARY KEY)."""
+    return len(t.pk) == 1 and "WITHOUT ROWID" not in t.create_sql.upper() and \
+        (conn.column_metadata("main", t.name, t.pk[0])[0] or "").upper() == "INTEGER"
+
+
+def key_collations(conn: Connection, t: TableInfo) -> list[tuple[str, str]]:
+    """(column, collation) of each key column of ``t`` whose text compares by a collation
+    other than BINARY: its own, or the one its PRIMARY KEY clause gives it.  A rowid alias
+    (INTEGER PRIMARY KEY) holds integers only, which no collation touches."""
+    if rowid_alias(conn, t):
+        return []
+    out = {}
+    for c in t.pk:
+        coll = conn.column_metadata("main", t.name, c)[1]
+        if coll and coll.upper() != "BINARY":
+            out[c] = coll
+    for _seq, iname, _unique, origin, _partial in conn.execute(
+            f"PRAGMA index_list({q(t.name)})").fetchall():
+        if origin == "pk":
+            for r in conn.execute(f"PRAGMA index_xinfo({q(iname)})").fetchall():
+                if r[5] and r[2] in t.pk and r[4] and r[4].upper() != "BINARY":
+                    out.setdefault(r[2], r[4])
+    return sorted(out.items(), key=lambda kv: t.pk.index(kv[0]))
+
+
 def nullable_key(conn: Connection, table: str) -> list[str]:
     """The key columns of ``table`` that may hold NULL: SQLite lets a PRIMARY KEY column of a
     rowid table hold NULL unless NOT NULL is declared (a rowid alias never does, nor a key of
@@ -639,6 +665,12 @@ class Writer:
         self._delete = f"DELETE FROM {q(t.name)} WHERE {where}"
         self._cols = set(t.columns)
         self._sql: dict[tuple[tuple[str, ...], int], str] = {}
+        # The upsert's target names the primary key's own index: by columns alone it may match
+        # a UNIQUE index on the same columns under another collation ('bob' against 'Bob'
+        # under NOCASE), whose clash it would then turn into an update of the other row.  A
+        # rowid has no index, and a collation on it is refused.
+        self._target = ", ".join(q(c) if rowid_alias(conn, t) else f"{q(c)} COLLATE BINARY"
+                                 for c in t.pk)
         self._actions: dict = {}     # table -> its incoming ON DELETE actions (_actions_on)
         self._others: dict = {}      # table -> its Writer, for a cascade's deferred checks
         # deferred foreign keys are checked by hand, in the row's savepoint (see TableInfo)
@@ -672,7 +704,7 @@ class Writer:
                     if rest else "DO NOTHING")
             sql = self._sql[cols, rows] = (
                 f"INSERT INTO {q(self.t.name)}({names}) VALUES {marks} "
-                f"ON CONFLICT({', '.join(q(c) for c in self.t.pk)}) {tail}")
+                f"ON CONFLICT({self._target}) {tail}")
         return sql
 
     def _upsert_all(self, cols: tuple[str, ...], args: list[tuple]) -> None:
