@@ -249,3 +249,12 @@ class SiteClosedError(SiteError):
 class AttachError(SyncpackError):
     """An application database or table cannot be attached, detached or written; nothing
     was changed."""
+
+
+class ApplicationOnlyError(AttachError):
+    """A statement on an application's table needs a function, a collation or a module that
+    only the application defines (it registers them in its own connections): its triggers,
+    indexes, CHECK constraints or generated columns use one.  A row it refuses is a clash,
+    like a constraint's."""
+
+    needs = ""      # SQLite's words: "no such function: slug"

@@ -26,6 +26,9 @@ APP = r"""
 import json, sqlite3, sys
 db, batches = sys.argv[1], json.loads(sys.argv[2])
 c = sqlite3.connect(db, timeout=60, isolation_level=None)
+# what an application may define in its own connections, and its schema then use
+c.create_function("slug", 1, lambda s: (s or "").lower().replace(" ", "-"))
+c.create_collation("rev", lambda a, b: (a[::-1] > b[::-1]) - (a[::-1] < b[::-1]))
 for stmts in batches:
     # a pragma does nothing inside a transaction: the batch's go first (foreign_keys=ON)
     for s in stmts:
@@ -453,6 +456,50 @@ def test_a_unique_index_on_the_key_under_another_collation_clashes_as_a_conflict
     app(dbs["b"], ["DELETE FROM users WHERE email = 'bob@x.org'"])
     exchange(tmp_path, sites)
     assert table(dbs["a"], "users") == table(dbs["b"], "users") == []
+
+
+def test_what_only_the_application_defines_is_refused_at_attach_and_a_clash_later(tmp_path):
+    """A table whose trigger calls a function, or whose index uses a collation, that the
+    application registers in its own connections cannot be written by anyone else: attach
+    refuses it, nothing changed.  Added after the attach, the rows it refuses are clashes
+    naming what is missing; the import goes on, and the command that counts the table too."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    plain = ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, name TEXT, s TEXT)",
+             "CREATE TABLE u(id TEXT PRIMARY KEY NOT NULL, name TEXT)"]
+    uses = ["CREATE TRIGGER t_slug AFTER INSERT ON t BEGIN "
+            "UPDATE t SET s = slug(NEW.name) WHERE id = NEW.id; END",
+            "CREATE INDEX u_name ON u(name COLLATE rev)"]
+    app(dbs["a"], plain + uses)
+    before = sqlite3.connect(dbs["a"]).execute("SELECT sql FROM sqlite_schema").fetchall()
+    for name, words in (("t", "no such function: slug"), ("u", "no such collation sequence: rev")):
+        r = run("attach", dbs["a"], "--table", name, site=sites["a"])
+        assert r.code == 1 and words in r.err and "nothing was attached" in r.err, r
+    assert run("--json", "attached", site=sites["a"]).json["tables"] == []
+    assert sqlite3.connect(dbs["a"]).execute("SELECT sql FROM sqlite_schema").fetchall() == before
+
+    app(dbs["a"], ["DROP TABLE t", "DROP TABLE u"] + plain)
+    app(dbs["b"], plain)
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "t", "--table", "u")
+    app(dbs["a"], uses + ["INSERT INTO t(id, name) VALUES ('a1', 'From A')",
+                          "INSERT INTO u VALUES ('a1', 'x')"])
+    app(dbs["b"], ["INSERT INTO t(id, name) VALUES ('b1', 'From B')",
+                   "INSERT INTO u VALUES ('b1', 'y')"])
+    exchange(tmp_path, sites)
+    assert table(dbs["a"], "t") == [("a1", "text", "From A", "text", "from-a", "text")]
+    assert [r[0] for r in sqlite3.connect(dbs["a"]).execute(
+        "SELECT id FROM u NOT INDEXED")] == ["a1"]
+    r = run("--json", "conflicts", site=sites["a"])
+    assert sorted((c["collection"], c["key"], c["constraint"]) for c in r.json["conflicts"]) == [
+        ("t", "b1", "no such function: slug, which only the application defines"),
+        ("u", "b1", "no such collation sequence: rev, which only the application defines")], r
+    assert [(t["table"], t["rows"]) for t in
+            run("--json", "attached", site=sites["a"]).json["tables"]] == [("t", 1), ("u", 1)]
+    assert table(dbs["b"], "t") == [("a1", "text", "From A", "text", "from-a", "text"),
+                                    ("b1", "text", "From B", "text", None, "null")]
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0
 
 
 def test_one_file_is_attached_by_one_site(tmp_path):

@@ -853,6 +853,11 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     collated = _collated_key(app, t)
     if collated:
         return collated
+    refused = appdb.unwritable(app, t)
+    if refused:
+        return (f"table {name} cannot be written outside the application: SQLite refuses "
+                f"syncpack's statements on it ({refused}); a trigger, index, CHECK constraint "
+                f"or generated column of it uses what only the application defines")
     nulls = appdb.null_key_rows(app, name, appdb.nullable_key(app, name))
     if nulls:
         return (f"table {name} has {nulls} row(s) with NULL in its primary key; a replicated "

@@ -24,7 +24,7 @@ from typing import Iterable, Iterator
 
 import apsw
 
-from syncpack.errors import AttachError
+from syncpack.errors import ApplicationOnlyError, AttachError
 from syncpack.store import db
 from syncpack.store.db import read_txn  # noqa: F401  (one snapshot rule for both files)
 
@@ -53,13 +53,38 @@ def file_error(path: str, e: BaseException) -> AttachError:
                             "permissions, free space, sqlite3 FILE 'PRAGMA integrity_check')")
 
 
+# What SQLite refuses to compile when the application's schema (a trigger, an index, a CHECK
+# constraint, a generated column) uses a function, a collation or a module that only the
+# application defines, registered in its own connections.
+_APP_ONLY = ("no such function", "no such collation sequence", "no such module")
+
+
+def application_only(path: str, e: BaseException) -> ApplicationOnlyError | None:
+    """The :class:`ApplicationOnlyError` that ``e`` is, or None."""
+    msg = str(e).removeprefix("SQLError: ")
+    if not isinstance(e, apsw.SQLError) or not msg.startswith(_APP_ONLY):
+        return None
+    err = ApplicationOnlyError(
+        f"the application's database {path} uses what only the application defines "
+        f"({msg})", hint="syncpack cannot read or write what needs it; detach the table "
+                         "that uses it ('syncpack detach DB --table T')")
+    err.needs = msg
+    return err
+
+
 def _told_as_the_files(method):
-    """``method`` of apsw.Cursor with the file's failures raised as :func:`file_error`'s."""
+    """``method`` of apsw.Cursor with the file's failures raised as :func:`file_error`'s,
+    and what needs the application as :func:`application_only`'s."""
     def told(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except _FILE_ERRORS as e:
             raise file_error(self.connection.filename, e) from None
+        except apsw.SQLError as e:
+            told_as = application_only(self.connection.filename, e)
+            if told_as is None:
+                raise
+            raise told_as from None
     told.__name__ = method.__name__
     return told
 
@@ -257,6 +282,23 @@ def key_columns(conn: Connection, table: str) -> list[str]:
     """The primary key columns of ``table``, in key order."""
     return [r[1] for r in sorted(conn.execute(f"PRAGMA table_info({q(table)})"),
                                  key=lambda r: r[5]) if r[5]]
+
+
+def unwritable(conn: Connection, t: TableInfo) -> str | None:
+    """Why SQLite would refuse to compile the statements syncpack runs on ``t`` (its rows
+    written and deleted, with the triggers, indexes, checks and foreign key actions they set
+    off; counted; read whole), or None.  Compiled, never run: EXPLAIN."""
+    w = Writer(conn, t)
+    cols = tuple(t.columns)
+    names = ", ".join(q(c) for c in cols)
+    for sql, n in ((w._upsert(cols), len(cols)), (w._delete, len(t.pk)),
+                   (f"SELECT count(*) FROM {q(t.name)}", 0),
+                   (f"SELECT {names} FROM {q(t.name)}", 0)):
+        try:
+            apsw.Cursor(conn).execute("EXPLAIN " + sql, [None] * n).fetchall()
+        except apsw.SQLError as e:
+            return str(e).removeprefix("SQLError: ")
+    return None
 
 
 def rowid_alias(conn: Connection, t: TableInfo) -> bool:
@@ -636,7 +678,11 @@ def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
     """Every row of ``t`` (columns in ``t.columns`` order)."""
     cols = ", ".join(q(c) for c in t.columns)
     try:
-        yield from conn.execute(f"SELECT {cols} FROM {q(t.name)}")
+        try:
+            rows = conn.execute(f"SELECT {cols} FROM {q(t.name)}")
+        except ApplicationOnlyError:    # an index SQLite would read needs it: the table not
+            rows = conn.execute(f"SELECT {cols} FROM {q(t.name)} NOT INDEXED")
+        yield from rows
     except UnicodeDecodeError:
         raise _not_utf8(t.name) from None
     except _FILE_ERRORS as e:
@@ -644,7 +690,12 @@ def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
 
 
 def count_rows(conn: Connection, table: str) -> int:
-    return conn.execute(f"SELECT count(*) FROM {q(table)}").fetchone()[0]
+    try:
+        return conn.execute(f"SELECT count(*) FROM {q(table)}").fetchone()[0]
+    except ApplicationOnlyError:
+        # SQLite counts by the smallest index, and this one needs the application's
+        # collation: the table itself needs none
+        return conn.execute(f"SELECT count(*) FROM {q(table)} NOT INDEXED").fetchone()[0]
 
 
 _SQLITE_TYPES = (type(None), int, float, str, bytes)
@@ -750,7 +801,7 @@ class Writer:
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 self._upsert_all(cols, args)
-            except (apsw.ConstraintError, TypeError, OverflowError):
+            except (apsw.ConstraintError, ApplicationOnlyError, TypeError, OverflowError):
                 # a refused row (or one SQLite cannot bind): found row by row below
                 self.conn.execute("ROLLBACK TO syncpack_batch")
                 self.conn.execute("RELEASE syncpack_batch")
@@ -829,9 +880,11 @@ class Writer:
             self.conn.execute(sql, args)
             if any(self.conn.execute(*c).fetchone() is not None for c in checks):
                 raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
-        except apsw.ConstraintError as e:
+        except (apsw.ConstraintError, ApplicationOnlyError) as e:
             self.conn.execute("ROLLBACK TO syncpack_row")
             self.conn.execute("RELEASE syncpack_row")
+            if isinstance(e, ApplicationOnlyError):
+                return f"{e.needs}, which only the application defines"
             return str(e).replace("ConstraintError: ", "")
         self.conn.execute("RELEASE syncpack_row")
         return None
@@ -919,7 +972,7 @@ def _all_or_none(conn: Connection, work) -> bool:
     conn.execute("SAVEPOINT syncpack_group")
     try:
         work()
-    except (apsw.ConstraintError, TypeError, OverflowError):
+    except (apsw.ConstraintError, ApplicationOnlyError, TypeError, OverflowError):
         conn.execute("ROLLBACK TO syncpack_group")
         conn.execute("RELEASE syncpack_group")
         return False
