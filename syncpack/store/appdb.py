@@ -285,20 +285,9 @@ def key_columns(conn: Connection, table: str) -> list[str]:
 
 
 def unwritable(conn: Connection, t: TableInfo) -> str | None:
-    """Why SQLite would refuse to compile the statements syncpack runs on ``t`` (its rows
-    written and deleted, with the triggers, indexes, checks and foreign key actions they set
-    off; counted; read whole), or None.  Compiled, never run: EXPLAIN."""
-    w = Writer(conn, t)
-    cols = tuple(t.columns)
-    names = ", ".join(q(c) for c in cols)
-    for sql, n in ((w._upsert(cols), len(cols)), (w._delete, len(t.pk)),
-                   (f"SELECT count(*) FROM {q(t.name)}", 0),
-                   (f"SELECT {names} FROM {q(t.name)}", 0)):
-        try:
-            apsw.Cursor(conn).execute("EXPLAIN " + sql, [None] * n).fetchall()
-        except apsw.SQLError as e:
-            return str(e).removeprefix("SQLError: ")
-    return None
+    """Why SQLite would refuse to compile the statements syncpack runs on ``t``, or None
+    (:meth:`Writer.unwritable`)."""
+    return Writer(conn, t).unwritable()
 
 
 def rowid_alias(conn: Connection, t: TableInfo) -> bool:
@@ -744,6 +733,22 @@ class Writer:
         self._check_update = ("SELECT 1 WHERE " + " OR ".join(
             f"EXISTS (SELECT 1 FROM {q(fk[0])} c WHERE {_violations_sql(fk)})"
             for fk in by_other)) if by_other else None
+
+    def unwritable(self) -> str | None:
+        """Why SQLite would refuse to compile the statements syncpack runs on the table (its
+        rows written and deleted, with the triggers, indexes, checks and foreign key actions
+        they set off; counted; read whole), or None.  Compiled, never run: EXPLAIN."""
+        t = self.t
+        cols = tuple(t.columns)
+        names = ", ".join(q(c) for c in cols)
+        for sql, n in ((self._upsert(cols), len(cols)), (self._delete, len(t.pk)),
+                       (f"SELECT count(*) FROM {q(t.name)}", 0),
+                       (f"SELECT {names} FROM {q(t.name)}", 0)):
+            try:
+                apsw.Cursor(self.conn).execute("EXPLAIN " + sql, [None] * n).fetchall()
+            except apsw.SQLError as e:
+                return str(e).removeprefix("SQLError: ")
+        return None
 
     def _upsert(self, cols: tuple[str, ...], rows: int = 1) -> str:
         sql = self._sql.get((cols, rows))
