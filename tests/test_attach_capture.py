@@ -317,3 +317,33 @@ def test_text_that_is_not_utf8_stops_the_capture_clearly_until_fixed(tmp_path, m
     assert table(dbs["b"], "items")[1][6:8] == (b"\xff\x80", "blob")
     for n in sites:
         sp(sites[n], "fsck")
+
+
+def test_a_row_larger_than_a_record_stops_the_capture_naming_it(tmp_path, monkeypatch):
+    """A row whose record would exceed what one record may hold is named, and nothing is
+    captured (no 'internal error', no block that cannot be sealed); once the application
+    makes it smaller, the next capture takes everything.  Attaching a table holding one is
+    refused, nothing attached."""
+    monkeypatch.setattr(codec, "MAX_VALUE_BYTES", 10_000)
+    from test_attach import attached_pair, exchange
+    sites, dbs = attached_pair(tmp_path, ["CREATE TABLE f(id TEXT PRIMARY KEY NOT NULL, "
+                                          "data BLOB)"], [], ["f"])
+    app(dbs["a"], ["INSERT INTO f VALUES ('small', randomblob(100))",
+                   "INSERT INTO f VALUES ('big', randomblob(20000))"])
+    for cmd in (["capture"], ["export", "--to", "b", "--out", tmp_path / "out",
+                              "--create-out"]):
+        r = run(*cmd, site=sites["a"])
+        assert r.code == 1 and "row 'big' of table 'f' is 20," in r.err, r
+        assert "nothing was captured" in r.err and "internal" not in r.err, r
+    assert run("get", "f", "small", site=sites["a"]).code != 0
+    app(dbs["a"], ["UPDATE f SET data = randomblob(10) WHERE id = 'big'"])
+    exchange(tmp_path, sites)
+    assert table(dbs["a"], "f") == table(dbs["b"], "f") and len(table(dbs["b"], "f")) == 2
+    app(dbs["b"], ["CREATE TABLE g(id TEXT PRIMARY KEY NOT NULL, data BLOB)",
+                   "INSERT INTO g VALUES ('huge', randomblob(20000))"])
+    r = run("attach", dbs["b"], "--table", "g", site=sites["b"])
+    assert r.code == 1 and "row 'huge' of table 'g'" in r.err, r
+    assert [t["table"] for t in run("--json", "attached", site=sites["b"]).json["tables"]] \
+        == ["f"]
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0

@@ -608,7 +608,10 @@ def _keyed_records(t: appdb.TableInfo, part: list[tuple]) -> list[tuple[str, byt
     """(record key, record) of rows of ``t`` as :func:`appdb.scan` gives them."""
     single = len(t.pk) == 1
     key_at = [t.columns.index(c) for c in t.pk]
-    return [(rows.encode_key(tuple(r[i] for i in key_at), single), _record(t, r)) for r in part]
+    items = [(rows.encode_key(tuple(r[i] for i in key_at), single), _record(t, r))
+             for r in part]
+    reader.check_sizes(t, [k for k, _r in items], [r for _k, r in items])
+    return items
 
 
 def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,

@@ -48,7 +48,22 @@ def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
     for part in appdb.changed_records(app, t, since, upto, CAPTURE_CHUNK):
         if not all(map(itemgetter(1), part)):
             part = gone_keys(part, npk)
-        yield record_keys(part, npk), encode(part)
+        keys, raws = record_keys(part, npk), encode(part)
+        check_sizes(t, keys, raws)
+        yield keys, raws
+
+
+def check_sizes(t: appdb.TableInfo, keys: list[str], raws: list[bytes | None]) -> None:
+    """Refuse a row whose record is larger than one record may be (formats/BLOCKS.md): the
+    capture stops there, with nothing captured, as at text that is not UTF-8."""
+    big = rows.oversized(raws, codec.MAX_VALUE_BYTES)
+    if big is not None:
+        key = keys[big] if len(keys[big]) <= 60 else keys[big][:57] + "..."
+        raise AttachError(
+            f"row {key!r} of table {t.name!r} is {len(raws[big]):,} bytes as a record, more "
+            f"than the {codec.MAX_VALUE_BYTES:,} one record may hold; nothing was captured",
+            hint="keep so large a value outside the database (a file, and its path in the "
+                 "row), or split it over several rows; then run the command again")
 
 
 def gone_keys(part: list[tuple], npk: int) -> list[tuple]:

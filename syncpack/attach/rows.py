@@ -33,6 +33,14 @@ def encode_key(values: tuple, single: bool | None = None) -> str:
                       ensure_ascii=False)
 
 
+def oversized(raws: list[bytes | None], limit: int) -> int | None:
+    """The position of the first record of ``raws`` longer than ``limit`` bytes, or None
+    (the common case, found in C)."""
+    if max(map(len, filter(None, raws)), default=0) <= limit:
+        return None
+    return next(i for i, r in enumerate(raws) if r is not None and len(r) > limit)
+
+
 NOT_A_ROW = "the record is not a row of the table"
 NOT_ITS_KEY = "the record's primary key columns are not its key"
 
