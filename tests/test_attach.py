@@ -546,6 +546,24 @@ def test_attach_warns_of_column_types_other_than_the_familys(tmp_path):
     assert "n (" not in r.err, r        # INT and INTEGER: the same affinity
 
 
+def test_an_untyped_key_is_warned_of_and_its_rows_sharing_a_key_detach(tmp_path):
+    """A key column without a type holds the integer 1 and the text '1' as two rows, which
+    share the record key 1: attach warns, and detaching such a table (which remembers each
+    row's record key) still works, as does attaching it again."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "app.db"
+    app(db, ["CREATE TABLE loose(id PRIMARY KEY NOT NULL, v TEXT)",
+             "CREATE TABLE typed(id TEXT PRIMARY KEY NOT NULL, v TEXT)",
+             "INSERT INTO loose VALUES (1, 'int'), ('1', 'text'), (2, 'two')"])
+    r = sp(sites["a"], "attach", db, "--table", "loose", "--table", "typed")
+    assert "key column id of table loose has no declared type" in r.err, r
+    assert "table typed" not in r.err, r
+    r = run("detach", db, site=sites["a"])
+    assert r.code == 0 and "Traceback" not in r.err, r
+    sp(sites["a"], "attach", db, "--table", "loose")
+    assert run("get", "loose", "2", site=sites["a"]).code == 0
+
+
 def test_a_value_the_table_would_store_otherwise_is_refused(tmp_path):
     """SQLite converts by column affinity ('7' in an INTEGER column is 7): a put or load
     holding such a value is refused before anything is written, as the record and the row

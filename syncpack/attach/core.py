@@ -962,6 +962,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 tx.split()      # each table's rows a transaction of their own
                 _load_rows_in(site, tx, app, t, rescan=False)
                 for w in (rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql),
+                          rows.untyped_key_warning(n, t.pk, t.affinity),
                           rows.null_key_warning(n, appdb.nullable_key(app, n)),
                           odd_types.get(n)):
                     if w:

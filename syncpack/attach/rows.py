@@ -179,6 +179,17 @@ def integer_key_warning(table: str, pk: list[str], affinities: dict[str, str],
     return None
 
 
+def untyped_key_warning(table: str, pk: list[str], affinities: dict[str, str]
+                        ) -> str | None:
+    """A warning when ``table`` is keyed by one column without a type (or BLOB): it may hold
+    the integer 1 and the text '1' as two rows, which share the record key 1."""
+    if len(pk) == 1 and affinities.get(pk[0]) == "BLOB":
+        return (f"key column {pk[0]} of table {table} has no declared type: the integer 1 and "
+                f"the text '1' would be two rows there but one record key, shown as a "
+                f"conflict; declare it TEXT or INTEGER (docs/attach.md, 'What it needs')")
+    return None
+
+
 def type_warning(table: str, here: dict[str, str], family: dict[str, str] | None
                  ) -> str | None:
     """A warning when columns of ``table`` have another type affinity here than in the

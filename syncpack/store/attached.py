@@ -129,7 +129,9 @@ def remember_detached(conn: Connection, collection: str, db_path: str, file_id: 
     record)."""
     forget_detached(conn, collection)
     conn.execute("INSERT INTO detached_tables VALUES (?, ?, ?)", (collection, db_path, file_id))
-    conn.executemany("INSERT INTO detached_rows VALUES (?, ?, ?, ?)",
+    # Two rows of an untyped key column share a record key (the integer 1 and the text
+    # '1', docs/attach.md): one of them is remembered, the other counts as changed.
+    conn.executemany("INSERT OR REPLACE INTO detached_rows VALUES (?, ?, ?, ?)",
                      ((collection, k, c, d) for k, c, d in rows))
 
 
