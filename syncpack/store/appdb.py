@@ -425,9 +425,9 @@ def create_table(conn: Connection, name: str, sql: str) -> None:
     except apsw.ExecTraceAbort:
         raise AttachError(f"the definition of table {name!r} from the peers is not one "
                           f"CREATE TABLE statement; nothing was created") from None
-    except apsw.Error as e:
-        raise AttachError(f"cannot create table {name!r} from the peers' definition ({e})") \
-            from None
+    except (apsw.Error, ApplicationOnlyError) as e:
+        raise AttachError(f"cannot create table {name!r} from the peers' definition "
+                          f"({getattr(e, 'needs', '') or e})") from None
     if not has_table(conn, name):
         raise AttachError(f"the peers' definition of table {name!r} creates another table")
 
@@ -1069,8 +1069,8 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
             why = "it changes more than adding that column"
     except apsw.ExecTraceAbort:
         why = "it is more than one statement"
-    except apsw.Error as e:
-        why = f"SQLite refused it ({e})"
+    except (apsw.Error, ApplicationOnlyError) as e:
+        why = f"SQLite refused it ({getattr(e, 'needs', '') or e})"
     if why is None and _others(conn, table) != others:
         why = "it changes other parts of the schema"
     if why:
