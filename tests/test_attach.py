@@ -502,6 +502,41 @@ def test_what_only_the_application_defines_is_refused_at_attach_and_a_clash_late
         assert run("fsck", site=sites[n]).code == 0
 
 
+def test_a_row_replace_removes_through_an_expression_or_partial_unique_index_is_captured(
+        tmp_path):
+    """INSERT OR REPLACE and UPDATE OR REPLACE remove the row they clash with on any UNIQUE
+    index without firing a DELETE trigger: on an index over an expression, or with a WHERE
+    clause, as on one over plain columns, that row's delete reaches the peers (the origin's
+    table lacks it)."""
+    schema = ["CREATE TABLE v3(id TEXT PRIMARY KEY NOT NULL, e TEXT)",
+              "CREATE UNIQUE INDEX v3e ON v3(lower(e))",
+              "CREATE TABLE v4(id TEXT PRIMARY KEY NOT NULL, e TEXT, f INTEGER)",
+              "CREATE UNIQUE INDEX v4e ON v4(e, lower(id) DESC) WHERE f = 1",
+              "CREATE TABLE v5(id TEXT PRIMARY KEY NOT NULL, u TEXT UNIQUE)"]
+    sites, dbs = attached_pair(tmp_path, schema, [
+        "INSERT INTO v3 VALUES ('x', 'E')", "INSERT INTO v4 VALUES ('x', 'E', 1)",
+        "INSERT INTO v4 VALUES ('z', 'E', 0)",
+        "INSERT INTO v5 VALUES ('k1', 'x'), ('k2', 'y')"], ["v3", "v4", "v5"])
+    app(dbs["a"], ["INSERT OR REPLACE INTO v3 VALUES ('y', 'e')",
+                   "INSERT OR REPLACE INTO v4 VALUES ('X', 'E', 1)",
+                   "INSERT OR IGNORE INTO v4 VALUES ('w', 'E', 1)",
+                   "INSERT INTO v4 VALUES ('v', 'E', 0)",
+                   "INSERT INTO v3 VALUES ('p', 'P')"])
+    exchange(tmp_path, sites)
+    app(dbs["a"], ["UPDATE OR REPLACE v3 SET e = 'p' WHERE id = 'y'",
+                   "UPDATE OR REPLACE v5 SET u = 'x' WHERE id = 'k2'",
+                   "UPDATE v4 SET f = 0 WHERE id = 'w'"])
+    exchange(tmp_path, sites)
+    assert [r[0] for r in table(dbs["a"], "v3")] == ["y"]                  # x, then p went
+    assert [r[0] for r in table(dbs["a"], "v4")] == ["X", "v", "w", "z"]   # x went
+    assert [r[0] for r in table(dbs["a"], "v5")] == ["k2"]                 # k1 went
+    for t in ("v3", "v4", "v5"):
+        assert table(dbs["a"], t) == table(dbs["b"], t)
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+
+
 def test_one_file_is_attached_by_one_site(tmp_path):
     """A second site attaching the same file would take the changes the first has not
     captured yet: refused while the first attaches it; a copy, or the file once the first

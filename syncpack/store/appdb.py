@@ -132,6 +132,9 @@ class TableInfo:
     # Columns the family dropped (docs/attach.md, "Schema changes"): values of them in older
     # records are left out; any other column the table lacks makes a record wait.
     dropped: frozenset = field(default_factory=frozenset)
+    # UNIQUE indexes on expressions or with a WHERE clause: (their terms' SQL, the WHERE
+    # clause's or None), read from their CREATE INDEX text
+    other_uniques: list[tuple[list[str], str | None]] = field(default_factory=list)
 
 
 def open_app(path: Path) -> Connection:
@@ -257,18 +260,25 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
             cols.append(col)
             aff[col] = _affinity(decl)
         pk = [c for _i, c, _t, _n, _d, pkn, _h in sorted(xinfo, key=lambda r: r[5]) if pkn]
-    uniques = []
+    uniques, other_uniques = [], []
     if not virtual:
         for _seq, iname, unique, origin, partial in conn.execute(
                 f"PRAGMA index_list({q(name)})").fetchall():
-            if not unique or origin == "pk" or partial:
+            if not unique or origin == "pk":
                 continue
             icols = [r[2] for r in conn.execute(f"PRAGMA index_info({q(iname)})")]
-            if icols and all(c is not None for c in icols):
+            if icols and all(c is not None for c in icols) and not partial:
                 uniques.append(icols)
+                continue
+            isql = conn.execute("SELECT sql FROM sqlite_schema WHERE type='index' AND name=?",
+                                (iname,)).fetchone()
+            parts = index_terms(isql[0]) if isql and isql[0] else None
+            if parts is not None:
+                other_uniques.append(parts)
     parents = sorted({r[2] for r in conn.execute(f"PRAGMA foreign_key_list({q(name)})")}) \
         if not virtual else []
     info = TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents)
+    info.other_uniques = other_uniques
     if not virtual:
         info.deferred = _deferred_fks(conn, name, sql)
         for (other, osql) in conn.execute(
@@ -276,6 +286,44 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
             info.deferred_children += [fk for fk in _deferred_fks(conn, other, osql or "")
                                        if fk[2] == name]
     return info
+
+
+def index_terms(sql: str) -> tuple[list[str], str | None] | None:
+    """The terms (``lower(email) COLLATE NOCASE``, without ASC or DESC) and the WHERE clause
+    of a CREATE INDEX statement, or None if its text is not read as one."""
+    depth, start, quote, terms, end = 0, None, None, [], None
+    i = 0
+    while i < len(sql):
+        ch = sql[i]
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "[":
+            quote = "]"
+        elif ch == "(":
+            depth += 1
+            if depth == 1 and start is None:
+                start = i + 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0 and start is not None:
+                terms.append(sql[start:i])
+                end = i + 1
+                break
+        elif ch == "," and depth == 1 and start is not None:
+            terms.append(sql[start:i])
+            start = i + 1
+        i += 1
+    if end is None or not terms:
+        return None
+    terms = [re.sub(r"\s+(ASC|DESC)\s*$", "", t.strip(), flags=re.IGNORECASE) for t in terms]
+    rest = sql[end:].strip()
+    if not rest:
+        return terms, None
+    m = re.match(r"WHERE\s+(.+)$", rest, flags=re.IGNORECASE | re.DOTALL)
+    return (terms, m.group(1).strip()) if m else None
 
 
 def key_columns(conn: Connection, table: str) -> list[str]:
@@ -474,19 +522,72 @@ def install_capture(conn: Connection, t: TableInfo) -> None:
                  f"{ins} SELECT '{tn}', {old} WHERE {moved}; END")
     conn.execute(f"CREATE TRIGGER {name('del')} AFTER DELETE ON {tq} {when} "
                  f"BEGIN {ins} VALUES ('{tn}', {old}); END")
-    if t.uniques:
-        # INSERT OR REPLACE removes a row that clashes on another UNIQUE index without firing
-        # its DELETE trigger; note the keys of such rows before the insert.  (Nothing is kept
-        # if the insert fails: the statement's changes, these included, are undone.)
-        body = " ".join(
-            f"{ins} SELECT '{tn}', " + ", ".join(q(c) for c in t.pk) + f" FROM {tq} WHERE "
-            + " AND ".join(f"{q(c)} = NEW.{q(c)}" for c in u) + ";" for u in t.uniques)
-        conn.execute(f"CREATE TRIGGER {name('rep')} BEFORE INSERT ON {tq} {when} "
-                     f"BEGIN {body} END")
+    if t.uniques or t.other_uniques:
+        _install_replace_triggers(conn, t, when, ins, name)
+
+
+def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: str,
+                              name) -> None:
+    """INSERT OR REPLACE and UPDATE OR REPLACE remove the rows they clash with on another
+    UNIQUE index without firing their DELETE trigger: note the keys of such rows before the
+    write.  (Nothing is kept if the write fails: the statement's changes, these included,
+    are undone; a row noted but not removed is read back unchanged, which is no change.)"""
+    tn, tq = t.name.replace("'", "''"), q(t.name)
+    keys = f"{ins} SELECT '{tn}', " + ", ".join(q(c) for c in t.pk) + f" FROM {tq} WHERE "
+    plain = [" AND ".join(f"{q(c)} = NEW.{q(c)}" for c in u) for u in t.uniques]
+    # An index on expressions, or with a WHERE clause: its terms, evaluated on the new row by
+    # a subquery where only the new row's columns are named, against the table's rows (the
+    # same terms over the table, which the index serves).
+    row = "(SELECT " + ", ".join(f"NEW.{q(c)} AS {q(c)}" for c in _all_columns(conn, t)) + ")"
+    other = []
+    for terms, where in t.other_uniques:
+        lhs = terms[0] if len(terms) == 1 else "(" + ", ".join(terms) + ")"
+        cond = f"{lhs} = (SELECT {', '.join(terms)} FROM {row})"
+        if where:
+            cond += f" AND ({where}) AND (SELECT ({where}) FROM {row})"
+        other.append(cond)
+    # an update's own row is not one it removes
+    not_old = ("(" + ", ".join(q(c) for c in t.pk) + ") IS NOT (" +
+               ", ".join(f"OLD.{q(c)}" for c in t.pk) + ")")
+
+    def create(conds: list[str]) -> None:
+        for kind, event, extra in (("rep", "INSERT", ""), ("repu", "UPDATE", f" AND {not_old}")):
+            body = " ".join(f"{keys}{c}{extra};" for c in conds)
+            conn.execute(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when} "
+                         f"BEGIN {body} END")
+
+    create(plain + other)
+    if other and not _compiles_writes(conn, t):
+        # never an application's write that fails for our triggers: without those terms
+        for kind in ("rep", "repu"):
+            conn.execute(f"DROP TRIGGER {name(kind)}")
+        if plain:
+            create(plain)
+
+
+def _all_columns(conn: Connection, t: TableInfo) -> list[str]:
+    """Every column of ``t`` a trigger's NEW names, generated ones included."""
+    return [r[1] for r in conn.execute(f"PRAGMA table_xinfo({q(t.name)})").fetchall()
+            if r[6] != 1]
+
+
+def _compiles_writes(conn: Connection, t: TableInfo) -> bool:
+    """An INSERT into ``t`` and an UPDATE of it, with their triggers, compile (EXPLAIN:
+    nothing runs)."""
+    cols = ", ".join(q(c) for c in t.columns)
+    marks = ", ".join("?" for _ in t.columns)
+    sets = ", ".join(f"{q(c)} = ?" for c in t.columns)
+    try:
+        for sql in (f"INSERT INTO {q(t.name)}({cols}) VALUES ({marks})",
+                    f"UPDATE {q(t.name)} SET {sets}"):
+            apsw.Cursor(conn).execute("EXPLAIN " + sql, [None] * len(t.columns)).fetchall()
+    except apsw.SQLError:
+        return False
+    return True
 
 
 def drop_capture(conn: Connection, table: str) -> None:
-    for kind in ("ins", "upd", "del", "rep"):
+    for kind in ("ins", "upd", "del", "rep", "repu"):
         conn.execute(f"DROP TRIGGER IF EXISTS {q(TRIGGER_PREFIX + table + '_' + kind)}")
 
 
