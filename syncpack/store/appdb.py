@@ -550,8 +550,16 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: st
     not_old = ("(" + ", ".join(q(c) for c in t.pk) + ") IS NOT (" +
                ", ".join(f"OLD.{q(c)}" for c in t.pk) + ")")
 
+    # An update that sets none of the indexes' columns removes nothing: the trigger fires
+    # only for those (each firing is an index lookup, 4 us an update measured)
+    named = [c for c in _all_columns(conn, t)
+             if any(c in u for u in t.uniques) or any(
+                 _names_column(c, " ".join(terms) + " " + (where or ""))
+                 for terms, where in t.other_uniques)]
+    update_of = "UPDATE OF " + ", ".join(q(c) for c in named) if named else "UPDATE"
+
     def create(conds: list[str]) -> None:
-        for kind, event, extra in (("rep", "INSERT", ""), ("repu", "UPDATE", f" AND {not_old}")):
+        for kind, event, extra in (("rep", "INSERT", ""), ("repu", update_of, f" AND {not_old}")):
             body = " ".join(f"{keys}{c}{extra};" for c in conds)
             conn.execute(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when} "
                          f"BEGIN {body} END")
@@ -563,6 +571,13 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: st
             conn.execute(f"DROP TRIGGER {name(kind)}")
         if plain:
             create(plain)
+
+
+def _names_column(column: str, sql: str) -> bool:
+    """``sql`` may name ``column`` (a word of it, bare or quoted; more is harmless)."""
+    c = re.escape(column)
+    return re.search(rf'(?<![\w$]){c}(?![\w$])|"{c}"|`{c}`|\[{c}\]', sql,
+                     flags=re.IGNORECASE) is not None
 
 
 def _all_columns(conn: Connection, t: TableInfo) -> list[str]:
