@@ -277,8 +277,8 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
                 other_uniques.append(parts)
     parents = sorted({r[2] for r in conn.execute(f"PRAGMA foreign_key_list({q(name)})")}) \
         if not virtual else []
-    info = TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents)
-    info.other_uniques = other_uniques
+    info = TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents,
+                     other_uniques=other_uniques)
     if not virtual:
         info.deferred = _deferred_fks(conn, name, sql)
         for (other, osql) in conn.execute(
@@ -538,7 +538,8 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: st
     # An index on expressions, or with a WHERE clause: its terms, evaluated on the new row by
     # a subquery where only the new row's columns are named, against the table's rows (the
     # same terms over the table, which the index serves).
-    row = "(SELECT " + ", ".join(f"NEW.{q(c)} AS {q(c)}" for c in _all_columns(conn, t)) + ")"
+    columns = _all_columns(conn, t)
+    row = "(SELECT " + ", ".join(f"NEW.{q(c)} AS {q(c)}" for c in columns) + ")"
     other = []
     for terms, where in t.other_uniques:
         lhs = terms[0] if len(terms) == 1 else "(" + ", ".join(terms) + ")"
@@ -552,7 +553,7 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: st
 
     # An update that sets none of the indexes' columns removes nothing: the trigger fires
     # only for those (each firing is an index lookup, 4 us an update measured)
-    named = [c for c in _all_columns(conn, t)
+    named = [c for c in columns
              if any(c in u for u in t.uniques) or any(
                  _names_column(c, " ".join(terms) + " " + (where or ""))
                  for terms, where in t.other_uniques)]
@@ -586,19 +587,26 @@ def _all_columns(conn: Connection, t: TableInfo) -> list[str]:
             if r[6] != 1]
 
 
+def _compile_error(conn: Connection, statements: Iterable[tuple[str, int]]) -> str | None:
+    """SQLite's reason for refusing to compile the first of ``statements`` (SQL, number of
+    parameters) that it refuses, with the triggers, indexes and checks each sets off, or
+    None.  Compiled, never run: EXPLAIN."""
+    for sql, n in statements:
+        try:
+            apsw.Cursor(conn).execute("EXPLAIN " + sql, [None] * n).fetchall()
+        except apsw.SQLError as e:
+            return str(e).removeprefix("SQLError: ")
+    return None
+
+
 def _compiles_writes(conn: Connection, t: TableInfo) -> bool:
-    """An INSERT into ``t`` and an UPDATE of it, with their triggers, compile (EXPLAIN:
-    nothing runs)."""
+    """An INSERT into ``t`` and an UPDATE of it, with their triggers, compile."""
     cols = ", ".join(q(c) for c in t.columns)
     marks = ", ".join("?" for _ in t.columns)
     sets = ", ".join(f"{q(c)} = ?" for c in t.columns)
-    try:
-        for sql in (f"INSERT INTO {q(t.name)}({cols}) VALUES ({marks})",
-                    f"UPDATE {q(t.name)} SET {sets}"):
-            apsw.Cursor(conn).execute("EXPLAIN " + sql, [None] * len(t.columns)).fetchall()
-    except apsw.SQLError:
-        return False
-    return True
+    n = len(t.columns)
+    return _compile_error(conn, [(f"INSERT INTO {q(t.name)}({cols}) VALUES ({marks})", n),
+                                 (f"UPDATE {q(t.name)} SET {sets}", n)]) is None
 
 
 def drop_capture(conn: Connection, table: str) -> None:
@@ -783,11 +791,7 @@ def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
     """Every row of ``t`` (columns in ``t.columns`` order)."""
     cols = ", ".join(q(c) for c in t.columns)
     try:
-        try:
-            rows = conn.execute(f"SELECT {cols} FROM {q(t.name)}")
-        except ApplicationOnlyError:    # an index SQLite would read needs it: the table not
-            rows = conn.execute(f"SELECT {cols} FROM {q(t.name)} NOT INDEXED")
-        yield from rows
+        yield from _whole_table(conn, cols, t.name)
     except UnicodeDecodeError:
         raise _not_utf8(t.name) from None
     except _FILE_ERRORS as e:
@@ -795,12 +799,17 @@ def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
 
 
 def count_rows(conn: Connection, table: str) -> int:
+    return _whole_table(conn, "count(*)", table).fetchone()[0]
+
+
+def _whole_table(conn: Connection, what: str, table: str):
+    """A cursor on ``SELECT what FROM table``: by an index if SQLite picks one (it counts by
+    the smallest), else, when that index needs the application's collation, by the table
+    itself, which needs none."""
     try:
-        return conn.execute(f"SELECT count(*) FROM {q(table)}").fetchone()[0]
+        return conn.execute(f"SELECT {what} FROM {q(table)}")
     except ApplicationOnlyError:
-        # SQLite counts by the smallest index, and this one needs the application's
-        # collation: the table itself needs none
-        return conn.execute(f"SELECT count(*) FROM {q(table)} NOT INDEXED").fetchone()[0]
+        return conn.execute(f"SELECT {what} FROM {q(table)} NOT INDEXED")
 
 
 _SQLITE_TYPES = (type(None), int, float, str, bytes)
@@ -853,18 +862,14 @@ class Writer:
     def unwritable(self) -> str | None:
         """Why SQLite would refuse to compile the statements syncpack runs on the table (its
         rows written and deleted, with the triggers, indexes, checks and foreign key actions
-        they set off; counted; read whole), or None.  Compiled, never run: EXPLAIN."""
+        they set off; counted; read whole), or None."""
         t = self.t
         cols = tuple(t.columns)
         names = ", ".join(q(c) for c in cols)
-        for sql, n in ((self._upsert(cols), len(cols)), (self._delete, len(t.pk)),
-                       (f"SELECT count(*) FROM {q(t.name)}", 0),
-                       (f"SELECT {names} FROM {q(t.name)}", 0)):
-            try:
-                apsw.Cursor(self.conn).execute("EXPLAIN " + sql, [None] * n).fetchall()
-            except apsw.SQLError as e:
-                return str(e).removeprefix("SQLError: ")
-        return None
+        return _compile_error(self.conn, [(self._upsert(cols), len(cols)),
+                                          (self._delete, len(t.pk)),
+                                          (f"SELECT count(*) FROM {q(t.name)}", 0),
+                                          (f"SELECT {names} FROM {q(t.name)}", 0)])
 
     def _upsert(self, cols: tuple[str, ...], rows: int = 1) -> str:
         sql = self._sql.get((cols, rows))
