@@ -979,6 +979,45 @@ def _reach(parents, start):
     return seen
 
 
+TRIGGERED = [
+    "CREATE TABLE notes(id TEXT PRIMARY KEY NOT NULL, body TEXT, touched INTEGER DEFAULT 0)",
+    "CREATE TABLE audit(n INTEGER PRIMARY KEY, note TEXT, what TEXT)",
+    "CREATE TABLE tally(k TEXT PRIMARY KEY, v INTEGER)",        # the application's, local
+    "INSERT INTO tally VALUES ('seen', 0)",
+    # an audit row and a local tally for every new note; an edit touches the note itself
+    "CREATE TRIGGER notes_audit AFTER INSERT ON notes BEGIN "
+    "INSERT INTO audit(note, what) VALUES (NEW.id, 'created'); "
+    "UPDATE tally SET v = v + 1 WHERE k = 'seen'; END",
+    "CREATE TRIGGER notes_touch AFTER UPDATE OF body ON notes BEGIN "
+    "UPDATE notes SET touched = touched + 1 WHERE id = NEW.id; END",
+]
+
+
+def test_the_applications_triggers_write_replicated_tables_at_the_origin_only(tmp_path):
+    """What an application's trigger writes into a replicated table (an audit row, the
+    row's own edit count) travels from the origin as rows; the trigger does not write it
+    again when a peer's row is applied, or the table would hold rows no capture ever saw.
+    Its writes into a table that is not replicated still happen at every site."""
+    sites, dbs = attached_pair(tmp_path, TRIGGERED, [], ["notes", "audit"])
+    app(dbs["a"], ["INSERT INTO notes(id, body) VALUES ('n1', 'hello')"],
+        ["UPDATE notes SET body = 'hello again' WHERE id = 'n1'"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["b"], ["UPDATE notes SET body = 'edited at b' WHERE id = 'n1'"],
+        ["INSERT INTO notes(id, body) VALUES ('m1', 'from b')"])
+    exchange(tmp_path, sites, rounds=1)
+    assert [r[0::2] for r in table(dbs["a"], "notes")] == [("m1", "from b", 0),
+                                                             ("n1", "edited at b", 2)]
+    assert [(r[2], r[4]) for r in table(dbs["a"], "audit")] == [("n1", "created"),
+                                                                ("m1", "created")]
+    for t in ("notes", "audit"):
+        assert table(dbs["a"], t) == table(dbs["b"], t), t
+    assert table(dbs["a"], "tally") == table(dbs["b"], "tally") == [
+        ("seen", "text", 2, "integer")]
+    for n in sites:
+        assert "0 key(s) in conflict" in run("conflicts", site=sites[n]).out
+        assert run("fsck", site=sites[n]).code == 0
+
+
 def test_a_bulk_apply_leaves_capture_in_place(tmp_path):
     # A batch this large is written with the table's triggers dropped inside the apply's own
     # transaction (attach.core.PAUSE_CAPTURE_AT): afterwards they must be back, so the

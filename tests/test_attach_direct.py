@@ -269,6 +269,28 @@ def test_rows_written_by_the_writer_process_are_the_rows_written_here(tmp_path, 
     assert len(here["items"]) == 1200 - 10 + 2 - 1     # + x and mine; k00030 clashes
 
 
+def test_the_writer_process_leaves_the_applications_triggers_writes_to_the_origin(
+        tmp_path, monkeypatch):
+    """As an import written here (test_attach.py, the same application): a trigger's row in
+    a replicated table comes from the origin, not again from the writer process."""
+    from test_attach import TRIGGERED, attached_pair
+    sites, dbs = attached_pair(tmp_path, TRIGGERED, [], ["notes", "audit"])
+    app(dbs["a"], ["INSERT INTO notes(id, body) VALUES ('n1', 'hello')",
+                   "INSERT INTO notes(id, body) VALUES ('n2', 'there')"],
+        ["UPDATE notes SET body = 'again' WHERE id = 'n1'"])
+    out = export(sites, tmp_path, "drop")
+    served = _elsewhere(monkeypatch, 1)
+    with Site.open(sites["b"]) as s:
+        sync.import_packets(s, [out])
+    monkeypatch.undo()
+    assert served == [True]
+    for t in ("notes", "audit"):
+        assert table(dbs["b"], t) == table(dbs["a"], t), t
+    assert len(table(dbs["b"], "audit")) == 2
+    assert table(dbs["b"], "tally") == [("seen", "text", 2, "integer")]
+    assert sp(sites["b"], "fsck").code == 0
+
+
 def test_an_import_whose_writer_process_dies_still_writes_every_row(tmp_path, monkeypatch):
     """The child killed after its first batch: the batches after it go the ordinary way, the
     ones it had go back to pending by their marks, and the import's own apply writes them."""
@@ -341,14 +363,14 @@ def test_the_writer_process_serves_only_the_file_as_left(tmp_path):
     app(db, ["INSERT INTO items(id) VALUES ('k0')"])
     upto, schema = appdb.max_seq(conn), appdb.schema_version(conn)
     for wrong in (dict(upto=upto - 1), dict(schema=schema + 1)):
-        w = writer.Elsewhere(str(db), ["items"], **{"upto": upto, "schema": schema, **wrong},
-                             pause_at=1000)
+        w = writer.Elsewhere(str(db), ["items"], ["items"],
+                             **{"upto": upto, "schema": schema, **wrong}, pause_at=1000)
         assert not w
         w.close()
     rec = [codec.encode_value({"id": "n1", "t": "a"}), b"\xc1",
            codec.encode_value({"id": "n3", "t": "taken"}), codec.encode_value({"id": "n4"})]
     for commit in (False, True):
-        w = writer.Elsewhere(str(db), ["items"], upto, schema, pause_at=1000)
+        w = writer.Elsewhere(str(db), ["items"], ["items"], upto, schema, pause_at=1000)
         assert w
         w.put("items", ["n1", "n2", "n3", "n4"], rec, [b"one", b"two", b"three", b"four"])
         assert w.refused(wait=True) == [("items", "n2", b"two"), ("items", "n3", b"three")]
@@ -374,8 +396,8 @@ def test_a_batch_that_cannot_reach_the_writer_process_ends_it_without_a_hang(tmp
     t = appdb.table_info(conn, "items")
     with appdb.write_txn(conn):
         appdb.install_capture(conn, t)
-    w = writer.Elsewhere(str(db), ["items"], appdb.max_seq(conn), appdb.schema_version(conn),
-                         pause_at=1000)
+    w = writer.Elsewhere(str(db), ["items"], ["items"], appdb.max_seq(conn),
+                         appdb.schema_version(conn), pause_at=1000)
     assert w
     w.put("items", ["n1"], [codec.encode_value({"id": "n1"})], [b"one"])
     w.put("items", ["n2"], [object()], [b"two"])

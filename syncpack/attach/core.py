@@ -85,6 +85,7 @@ def _open_attached(site: Site, gone_ok: bool = False
                                   hint=f"'syncpack detach {path} --table {name}' stops "
                                        f"replicating it")
             infos[name] = t
+        appdb.skip_trigger_writes(app, attached.tables(site.conn))
         yield app, infos
     finally:
         app.close()
@@ -397,6 +398,7 @@ class DirectApply:
         except AttachError:
             return      # the ordinary apply after the import reports it
         try:
+            appdb.skip_trigger_writes(app, attached.tables(site.conn))
             tables = {}
             for name in attached.tables(site.conn):
                 t = appdb.table_info(app, name)
@@ -410,8 +412,8 @@ class DirectApply:
                 # application's write lock over once ours, with the capture, is committed
                 upto, version = appdb.max_seq(app), appdb.schema_version(app)
                 appdb.end_write(app, True)
-                self.child = writer.Elsewhere(path, list(infos), upto, version,
-                                              PAUSE_CAPTURE_AT)
+                self.child = writer.Elsewhere(path, list(infos), list(tables), upto,
+                                              version, PAUSE_CAPTURE_AT)
                 if not self.child:      # the application wrote meanwhile: as ever, here
                     self.child = None
                     infos = self._begin(app, tables)
@@ -916,6 +918,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             raise AttachError(f"{path} has no table left to attach")
     names = list(dict.fromkeys(names))
     problems = [p for p in (_check_table(site, app, n, current) for n in names) if p]
+    appdb.skip_trigger_writes(app, [*current, *names])
     if problems:
         raise AttachError("; ".join(problems) + "; nothing was attached",
                           hint="tables need a declared PRIMARY KEY (single or composite) and "

@@ -72,6 +72,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
     gc.disable()        # nothing made here is cyclic; the collector would only walk it
     app = appdb.open_app(Path(req["path"]))
     try:
+        appdb.skip_trigger_writes(app, req["replicated"])
         appdb.begin_write(app)
         try:
             infos = {}
@@ -120,14 +121,16 @@ class Elsewhere:
     child did not write, as its answers arrive; :meth:`end` commits or rolls back.  Any of
     them raises :class:`child.ChildEnded` once the child is gone."""
 
-    def __init__(self, path: str, tables: list[str], upto: int, schema: int, pause_at: int):
+    def __init__(self, path: str, tables: list[str], replicated: list[str], upto: int,
+                 schema: int, pause_at: int):
         self.ok = False
         self._sent: deque[list] = deque()
         self._inbox: child.Inbox | None = None
         self._outbox: child.Outbox | None = None
         self._ended = False
         self.proc: subprocess.Popen | None = child.start("writer", {
-            "path": str(path), "tables": tables, "upto": upto, "schema": schema,
+            "path": str(path), "tables": tables, "replicated": replicated, "upto": upto,
+            "schema": schema,
             "module": __file__, "pause_at": pause_at}, more_input=True)
         self.ok = self.proc is not None
         if not self.ok:

@@ -165,6 +165,32 @@ def open_app(path: Path) -> Connection:
     return conn
 
 
+_TRIGGER_WRITES = (apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE)
+
+
+def skip_trigger_writes(conn: Connection, replicated: Iterable[str]) -> None:
+    """On ``conn`` (ours, writing peers' rows), the application's triggers do not INSERT into
+    or UPDATE the ``replicated`` tables: what such a trigger wrote at the origin arrives as
+    rows of its own, and what it would write here again (an audit row with a local number, a
+    row's touched time) would never be captured, so the tables and the family would differ.
+    Writes into tables not replicated (a counter, a full-text index) still happen; so do a
+    trigger's DELETEs, which the authorizer cannot skip (docs/attach.md).
+
+    SQLite's authorizer does it as statements compile, in this connection only: answering
+    IGNORE for a trigger's INSERT compiles it to nothing, and for an UPDATE leaves its columns
+    as they were.  The application's own connections never see it.  Setting it again expires
+    the statements compiled before."""
+    tables = frozenset(replicated)
+
+    def authorize(action, table, _column, _db, trigger):
+        if (trigger is not None and action in _TRIGGER_WRITES and table in tables
+                and not trigger.startswith(TRIGGER_PREFIX)):
+            return apsw.SQLITE_IGNORE
+        return apsw.SQLITE_OK
+
+    conn.authorizer = authorize if tables else None
+
+
 @contextmanager
 def write_txn(conn: Connection) -> Iterator[Connection]:
     """Our writes into the application's file: the write lock up front (we wait for the
