@@ -539,8 +539,7 @@ def fsck(obj: Ctx):
     if not doc["ok"]:
         for p in doc["problems"]:
             echo_error(p)
-        echo_error("fsck found the problems above",
-                   "restore the site from a backup, or re-seed it with a snapshot")
+        echo_error("fsck found the problems above", doc["hint"])
         sys.exit(1)
     if not obj.json:
         obj.say(f"ok: {doc['changelog_ops']} changelog ops checked")

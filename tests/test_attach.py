@@ -1018,6 +1018,34 @@ def test_the_applications_triggers_write_replicated_tables_at_the_origin_only(tm
         assert run("fsck", site=sites[n]).code == 0
 
 
+def test_rows_the_capture_never_saw_fail_fsck_with_a_hint_that_heals(tmp_path):
+    """A row written where no capture saw it (here with syncpack's own marker, as a trigger
+    firing on syncpack's write once did) makes fsck fail pointing at the table, with a
+    hint that fits: not to restore the store, which is sound, but to take the table's rows
+    as they are; doing so sends them to the peers."""
+    sites, dbs = attached_pair(tmp_path, SCHEMA[:1], ["INSERT INTO items(id, i) VALUES "
+                                                      "('k1', 1)"], ["items"])
+    c = sqlite3.connect(dbs["b"], isolation_level=None)
+    c.executescript("BEGIN; INSERT INTO _syncpack_applying VALUES (1); "
+                    "INSERT INTO items(id, i) VALUES ('ghost', 2); "
+                    "UPDATE items SET i = 3 WHERE id = 'k1'; "
+                    "DELETE FROM _syncpack_applying; COMMIT")
+    c.close()
+    r = run("fsck", site=sites["b"])
+    assert r.code == 1
+    assert "attached table items: row ghost differs" in r.err
+    assert f"syncpack attach {dbs['b'].resolve()} --refresh" in r.err
+    assert "restore" not in r.err
+    doc = json.loads(run("--json", "fsck", site=sites["b"]).out)
+    assert not doc["ok"] and "--refresh" in doc["hint"]
+    sp(sites["b"], "attach", dbs["b"], "--refresh")
+    exchange(tmp_path, sites, rounds=1)
+    assert table(dbs["a"], "items") == table(dbs["b"], "items")
+    assert [r[0] for r in table(dbs["a"], "items")] == ["ghost", "k1"]
+    for n in sites:
+        assert json.loads(run("--json", "fsck", site=sites[n]).out)["hint"] is None
+
+
 def test_a_bulk_apply_leaves_capture_in_place(tmp_path):
     # A batch this large is written with the table's triggers dropped inside the apply's own
     # transaction (attach.core.PAUSE_CAPTURE_AT): afterwards they must be back, so the

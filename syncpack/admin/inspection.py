@@ -282,8 +282,15 @@ def fsck(site: Site) -> dict:
         if max_hlc > site.last_hlc():
             problems.append("clock is behind a CSN in the changelog")
         problems += _replay_check(site)
-    problems += attach_core.check(site)
-    return {"ok": not problems, "problems": problems,
+    in_app = attach_core.check(site)
+    if in_app and not problems:
+        # The store is sound and only the application's file differs from it: a backup of the
+        # store would not help; taking the rows as they are does.
+        hint = attach_core.check_hint(site)
+    else:
+        hint = "restore the site from a backup, or re-seed it with a snapshot"
+    problems += in_app
+    return {"ok": not problems, "problems": problems, "hint": None if not problems else hint,
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
 
 

@@ -1197,6 +1197,15 @@ def check_values(site: Site, collection: str, values: list) -> None:
 _BINDABLE = (type(None), int, float, str, bytes, bool)
 
 
+def check_hint(site: Site) -> str:
+    """What to do when fsck finds only attached tables unlike the records (rows written where
+    the capture could not see them): take the tables' rows as they are, as this site's
+    changes, which then travel to the peers."""
+    path = attached.attachment(site.conn)[0]
+    return (f"'syncpack attach {path} --refresh' takes the attached tables' rows as they are, "
+            f"as this site's changes (docs/attach.md)")
+
+
 def clash_list(site: Site, collection: str | None = None) -> list[tuple[str, str, str]]:
     """(table, key, constraint message) of each visible record the local schema refused."""
     if not is_attached(site):
