@@ -204,6 +204,9 @@ def _json_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not valid JSON ({e.msg}); quote strings, e.g. '\"text\"'")
+    except RecursionError:      # the parser's own limit, far below what memory allows
+        from syncpack.format.values import MAX_DEPTH
+        raise click.BadParameter(f"nested more than {MAX_DEPTH} levels deep") from None
 
 
 def _shown(value: Any) -> str:

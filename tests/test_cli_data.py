@@ -130,6 +130,26 @@ def test_put_with_invalid_json_is_a_usage_error(a):
     assert changelog_count(a) == n
 
 
+def test_json_nested_deeper_than_a_value_may_be_is_refused_not_an_internal_error(a, tmp_path):
+    """Past Python's own recursion limit the parser fails before the value's depth is
+    checked: still the same refusal, for put, conflicts resolve and load alike."""
+    n = changelog_count(a)
+    for depth in (600, 5000):
+        for deep in ("[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth):
+            r = run("put", "parts", "p1", deep, site=a)
+            assert r.code == 2 and "levels deep" in r.err, r
+            assert max(map(len, r.err.splitlines())) < 200
+            # (no conflict to resolve: refused as that, or for its value first)
+            r = run("conflicts", "resolve", "parts", "p1", "--value", deep, site=a)
+            assert r.code in (1, 2) and "internal error" not in r.err, r
+            assert "levels deep" in r.err or "not in conflict" in r.err
+            f = tmp_path / "deep.jsonl"
+            f.write_text('{"collection": "parts", "key": "k", "value": ' + deep + "}\n")
+            r = run("load", f, site=a)
+            assert r.code == 1 and "line 1" in r.err and "levels deep" in r.err, r
+    assert changelog_count(a) == n
+
+
 @pytest.mark.parametrize("cmd", [["put", "$roster", "x", "1"], ["delete", "$family", "settings"],
                                  ["put", "$mine", "k", '"v"']])
 def test_reserved_collection_names_are_refused(a, cmd):

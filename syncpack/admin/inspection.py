@@ -24,7 +24,7 @@ from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
-from syncpack.format.values import json_value_encoder
+from syncpack.format.values import MAX_DEPTH, json_value_encoder
 
 
 def lsepoch(site: Site) -> dict:
@@ -203,6 +203,9 @@ def _load_batches(p: Path, lines: list[str], counts: dict
                 d = json.loads(line)
         except json.JSONDecodeError as e:
             raise LoadError(f"{p} line {n}: not valid JSON ({e.msg})",
+                            hint="nothing was loaded; fix the line and load the file again") from None
+        except RecursionError:      # the parser's own limit, below the one of a value
+            raise LoadError(f"{p} line {n}: nested more than {MAX_DEPTH} levels deep",
                             hint="nothing was loaded; fix the line and load the file again") from None
         try:
             if type(d) is not dict:

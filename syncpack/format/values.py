@@ -50,8 +50,9 @@ def check_json_value(value: Any) -> None:
     while stack:
         v, where, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise InvalidValueError(f"{where} is nested more than {MAX_DEPTH} levels deep "
-                                    f"(or contains itself)")
+            # (its path would be MAX_DEPTH steps long: the first few name it)
+            raise InvalidValueError(f"{where[:40]}... is nested more than {MAX_DEPTH} levels "
+                                    f"deep (or contains itself)")
         if v is None or isinstance(v, (bool, int)):
             continue
         if isinstance(v, str):
