@@ -7,6 +7,7 @@ in step (tests/test_docs.py checks that every command, option and JSON field is 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -76,7 +77,7 @@ class Ctx:
     def emit(self, doc: dict, human: str | None = None) -> None:
         """The JSON document on stdout in --json mode, else the human text on stdout."""
         if self.json:
-            click.echo(json.dumps(doc, indent=2, sort_keys=False, default=_not_json))
+            click.echo(_json_text(doc, indent=2))
         elif human is not None and human != "" and not self.quiet:
             click.echo(escaped(human))
 
@@ -211,7 +212,28 @@ def _json_value(text: str) -> Any:
 
 def _shown(value: Any) -> str:
     """A value as a person reads it: JSON with non-ASCII text as itself, not \\u escapes."""
-    return json.dumps(value, ensure_ascii=False, default=_not_json)
+    return _json_text(value, ensure_ascii=False)
+
+
+def _json_text(doc: Any, **kw) -> str:
+    """``doc`` as strict JSON.  A REAL of an attached table may be infinite or NaN (and a
+    member may sign such a value anywhere); JSON has no such numbers, and Python's spelling
+    of them (bare ``Infinity``) makes the whole document unreadable to a strict parser
+    (jq): they show tagged, as ``{"$real": "Infinity"}``, like a BLOB's ``$blob``."""
+    try:
+        return json.dumps(doc, allow_nan=False, default=_not_json, **kw)
+    except ValueError:
+        return json.dumps(_tagged_reals(doc), allow_nan=False, default=_not_json, **kw)
+
+
+def _tagged_reals(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"$real": "NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity"}
+    if isinstance(v, dict):
+        return {k: _tagged_reals(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_tagged_reals(x) for x in v]
+    return v
 
 
 def _not_json(value: Any) -> Any:

@@ -1046,6 +1046,26 @@ def test_rows_the_capture_never_saw_fail_fsck_with_a_hint_that_heals(tmp_path):
         assert json.loads(run("--json", "fsck", site=sites[n]).out)["hint"] is None
 
 
+def test_an_infinite_real_shows_tagged_so_the_output_stays_strict_json(tmp_path):
+    """JSON has no infinity: a REAL column holding one replicates exactly, and `get` and `ls`
+    print it tagged, never as a bare Infinity that a strict parser refuses."""
+    sites, dbs = attached_pair(tmp_path, SCHEMA[:1], [
+        "INSERT INTO items(id, r, b) VALUES ('up', 9e999, x'00ff')",
+        "INSERT INTO items(id, r) VALUES ('down', -9e999)"], ["items"])
+    assert table(dbs["a"], "items") == table(dbs["b"], "items")
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in {text}"))
+    got = strict(sp(sites["b"], "--json", "get", "items", "up").out)
+    assert got["value"]["r"] == {"$real": "Infinity"} and got["value"]["b"] == {"$blob": "00ff"}
+    recs = strict(sp(sites["b"], "--json", "ls", "items").out)["records"]
+    assert {r["key"]: r["value"]["r"] for r in recs} == {"down": {"$real": "-Infinity"},
+                                                         "up": {"$real": "Infinity"}}
+    assert sp(sites["b"], "get", "items", "down").out.strip() == (
+        '{"id": "down", "i": null, "r": {"$real": "-Infinity"}, "t": null, "b": null, '
+        '"n": null}')
+
+
 def test_a_bulk_apply_leaves_capture_in_place(tmp_path):
     # A batch this large is written with the table's triggers dropped inside the apply's own
     # transaction (attach.core.PAUSE_CAPTURE_AT): afterwards they must be back, so the
