@@ -691,6 +691,35 @@ def test_a_transaction_the_origin_committed_is_not_split_by_the_order_of_its_row
     assert run("fsck", site=sites["b"]).code == 0
 
 
+def test_a_real_clash_in_the_same_transaction_does_not_hold_back_rows_that_go_in_together(
+        tmp_path):
+    """The origin's transaction swaps two UNIQUE values, adds rows whose deferred foreign
+    keys point at each other, and adds two rows whose UNIQUE value a row of b's own holds.
+    At b only those two are clashes; the swap and the pair go in."""
+    schema = ["CREATE TABLE u(id TEXT PRIMARY KEY NOT NULL, email TEXT UNIQUE)",
+              "CREATE TABLE d1(id TEXT PRIMARY KEY NOT NULL, other TEXT REFERENCES d2(id) "
+              "DEFERRABLE INITIALLY DEFERRED)",
+              "CREATE TABLE d2(id TEXT PRIMARY KEY NOT NULL, other TEXT REFERENCES d1(id) "
+              "DEFERRABLE INITIALLY DEFERRED)"]
+    sites, dbs = attached_pair(tmp_path, schema, ["INSERT INTO u VALUES ('u1', 'e1'), "
+                                                  "('u2', 'e2')"], ["u", "d1", "d2"])
+    app(dbs["b"], ["INSERT INTO u VALUES ('u9', 'e9'), ('u7', 'e7')"])
+    app(dbs["a"], ["UPDATE u SET email = 'tmp' WHERE id = 'u1'",
+                   "UPDATE u SET email = 'e1' WHERE id = 'u2'",
+                   "UPDATE u SET email = 'e2' WHERE id = 'u1'",
+                   "INSERT INTO u VALUES ('u8', 'e9'), ('u6', 'e7')",
+                   "INSERT INTO d1 VALUES ('x', 'y')", "INSERT INTO d2 VALUES ('y', 'x')"])
+    exchange(tmp_path, sites, rounds=1)
+    on_b = {r[0]: r[2] for r in table(dbs["b"], "u")}
+    assert on_b == {"u1": "e2", "u2": "e1", "u7": "e7", "u9": "e9"}
+    assert [r[0] for r in table(dbs["b"], "d1")] == ["x"]
+    assert [r[0] for r in table(dbs["b"], "d2")] == ["y"]
+    doc = json.loads(run("--json", "conflicts", site=sites["b"]).out)
+    assert sorted((c["key"], c["constraint"]) for c in doc["conflicts"]) == [
+        ("u6", "UNIQUE constraint failed: u.email"), ("u8", "UNIQUE constraint failed: u.email")]
+    assert run("fsck", site=sites["b"]).code == 0
+
+
 @pytest.mark.parametrize("action", ["CASCADE", "SET NULL"])
 def test_an_imported_delete_whose_foreign_key_action_changes_rows_here_travels(tmp_path,
                                                                               action):

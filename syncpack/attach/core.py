@@ -306,18 +306,27 @@ def _apply_together(app: appdb.Connection, infos: dict[str, appdb.TableInfo],
                     done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
     """A transaction the origin could commit is never split at a peer by the order its rows
     are written here: rows refused one at a time are tried again all together (tables in
-    foreign-key order), then each table's together; those that go in are no longer
-    clashes."""
-    def group(names: list[str]) -> list[tuple[appdb.Writer, list[dict]]]:
-        return [(appdb.Writer(app, infos[n]), [codec.decode_value(r) for r in stuck[n].values()])
-                for n in names]
+    foreign-key order); if that fails, without the rows that break a constraint even beside
+    all the others (a real clash in the same packet must not hold back a swap, or rows whose
+    deferred foreign keys point at each other); then each table's together.  Those that go
+    in are no longer clashes."""
+    def group(names: list[str], leave: dict[str, set[int]] | None = None
+              ) -> list[tuple[appdb.Writer, list[dict]]]:
+        leave = leave or {}
+        return [(appdb.Writer(app, infos[n]),
+                 [codec.decode_value(r) for i, r in enumerate(stuck[n].values())
+                  if i not in leave.get(n, ())]) for n in names]
 
-    def written(names: list[str]) -> None:
+    def written(names: list[str], leave: dict[str, set[int]] | None = None) -> None:
+        leave = leave or {}
         for n in names:
-            keys = stuck.pop(n)
-            done[n] += len(keys)
+            keys = [k for i, k in enumerate(stuck[n]) if i not in leave.get(n, ())]
             for k in keys:
+                del stuck[n][k]
                 clashes[n].pop(k, None)
+            done[n] += len(keys)
+            if not stuck[n]:
+                del stuck[n]
             if not clashes[n]:
                 del clashes[n]
 
@@ -325,7 +334,13 @@ def _apply_together(app: appdb.Connection, infos: dict[str, appdb.TableInfo],
     delete_first = {n for n in names if not appdb.deletes_reach_further(app, n)}
     if appdb.write_group(group(names), delete_first):
         written(names)
-    elif len(names) > 1:
+        return
+    hopeless = dict(zip(names, appdb.refused_even_together(group(names), delete_first)))
+    if any(hopeless.values()) and any(len(hopeless[n]) < len(stuck[n]) for n in names) \
+            and appdb.write_group(group(names, hopeless), delete_first):
+        written(names, hopeless)
+        return
+    if len(names) > 1:
         for n in names:
             if appdb.write_group(group([n]), delete_first):
                 written([n])

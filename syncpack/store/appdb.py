@@ -1151,6 +1151,34 @@ def write_group(group: list[tuple["Writer", list[dict]]], delete_first: set[str]
     return bool(group) and _all_or_none(group[0][0].conn, work)
 
 
+def refused_even_together(group: list[tuple["Writer", list[dict]]], delete_first: set[str]
+                          ) -> list[set[int]]:
+    """Per table of ``group``, the rows that break a constraint even beside all the others
+    (a UNIQUE value that a row here holds, and that no row of the group frees): with the
+    rows of ``delete_first`` deleted, each row is written in a savepoint of its own, again
+    and again while any more go in; those never written are the answer.  Nothing stays
+    written.  Deferred foreign keys are not checked here (write_group does)."""
+    conn = group[0][0].conn
+    left = [set(range(len(rows))) for _w, rows in group]
+    conn.execute("SAVEPOINT syncpack_probe")
+    try:
+        for w, rows in group:
+            if w.t.name in delete_first:
+                w.delete_plain(rows)
+        more = True
+        while more:
+            more = False
+            for (w, rows), out in zip(group, left):
+                for i in sorted(out):
+                    if _all_or_none(conn, lambda: w.put_plain([rows[i]])):
+                        out.discard(i)
+                        more = True
+    finally:
+        conn.execute("ROLLBACK TO syncpack_probe")
+        conn.execute("RELEASE syncpack_probe")
+    return left
+
+
 def delete_group(group: list[tuple["Writer", list[tuple]]]) -> bool:
     """Deletes every key of ``group`` or none: rows whose deferred foreign keys refer to
     each other, refused one at a time, go together as the origin's transaction deleted
