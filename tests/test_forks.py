@@ -166,6 +166,45 @@ def test_a_careless_restore_heals_by_ordinary_rounds_keeping_the_careless_write(
             assert s.get("t", "b0") == "before the backup"
 
 
+def shared_medium_rounds(fam: Family, names: list[str], n: int) -> None:
+    """As a batch round over one medium does: every site exports to all first, then every
+    site imports what is there for it (so each packet was written before its sender saw
+    anything of this round)."""
+    for i in range(n):
+        medium = fam.medium()
+        for a in names:
+            assert run("-q", "export", "--all", "--out", medium, site=fam.path(a)).code == 0
+        for b in names:
+            if (medium / b).exists():
+                run("-q", "import", medium / b, site=fam.path(b))
+
+
+def test_a_careless_restore_heals_when_every_site_exports_before_any_imports(family):
+    """The restored site first hears of its fork from a peer's packet written before that
+    peer knew (its word on the site's own history), and sets its own version aside; the
+    evidence comes a round later.  It must still say which version it kept, or the family
+    refuses its packets for good and the sites never agree."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    fam.put("B", "t", "b0", "before the backup")
+    shared_medium_rounds(fam, ["A", "B", "C"], 2)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "x", "first")
+    shared_medium_rounds(fam, ["A", "B", "C"], 1)
+    put_back(fam, "B", copy)                 # no 'syncpack restore'
+    fam.put("B", "t", "x", "second")
+    shared_medium_rounds(fam, ["A", "B", "C"], 6)
+    for name in ("A", "B", "C"):
+        assert status(fam, name)["state"] == "normal", status(fam, name)
+        assert all(f["state"] == "healed" for f in forks_at(fam, name)), forks_at(fam, name)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    with fam.open("A") as s:
+        assert s.get("t", "x") == "second" and s.get("t", "b0") == "before the backup"
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_schedules_with_an_equivocating_member_never_end_in_silent_disagreement(
         family, seed):

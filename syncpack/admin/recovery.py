@@ -190,7 +190,14 @@ def stash_own(site: Site, reason: str, from_epoch: int | None = None) -> int:
     c = site.conn
     me = site.site_id
     floor = site.floors().get(me, 0)
-    if from_epoch is None or from_epoch <= floor + 1:
+    lo = floor + 1 if from_epoch is None or from_epoch <= floor + 1 else from_epoch
+    # The signed headers of the first blocks set aside: evidence of the fork arriving later
+    # names one of them, and the other is then the version this site keeps (forks.py).
+    aside = fork_store.headers_overlapping(c, me, lo - 1, 1 << 62)[:4]     # epochs >= lo
+    if aside:
+        site.set_meta("set_aside_headers",
+                      codec.packb((aside + sorted(set_aside_headers(site)))[:16]))
+    if lo == floor + 1:
         ops = chain.take_all(c, me)
         top = floor
     else:
@@ -202,6 +209,12 @@ def stash_own(site: Site, reason: str, from_epoch: int | None = None) -> int:
     site.set_meta("state", NORMAL)     # restart the wait: reports must come after now
     enter_recovering(site, reason)
     return n
+
+
+def set_aside_headers(site: Site) -> set[bytes]:
+    """Signed headers of our own blocks that :func:`stash_own` set aside (the newest few)."""
+    raw = site.meta("set_aside_headers")
+    return {bytes(h) for h in codec.unpackb(raw)} if raw else set()
 
 
 def reissue_stash(site: Site) -> int:

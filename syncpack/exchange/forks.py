@@ -107,14 +107,24 @@ def _heal_own(site: Site, f: store.Fork) -> None:
     again under new epochs, so nothing is lost and no epoch is used twice."""
     me = site.site_id
     ours = {bytes(x) for x in store.headers_overlapping(site.conn, me, f.epoch - 1, f.epoch)}
+    aside = recovery.set_aside_headers(site) if not ours else set()
     if (f.a in ours) != (f.b in ours):
-        other = f.b if f.a in ours else f.a
-        keep = blocks.read_block_header(other, site.family_id, header_only=True).block_hash
-        site.set_meta("fork_kept", codec.packb([keep, *kept_for_header(site)][:MAX_KEPT]))
+        _keep(site, f.b if f.a in ours else f.a)
         recovery.stash_own(site, f"this site signed two versions of its epoch {f.epoch} (a "
                                  f"peer holds the other one: restored from a backup, then "
                                  f"written to?)", from_epoch=f.epoch)
+    elif (f.a in aside) != (f.b in aside):
+        # A peer's word set our version aside before the evidence came (the peer's packet
+        # was written before it knew): the version kept is still to be said, or the family
+        # would refuse this site's packets for good.
+        _keep(site, f.b if f.a in aside else f.a)
     store.set_state(site.conn, f, store.HEALED)
+
+
+def _keep(site: Site, header: bytes) -> None:
+    """Say in our packets, from now on, that the block of ``header`` is the version kept."""
+    keep = blocks.read_block_header(header, site.family_id, header_only=True).block_hash
+    site.set_meta("fork_kept", codec.packb([keep, *kept_for_header(site)][:MAX_KEPT]))
 
 
 def frozen(site: Site) -> dict[bytes, int]:
