@@ -120,3 +120,35 @@ def test_export_all_still_serves_the_others_when_one_peer_needs_a_resync(family,
     assert run("import", out / "b", site=family.path("b")).code == 0
     with family.open("b") as s:
         assert s.get("col", "k2") == 2
+
+
+def test_pieces_left_waiting_by_a_damaged_one_go_once_their_block_came_again(family, tmp_path):
+    """A record larger than --max-size travels in pieces.  One is damaged on the medium and
+    deleted, as operations.md says; the sender sends the block again in later rounds.  The
+    pieces parked meanwhile are then of no use: they go, and nothing stays parked."""
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "big", "k1", os.urandom(150_000).hex())
+    first = tmp_path / "first"
+    assert run("export", "--to", "b", "--create-out", "--out", first, "--max-size", "64K",
+               site=family.path("a")).code == 0
+    pieces = sorted((first / "b" / "a").iterdir())
+    assert len(pieces) >= 3
+    damaged = pieces[1]
+    raw = bytearray(damaged.read_bytes())
+    raw[500] ^= 0xFF
+    damaged.write_bytes(bytes(raw))
+    assert run("import", first / "b", site=family.path("b")).code == 1
+    damaged.unlink()
+    for i in range(2):
+        back, again = tmp_path / f"back{i}", tmp_path / f"again{i}"
+        assert run("export", "--to", "a", "--create-out", "--out", back,
+                   site=family.path("b")).code == 0
+        run("import", back, site=family.path("a"))
+        assert run("export", "--to", "b", "--create-out", "--out", again, "--max-size", "64K",
+                   site=family.path("a")).code == 0
+        if (again / "b").exists():
+            run("import", again / "b", site=family.path("b"))
+    assert family.digest("a") == family.digest("b")
+    st = run("status", site=family.path("b"), json_mode=True).json
+    assert st["parked"] == [], st["parked"]

@@ -478,6 +478,15 @@ def _join_pieces(site: Site, pending: list[_Candidate], res: ImportResult,
                 reject(c, err)
             continue
         if reach != total:
+            if site.vector().get(key[2], 0) >= key[4]:
+                # Its epochs came meanwhile (the sender sent them again after a piece was lost
+                # or damaged): these pieces will never be needed.
+                for c in cs:
+                    if c.parked_file:
+                        drop_parked(site, c.pk.header, c.parked_file)
+                    else:
+                        res.duplicates.append(c.display)
+                continue
             out.extend(chosen)      # waits for the missing pieces
             continue
         last = chosen[-1].pk.header
