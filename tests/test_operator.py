@@ -312,3 +312,39 @@ def test_the_python_api_is_documented_and_typed():
             if not name.startswith("_") and callable(f) and not f.__doc__:
                 missing.append(f"{cls.__name__}.{name}")
     assert missing == []
+
+
+def test_a_store_another_program_holds_locked_is_told_as_that_not_as_damage(a, monkeypatch):
+    """An sqlite3 shell left inside a write transaction on the store is not damage: the
+    message says who holds it and the hint is to close it, not to restore a backup."""
+    import subprocess
+    import sys
+    from syncpack.store import db
+    monkeypatch.setattr(db, "BUSY_TIMEOUT_MS", 200)
+    # another process: SQLite's locks do not keep connections of one process apart
+    shell = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], "
+         "isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); "
+         "sys.stdin.read()", str(Path(a) / "syncpack.db")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdout.readline() == "locked\n"
+        r = run("put", "parts", "k", "1", site=a)
+    finally:
+        shell.communicate("")
+    assert r.code == 1, r
+    assert r.err.startswith("error: the site store is locked by another program"), r
+    assert "close it" in r.err and "restore" not in r.err
+    assert run("put", "parts", "k", "1", site=a).code == 0
+
+
+def test_a_store_this_user_may_not_write_is_told_as_that_not_as_damage():
+    """(Run as root, the suite cannot make a directory it may not write: the error the
+    driver raises for one is told directly.)"""
+    import apsw
+    from syncpack.outcome import error_outcome
+    msg, hint, code = error_outcome(apsw.ReadOnlyError("attempt to write a readonly database"))
+    assert code == 1 and msg.startswith("the site store cannot be written by this user")
+    assert "owns the site directory" in hint and "restore" not in hint
+    msg, hint, code = error_outcome(apsw.CorruptError("database disk image is malformed"))
+    assert msg.startswith("the site store cannot be used") and "backup" in hint

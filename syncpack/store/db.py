@@ -399,6 +399,21 @@ def _statements(script: str) -> list[str]:
     return out
 
 
+def access_problem(e: BaseException) -> tuple[str, str] | None:
+    """(what, hint) when ``e`` says the store may well be sound but this process cannot use
+    it now: another program holds it locked, or this user may not write it.  Neither is
+    damage, and restoring a backup (the hint for damage) would be the wrong thing to do."""
+    if isinstance(e, (apsw.BusyError, apsw.LockedError)):
+        return ("the site store is locked by another program",
+                "a program other than syncpack (an sqlite3 shell, a backup tool) holds it "
+                "open for writing; close it, then run the command again")
+    if isinstance(e, (apsw.ReadOnlyError, apsw.PermissionsError, apsw.CantOpenError)):
+        return ("the site store cannot be written by this user",
+                "run syncpack as the account that owns the site directory, or give that "
+                "account write access to it (docs/operations.md)")
+    return None
+
+
 def open_existing(db_path: Path) -> Connection:
     """Open a site's store; never writes to a file that is not already a syncpack store."""
     hint = "restore the site directory from a backup"
@@ -424,6 +439,9 @@ def open_existing(db_path: Path) -> Connection:
     except DatabaseError as e:
         if conn is not None:
             conn.close()
+        access = access_problem(e)
+        if access is not None:
+            raise SiteError(f"{access[0]} ({db_path}: {e})", hint=access[1]) from None
         raise SiteError(f"{db_path} is not a readable syncpack store ({e})", hint=hint) from None
     except SiteError:
         if conn is not None:
