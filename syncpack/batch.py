@@ -259,9 +259,18 @@ def parse_duration_ms(value: Any) -> int:
                 from None
     else:
         raise ValueError(f"not a duration: {value!r}")
+    if secs != secs:
+        raise ValueError(f"not a duration: {value!r}")
     if secs < 0:
         raise ValueError(f"a duration cannot be negative: {value!r}")
+    if secs > MAX_DURATION_S:
+        raise ValueError(f"not a duration: {value!r} is more than 100 years")
     return int(secs * 1000)
+
+
+# Longer than any site lives; a value past it is a typing slip (and past 2^63 ms, an error
+# deep in SQLite).
+MAX_DURATION_S = 100 * 365 * 86400
 
 
 def load_config(config_path: str | os.PathLike) -> BatchConfig:

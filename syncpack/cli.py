@@ -1083,15 +1083,15 @@ def scrub(obj: Ctx, dry_run, min_age):
       syncpack --site boston scrub --dry-run
       syncpack --site boston scrub --min-age 7d
     """
+    from syncpack.batch import parse_duration_ms     # (what batch's min_age is read by)
     try:
-        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(min_age[-1:], None)
-        secs = float(min_age[:-1]) * unit if unit else float(min_age)
-    except ValueError:
-        raise click.BadParameter(f"not a duration: {min_age!r}", param_hint="--min-age")
+        min_age_ms = parse_duration_ms(min_age)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--min-age")
     s = obj.open()
     obj.on_interrupt("nothing was trimmed: the scrub's one transaction was rolled back")
     with obj.progress("scrub") as tick:
-        doc = recovery.scrub(s, dry_run, int(secs * 1000), progress=tick)
+        doc = recovery.scrub(s, dry_run, min_age_ms, progress=tick)
     verb = "would remove" if dry_run else "removed"
     obj.emit(doc, f"{verb} {doc['ops_removed']} changelog op(s) and "
                   f"{doc['tombstones_removed']} tombstone(s); floors: "

@@ -493,9 +493,18 @@ def test_parse_duration():
     assert batch.parse_duration_ms("15m") == 900_000
     assert batch.parse_duration_ms("7d") == 7 * 86_400_000
     assert batch.parse_duration_ms("1.5h") == 5_400_000
-    for bad in ("", "x", "-1", True, [1]):
+    for bad in ("", "x", "-1", True, [1], "-7d", "nan", "inf", "99999999999999999999d",
+                float("nan")):
         with pytest.raises(ValueError):
             batch.parse_duration_ms(bad)
+
+
+@pytest.mark.parametrize("age", ["-1", "-7d", "99999999999999999999d", "inf", "nan", "x"])
+def test_scrub_refuses_an_age_that_is_no_duration_and_trims_nothing(tmp_path, age):
+    site = tmp_path / "a"
+    assert run("init", site, "--family", "f", "--site", "a").code == 0
+    r = run("scrub", "--min-age", age, site=site)
+    assert r.code == 2 and "--min-age" in r.err and "internal error" not in r.err, r
 
 
 def test_run_batch_api_returns_the_summary(family):
