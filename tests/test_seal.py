@@ -132,3 +132,28 @@ def test_sealed_replica_creation(family, tmp_path):
     assert b'"v"' not in open(r.json["packets"][0]["path"], "rb").read()
     assert run("mkreplica", "import", out, site=tmp_path / "n").code == 0
     assert run("get", "col", "k", site=tmp_path / "n").out.strip() == '"v"'
+
+
+def test_a_packet_applied_before_sealing_was_required_stays_a_duplicate(trio, tmp_path):
+    """A medium still holds an unsealed packet b applied before the family required sealing:
+    importing it again is a duplicate (operations.md), not a refusal at every round."""
+    trio.full_exchange(rounds=1)
+    trio.put("c", "col", "k", 1)
+    inbox = tmp_path / "inbox"
+    assert run("export", "--to", "b", "--create-out", "--out", inbox,
+               site=trio.path("c")).code == 0
+    assert run("import", inbox, site=trio.path("b")).code == 0
+    assert run("require-sealing", "on", site=trio.path("a")).code == 0
+    trio.full_exchange(rounds=1)
+    r = run("import", inbox, site=trio.path("b"), json_mode=True)
+    assert r.code == 0 and r.json["rejected"] == [] and len(r.json["duplicates"]) == 1, r
+    # a packet not applied before is still refused unsealed
+    with trio.open("c") as c:
+        c.conn.execute("BEGIN IMMEDIATE")
+        c.conn.execute("DELETE FROM versions WHERE collection='$family'")
+        c.conn.execute("COMMIT")
+        c.invalidate()
+        trio.put("c", "col", "k2", 2)
+        pk = sync.export(c, trio.medium(), to=["b"])
+    res = trio.import_("b", [pk[0].path])
+    assert res.rejected and "requires sealed" in res.rejected[0]["error"]

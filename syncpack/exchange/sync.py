@@ -23,7 +23,8 @@ from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, appl
                                      drop_parked, is_known, park)
 from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
-from syncpack.errors import (ExportError, ForkFoundError, PacketBodyError, PacketError, PacketSenderError, ScrubbedError,
+from syncpack.errors import (ExportError, ForkFoundError, PacketBodyError, PacketError, PacketPolicyError,
+                     PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
                      ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
@@ -557,6 +558,11 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             except PacketError as e:
+                if isinstance(e, PacketPolicyError) and is_known(site, h):
+                    # applied before the family's policy changed (sealing turned on): it is
+                    # what it was then, a duplicate, not a packet to refuse at every import
+                    res.duplicates.append(shown)
+                    continue
                 res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             if h.kind == codec.KIND_SNAPSHOT:
