@@ -348,3 +348,36 @@ def test_a_store_this_user_may_not_write_is_told_as_that_not_as_damage():
     assert "owns the site directory" in hint and "restore" not in hint
     msg, hint, code = error_outcome(apsw.CorruptError("database disk image is malformed"))
     assert msg.startswith("the site store cannot be used") and "backup" in hint
+
+
+def test_a_packet_file_or_directory_the_import_cannot_read_is_told_not_passed_over(
+        ab, tmp_path, monkeypatch):
+    """(Run as root, the suite cannot make a file it may not read: the refusal the system
+    would give is given for those paths.)  An unreadable packet in an inbox, or an inbox
+    directory that cannot be listed, is a rejected path with exit 1, never silence."""
+    import builtins
+    import os
+    a, b = ab.path("a"), ab.path("b")
+    run("put", "parts", "k", "1", site=a)
+    inbox = tmp_path / "inbox"
+    assert run("export", "--to", "b", "--create-out", "--out", inbox, site=a).code == 0
+    [pk] = [p for p in inbox.rglob("*.spk")]
+    hidden = {str(pk)}
+    real_os_open, real_open, real_scandir = os.open, builtins.open, os.scandir
+
+    def refuse(path):
+        if str(path) in hidden:
+            raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: refuse(p) or real_os_open(p, *a, **k))
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: refuse(p) or real_open(p, *a, **k))
+    r = run("import", inbox, site=b, json_mode=True)
+    assert r.code == 1 and r.json["ignored"] == [], r
+    assert "Permission denied" in r.json["rejected"][0]["error"]
+    hidden = {str(pk.parent)}
+    monkeypatch.setattr(os, "scandir", lambda p=".": refuse(p) or real_scandir(p))
+    r = run("import", inbox, site=b, json_mode=True)
+    assert r.code == 1 and r.json["rejected"][0]["path"] == str(pk.parent), r
+    monkeypatch.undo()
+    assert run("import", inbox, site=b).code == 0
+    assert run("get", "parts", "k", site=b).out.strip() == "1"

@@ -115,12 +115,17 @@ def open_packet(path: str | os.PathLike) -> OpenPacket:
 def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bool]]:
     """(file, named explicitly) pairs; directories are searched recursively.  In a directory,
     hidden and temporary files and anything that is not a regular file are left alone; a path
-    named on the command line is returned whatever it is, for the caller to refuse."""
+    named on the command line is returned whatever it is, for the caller to refuse.  So is a
+    directory that cannot be listed: packets in it must not pass unseen."""
     out: list[tuple[Path, bool]] = []
+
+    def unlisted(e: OSError) -> None:
+        out.append((Path(e.filename), True))
+
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            for root, dirs, files in os.walk(p):
+            for root, dirs, files in os.walk(p, onerror=unlisted):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for fn in sorted(files):
                     if fn.startswith(".") or fn.endswith(".tmp"):
@@ -134,11 +139,15 @@ def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bo
 
 
 def has_magic(path: Path) -> bool:
+    """Whether a file found in a directory is to be told about when it does not open as a
+    packet: it begins as one, or it cannot even be read to tell."""
     if not is_regular(path):
         return False
     try:
         with open(path, "rb") as f:
             return f.read(len(codec.MAGIC)) == codec.MAGIC
+    except PermissionError:
+        return True
     except OSError:
         return False
 
