@@ -13,7 +13,9 @@ A round, in this order:
 A failing action (a rejected packet, an unmounted required medium, a peer that needs a
 snapshot: with ``to = "all"`` that peer alone, the others still get their packets) is
 recorded and the round carries on with the next action; the outcome then says
-``failed`` and the exit code is 1, so a scheduler can alert.  Parked packets are not failures:
+``failed`` and the exit code is 1, so a scheduler can alert.  So does an attached table whose
+capture a schema change stopped (action ``capture``): the round does everything else, but that
+table's changes go nowhere until an administrator acts.  Parked packets are not failures:
 they wait, inside the site, for the packets they miss and apply by themselves in a later round.
 
 Configuration
@@ -135,6 +137,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from syncpack.admin import inspection, metrics, recovery
+from syncpack.attach import core as attach_core
 from syncpack.exchange import sync
 from syncpack.store import db
 from syncpack.outcome import error_outcome
@@ -545,6 +548,10 @@ class _Round:
             self.guarded("export", str(spec.out), lambda s=spec: self.do_export(s))
         if self.cfg.scrub is not None:
             self.guarded("scrub", self.site.name, lambda: self.do_scrub(self.cfg.scrub))
+        # The round did everything else; a table whose capture a schema change stopped is
+        # still a failure (its application's changes go nowhere until someone acts).
+        for name, why, hint in attach_core.stopped_tables(self.site):
+            self.fail("capture", name, why, hint)
 
 
 def run_batch(config_path: str | os.PathLike,

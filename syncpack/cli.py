@@ -639,6 +639,8 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     obj.emit(doc, "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
     if not pkts and not failed:
         obj.say("nothing to send: every peer already holds our changes and our vector")
+    for _name, why, hint in attach_core.stopped_tables(s):
+        obj.warn(f"{why}; its changes are not in these packets ({hint})")
     for e in failed:
         echo_error(e.message, e.hint)
     if failed:

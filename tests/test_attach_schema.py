@@ -132,6 +132,18 @@ def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
     r = sp(sites["a"], "status", "--format", "prometheus")
     assert 'syncpack_attached_stopped{site="a",table="items"} 1' in r.out
     assert 'syncpack_attached_stopped{site="a",table="other"} 0' in r.out
+    # An export says so too (it did its work: exit 0), and a batch round fails on it after
+    # doing everything else, so that cron or the timer reports it.
+    r = run("export", "--all", "--out", root / "drop-stopped", "--create-out", site=sites["a"])
+    assert r.code == 0 and "warning: capture of table items stopped" in r.err, r
+    cfg = root / "a-round.toml"
+    cfg.write_text(f'site = "{sites["a"]}"\n[[export]]\nout = "{root / "drop-stopped"}"\n'
+                   f'to = "all"\n')
+    r = run("--json", "batch", cfg)
+    doc = json.loads(r.out)
+    assert r.code == 1 and doc["outcome"] == "failed", r
+    assert [(e["action"], e["target"]) for e in doc["errors"]] == [("capture", "items")]
+    assert "--refresh" in doc["errors"][0]["hint"]
     # Other tables carry on; the peers' items stay as they were.
     exchange(root, sites)
     for n in ("b", "c"):

@@ -797,12 +797,20 @@ def capture(site: Site) -> dict:
                          f"captured once it has recovered",
                          hint="import packets from the peers ('syncpack status' shows what is "
                               "missing)")
-    stopped = [(n, why) for n, (_s, why) in attached.shapes(site.conn).items() if why]
+    stopped = stopped_tables(site)
     if stopped:
         # The other tables were captured; this one waits until the change is rolled out.
-        raise AttachError("; ".join(why for _n, why in stopped),
-                          hint=shapes.REFRESH_HINT.format(table=stopped[0][0]))
+        raise AttachError("; ".join(why for _n, why, _h in stopped), hint=stopped[0][2])
     return doc
+
+
+def stopped_tables(site: Site) -> list[tuple[str, str, str]]:
+    """(table, why, what to do) of each attached table whose capture a schema change stopped:
+    its application's changes are not replicated until an administrator acts."""
+    if not is_attached(site):
+        return []
+    return [(n, why, shapes.REFRESH_HINT.format(table=n))
+            for n, (_s, why) in attached.shapes(site.conn).items() if why]
 
 
 # --- attach and detach --------------------------------------------------------------------------
