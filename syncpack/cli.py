@@ -1321,14 +1321,17 @@ def attached_(obj: Ctx, as_json):
     """
     obj.json = obj.json or as_json
     s = obj.open()
-    doc = attach_core.report(s) or {"database": None, "tables": []}
+    doc = attach_core.report(s)
     obj.emit(doc, _attached_text(doc))
 
 
 def _attached_text(doc: dict) -> str:
+    family = (["replicated in the family, not attached here: "
+               + ", ".join(map(printable, doc["available"]))] if doc.get("available") else [])
     if not doc.get("database"):
-        return "nothing attached"
+        return "\n".join(["nothing attached", *family])
     lines = [f"database {doc['database']}",
+             *([f"  CANNOT BE READ: {printable(doc['problem'])}"] if doc.get("problem") else []),
              f"{'table':20} {'rows':>10} {'pending':>8}  {'last capture (UTC)':18}  "
              f"last apply (UTC)"]
     for t in doc["tables"]:
@@ -1339,10 +1342,7 @@ def _attached_text(doc: dict) -> str:
             lines.append(f"  STOPPED: {printable(t['stopped'])}")
         if t.get("waiting"):
             lines.append(f"  {t['waiting']} record(s) wait for a column this table lacks")
-    if doc.get("available"):
-        lines.append("attached at a peer, not here: " + ", ".join(map(printable,
-                                                                     doc["available"])))
-    return "\n".join(lines)
+    return "\n".join(lines + family)
 
 
 @cli.command("capture")

@@ -935,6 +935,9 @@ def test_status_answers_when_the_database_is_gone(three):
     r = run("--json", "status", site=sites["a"])
     assert r.code == 0, r
     assert r.json["attached"]["tables"][0]["rows"] is None
+    assert "no such file" in r.json["attached"]["problem"]
+    r = run("status", site=sites["a"])
+    assert r.code == 0 and "CANNOT BE READ" in r.out and "no such file" in r.out, r
     r = run("capture", site=sites["a"])
     assert r.code == 1 and "is gone" in r.err and "syncpack detach" in r.err, r
     r = run("fsck", site=sites["a"])
@@ -943,7 +946,12 @@ def test_status_answers_when_the_database_is_gone(three):
     r = run("detach", str(dbs["a"]), site=sites["a"])
     assert r.code == 0, r
     assert run("fsck", site=sites["a"]).code == 0
-    assert run("--json", "attached", site=sites["a"]).json["tables"] == []
+    doc = run("--json", "attached", site=sites["a"]).json
+    assert doc["database"] is None and doc["tables"] == []
+    # the family still replicates items: said, also where nothing is attached
+    assert doc["available"] == ["items"]
+    assert "replicated in the family, not attached here: items" in run(
+        "attached", site=sites["a"]).out
 
 
 def test_detach_of_a_table_the_application_dropped(three):

@@ -107,7 +107,7 @@ def status(site: Site) -> dict:
             "recovery": recovery_status(site), "peers": peers, "parked": parked,
             "incomplete_transactions": incomplete, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec),
-            "attached": attach_core.report(site),
+            "attached": attach_core.report(site) if attach_core.is_attached(site) else None,
             "forks": [forks.describe(site, f) for f in fork_store.all_forks(site.conn)]}
 
 

@@ -943,9 +943,13 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
     problems = [p for p in (_check_table(site, app, n, current) for n in names) if p]
     appdb.skip_trigger_writes(app, [*current, *names])
     if problems:
-        raise AttachError("; ".join(problems) + "; nothing was attached",
-                          hint="tables need a declared PRIMARY KEY (single or composite) and "
-                               "a name no collection uses")
+        if all(n in current for n in names):
+            hint = ("'syncpack attached' lists what is attached; 'attach DB --refresh' "
+                    "accepts a changed definition")
+        else:
+            hint = ("tables need a declared PRIMARY KEY (single or composite) and a name no "
+                    "collection uses")
+        raise AttachError("; ".join(problems) + "; nothing was attached", hint=hint)
     out, warnings = [], []
     with appdb.write_txn(app):
         infos = {}
@@ -1158,19 +1162,21 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
 
 # --- reports ------------------------------------------------------------------------------------
 
-def report(site: Site) -> dict | None:
-    """What is attached, per table: rows, changes not yet captured, last capture and apply."""
+def report(site: Site) -> dict:
+    """What is attached, per table: rows, changes not yet captured, last capture and apply;
+    the family's tables not attached here; why the file cannot be read, if it cannot."""
     att = attached.attachment(site.conn)
     if att is None:
-        return None
+        return {"database": None, "tables": [], "available": schema.available(site)}
     path, since = att
     tables = attached.tables(site.conn)
     counts: dict[str, int] = {}
     row_counts: dict[str, int | None] = {n: None for n in tables}
+    problem = None
     try:
         app = appdb.open_app(Path(path))
-    except AttachError:
-        app = None
+    except AttachError as e:
+        app, problem = None, e.message
     if app is not None:
         try:
             with appdb.read_txn(app):
@@ -1187,7 +1193,7 @@ def report(site: Site) -> dict | None:
          "waiting": attached.waiting_count(site.conn, n, appdb.WAITING),
          "stopped": shp.get(n, (None, None))[1],
          "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
-        for n, d in tables.items()], "available": schema.available(site)}
+        for n, d in tables.items()], "available": schema.available(site), "problem": problem}
 
 
 def check_values(site: Site, collection: str, values: list) -> None:
