@@ -1102,8 +1102,10 @@ def scrub(obj: Ctx, dry_run, min_age):
 
 @cli.command()
 @click.option("--to", "peer", required=True, metavar="PEER", help="Member to re-seed.")
-@click.option("--out", required=True, type=click.Path(file_okay=False))
-@click.option("--max-size", callback=_size, help="Largest packet (bytes, or K/M/G).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory (e.g. a mounted USB stick) to write the snapshot packet(s) into.")
+@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
+              "(default just under 4G, so packets fit FAT32).")
 @click.option("--encrypt", is_flag=True, help="Seal the snapshot to the peer's X25519 key.")
 @_create_out_option
 @click.pass_obj
@@ -1351,7 +1353,8 @@ def _attached_text(doc: dict) -> str:
 def capture_(obj: Ctx, as_json):
     """Move the attached application's committed changes into the changelog now.
 
-    export, import, batch and status do this by themselves first.
+    export, import, batch, status, mkreplica export and resync do this by themselves first;
+    exit 1 when a schema change stopped the capture of a table (see 'syncpack attached').
 
     \b
     Example:
@@ -1382,7 +1385,8 @@ def keyinfo(obj: Ctx):
            "family_id": s.family_id.hex() if s.family_id else None,
            "signing_key_fingerprint": keys.fingerprint(ident.ed25519),
            "public_key": str(keys.public_path(s.path))}
-    obj.emit(doc, "\n".join(f"{k}: {v}" for k, v in doc.items()))
+    obj.emit(doc, "\n".join(f"{k}: {'(not joined yet)' if v is None else v}"
+                            for k, v in doc.items()))
 
 
 _STANDALONE = False     # set by main(): the syncpack program, not a caller embedding the CLI

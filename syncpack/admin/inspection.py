@@ -29,13 +29,20 @@ from syncpack.format.values import MAX_DEPTH, json_value_encoder
 
 def lsepoch(site: Site) -> dict:
     peers = {}
+    vec = site.vector()
+
+    def every_origin(m: dict[bytes, int]) -> dict[str, int]:
+        # an origin nothing was sent of (or acknowledged) yet is 0, as in the text table, so
+        # that a script can read any origin of the vector
+        return site.named({**{o: 0 for o in vec}, **m})
+
     for m in sorted(site.members_by_id().values(), key=lambda m: m.name):
         if m.site_id == site.site_id:
             continue
         sent, acked = matrix(site, m.site_id)
-        peers[m.name] = {"sent": site.named(sent), "acked": site.named(acked)}
+        peers[m.name] = {"sent": every_origin(sent), "acked": every_origin(acked)}
     return {"site": site.name, "family": site.family_name,
-            "vector": site.named(site.vector()), "peers": peers}
+            "vector": site.named(vec), "peers": peers}
 
 
 def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
@@ -371,7 +378,10 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
             pk = open_packet(path)
         except PacketError as e:
             if named:
-                errors.append({"path": printable(path), "error": str(e), "hint": e.hint})
+                # the hints are written for an import; lspacket applies nothing anyway
+                hint = e.hint and e.hint.replace("nothing of it was applied; ", "").replace(
+                    ", nothing of it was applied", "")
+                errors.append({"path": printable(path), "error": str(e), "hint": hint})
             continue
         try:
             h = pk.header

@@ -998,6 +998,8 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                     if w:
                         warnings.append(w)
                 out.append({"table": n, "rows": 0, "primary_key": t.pk})
+            # the rows it held became this site's changes: that was its first capture
+            attached.touch(conn, list(new), "last_capture_ms", wall_ms())
         infos.update(new)
         infos, grown = schema.follow(site, app, infos, [])
         done, clashes = _apply(site, app, infos)
