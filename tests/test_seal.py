@@ -109,6 +109,12 @@ def test_family_policy_requires_sealing(trio):
         assert codec.read_envelope(f, os.fstat(f.fileno()).st_size).header.sealed
     assert trio.import_(["b"][0], [pk[0].path]).applied
     # ... and one forged unsealed (policy switched off locally at the sender only) is refused.
+    assert_forged_unsealed_refused(trio)
+
+
+def assert_forged_unsealed_refused(trio) -> None:
+    """c, with the family's sealing policy deleted from its own store, exports an unsealed
+    packet to b: b refuses it."""
     with trio.open("c") as c:
         c.conn.execute("BEGIN IMMEDIATE")
         c.conn.execute("DELETE FROM versions WHERE collection='$family'")
@@ -148,12 +154,4 @@ def test_a_packet_applied_before_sealing_was_required_stays_a_duplicate(trio, tm
     r = run("import", inbox, site=trio.path("b"), json_mode=True)
     assert r.code == 0 and r.json["rejected"] == [] and len(r.json["duplicates"]) == 1, r
     # a packet not applied before is still refused unsealed
-    with trio.open("c") as c:
-        c.conn.execute("BEGIN IMMEDIATE")
-        c.conn.execute("DELETE FROM versions WHERE collection='$family'")
-        c.conn.execute("COMMIT")
-        c.invalidate()
-        trio.put("c", "col", "k2", 2)
-        pk = sync.export(c, trio.medium(), to=["b"])
-    res = trio.import_("b", [pk[0].path])
-    assert res.rejected and "requires sealed" in res.rejected[0]["error"]
+    assert_forged_unsealed_refused(trio)
