@@ -111,6 +111,19 @@ class Ctx:
         rolled back (a callable is asked only then, so it can look at what was done)."""
         self.interrupted = note if callable(note) else (lambda: (note, hint))
 
+    def on_interrupt_of_one_commit(self, site: Site, kept: str, rolled_back: str,
+                                   hint: str | None = None) -> None:
+        """:meth:`on_interrupt` for a command whose work is one store transaction: which of
+        the two notes is true is read from the store then, for Ctrl-C can land after the
+        COMMIT and before the report."""
+        before = inspection.commit_marker(site)
+
+        def note() -> tuple[str, str | None]:
+            if inspection.commit_marker(site) != before:
+                return kept, None
+            return rolled_back, hint
+        self.on_interrupt(note)
+
 
 def _terminal_size() -> tuple[int, int]:
     # A terminal that reports no size (0x0: fresh ptys, serial consoles) would make tqdm hide
@@ -525,10 +538,14 @@ def load(obj: Ctx, file):
       syncpack load parts.jsonl
     """
     s = obj.open()
-    obj.on_interrupt("nothing was loaded: the file's one transaction was rolled back")
+    obj.on_interrupt_of_one_commit(
+        s, "the file was loaded whole: its one transaction had committed before the "
+           "interrupt (do not load it again)",
+        "nothing was loaded: the file's one transaction was rolled back")
     with obj.progress("load", "records") as tick:
         doc = inspection.load(s, file, progress=tick)
-    obj.emit(doc, f"loaded {doc['loaded']} record(s) in one transaction")
+    with _no_interrupt():
+        obj.emit(doc, f"loaded {doc['loaded']} record(s) in one transaction")
 
 
 @cli.command()
@@ -616,9 +633,13 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
         raise click.UsageError("--staging is used by --engine spark only")
     s = obj.open()
     _outbox(out, create_out)
-    obj.on_interrupt("no packet was recorded as sent; the next export writes the same changes "
-                     "again (packet files of this run may be left on the medium, harmless)",
-                     "run the same export again")
+    obj.on_interrupt_of_one_commit(
+        s, "packets of this run were written and recorded as sent before the interrupt "
+           "('syncpack lsepoch' shows what each peer was sent); the next export writes only "
+           "what is still missing",
+        "no packet was recorded as sent; the next export writes the same changes again "
+        "(packet files of this run may be left on the medium, harmless)",
+        "run the same export again")
     # A peer that cannot be served (it needs a resync, or its roster name cannot be a
     # directory) does not hold back the others' packets, whichever engine builds them (it
     # gets our vector without ops where it can, and the command exits 1 naming it).
@@ -633,6 +654,11 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
         else:
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
                                encrypt=encrypt, failed=failed)
+    with _no_interrupt():       # the work is committed: Ctrl-C no longer cuts it short
+        _export_report(obj, s, pkts, failed)
+
+
+def _export_report(obj: Ctx, s: Site, pkts: list, failed: list[SyncpackError]) -> None:
     doc = {"packets": [p.to_json() for p in pkts]}
     if failed:
         doc["failed"] = [{"to": e.peer, "error": e.message, "hint": e.hint} for e in failed]
@@ -674,17 +700,18 @@ def import_(obj: Ctx, paths):
 @contextmanager
 def _no_interrupt():
     try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        old = {n: signal.signal(n, signal.SIG_IGN) for n in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:      # not the main thread (an embedding caller): nothing to hold off
         old = None
     try:
         yield
     finally:
-        # The program itself keeps ignoring it until it exits (a Ctrl-C while the
+        # The program itself keeps ignoring them until it exits (a Ctrl-C while the
         # interpreter shuts down would still turn a finished import into a signal death);
-        # an embedding caller gets its handler back.
+        # an embedding caller gets its handlers back.
         if old is not None and not _STANDALONE:
-            signal.signal(signal.SIGINT, old)
+            for n, h in old.items():
+                signal.signal(n, h)
 
 
 def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
@@ -1091,13 +1118,18 @@ def scrub(obj: Ctx, dry_run, min_age):
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--min-age")
     s = obj.open()
-    obj.on_interrupt("nothing was trimmed: the scrub's one transaction was rolled back")
+    obj.on_interrupt_of_one_commit(
+        s, "the trim had committed before the interrupt and is kept ('syncpack status' "
+           "shows the changelog)",
+        "nothing was trimmed: the scrub's one transaction was rolled back")
     with obj.progress("scrub") as tick:
         doc = recovery.scrub(s, dry_run, min_age_ms, progress=tick)
     verb = "would remove" if dry_run else "removed"
-    obj.emit(doc, f"{verb} {doc['ops_removed']} changelog op(s) and "
-                  f"{doc['tombstones_removed']} tombstone(s); floors: "
-                  + (", ".join(f"{o}={e}" for o, e in doc["floors"].items()) or "unchanged"))
+    with _no_interrupt():
+        obj.emit(doc, f"{verb} {doc['ops_removed']} changelog op(s) and "
+                      f"{doc['tombstones_removed']} tombstone(s); floors: "
+                      + (", ".join(f"{o}={e}" for o, e in doc["floors"].items())
+                         or "unchanged"))
 
 
 @cli.command()
@@ -1177,14 +1209,15 @@ def batch(obj: Ctx, config):
     with obj.progress("batch") as tick:
         from syncpack import batch as batch_mod     # only here: every other command starts faster
         doc = batch_mod.run_batch(config, progress=tick)
-    if obj.json:
-        obj.emit(doc)
-    elif not obj.quiet:
-        obj.emit(doc, batch_mod.format_summary(doc))
-    for r in doc["imported"]["rejected"]:
-        echo_error(f"{r['path']}: {r['error']}", r.get("hint"))
-    for e in doc["errors"]:
-        echo_error(f"{e['action']} {e['target']}: {e['error']}", e["hint"])
+    with _no_interrupt():       # the round has ended (its log says so): report it whole
+        if obj.json:
+            obj.emit(doc)
+        elif not obj.quiet:
+            obj.emit(doc, batch_mod.format_summary(doc))
+        for r in doc["imported"]["rejected"]:
+            echo_error(f"{r['path']}: {r['error']}", r.get("hint"))
+        for e in doc["errors"]:
+            echo_error(f"{e['action']} {e['target']}: {e['error']}", e["hint"])
     sys.exit(doc["exit_code"])
 
 
@@ -1392,9 +1425,16 @@ def keyinfo(obj: Ctx):
 _STANDALONE = False     # set by main(): the syncpack program, not a caller embedding the CLI
 
 
+def _terminated(_signum, _frame) -> None:
+    raise KeyboardInterrupt     # as Ctrl-C: the same truthful report of what was kept
+
+
 def main() -> None:
     global _STANDALONE
     _STANDALONE = True
+    # 'systemctl stop', a shutdown, 'kill': stopped as by Ctrl-C, so a batch round logs its
+    # end and rewrites its metrics, and every command says what it kept
+    signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="syncpack")
 
 

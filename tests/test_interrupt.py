@@ -128,3 +128,69 @@ def test_ctrl_c_while_starting_is_one_line_and_exit_130():
     import tomllib
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["syncpack"] == "syncpack.console:main"
+
+
+@pytest.mark.parametrize("command", ["load", "scrub"])
+def test_a_ctrl_c_after_the_commit_says_the_work_was_kept(tmp_path, monkeypatch, command):
+    """Ctrl-C can land after a command's one transaction committed and before its report:
+    the message then says what the store holds (loaded whole: do not load again; the trim
+    kept), read from the store, not what a rolled-back transaction would have meant."""
+    from conftest import run
+    from syncpack import cli
+    from syncpack.admin import inspection, recovery
+    site = tmp_path / "a"
+    assert run("init", site, "--family", "f", "--site", "a").code == 0
+    lines = tmp_path / "data.jsonl"
+    lines.write_text("".join(f'{{"collection": "c", "key": "k{i}", "value": {i}}}\n'
+                             for i in range(50)))
+    if command == "scrub":
+        assert run("load", lines, site=site).code == 0
+    real = inspection.load if command == "load" else recovery.scrub
+    # (the command line's own name for the module: it took the module's names at first use)
+    target = (cli.inspection, "load") if command == "load" else (cli.recovery, "scrub")
+
+    def then_ctrl_c(*a, **k):
+        real(*a, **k)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(*target, then_ctrl_c)
+    r = run(*(["load", lines] if command == "load" else ["scrub"]), site=site)
+    assert r.code == 130, r
+    if command == "load":
+        assert "the file was loaded whole" in r.err and "do not load it again" in r.err, r
+        assert run("get", "c", "k49", site=site).code == 0
+    else:
+        assert "the trim had committed" in r.err, r
+    monkeypatch.undo()
+    # and when the interrupt comes before the commit, the other note, also true
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(*target, ctrl_c)
+    r = run(*(["load", lines] if command == "load" else ["scrub"]), site=site)
+    assert r.code == 130 and ("nothing was loaded" in r.err or "nothing was trimmed" in r.err)
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does(tmp_path):
+    """'systemctl stop' or a shutdown sends SIGTERM: the command stops with the same report
+    as for Ctrl-C (exit 130, what was kept), never silently."""
+    exe = shutil.which("syncpack", path=str(Path(sys.executable).parent))
+    if exe is None or not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs the syncpack script of this venv and /proc")
+    site = tmp_path / "a"
+    subprocess.run([exe, "-q", "init", str(site), "--family", "f", "--site", "a"], check=True)
+    lines = tmp_path / "big.jsonl"
+    with open(lines, "w") as f:
+        for i in range(400_000):
+            f.write(f'{{"collection": "c", "key": "k{i}", "value": {{"i": {i}}}}}\n')
+    p = subprocess.Popen([exe, "--site", str(site), "load", str(lines)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_until_store_open(p.pid)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    if p.returncode == 0:
+        pytest.skip("the load finished before the signal (a fast machine)")
+    assert p.returncode == 130, (p.returncode, err)
+    assert err.startswith("error: interrupted; "), err
+    loaded = subprocess.run([exe, "--site", str(site), "get", "c", "k399999"],
+                            capture_output=True).returncode == 0
+    assert ("loaded whole" in err) == loaded, err

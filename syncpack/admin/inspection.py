@@ -13,7 +13,7 @@ from syncpack.admin import writes
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import attached, chain, db, fields, log, stash, versions
+from syncpack.store import attached, chain, db, exports, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
@@ -25,6 +25,15 @@ from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
 from syncpack.format.values import MAX_DEPTH, json_value_encoder
+
+
+def commit_marker(site: Site) -> tuple:
+    """What any committed change of the store's own history moves (vector, floors, packets
+    recorded as sent), read in a connection of its own: a command stopped by Ctrl-C compares
+    it with the one taken before its work, to say truthfully whether its transaction had
+    committed before the interrupt (the window between COMMIT and the report is real)."""
+    with Site.open(site.path) as s:
+        return s.vector(), s.floors(), exports.packets_out_count(s.conn)
 
 
 def lsepoch(site: Site) -> dict:

@@ -62,6 +62,10 @@ def record_acks_told(conn, peer: bytes, told: Iterable[tuple[bytes, int]]) -> No
         [(peer, m, c) for m, c in told])
 
 
+def packets_out_count(conn) -> int:
+    return conn.execute("SELECT count(*) FROM packets_out").fetchone()[0]
+
+
 def record_packet_out(conn, packet_id: bytes, recipient: bytes, seq: int, part: int, kind: str,
                       ranges_blob: bytes, count: int, size: int, path: str, now: int) -> None:
     conn.execute("INSERT INTO packets_out VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
