@@ -499,6 +499,7 @@ class _Round:
         try:
             prepare_outbox(spec.out, spec.create, f"set {spec.name}.create = true")
         except OutboxError as e:
+            entry["failed"] = True      # not "nothing to send": nothing could be written
             self.fail("export", str(spec.out), e.message, e.hint)
             return
         # To all peers, as 'syncpack export --all': a peer that cannot be served (a resync

@@ -384,12 +384,14 @@ out = "{root / 'unmounted'}"
     assert f"error: export {root / 'unmounted'}: outbox {root / 'unmounted'} does not exist" \
         in r.err
     assert "hint: mount the medium or correct the path, or set export[1].create = true" in r.err
+    assert "nothing to send" not in r.out and "failed (see the error lines)" in r.out
     assert not (root / "unmounted").exists()               # never created on the wrong disk
     cfg.write_text(cfg.read_text().replace('[[import]]', '[[import]]\nrequired = true'))
     r = run("--json", "batch", cfg)
     assert r.code == 1
     assert [e["action"] for e in r.json["errors"]] == ["import", "export"]
     assert "does not exist" in r.json["errors"][0]["error"]
+    assert r.json["outboxes"][0]["failed"] is True
     cfg.write_text(f"""
 site = "{family.path('boston')}"
 [[import]]

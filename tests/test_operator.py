@@ -381,3 +381,15 @@ def test_a_packet_file_or_directory_the_import_cannot_read_is_told_not_passed_ov
     monkeypatch.undo()
     assert run("import", inbox, site=b).code == 0
     assert run("get", "parts", "k", site=b).out.strip() == "1"
+
+
+def test_chepoch_refuses_more_than_this_site_holds(ab):
+    """A mistyped epoch (more than this site holds of the origin) would make every later
+    export believe the peer has it all, and stop sending for good: refused, nothing changed."""
+    a = ab.path("a")
+    before = run("lsepoch", site=a, json_mode=True).json
+    held = before["vector"]["a"]
+    r = run("chepoch", "b", f"a={held + 999999}", site=a)
+    assert r.code == 1 and "more than this site holds" in r.err and f"a={held}" in r.err, r
+    assert run("lsepoch", site=a, json_mode=True).json == before
+    assert run("chepoch", "b", f"a={held}", site=a).code == 0

@@ -72,8 +72,17 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
         except ValueError:
             raise UsageError(f"epoch must be a whole number >= 0 in {s!r}",
                              hint="for example: syncpack chepoch sanfran boston=120") from None
-        changes[site.member_named(origin).site_id if origin in site.roster()
-                else _origin_by_name(site, origin)] = e
+        o = (site.member_named(origin).site_id if origin in site.roster()
+             else _origin_by_name(site, origin))
+        held = site.vector().get(o, 0)
+        if e > held:
+            # We cannot have sent what we do not hold; believing it would stop every export
+            # of that origin to the peer for good.
+            raise UsageError(f"{origin}={e} is more than this site holds of {origin} "
+                             f"({held}); it cannot have sent the peer more",
+                             hint=f"give at most {origin}={held}; 'syncpack lsepoch' shows "
+                                  f"what each peer acknowledged")
+        changes[o] = e
     with site.lock(), site.write_txn() as c:
         for o, e in changes.items():
             stored.correct_sent(c, m.site_id, o, e)
