@@ -1007,8 +1007,10 @@ def conflicts_resolve(obj: Ctx, collection, key, pick_version, field_picks, valu
     v = _json_value(value) if value is not None else None
     doc = conflicts_mod.resolve(s, collection, key, pick_version, v, value is not None,
                                 field_picks)
+    warning = doc.pop("warning")
     obj.emit(doc)
     obj.say(f"resolved {collection}/{key}: superseded {doc['superseded']} version(s)")
+    _table_warning(obj, warning)
 
 
 @cli.group(cls=Group)

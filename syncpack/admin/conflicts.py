@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from syncpack.admin import writes
 from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
@@ -140,10 +141,11 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
         raw = _chosen(site, collection, key, vs, pick_version, field_picks)
     with site.transaction() as tx:
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
-    attach_core.sync_app(site)               # into an attached table (retrying a clash)
+    # into an attached table (retrying a clash); said if the table refuses it, as for put
+    warning = writes.into_attached(site, [collection], key)
     return {"collection": collection, "key": key,
             "value": None if raw is None else codec.shown_value(raw),
-            "deleted": raw is None, "superseded": len(vs)}
+            "deleted": raw is None, "superseded": len(vs), "warning": warning}
 
 
 def _chosen(site: Site, collection: str, key: str, vs: list[Version], pick_version: str | None,
