@@ -365,3 +365,34 @@ def test_added_text_is_what_sqlite_spliced_in(d, create):
     new = c.execute("SELECT sql FROM sqlite_schema WHERE name='t'").fetchone()[0]
     text = shapes.added_text(old, new)
     assert text == coldef and shapes.defines(text, name)
+
+
+@settings(max_examples=40)
+@given(st.lists(DEFS, min_size=2, max_size=4, unique_by=lambda d: d[0]),
+       st.sampled_from(["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
+                        'CREATE TABLE "t" (id, v, PRIMARY KEY(id)) WITHOUT ROWID']))
+def test_several_added_columns_are_each_as_written(ds, create):
+    """Several ADD COLUMNs between two captures: each column's definition is found whole
+    (its CHECK, COLLATE, quoted DEFAULT with commas), one after another."""
+    defs = [f"{n}{decl}{rest}" for n, decl, rest in ds
+            if n not in ("id", "v") and not ("NOT NULL" in rest and "DEFAULT" not in rest)]
+    if len(defs) < 2:
+        return
+    c = sqlite3.connect(":memory:")
+    c.execute(create)
+    old = c.execute("SELECT sql FROM sqlite_schema WHERE name='t'").fetchone()[0]
+    for d in defs:
+        c.execute(f"ALTER TABLE t ADD COLUMN {d}")
+    new = c.execute("SELECT sql FROM sqlite_schema WHERE name='t'").fetchone()[0]
+    assert shapes.split_top_level(shapes.added_text(old, new)) == defs
+
+
+def test_columns_added_together_keep_their_checks_at_the_peers(three):
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN score REAL DEFAULT 0.5 CHECK (score >= 0)",
+                   "ALTER TABLE items ADD COLUMN tag TEXT COLLATE NOCASE"])
+    exchange(root, sites)
+    want = [c for c in schema_text(dbs["a"]) if c[1] == "items"]
+    assert "CHECK (score >= 0)" in want[0][2] and "COLLATE NOCASE" in want[0][2]
+    for n in ("b", "c"):
+        assert [c for c in schema_text(dbs[n]) if c[1] == "items"] == want

@@ -94,10 +94,15 @@ def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[s
     known = {op["column"] for op in shapes.ops_of(prev)}
     family_cols = set().union(*(d.get("columns", []) for d in prev)) if prev else set()
     ops = []
+    # Several ADD COLUMNs since the last capture sit one after another in the new CREATE
+    # TABLE text, each as the application wrote it (CHECK, COLLATE, REFERENCES and all)
+    spliced = shapes.added_text(old_sql, t.create_sql)
+    texts = shapes.split_top_level(spliced) if spliced else []
+    written = dict(zip(adds, texts)) if len(texts) == len(adds) else {}
     for c in adds:
         if c in known or c in family_cols:
             continue        # the family has it already (this site followed a peer's op)
-        text = shapes.added_text(old_sql, t.create_sql) if len(adds) == 1 else None
+        text = written.get(c)
         if text is None or not shapes.defines(text, c):
             text = appdb.column_sql(app, t.name, c)
         ops.append({"column": c, "def": text})

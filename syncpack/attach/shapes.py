@@ -83,6 +83,28 @@ def added_text(old_sql: str, new_sql: str) -> str | None:
     return middle[2:].strip() or None
 
 
+def split_top_level(text: str) -> list[str]:
+    """``text`` cut at its commas outside parentheses and quotes (several column definitions
+    SQLite spliced in one after another, ``a INT CHECK (a IN (1, 2)), b TEXT``)."""
+    parts, depth, start, quote = [], 0, 0, None
+    closing = {"'": "'", '"': '"', "`": "`", "[": "]"}
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in closing:
+            quote = closing[ch]
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
 _IDENT = re.compile(r'\s*(?:"((?:[^"]|"")*)"|`([^`]*)`|\[([^\]]*)\]|([A-Za-z_][\w$]*))')
 
 
