@@ -393,3 +393,16 @@ def test_chepoch_refuses_more_than_this_site_holds(ab):
     assert r.code == 1 and "more than this site holds" in r.err and f"a={held}" in r.err, r
     assert run("lsepoch", site=a, json_mode=True).json == before
     assert run("chepoch", "b", f"a={held}", site=a).code == 0
+
+
+def test_a_retired_name_is_told_as_never_reused(ab, tmp_path):
+    """mkreplica of a retired member's name says the name is never used again and what to
+    do instead, not to resync a member that is gone."""
+    a = ab.path("a")
+    assert run("rmreplica", "b", site=a).code == 0
+    pub = tmp_path / "b2"
+    assert run("keygen", pub, "--site", "b").code == 0
+    r = run("mkreplica", "export", "--site", "b", "--pubkey", pub / "keys" / "site.pub",
+            "--out", tmp_path / "usb", "--create-out", site=a)
+    assert r.code != 0 and "retired" in r.err and "another name" in r.err, r
+    assert "resync" not in r.err

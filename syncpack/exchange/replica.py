@@ -114,8 +114,13 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
                          hint="pass the .pub file that 'syncpack keygen' made for this site")
     roster = site.roster()
     if name in roster:
-        raise UsageError(f"{name!r} is already a member of family {site.family_name!r}" +
-                         (" (retired)" if roster[name].retired else ""),
+        if roster[name].retired:
+            raise UsageError(f"{name!r} was a member of family {site.family_name!r} and was "
+                             f"retired; a retired name is never used again (peers refuse "
+                             f"its packets for good)",
+                             hint="give the new site another name ('syncpack keygen DIR "
+                                  "--site NEWNAME')")
+        raise UsageError(f"{name!r} is already a member of family {site.family_name!r}",
                          hint="to re-seed an existing member use 'syncpack resync'")
     if any(m.site_id == ident.site_id for m in roster.values()):
         raise UsageError("a member with that site id already exists; run keygen again")

@@ -195,8 +195,12 @@ def verify(site: Site, pk: OpenPacket, *, now_ms: int | None = None,
     if site.joined:
         member = site.members_by_id(include_retired=True).get(h.sender)
         if member is None:
-            raise PacketSenderError(f"sender {h.sender.hex()} is not a member of family "
-                                    f"{site.family_name!r}")
+            raise PacketSenderError(
+                f"sender {h.sender.hex()} is not a member of family {site.family_name!r} as "
+                f"far as this site knows",
+                hint="if a site joined recently, import first the packets of the member that "
+                     "added it (they carry the roster), then this one again; it is not "
+                     "applied until then")
         if member.retired:
             raise PacketSenderError(f"sender {member.name} has been retired from the family")
         name, public = member.name, member.ed25519
