@@ -396,3 +396,20 @@ def test_columns_added_together_keep_their_checks_at_the_peers(three):
     assert "CHECK (score >= 0)" in want[0][2] and "COLLATE NOCASE" in want[0][2]
     for n in ("b", "c"):
         assert [c for c in schema_text(dbs[n]) if c[1] == "items"] == want
+
+
+def test_a_winning_record_from_before_a_column_gives_the_row_that_columns_default(three):
+    """a adds a column and sets it on a row; b, before it has the column, updates the same
+    row later, and b's version wins (lww).  That version stands for a row with the column's
+    default, as b's own row has once b adds the column: a's table must say so too, or the
+    two tables differ for good while the records agree."""
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN note TEXT NOT NULL DEFAULT 'none'",
+                   "UPDATE items SET note = 'fresh' WHERE id = 'a1'"])
+    sp(sites["a"], "capture")
+    app(dbs["b"], ["UPDATE items SET qty = 9 WHERE id = 'a1'"])
+    sp(sites["b"], "capture")
+    exchange(root, sites)
+    rows = {n: {r[0]: r for r in table(dbs[n], "items")} for n in sites}
+    assert rows["a"]["a1"][2] == 9 and rows["a"]["a1"][6] == "none"
+    converged(sites, dbs)

@@ -902,7 +902,12 @@ class Writer:
         if sql is None:
             names = ", ".join(q(c) for c in cols)
             marks = ", ".join([f"({', '.join('?' for _ in cols)})"] * rows)
-            rest = [c for c in cols if c not in self.t.pk]
+            # Every column, also those the record lacks: a record written where the table
+            # had fewer columns (an older release) stands for a row with their defaults, as
+            # that site's row has them once it adds the columns; and excluded.c of a column
+            # the INSERT does not name is its default.  Keeping this site's values there
+            # instead would keep a row the family's visible record does not say.
+            rest = [c for c in self.t.columns if c not in self.t.pk]
             tail = ("DO UPDATE SET " + ", ".join(f"{q(c)}=excluded.{q(c)}" for c in rest)
                     if rest else "DO NOTHING")
             sql = self._sql[cols, rows] = (
