@@ -647,6 +647,7 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     path = attached.attachment(conn)[0]
     left = None if rescan else attached.detached_rows(conn, name, path, _file_id(Path(path)))
     as_left: list[tuple[str, str, bytes]] = []
+    defaults = appdb.constant_defaults(app, t) if rescan else None
     for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
         items = _keyed_records(t, part)
         if rescan:
@@ -662,7 +663,7 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
                 continue
             if len(vs) == 1 and (vs[0][1] == raw or rescan and vs[0][1] is not None
                                  and rows.same_row(codec.shown_value(vs[0][1]),
-                                                   codec.decode_value(raw))):
+                                                   codec.decode_value(raw), defaults)):
                 continue
             if rescan:
                 replaced = [c for c, _v in vs]
@@ -1280,6 +1281,7 @@ def check(site: Site) -> list[str]:
                 skip |= attached.inflight_keys(site.conn, name)
                 skip |= {k for c, k, _t, _a in attached.clashes(site.conn, name)}
                 single = len(t.pk) == 1
+                defaults = appdb.constant_defaults(app, t)
                 for _s, key_vals, _r in appdb.changed_rows(app, t, since, 1 << 62):
                     skip.add(rows.encode_key(key_vals, single))
                 app_rows = {}
@@ -1302,9 +1304,7 @@ def check(site: Site) -> list[str]:
                     a, b = app_rows.get(key), visible.get(key)
                     # A column a record lacks was added after it was written: the row has
                     # the column's default at every site.
-                    if a is None or b is None or rows.typed(
-                            {c: v for c, v in a.items() if c in b}) != rows.typed(
-                            {c: b[c] for c in a if c in b}):
+                    if a is None or b is None or not rows.same_row(b, a, defaults):
                         bad.append(key)
                 for key in bad[:10]:
                     problems.append(f"attached table {name}: row {key} differs from the "

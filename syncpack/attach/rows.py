@@ -135,14 +135,19 @@ def typed(row: dict) -> dict:
     return {k: (type(v).__name__, v) for k, v in row.items()}
 
 
-def same_row(record: Any, row: dict) -> bool:
-    """Whether a table's ``row`` holds what ``record`` says, in the columns both have: a
-    column the table no longer has (dropped everywhere, then refreshed) or one the record
-    predates is not a difference."""
+def same_row(record: Any, row: dict, defaults: dict | None = None) -> bool:
+    """Whether a table's ``row`` holds what ``record`` says: in the columns both have, and in
+    a column the record predates, the column's default (``defaults``: the constant ones; a
+    record from before a column stands for a row with its default, see appdb.Writer).  A
+    column the table no longer has (dropped everywhere, then refreshed) is not a
+    difference."""
     if not isinstance(record, dict):
         return False
     both = [c for c in row if c in record]
-    return typed({c: row[c] for c in both}) == typed({c: record[c] for c in both})
+    if typed({c: row[c] for c in both}) != typed({c: record[c] for c in both}):
+        return False
+    newer = [c for c in row if c not in record and c in (defaults or {})]
+    return typed({c: row[c] for c in newer}) == typed({c: defaults[c] for c in newer})
 
 
 def fk_order(parents: dict[str, list[str]]) -> list[str]:

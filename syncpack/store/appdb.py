@@ -364,6 +364,27 @@ def unwritable(conn: Connection, t: TableInfo) -> str | None:
     return Writer(conn, t).unwritable()
 
 
+# A DEFAULT that is a constant: its value is the same at every site (CURRENT_TIME and
+# function calls are not: those columns are left out of comparisons).
+_CONSTANT_DEFAULT = re.compile(r"(?is)\s*(?:[-+]?\s*(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?"
+                               r"|'(?:[^']|'')*'|x'[0-9a-f]*'|null|true|false)\s*")
+
+
+def constant_defaults(conn: Connection, t: TableInfo) -> dict[str, object]:
+    """Column -> the value a row gets when a write does not name the column, for the
+    columns whose DEFAULT is a constant (or absent: NULL)."""
+    out: dict[str, object] = {}
+    for _cid, col, _decl, _nn, dflt, _pk, hidden in conn.execute(
+            f"PRAGMA table_xinfo({q(t.name)})").fetchall():
+        if hidden:
+            continue
+        if dflt is None:
+            out[col] = None
+        elif _CONSTANT_DEFAULT.fullmatch(dflt):
+            out[col] = conn.execute(f"SELECT {dflt}").fetchone()[0]
+    return out
+
+
 def rowid_alias(conn: Connection, t: TableInfo) -> bool:
     """``t`` is keyed by its rowid (one column declared INTEGER PRIMARY KEY)."""
     return len(t.pk) == 1 and "WITHOUT ROWID" not in t.create_sql.upper() and \
