@@ -1284,28 +1284,35 @@ def check(site: Site) -> list[str]:
                 defaults = appdb.constant_defaults(app, t)
                 for _s, key_vals, _r in appdb.changed_rows(app, t, since, 1 << 62):
                     skip.add(rows.encode_key(key_vals, single))
-                app_rows = {}
-                for row in appdb.scan(app, t):
-                    rec = dict(zip(t.columns, row))
-                    app_rows[rows.encode_key(tuple(rec[c] for c in t.pk), single)] = rec
-                visible = {}
-                last = None
-                for key, _csn, _v in attached.visible_candidates(site.conn, name):
-                    if key == last:
-                        continue
-                    last = key
-                    v = _visible(site, name, attached.versions_of(site.conn, name, key), key)
-                    if v is not None and v.value is not None:
-                        visible[key] = codec.shown_value(v.value)
+                # Two passes in chunks, so memory stays flat in the table's rows: each row
+                # against its key's visible record, then each visible record's row found.
                 bad = []
-                for key in sorted(set(app_rows) | set(visible)):
+                for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
+                    recs = [dict(zip(t.columns, row)) for row in part]
+                    keys = [rows.encode_key(tuple(r[c] for c in t.pk), single) for r in recs]
+                    current = attached.versions_for(site.conn, name, keys)
+                    for key, rec in zip(keys, recs):
+                        if key in skip:
+                            continue
+                        v = _visible(site, name, current.get(key, []), key)
+                        if v is None or v.value is None or not rows.same_row(
+                                codec.shown_value(v.value), rec, defaults):
+                            bad.append(key)
+                aff = [t.affinity.get(c, "BLOB") for c in t.pk]
+                for key, vs in _grouped(attached.visible_candidates(site.conn, name)):
                     if key in skip:
                         continue
-                    a, b = app_rows.get(key), visible.get(key)
-                    # A column a record lacks was added after it was written: the row has
-                    # the column's default at every site.
-                    if a is None or b is None or not rows.same_row(b, a, defaults):
+                    v = _visible(site, name, vs, key)
+                    if v is None or v.value is None:
+                        continue
+                    try:
+                        key_vals = rows.decode_key(key, aff)
+                    except (ValueError, TypeError, IndexError):
+                        bad.append(key)         # no row can have it (a lying member's key)
+                        continue
+                    if len(key_vals) != len(t.pk) or appdb.fetch_row(app, t, key_vals) is None:
                         bad.append(key)
+                bad.sort()
                 for key in bad[:10]:
                     problems.append(f"attached table {name}: row {key} differs from the "
                                     f"visible record")
