@@ -62,15 +62,16 @@ class AlreadyRecoveringError(SyncpackError):
 class PacketError(SyncpackError):
     """A packet failed verification.  Subclasses name the check that failed."""
 
-    default_hint = ("nothing of it was applied; get a fresh copy of the packet from its "
-                    "sender (or have it export again)")
+    # (an import applies nothing of a packet it refuses, and says so by refusing it; the
+    # hint is also lspacket's, which applies nothing anyway)
+    default_hint = "get a fresh copy of the packet from its sender (or have it export again)"
 
 
 class PacketFormatError(PacketError):
     """Size, magic, framing or encoding is wrong: the file is not a well-formed packet."""
 
     default_hint = ("the file is damaged (a medium pulled out while writing?) or not a "
-                    "packet; get a fresh copy from the sender, nothing of it was applied")
+                    "packet; get a fresh copy from the sender")
 
 
 class PacketVersionError(PacketError):

@@ -227,3 +227,7 @@ def test_lspacket_labels_ids_and_names_a_missing_path(tmp_path):
     gone = run("lspacket", tmp_path / "nothere")
     assert gone.code == 1 and "no such file or directory" in gone.err, gone
     assert "hint: check the path" in gone.err and "damaged" not in gone.err, gone
+    junk = tmp_path / "junk.spk"
+    junk.write_bytes(b"junk")
+    bad = run("lspacket", junk)       # describing applies nothing: the hint does not say it did
+    assert bad.code == 1 and "hint: " in bad.err and "applied" not in bad.err, bad

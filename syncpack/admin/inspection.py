@@ -396,10 +396,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
             pk = open_packet(path)
         except PacketError as e:
             if named:
-                # the hints are written for an import; lspacket applies nothing anyway
-                hint = e.hint and e.hint.replace("nothing of it was applied; ", "").replace(
-                    ", nothing of it was applied", "")
-                errors.append({"path": printable(path), "error": str(e), "hint": hint})
+                errors.append({"path": printable(path), "error": str(e), "hint": e.hint})
             continue
         try:
             h = pk.header

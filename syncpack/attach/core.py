@@ -1302,15 +1302,15 @@ def check(site: Site) -> list[str]:
                 for key, vs in _grouped(attached.visible_candidates(site.conn, name)):
                     if key in skip:
                         continue
-                    v = _visible(site, name, vs, key)
-                    if v is None or v.value is None:
-                        continue
                     try:
                         key_vals = rows.decode_key(key, aff)
                     except (ValueError, TypeError, IndexError):
-                        bad.append(key)         # no row can have it (a lying member's key)
-                        continue
-                    if len(key_vals) != len(t.pk) or appdb.fetch_row(app, t, key_vals) is None:
+                        key_vals = None         # no row can have it (a lying member's key)
+                    if key_vals is not None and len(key_vals) == len(t.pk) and \
+                            appdb.fetch_row(app, t, key_vals) is not None:
+                        continue                # the first pass compared it
+                    v = _visible(site, name, vs, key)
+                    if v is not None and v.value is not None:
                         bad.append(key)
                 bad.sort()
                 for key in bad[:10]:
