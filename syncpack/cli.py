@@ -25,6 +25,7 @@ from syncpack.store import db
 from .version import VERSION
 from .errors import RecordNotFound, SyncpackError
 from .lazy import OnFirstUse
+from .replicated import PRIORITY_MAX, PRIORITY_MIN
 from .site import Site
 
 # Each command imports what it runs when it runs (see syncpack.lazy).
@@ -39,6 +40,10 @@ sync = OnFirstUse("syncpack.exchange.sync")
 keys = OnFirstUse("syncpack.format.keys")
 packets = OnFirstUse("syncpack.exchange.packets")
 verify = OnFirstUse("syncpack.exchange.verify")
+
+# A member's priority: a signed 32-bit integer (replicated.check_priority); a value outside is
+# a usage error before anything is written.
+PRIORITY = click.IntRange(PRIORITY_MIN, PRIORITY_MAX)
 
 
 def printable(text: object) -> str:
@@ -314,7 +319,7 @@ def cli(ctx, site, as_json, quiet, verbose):
 @click.option("--site", "site_name", required=True, help="Name of this first site.")
 @click.option("--policy", type=click.Choice(["lww", "priority"]), default="lww",
               show_default=True, help="Default conflict policy for collections.")
-@click.option("--priority", type=int, default=0, show_default=True,
+@click.option("--priority", type=PRIORITY, default=0, show_default=True,
               help="This site's priority under the 'priority' policy.")
 @click.pass_obj
 def init(obj: Ctx, directory, family, site_name, policy, priority):
@@ -371,7 +376,7 @@ def mkreplica():
               help="Public key file from 'syncpack keygen'.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory (e.g. a mounted USB stick) to write the packet(s) into.")
-@click.option("--priority", type=int, default=0, show_default=True,
+@click.option("--priority", type=PRIORITY, default=0, show_default=True,
               help="The new site's priority under the 'priority' conflict policy.")
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G).")
@@ -1058,7 +1063,7 @@ def collection_ls(obj: Ctx):
 
 @cli.command()
 @click.argument("member")
-@click.argument("priority", type=int)
+@click.argument("priority", type=PRIORITY)
 @click.pass_obj
 def priority(obj: Ctx, member, priority):
     """Set a member's priority for the 'priority' policy (replicated to every site).

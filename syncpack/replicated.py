@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
+from syncpack.errors import UsageError
 from syncpack.format import codec
 from syncpack.rules.conflict import Version, pick
 from syncpack.store import fields, versions
@@ -21,6 +22,22 @@ FAMILY = "$family"
 COLLECTIONS = "$collections"
 TABLES = "$tables"               # definitions of attached application tables (docs/attach.md)
 FAMILY_KEY = "settings"
+
+# A member's priority is a signed 32-bit integer: every site refuses a roster entry holding
+# another (formats/PACKET.md 4.3), so a site that set one would have its packets refused for good.
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def priority_ok(priority: object) -> bool:
+    return type(priority) is int and PRIORITY_MIN <= priority <= PRIORITY_MAX
+
+
+def check_priority(priority: int) -> None:
+    """Refuse a priority no member would accept, before anything is written."""
+    if not priority_ok(priority):
+        raise UsageError(f"priority {priority} is outside {PRIORITY_MIN}..{PRIORITY_MAX}",
+                         hint="a priority is a signed 32-bit integer; only their order counts, "
+                              "so small numbers such as 10, 20, 30 do")
 
 
 @dataclass

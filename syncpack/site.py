@@ -42,7 +42,7 @@ from syncpack.format.values import json_value_encoder
 _encode_json = json_value_encoder()
 # Also re-exported: applications and the packages above know these names from here.
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
-                                 SYS_PREFIX, TABLES, Member, Replicated)
+                                 SYS_PREFIX, TABLES, Member, Replicated, check_priority)
 
 keys = OnFirstUse("syncpack.format.keys")    # cryptography: only to create or sign
 
@@ -171,6 +171,7 @@ class Site:
                                   "site")
         if not family:
             raise UsageError("the family needs a name", hint="init DIR --family NAME --site NAME")
+        check_priority(priority)
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = os.urandom(16)
         with db.write_txn(conn):

@@ -6,10 +6,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import Family, run
 from syncpack.admin import conflicts, inspection
+from syncpack.errors import UsageError
+from syncpack.site import Site
 
 
 def _visible(fam: Family, name: str) -> dict:
@@ -210,3 +213,33 @@ def test_random_concurrent_writes_converge(policy, n_sites, steps):
         for n in names:
             with fam.open(n) as s:
                 assert inspection.fsck(s)["ok"]
+
+
+def test_a_priority_no_member_would_accept_is_refused_before_anything_is_written(family, tmp_path):
+    """Every site refuses a roster entry whose priority is not a signed 32-bit integer, so a
+    site that set one had every later packet refused for good: refused up front instead, by
+    the command (a usage error) and by the library alike."""
+    a = family.init("a")
+    family.add("b", via="a")
+    big = 1 << 31
+    r = run("init", tmp_path / "c", "--family", "x", "--site", "c", "--priority", big)
+    assert r.code == 2 and "range" in r.err and not (tmp_path / "c").exists()
+    for p in (big, -big - 1, 10 ** 30):
+        r = run("priority", "b", "--", p, site=a)
+        assert r.code == 2 and "range" in r.err, r
+    r = run("mkreplica", "export", "--site", "c", "--pubkey", tmp_path / "c.pub", "--out",
+            tmp_path / "m", "--priority", big, site=a)
+    assert r.code == 2 and "range" in r.err
+    with family.open("a") as s:
+        with pytest.raises(UsageError):
+            conflicts.set_priority(s, "b", big)
+        with pytest.raises(UsageError):
+            Site.init_family(tmp_path / "d", "x", "d", "lww", big)
+        assert not (tmp_path / "d").exists()
+        assert s.roster()["b"].priority == 0
+    # the range's ends are accepted and travel
+    assert run("priority", "b", "--", -big, site=a).code == 0
+    assert run("priority", "a", big - 1, site=a).code == 0
+    family.full_exchange()
+    with family.open("b") as s:
+        assert (s.roster()["a"].priority, s.roster()["b"].priority) == (big - 1, -big)

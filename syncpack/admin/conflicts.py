@@ -17,7 +17,8 @@ from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import csn_origin, format_csn
 from syncpack.errors import SyncpackError, UsageError
 from syncpack.store import fields, versions
-from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, group_versions
+from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX,
+                                 check_priority, group_versions)
 from syncpack.site import Site, check_collection
 
 
@@ -257,6 +258,7 @@ def list_collections(site: Site) -> list[dict]:
 
 
 def set_priority(site: Site, member: str, priority: int) -> dict:
+    check_priority(priority)
     m = site.member_named(member)
     m.priority = priority
     with site.transaction(_system=True) as tx:

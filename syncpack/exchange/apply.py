@@ -33,7 +33,8 @@ from syncpack.pipeline import Pending, Worker
 from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
-from syncpack.replicated import COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES, Member
+from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES,
+                                 Member, priority_ok)
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import (JoinedPiecesPacket, OpenPacket, packet_blocks,
                                       resolved_acks, verify_block)
@@ -134,7 +135,7 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
         ok = (isinstance(new.site_id, bytes) and len(new.site_id) == 8
               and isinstance(new.ed25519, bytes) and len(new.ed25519) == 32
               and isinstance(new.x25519, bytes) and len(new.x25519) in (0, 32)
-              and type(value.get("priority", 0)) is int and -(1 << 31) <= new.priority < 1 << 31
+              and priority_ok(value.get("priority", 0))
               and isinstance(value.get("retired", False), bool)
               and all(isinstance(o, bytes) and len(o) == 8 and type(e) is int
                       and 0 <= e < 1 << 63 for o, e in new.base.items()))

@@ -23,7 +23,7 @@ from syncpack.exchange.links import ensure_link, link, raise_matrix
 from syncpack.store import chain, fields, log, versions
 from syncpack.store import matrix as stored
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name, write_records
-from syncpack.replicated import ROSTER, Member
+from syncpack.replicated import ROSTER, Member, check_priority
 from syncpack.site import Site, Transaction, wall_ms
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, verify
 from syncpack.progress import expect
@@ -104,6 +104,7 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
                      encrypt: bool = False) -> list[SnapshotPart]:
     """Add ``name`` to the family and write its replica-creation packet(s), atomically: if the
     packets cannot be written, the member is not added."""
+    check_priority(priority)
     if site.state == "recovering":
         raise SiteError(f"site {site.name!r} is recovering from a restore and cannot add "
                         f"members now", hint="finish the recovery first, or add the site at "
