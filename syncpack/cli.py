@@ -46,6 +46,22 @@ verify = OnFirstUse("syncpack.exchange.verify")
 PRIORITY = click.IntRange(PRIORITY_MIN, PRIORITY_MAX)
 
 
+class _Text(click.ParamType):
+    """A name or a JSON value typed on the command line: bytes that are not UTF-8 reach Python
+    as surrogate escapes, which no store or packet can hold (a usage error, exit 2)."""
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail(f"{printable(value)} is not UTF-8 text", param, ctx)
+        return value
+
+
+TEXT = _Text()
+
+
 def printable(text: object) -> str:
     s = str(text)
     return s if s.isprintable() else verify.printable(s)   # most text needs no escaping
@@ -315,8 +331,8 @@ def cli(ctx, site, as_json, quiet, verbose):
 
 @cli.command()
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--family", required=True, help="Name of the new family.")
-@click.option("--site", "site_name", required=True, help="Name of this first site.")
+@click.option("--family", type=TEXT, required=True, help="Name of the new family.")
+@click.option("--site", "site_name", type=TEXT, required=True, help="Name of this first site.")
 @click.option("--policy", type=click.Choice(["lww", "priority"]), default="lww",
               show_default=True, help="Default conflict policy for collections.")
 @click.option("--priority", type=PRIORITY, default=0, show_default=True,
@@ -340,7 +356,7 @@ def init(obj: Ctx, directory, family, site_name, policy, priority):
 
 @cli.command()
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--site", "site_name", required=True, help="Name of the new site.")
+@click.option("--site", "site_name", type=TEXT, required=True, help="Name of the new site.")
 @click.pass_obj
 def keygen(obj: Ctx, directory, site_name):
     """Make a not-yet-joined site directory with its key pair.
@@ -371,7 +387,7 @@ def mkreplica():
 
 
 @mkreplica.command("export")
-@click.option("--site", "name", required=True, help="Name of the new site.")
+@click.option("--site", "name", type=TEXT, required=True, help="Name of the new site.")
 @click.option("--pubkey", required=True, type=click.Path(dir_okay=False),
               help="Public key file from 'syncpack keygen'.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
@@ -453,9 +469,9 @@ def mkreplica_import(obj: Ctx, paths):
 # --- data -------------------------------------------------------------------------------------
 
 @cli.command()
-@click.argument("collection")
-@click.argument("key")
-@click.argument("value", metavar="JSON")
+@click.argument("collection", type=TEXT)
+@click.argument("key", type=TEXT)
+@click.argument("value", type=TEXT, metavar="JSON")
 @click.pass_obj
 def put(obj: Ctx, collection, key, value):
     """Write a record; JSON '-' reads the value from standard input.
@@ -474,8 +490,8 @@ def put(obj: Ctx, collection, key, value):
 
 
 @cli.command()
-@click.argument("collection")
-@click.argument("key")
+@click.argument("collection", type=TEXT)
+@click.argument("key", type=TEXT)
 @click.pass_obj
 def delete(obj: Ctx, collection, key):
     """Delete a record (a tombstone is recorded even if the record is absent).
@@ -494,8 +510,8 @@ def _table_warning(obj: Ctx, why: str | None) -> None:
 
 
 @cli.command()
-@click.argument("collection")
-@click.argument("key")
+@click.argument("collection", type=TEXT)
+@click.argument("key", type=TEXT)
 @click.pass_obj
 def get(obj: Ctx, collection, key):
     """Print the visible value as JSON; exit 1 if absent.
@@ -513,7 +529,7 @@ def get(obj: Ctx, collection, key):
 
 
 @cli.command("ls")
-@click.argument("collection", required=False)
+@click.argument("collection", type=TEXT, required=False)
 @click.pass_obj
 def ls_(obj: Ctx, collection):
     """List records (all collections, or one).
@@ -595,7 +611,8 @@ def fsck(obj: Ctx):
 # --- sync -------------------------------------------------------------------------------------
 
 @cli.command("export")
-@click.option("--to", "to", multiple=True, metavar="PEER", help="Peer to export to (repeat).")
+@click.option("--to", "to", type=TEXT, multiple=True, metavar="PEER",
+              help="Peer to export to (repeat).")
 @click.option("--all", "all_peers", is_flag=True, help="Export to every other member.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory to write packets into (layout: OUT/<to>/<from>/<seq>-<part>.spk).")
@@ -847,8 +864,8 @@ def _matrix_table(doc: dict) -> str:
 
 
 @cli.command()
-@click.argument("peer")
-@click.argument("settings", nargs=-1, required=True, metavar="ORIGIN=EPOCH...")
+@click.argument("peer", type=TEXT)
+@click.argument("settings", type=TEXT, nargs=-1, required=True, metavar="ORIGIN=EPOCH...")
 @click.pass_obj
 def chepoch(obj: Ctx, peer, settings):
     """Correct what we believe PEER holds of each ORIGIN (the next export sends from there).
@@ -986,8 +1003,8 @@ def conflicts(ctx):
 
 
 @conflicts.command("resolve")
-@click.argument("collection")
-@click.argument("key")
+@click.argument("collection", type=TEXT)
+@click.argument("key", type=TEXT)
 @click.option("--pick", "pick_version", metavar="VERSION|SITE",
               help="Keep this surviving version, or this site's side of every field in "
                    "conflict.")
@@ -1030,7 +1047,7 @@ def collection():
 
 
 @collection.command("create")
-@click.argument("name")
+@click.argument("name", type=TEXT)
 @click.option("--policy", type=click.Choice(["lww", "priority", "merge"]), required=True,
               help="lww: greatest CSN wins; priority: the higher-priority site wins; merge: "
                    "per field of JSON objects, same field by priority then CSN.")
@@ -1062,7 +1079,7 @@ def collection_ls(obj: Ctx):
 
 
 @cli.command()
-@click.argument("member")
+@click.argument("member", type=TEXT)
 @click.argument("priority", type=PRIORITY)
 @click.pass_obj
 def priority(obj: Ctx, member, priority):
@@ -1140,7 +1157,7 @@ def scrub(obj: Ctx, dry_run, min_age):
 
 
 @cli.command()
-@click.option("--to", "peer", required=True, metavar="PEER", help="Member to re-seed.")
+@click.option("--to", "peer", type=TEXT, required=True, metavar="PEER", help="Member to re-seed.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory (e.g. a mounted USB stick) to write the snapshot packet(s) into.")
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
@@ -1169,7 +1186,7 @@ def resync(obj: Ctx, peer, out, max_size, encrypt, create_out):
 
 
 @cli.command()
-@click.argument("name")
+@click.argument("name", type=TEXT)
 @click.pass_obj
 def rmreplica(obj: Ctx, name):
     """Retire member NAME: its packets are refused and trimming stops waiting for it.
@@ -1290,7 +1307,7 @@ def _local_json(f):
 
 @cli.command("attach")
 @click.argument("database", type=click.Path(dir_okay=False))
-@click.option("--table", "tables", multiple=True, metavar="T",
+@click.option("--table", "tables", type=TEXT, multiple=True, metavar="T",
               help="Table to replicate (repeat); it needs a declared PRIMARY KEY.")
 @click.option("--all-tables", is_flag=True, help="Replicate every table of DATABASE.")
 @click.option("--refresh", is_flag=True,
@@ -1332,7 +1349,7 @@ def attach_(obj: Ctx, database, tables, all_tables, refresh, as_json):
 
 @cli.command("detach")
 @click.argument("database", type=click.Path(dir_okay=False))
-@click.option("--table", "tables", multiple=True, metavar="T",
+@click.option("--table", "tables", type=TEXT, multiple=True, metavar="T",
               help="Table to stop replicating (repeat; default: all).")
 @_local_json
 @click.pass_obj

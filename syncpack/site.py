@@ -67,10 +67,7 @@ PART_BYTES = chain.BLOCK_RAW
 
 
 def check_collection(name: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise InvalidNameError("a collection name must be a non-empty string")
-    if len(name) > MAX_NAME_CHARS:
-        raise InvalidNameError(f"a collection name is limited to {MAX_NAME_CHARS} characters")
+    _check_name(name, "collection name")
     if name.startswith(SYS_PREFIX):
         raise InvalidNameError(f"collection names starting with '{SYS_PREFIX}' are reserved "
                                f"for syncpack itself: {name!r}")
@@ -79,10 +76,21 @@ def check_collection(name: str) -> None:
 def check_key(key: str) -> None:
     # the same rule as for collection names: an empty key is as unusable (it cannot be typed
     # back on a command line, and 'ls' shows nothing for it)
-    if not isinstance(key, str) or not key:
-        raise InvalidNameError("a key must be a non-empty string")
-    if len(key) > MAX_NAME_CHARS:
-        raise InvalidNameError(f"a key is limited to {MAX_NAME_CHARS} characters")
+    _check_name(key, "key")
+
+
+def _check_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(f"a {what} must be a non-empty string")
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidNameError(f"a {what} is limited to {MAX_NAME_CHARS} characters")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        # bytes that are not UTF-8, as a command line passes them (surrogate escapes)
+        raise InvalidNameError(f"a {what} must be text (UTF-8): {name!r} is not",
+                               hint="type it in UTF-8 (check the terminal's or the "
+                                    "script's encoding)") from None
 
 
 class Site:

@@ -377,7 +377,9 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
                       "INSERT INTO nullkey VALUES ('x', 1), ('y', NULL)",
                       "CREATE TABLE nocase(name TEXT PRIMARY KEY COLLATE NOCASE, v)",
                       "CREATE TABLE rtrim(a TEXT, b TEXT, PRIMARY KEY(a, b COLLATE RTRIM)) "
-                      "WITHOUT ROWID"])
+                      "WITHOUT ROWID",
+                      # no collection can have its name: peers refused every packet after it
+                      'CREATE TABLE ""(id TEXT PRIMARY KEY)'])
     # a file whose header and schema read, and whose table's pages are damaged
     damaged = tmp_path / "damaged.db"
     app(damaged, ["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
@@ -400,6 +402,8 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
              ((db, "--table", "nullkey"), "1 row(s) with NULL in its primary key"),
              ((db, "--table", "nocase"), "key column name compares with COLLATE NOCASE"),
              ((db, "--table", "items", "--table", "rtrim"), "column b compares with COLLATE RTRIM"),
+             ((db, "--table", ""), "cannot name a collection"),
+             ((db, "--table", "items", "--table", ""), "cannot name a collection"),
              # found only while its rows are read, after the checks
              ((db, "--table", "badtext"), "not valid UTF-8"),
              ((db, "--table", "items", "--table", "badtext"), "not valid UTF-8"),

@@ -793,3 +793,18 @@ def test_batch_removes_an_applied_packet_whose_name_holds_a_newline(ab_packets, 
         assert ln.isprintable(), repr(ln)
     assert [p.name for p in inbox.iterdir()] == [f"bad{FORGED}.spk"]
     assert run("get", "parts", "p2", site=fam.path("b")).out.strip() == '{"qty": 2}'
+
+
+@pytest.mark.parametrize("args", [
+    ("put", "p\udcff", "k", "1"), ("put", "p", "k\udcff", "1"), ("put", "p", "k", '"\udcff"'),
+    ("get", "p\udcff", "k"), ("ls", "p\udcff"), ("delete", "p", "k\udcff"),
+    ("collection", "create", "p\udcff", "--policy", "lww"), ("priority", "b\udcff", "1"),
+    ("export", "--to", "b\udcff", "--out", "usb")])
+def test_names_that_are_not_utf8_are_usage_errors(family, args):
+    """Bytes that are not UTF-8 on a command line reach Python as surrogate escapes, which no
+    store or packet can hold: an internal error (a traceback with -v) before."""
+    a = family.init("a")
+    before = run("digest", site=a).out
+    r = run(*args, site=a)
+    assert r.code == 2 and "not UTF-8 text" in r.err, r
+    assert run("digest", site=a).out == before

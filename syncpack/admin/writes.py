@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from syncpack.errors import AttachError, LockedError
 from syncpack.lazy import OnFirstUse
-from syncpack.site import TABLES, Site
+from syncpack.site import TABLES, Site, check_collection, check_key
 from syncpack.store import attached
 
 attach_core = OnFirstUse("syncpack.attach.core")
@@ -21,6 +21,8 @@ def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     """One record in one transaction, into an attached application's table as well.
     Returns a warning when such a table refused it (it is then listed by conflicts) or
     could not be written now."""
+    check_collection(collection)    # before a name that cannot be text reaches SQL
+    check_key(key)
     if attached.family_table(site.conn, TABLES, collection):
         attach_core.check_values(site, collection, [value])
     with site.transaction() as tx:

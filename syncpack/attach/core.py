@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Iterator
 
 from syncpack.attach import child, reader, rows, schema, shapes, writer
-from syncpack.errors import AttachError, LockedError, UsageError
+from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageError
 from syncpack.format import blocks, codec
 from syncpack.format.csn import csn_origin, csn_origins, split_csns
 from syncpack.pipeline import Pending, Worker
 from syncpack.rules.conflict import Version, pick
-from syncpack.site import SYS_PREFIX, TABLES, Site, wall_ms
+from syncpack.site import SYS_PREFIX, TABLES, Site, check_collection, wall_ms
 from syncpack.store import appdb, attached, fields
 
 # An attach's initial rows travel as replication transactions of at most this many rows, as
@@ -869,6 +869,10 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     if name.startswith(SYS_PREFIX) or name.startswith("_syncpack_") \
             or name.startswith("sqlite_"):
         return f"table name {name!r} is reserved"
+    try:
+        check_collection(name)      # its rows travel as the collection of its name
+    except InvalidNameError as e:
+        return f"table name {name!r} cannot name a collection: {e}"
     t = appdb.table_info(app, name)
     d = _definition(site, name)
     if t is None:
