@@ -1282,3 +1282,105 @@ def test_put_and_delete_of_an_attached_table_reach_the_table_at_once(tmp_path):
     sp(sites["a"], "delete", "items", "p1")
     assert table(db, "items") == []
     sp(sites["a"], "fsck")
+
+
+def test_a_key_an_integer_primary_key_cannot_hold_is_a_clash_not_a_stopped_import(tmp_path):
+    """A peer's table keyed by TEXT (attach only warns of that) sends a key an INTEGER
+    PRIMARY KEY here cannot hold: SQLite's 'datatype mismatch' stopped every import and
+    capture here, told as the store's damage."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    app(dbs["a"], ["CREATE TABLE ti(id TEXT PRIMARY KEY, name TEXT)"])
+    app(dbs["b"], ["CREATE TABLE ti(id INTEGER PRIMARY KEY, name TEXT)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "ti")
+    app(dbs["a"], ["INSERT INTO ti VALUES ('abc', 'text key'), ('7', 'seven')"])
+    exchange(tmp_path, sites, rounds=1)
+    assert table(dbs["b"], "ti") == [(7, "integer", "seven", "text")]
+    clash = run("--json", "conflicts", "ti", site=sites["b"]).json["conflicts"]
+    assert [(c["key"], "INTEGER PRIMARY KEY" in c["constraint"]) for c in clash] == \
+        [("abc", True)], clash
+    # everything else goes on: a later row arrives, capture works
+    app(dbs["a"], ["INSERT INTO ti VALUES ('8', 'eight')"])
+    app(dbs["b"], ["INSERT INTO ti VALUES (9, 'nine')"])
+    exchange(tmp_path, sites, rounds=1)
+    assert [r[0] for r in table(dbs["b"], "ti")] == [7, 8, 9]
+    assert [r[0] for r in table(dbs["a"], "ti")] == ["7", "8", "9", "abc"]
+    for cmd in ("capture", "status"):
+        sp(sites["b"], cmd)
+
+
+@pytest.mark.parametrize("clause", ["REPLACE", "IGNORE"])
+def test_a_tables_own_on_conflict_clause_does_not_hide_a_clash(tmp_path, clause):
+    """UNIQUE ... ON CONFLICT REPLACE deleted this site's clashing row uncaptured, and
+    IGNORE dropped the peer's row, both silently: syncpack's writes abort on a clash whatever
+    the table says, so the row is listed by conflicts and nothing is lost."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, [f"CREATE TABLE users(id TEXT PRIMARY KEY, "
+                 f"email TEXT UNIQUE ON CONFLICT {clause})"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "users")
+    app(dbs["a"], ["INSERT INTO users VALUES ('x1', 'same@x')"])
+    app(dbs["b"], ["INSERT INTO users VALUES ('y1', 'same@x')"])
+    exchange(tmp_path, sites, rounds=1)
+    assert table(dbs["b"], "users") == [("y1", "text", "same@x", "text")]
+    assert table(dbs["a"], "users") == [("x1", "text", "same@x", "text")]
+    for n, other in (("a", "y1"), ("b", "x1")):
+        clash = run("--json", "conflicts", "users", site=sites[n]).json["conflicts"]
+        assert [(c["key"], "UNIQUE" in c["constraint"]) for c in clash] == [(other, True)]
+        assert run("fsck", site=sites[n]).code == 0
+    app(dbs["b"], ["UPDATE users SET email = 'other@x' WHERE id = 'y1'"])
+    exchange(tmp_path, sites)
+    assert_converged(sites, dbs, ("users",))
+    assert [r[0] for r in table(dbs["a"], "users")] == ["x1", "y1"]
+
+
+def test_an_application_trigger_that_skips_or_rolls_back_a_row(tmp_path):
+    """RAISE(IGNORE) skipped a peer's row silently (and fsck's hint then deleted it
+    everywhere); RAISE(ROLLBACK) undid syncpack's whole write and was told as the store's
+    damage.  A skipped row is a clash like a refused one; a table with a rolling-back trigger
+    is refused at attach, and one added later stops the write with the trigger named."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, ["CREATE TABLE notes(id TEXT PRIMARY KEY, v TEXT)"])
+    app(dbs["b"], ["CREATE TRIGGER quiet BEFORE INSERT ON notes WHEN NEW.v = 'skip' "
+                   "BEGIN SELECT RAISE(IGNORE); END",
+                   "CREATE TRIGGER keep BEFORE DELETE ON notes WHEN OLD.v = 'keep' "
+                   "BEGIN SELECT RAISE(IGNORE); END"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "notes")
+    app(dbs["a"], ["INSERT INTO notes VALUES ('n1', 'skip'), ('n2', 'fine'), ('n3', 'keep')"])
+    exchange(tmp_path, sites, rounds=1)
+    assert [r[0] for r in table(dbs["b"], "notes")] == ["n2", "n3"]
+    clash = run("--json", "conflicts", "notes", site=sites["b"]).json["conflicts"]
+    assert [(c["key"], "RAISE(IGNORE)" in c["constraint"]) for c in clash] == [("n1", True)]
+    app(dbs["a"], ["DELETE FROM notes WHERE id = 'n3'"])
+    exchange(tmp_path, sites, rounds=1)
+    clash = run("--json", "conflicts", "notes", site=sites["b"]).json["conflicts"]
+    assert sorted(c["key"] for c in clash) == ["n1", "n3"]
+    assert run("fsck", site=sites["b"]).code == 0
+    # the application lets them through: the next apply writes them
+    app(dbs["b"], ["DROP TRIGGER quiet", "DROP TRIGGER keep"])
+    exchange(tmp_path, sites)
+    assert_converged(sites, dbs, ("notes",))
+    assert [r[0] for r in table(dbs["b"], "notes")] == ["n1", "n2"]
+    # RAISE(ROLLBACK): refused at attach, with nothing changed
+    c = tmp_path / "c.db"
+    app(c, ["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
+            "CREATE TRIGGER undo BEFORE INSERT ON t BEGIN SELECT RAISE(ROLLBACK, 'no'); END"])
+    fresh = make_family(tmp_path / "more", ("c",))["c"]
+    r = run("attach", c, "--table", "t", site=fresh)
+    assert r.code == 1 and "RAISE(ROLLBACK)" in r.err and "undo" in r.err, r
+    # ... and added after the attach: the write stops, told as the application's
+    app(dbs["b"], ["CREATE TRIGGER undo BEFORE INSERT ON notes WHEN NEW.v = 'undo' "
+                   "BEGIN SELECT RAISE(ROLLBACK, 'not here'); END"])
+    app(dbs["a"], ["INSERT INTO notes VALUES ('n4', 'undo')"])
+    out = tmp_path / "drop" / "late"
+    out.mkdir(parents=True)
+    sp(sites["a"], "export", "--all", "--out", out)
+    r = run("import", out, site=sites["b"])
+    assert r.code == 1 and "rolled back" in r.err and "RAISE(ABORT" in r.err, r
+    assert "site store" not in r.err

@@ -886,6 +886,11 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     collated = _collated_key(app, t)
     if collated:
         return collated
+    rolls = [n for n, kinds in appdb.raising_triggers(app, name).items() if "rollback" in kinds]
+    if rolls:
+        return (f"table {name} has a trigger ({', '.join(rolls)}) that can end the whole "
+                f"transaction (RAISE(ROLLBACK)), which would undo every row syncpack writes "
+                f"with the one it refuses; RAISE(ABORT) refuses that row alone")
     refused = appdb.unwritable(app, t)
     if refused:
         return (f"table {name} cannot be written outside the application: SQLite refuses "
@@ -952,8 +957,8 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             hint = ("'syncpack attached' lists what is attached; 'attach DB --refresh' "
                     "accepts a changed definition")
         else:
-            hint = ("tables need a declared PRIMARY KEY (single or composite) and a name no "
-                    "collection uses")
+            hint = ("docs/attach.md, 'What it needs', says what a table needs (a declared "
+                    "PRIMARY KEY, a name no collection uses, ...)")
         raise AttachError("; ".join(problems) + "; nothing was attached", hint=hint)
     out, warnings = [], []
     with appdb.write_txn(app):

@@ -867,6 +867,38 @@ def _storable(v: object) -> bool:
     return isinstance(v, _SQLITE_TYPES) and (v.__class__ is not int or -1 << 63 <= v < 1 << 63)
 
 
+# What refuses one row of ours and nothing else: a constraint (a trigger's RAISE(ABORT) or
+# RAISE(FAIL) included), a key an INTEGER PRIMARY KEY cannot hold (a record from a site whose
+# table is keyed by TEXT, or that never attached it), what only the application defines, a
+# value SQLite cannot bind.  That row is a clash; the rest of the write goes on.
+_ROW_REFUSED = (apsw.ConstraintError, apsw.MismatchError, ApplicationOnlyError, TypeError,
+                OverflowError)
+# A trigger that skips its row (RAISE(IGNORE)) or ends the whole transaction (RAISE(ROLLBACK)).
+_RAISE = re.compile(r"(?is)\braise\s*\(\s*(ignore|rollback)\b")
+
+
+def raising_triggers(conn: Connection, table: str) -> dict[str, set[str]]:
+    """Trigger name -> what it raises of IGNORE and ROLLBACK, for the triggers of ``table``
+    that do."""
+    out: dict[str, set[str]] = {}
+    for name, sql in conn.execute("SELECT name, sql FROM sqlite_schema WHERE type='trigger' "
+                                  "AND tbl_name = ? COLLATE NOCASE", (table,)).fetchall():
+        kinds = {m.lower() for m in _RAISE.findall(sql or "")}
+        if kinds:
+            out[name] = kinds
+    return out
+
+
+def _refusal_text(e: BaseException) -> str:
+    if isinstance(e, ApplicationOnlyError):
+        return f"{e.needs}, which only the application defines"
+    if isinstance(e, apsw.MismatchError):
+        return "datatype mismatch: the table's INTEGER PRIMARY KEY holds only integers"
+    if isinstance(e, (TypeError, OverflowError)):
+        return f"a value SQLite cannot store ({e})"
+    return str(e).replace("ConstraintError: ", "")
+
+
 class Writer:
     """Writes visible records into one table, one row per savepoint: a row the local schema
     refuses (UNIQUE, CHECK, NOT NULL, FOREIGN KEY) is rolled back alone and reported."""
@@ -883,6 +915,9 @@ class Writer:
         # rowid has no index, and a collation on it is refused.
         self._target = ", ".join(q(c) if rowid_alias(conn, t) else f"{q(c)} COLLATE BINARY"
                                  for c in t.pk)
+        self._exists = f"SELECT 1 FROM {q(t.name)} WHERE {where}"
+        # a trigger that may skip a row: each write is then checked to have happened
+        self._may_ignore = any("ignore" in k for k in raising_triggers(conn, t.name).values())
         self._actions: dict = {}     # table -> its incoming ON DELETE actions (_actions_on)
         self._others: dict = {}      # table -> its Writer, for a cascade's deferred checks
         # deferred foreign keys are checked by hand, in the row's savepoint (see TableInfo)
@@ -932,7 +967,10 @@ class Writer:
             tail = ("DO UPDATE SET " + ", ".join(f"{q(c)}=excluded.{q(c)}" for c in rest)
                     if rest else "DO NOTHING")
             sql = self._sql[cols, rows] = (
-                f"INSERT INTO {q(self.t.name)}({names}) VALUES {marks} "
+                # OR ABORT: a clash is the row's, whatever the table's own ON CONFLICT
+                # clause says (REPLACE would delete this site's row uncaptured, IGNORE would
+                # drop the peer's, both silently)
+                f"INSERT OR ABORT INTO {q(self.t.name)}({names}) VALUES {marks} "
                 f"ON CONFLICT({self._target}) {tail}")
         return sql
 
@@ -956,7 +994,8 @@ class Writer:
             checks.append((self._check_put, [row.get(c) for c in self.t.pk]))
         if self._check_update:
             checks.append((self._check_update, []))
-        return self._one(self._upsert(cols), [row[c] for c in cols], checks)
+        return self._one(self._upsert(cols), [row[c] for c in cols], checks,
+                         [row.get(c) for c in self.t.pk], deleting=False)
 
     def put_many(self, rows: list[dict]) -> list[str | None]:
         """Each row's constraint message or None; the whole batch in one savepoint, and row by
@@ -966,7 +1005,7 @@ class Writer:
         cols = tuple(c for c in rows[0] if c in self._cols)
         args = None
         if self._check_put is None and self._check_update is None and \
-                len(cols) == len(rows[0]) and \
+                not self._may_ignore and len(cols) == len(rows[0]) and \
                 set(map(len, rows)) == {len(cols)}:
             # every row as long as the first and holding each of its columns: the same
             # columns (cheaper than comparing each row's keys with the first's)
@@ -979,8 +1018,9 @@ class Writer:
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 self._upsert_all(cols, args)
-            except (apsw.ConstraintError, ApplicationOnlyError, TypeError, OverflowError):
+            except _ROW_REFUSED as e:
                 # a refused row (or one SQLite cannot bind): found row by row below
+                self._undone(e)
                 self.conn.execute("ROLLBACK TO syncpack_batch")
                 self.conn.execute("RELEASE syncpack_batch")
             else:
@@ -997,6 +1037,8 @@ class Writer:
         for r in rows:
             cols = tuple(c for c in r if c in self._cols)
             self.conn.execute(self._upsert(cols), [r[c] for c in cols])
+            if self._ignored([r.get(c) for c in self.t.pk], deleting=False):
+                raise apsw.ConstraintError(IGNORED)
 
     def breaks_deferred(self, rows: list[dict]) -> bool:
         """Whether a row of these records' keys breaks a deferred foreign key."""
@@ -1013,6 +1055,8 @@ class Writer:
         for key in keys:
             touched, more = self._delete_plan(key)
             self.conn.execute(self._delete, list(key))
+            if self._ignored(list(key), deleting=True):
+                raise apsw.ConstraintError(IGNORED)
             if touched:
                 note_changed(self.conn, touched)
             checks += more
@@ -1045,27 +1089,62 @@ class Writer:
 
     def delete(self, key: tuple) -> str | None:
         touched, checks = self._delete_plan(key)
-        err = self._one(self._delete, list(key), checks)
+        err = self._one(self._delete, list(key), checks, list(key), deleting=True)
         if err is None and touched:
             note_changed(self.conn, touched)
         return err
 
-    def _one(self, sql: str, args: list, checks: list[tuple[str, list]]) -> str | None:
+    def _one(self, sql: str, args: list, checks: list[tuple[str, list]], key: list,
+             deleting: bool) -> str | None:
         """``sql`` in a savepoint of its own; any of ``checks`` (SQL, arguments) finding a
         row after it is a deferred foreign key broken, and rolls it back."""
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
             self.conn.execute(sql, args)
+            if self._ignored(key, deleting):
+                raise apsw.ConstraintError(IGNORED)
             if any(self.conn.execute(*c).fetchone() is not None for c in checks):
                 raise apsw.ConstraintError("FOREIGN KEY constraint failed (deferred)")
-        except (apsw.ConstraintError, ApplicationOnlyError) as e:
+        except _ROW_REFUSED as e:
+            self._undone(e)
             self.conn.execute("ROLLBACK TO syncpack_row")
             self.conn.execute("RELEASE syncpack_row")
-            if isinstance(e, ApplicationOnlyError):
-                return f"{e.needs}, which only the application defines"
-            return str(e).replace("ConstraintError: ", "")
+            return _refusal_text(e)
         self.conn.execute("RELEASE syncpack_row")
         return None
+
+    def _ignored(self, key: list, deleting: bool) -> bool:
+        """Whether a trigger's RAISE(IGNORE) skipped the write just made of ``key``: it
+        changed no row, and the row is still there (a delete) or is not, or was to be updated
+        (an upsert; one of a table of key columns only changes nothing when the row is
+        there)."""
+        if not self._may_ignore or self.conn.changes():
+            return False
+        there = self.conn.execute(self._exists, key).fetchone() is not None
+        return there if deleting else (not there or len(self.t.columns) > len(self.t.pk))
+
+    def _undone(self, e: BaseException) -> None:
+        _not_undone(self.conn, e, self.t.name)
+
+
+def _not_undone(conn: Connection, e: BaseException, table: str | None) -> None:
+    """After ``e`` refused a write: if a trigger's RAISE(ROLLBACK) ended the application's
+    whole transaction, the rows written before with it, that is not one row's clash but the
+    write's failure, told as the application's."""
+    if conn.in_transaction:
+        return
+    of = f"the application's table {table}" if table else "the application"
+    raise AttachError(
+        f"a trigger of {of} rolled back the whole transaction syncpack was writing into the "
+        f"application's tables ({e}); nothing of it was written there, and the records wait "
+        f"in the store",
+        hint="make the trigger refuse with RAISE(ABORT, ...) instead of RAISE(ROLLBACK, "
+             "...): then the row it refuses is listed by 'syncpack conflicts' and the rest "
+             "goes in") from None
+
+
+# The clash of a row that an application's trigger skipped (RAISE(IGNORE)).
+IGNORED = "a trigger of the application's skipped it (RAISE(IGNORE))"
 
 
 def _actions_on(conn: Connection, table: str, cache: dict
@@ -1150,7 +1229,8 @@ def _all_or_none(conn: Connection, work) -> bool:
     conn.execute("SAVEPOINT syncpack_group")
     try:
         work()
-    except (apsw.ConstraintError, ApplicationOnlyError, TypeError, OverflowError):
+    except _ROW_REFUSED as e:
+        _not_undone(conn, e, None)
         conn.execute("ROLLBACK TO syncpack_group")
         conn.execute("RELEASE syncpack_group")
         return False
