@@ -115,6 +115,11 @@ def test_max_size_below_64k_is_a_usage_error(family, tmp_path):
             "32K", site=family.path("a"))
     assert r.code == 2, r
     assert "64" in r.err
+    # a size no float or medium holds: a usage error too, not an internal one
+    for v in ("inf", "nan", "1e400", "99999999999999999999G", "2000T"):
+        r = run("export", "--to", "b", "--create-out", "--out", tmp_path / "u", "--max-size",
+                v, site=family.path("a"))
+        assert r.code == 2 and ("not a size" in r.err or "at most" in r.err), (v, r)
 
 
 def test_shipped_batch_sample_with_a_64k_outbox_after_an_ordinary_load(family, tmp_path):

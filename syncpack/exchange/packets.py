@@ -29,6 +29,10 @@ MIN_MAX_SIZE = 64 * 1024
 PACKET_SUFFIX = ".spk"
 
 
+# No medium holds more; a larger number is a typo (and past 2^64 it overflowed).
+MAX_MAX_SIZE = 1 << 50
+
+
 def parse_size(text: str) -> int:
     t = str(text).strip().upper().removesuffix("B").removesuffix("I")
     mult = 1
@@ -38,8 +42,10 @@ def parse_size(text: str) -> int:
             break
     try:
         n = int(float(t) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):     # 'inf' and 'nan' read as floats
         raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M or G)") from None
+    if n > MAX_MAX_SIZE:
+        raise ValueError(f"--max-size must be at most 1024T ({MAX_MAX_SIZE} bytes), not {text!r}")
     if n < MIN_MAX_SIZE:
         raise ValueError(f"--max-size must be at least 64K ({MIN_MAX_SIZE} bytes); a "
                          f"transaction larger than a packet travels in several packets")
