@@ -443,7 +443,7 @@ CONFIG_ERRORS = [
      "export[1].max_size: not a size"),
     ("infinite max_size", 'site = "{site}"\n[[export]]\nout = "/tmp"\nmax_size = "inf"\n',
      "export[1].max_size: not a size"),
-    ("huge max_size", 'site = "{site}"\n[[export]]\nout = "/tmp"\nmax_size = 10000000000000000000000\n',
+    ("huge max_size", 'site = "{site}"\n[[export]]\nout = "/tmp"\nmax_size = "9999999T"\n',
      "export[1].max_size: --max-size must be at most"),
     ("bad min_age", 'site = "{site}"\n[scrub]\nmin_age = "soon"\n',
      "scrub.min_age: not a duration"),
