@@ -10,6 +10,7 @@ verifier); claims about our own history go through :func:`syncpack.admin.recover
 from __future__ import annotations
 
 import heapq
+from itertools import compress
 import shutil
 from collections import deque
 from contextlib import ExitStack
@@ -22,7 +23,7 @@ from syncpack.rules import planning
 from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
-from syncpack.format.csn import csn_origin, pack_csn
+from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn, split_csns
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
                              PacketSignatureError, PatchError)
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
@@ -354,6 +355,12 @@ class _Applier:
                         versions.insert_columns(site.conn, *batch)
                         self._count(len(batch[1]))
                 return
+            if self._replacing(info, cols):
+                with blocks.gc_paused():
+                    for batch in cols.column_batches(APPLY_BATCH, replaced=True):
+                        self._replace(*batch)
+                        self._count(len(batch[1]))
+                return
             ops: Iterable[Op] = cols.ops()
         else:
             ops = heapq.merge(*(c.ops() for _i, c in win),
@@ -459,6 +466,35 @@ class _Applier:
                 and not self.stashed_any and not any(cols.replaced)
                 and not any(c.startswith(SYS_PREFIX) for c in set(cols.collections))
                 and not values.may_hold_patch(cols.values))
+
+    def _replacing(self, info: blocks.BlockInfo, cols: blocks.BlockColumns) -> bool:
+        """Each op of ``cols``, new to this site, needs no more than the removal of the
+        versions it replaces and an insert (updates of ordinary records, in bulk)."""
+        return (info.lo >= self.vec.get(info.origin, 0) and not self.superseded_any
+                and not self.stashed_any
+                and not any(c.startswith(SYS_PREFIX) or self.site.policy_of(c) == "merge"
+                            for c in set(cols.collections))
+                and not values.may_hold_patch(cols.values))
+
+    def _replace(self, coll: str, keys: list[str], csns: list[bytes],
+                 vals: list[bytes | None], reps: list[bytes]) -> None:
+        """One batch of :meth:`_replacing` ops: what ``site.apply_version`` does op by op,
+        as one removal of the replaced versions and one insert.  Only when no op of the batch
+        replaces another of it and no key comes twice (the removal goes first); otherwise op
+        by op."""
+        conn = self.site.conn
+        single = max(map(len, reps)) <= CSN_LEN     # each replaces one version (or none)
+        if len(set(keys)) < len(keys) or not set(reps).isdisjoint(csns) or not single and \
+                any(len(r) > CSN_LEN and not set(split_csns(r)).isdisjoint(csns)
+                    for r in reps):
+            for k, c, v, r in zip(keys, csns, vals, reps):
+                self.site.apply_version(tuple.__new__(Op, (b"", 0, 0, 0, coll, k, v, r)), c)
+            return
+        gone = (list(zip(compress(keys, reps), filter(None, reps))) if single else
+                [(k, c) for k, r in zip(keys, reps) if r for c in split_csns(r)])
+        if versions.remove_replaced(conn, coll, gone):
+            self.superseded_any = True      # the next ops go op by op (apply_version)
+        versions.insert_columns(conn, coll, keys, csns, vals)
 
     def _op(self, op: Op) -> int:
         site = self.site

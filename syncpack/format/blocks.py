@@ -330,6 +330,17 @@ def _csn_ok(replaced: bytes) -> bool:
     return not (len(replaced) % CSN_LEN or any(b >= 0x80 for b in replaced[::CSN_LEN]))
 
 
+def _csns_ok(column: list[bytes]) -> bool:
+    """:func:`_csn_ok` of each of a column's non-empty entries; one CSN each (updates, the
+    common case) checked without a Python call per entry."""
+    if column and set(map(len, column)) == {CSN_LEN}:
+        return max(map(_FIRST_BYTE, column)) < 0x80
+    return all(r and _csn_ok(r) for r in column)
+
+
+_FIRST_BYTE = itemgetter(0)
+
+
 def _columns_checked(origin: bytes, lo: int, ops: list[Op], flags: int = 0) -> tuple:
     """The block's columns from its ops, checking each op and saying which is wrong.  With
     ``flags`` the ops are one part of a transaction (formats/BLOCKS.md section 4.2)."""
@@ -601,6 +612,21 @@ def _txn_csns(prefix: bytes, n: int) -> Iterator[bytes]:
     return map(prefix.__add__, _SEQ4[:n] if n < len(_SEQ4) else _SEQ4)
 
 
+def _block_csns(origin: bytes, hlcs: list[int], lens: list[int], first_seq: int, n: int
+                ) -> Iterator[bytes]:
+    """The CSNs of a block's ``n`` ops (BlockColumns.iter_csns)."""
+    if first_seq:      # a later part: one transaction, seqs from first_seq
+        return map(_CSN_PACK, repeat(hlcs[0], n), repeat(origin), range(first_seq, first_seq + n))
+    if len(lens) == n:
+        return map(bytes.__add__, map(_HLC_ORIGIN.pack, hlcs, repeat(origin)),
+                   repeat(b"\0\0\0\0"))
+    if n < 8 * len(lens):
+        return map(_CSN_PACK, chain.from_iterable(map(repeat, hlcs, lens)),
+                   repeat(origin), chain.from_iterable(map(range, lens)))
+    pack = _HLC_ORIGIN.pack
+    return chain.from_iterable(map(_txn_csns, map(pack, hlcs, repeat(origin)), lens))
+
+
 _PFX_SEQ_PACK = struct.Struct(">16sI").pack
 _SEQ_PACK = struct.Struct(">I").pack
 
@@ -637,31 +663,21 @@ class BlockColumns(NamedTuple):
         zero bytes (184 against 764 for the per-transaction loop); short ones a struct pack
         per op (413); long ones one prefix per transaction plus its seqs (108, against 122
         packing per op)."""
-        origin, hlcs, lens = self.origin, self.txn_hlcs, self.txn_lens
-        n = self.hi - self.lo
-        if self.first_seq:      # a later part: one transaction, seqs from first_seq
-            return map(_CSN_PACK, repeat(hlcs[0], n), repeat(origin),
-                       range(self.first_seq, self.first_seq + n))
-        if len(lens) == n:
-            return map(bytes.__add__, map(_HLC_ORIGIN.pack, hlcs, repeat(origin)),
-                       repeat(b"\0\0\0\0"))
-        if n < 8 * len(lens):
-            return map(_CSN_PACK, chain.from_iterable(map(repeat, hlcs, lens)),
-                       repeat(origin), chain.from_iterable(map(range, lens)))
-        pack = _HLC_ORIGIN.pack
-        return chain.from_iterable(map(_txn_csns, map(pack, hlcs, repeat(origin)), lens))
+        return _block_csns(self.origin, self.txn_hlcs, self.txn_lens, self.first_seq,
+                           self.hi - self.lo)
 
     def rows(self) -> list[tuple]:
         """``(collection, key, csn, value)`` per op, ready for ``executemany``."""
         with gc_paused():
             return list(self.iter_rows())
 
-    def column_batches(self, size: int) -> Iterator[tuple[str, list[str], list[bytes],
-                                                          list[bytes | None]]]:
+    def column_batches(self, size: int, replaced: bool = False
+                       ) -> Iterator[tuple[str, list[str], list[bytes], list[bytes | None]]]:
         """The ops as ``(collection, keys, csns, values)``, runs of one collection of at most
-        ``size`` ops, in order (a bulk insert's batches)."""
+        ``size`` ops, in order (a bulk insert's batches); with ``replaced``, each batch has
+        the ops' replaced CSNs (concatenated, b"" for none) as a fifth column."""
         csns = self.iter_csns()
-        colls, keys, values = self.collections, self.keys, self.values
+        colls, keys, values, reps = self.collections, self.keys, self.values, self.replaced
         at, n = 0, self.count
         while at < n:
             end = min(n, at + size)
@@ -670,7 +686,8 @@ class BlockColumns(NamedTuple):
                 end = at + 1                    # the run of c ends before: find where
                 while end < n and end - at < size and colls[end] == c:
                     end += 1
-            yield c, keys[at:end], list(islice(csns, end - at)), values[at:end]
+            batch = (c, keys[at:end], list(islice(csns, end - at)), values[at:end])
+            yield batch + (reps[at:end],) if replaced else batch
             at = end
 
     def iter_rows(self) -> Iterator[tuple]:
@@ -808,21 +825,25 @@ def _decode(block: bytes | memoryview | BlockInfo, raw: bytes | None = None) -> 
     if not (_only(values, (bytes, type(None))) and len(values) == n):
         raise bad(f"value column does not hold {n} values")
     if not (_only(rep_at, (int,)) and _only(rep, (bytes,)) and len(rep_at) == len(rep)
-            and all(0 <= a < b for a, b in zip(rep_at, rep_at[1:]))
+            and all(map(int.__lt__, rep_at, rep_at[1:]))     # ascending, in C
             and (not rep_at or 0 <= rep_at[0] and rep_at[-1] < n)
-            and all(r and _csn_ok(r) for r in rep)):
+            and _csns_ok(rep)):
         raise bad("bad replaced-versions column")
 
     hlcs = list(accumulate(hlc_deltas, initial=info.hlc_first))
     if rep_at:
         # An op can only have seen versions older than itself: a CSN from its own future would
         # be superseded before it exists, at some sites and not others.
-        ends = list(accumulate(txn_lens))
-        for a, r in zip(rep_at, rep):
-            t = bisect_right(ends, a)
-            own = _CSN_PACK(hlcs[t], origin, a - (ends[t - 1] if t else -first_seq))
-            if max(split_csns(r)) >= own:
-                raise bad("an op lists as replaced a version not older than itself")
+        if 4 * len(rep_at) >= n:     # most ops replace (updates): the block's CSNs, once
+            owns = list(map(list(_block_csns(origin, hlcs, txn_lens, first_seq, n)).__getitem__,
+                            rep_at))
+        else:
+            ends = list(accumulate(txn_lens))
+            owns = [_CSN_PACK(hlcs[t], origin, a - (ends[t - 1] if t else -first_seq))
+                    for a, t in zip(rep_at, map(bisect_right, repeat(ends), rep_at))]
+        tops = rep if max(map(len, rep)) == CSN_LEN else [max(split_csns(r)) for r in rep]
+        if not all(map(bytes.__lt__, tops, owns)):
+            raise bad("an op lists as replaced a version not older than itself")
     collections = list(chain.from_iterable(map(repeat, map(names.__getitem__, run_coll),
                                                run_len)))
     replaced = [b""] * n

@@ -262,6 +262,51 @@ def apply_version(conn, op: Op, csn: bytes) -> None:
                  (op.collection, op.key, csn, op.value))
 
 
+# The packed (key | 0xff | CSN) pairs whose version is not held.
+_NOT_HELD = ("SELECT c.value FROM carray(?2) c WHERE NOT EXISTS (SELECT 1 FROM versions v "
+             "WHERE v.collection = ?1 "
+             "AND v.key = CAST(substr(c.value, 1, instr(c.value, x'ff') - 1) AS TEXT) "
+             "AND v.csn = substr(c.value, instr(c.value, x'ff') + 1))")
+
+
+def remove_replaced(conn, collection: str, pairs: list[tuple[str, bytes]]) -> bool:
+    """:func:`apply_version`'s removal of what ops supersede, for the ops of a bulk apply
+    (distinct keys, none of them superseded already): each version ``(key, csn)`` of
+    ``collection`` goes; one not held whose op was never seen is remembered as superseded (it
+    may still arrive).  Returns whether one was."""
+    if not pairs:
+        return False
+    delete = "DELETE FROM versions WHERE collection=? AND key=? AND csn=?"
+    rows = [(collection, k, c) for k, c in pairs]
+    if not attached.watched(conn):
+        # Nearly always every one is held: deleted in a savepoint and counted (no trigger on
+        # versions counts too), which saves looking each up first.
+        conn.execute("SAVEPOINT syncpack_replaced")
+        before = conn.total_changes()
+        conn.executemany(delete, rows)
+        if conn.total_changes() - before == len(rows):
+            conn.execute("RELEASE syncpack_replaced")
+            return False
+        conn.execute("ROLLBACK TO syncpack_replaced")
+        conn.execute("RELEASE syncpack_replaced")
+    if db.HAS_CARRAY:
+        packed = db.carray(tuple(k.encode() + _SEP + c for k, c in pairs))
+        absent = [bytes(r[0]).split(_SEP, 1) for r in conn.execute(_NOT_HELD, (collection,
+                                                                               packed))]
+        absent = [(k.decode(), c) for k, c in absent]     # a key is UTF-8: no 0xff in it
+    else:
+        absent = [(k, c) for k, c in pairs if conn.execute(
+            "SELECT 1 FROM versions WHERE collection=? AND key=? AND csn=?",
+            (collection, k, c)).fetchone() is None]
+    conn.executemany(delete, rows)
+    noted = False
+    for k, c in absent:
+        if not _op_known(conn, c):
+            conn.execute("INSERT OR IGNORE INTO superseded VALUES (?, ?, ?)", (collection, k, c))
+            noted = True
+    return noted
+
+
 def rename_csn(conn, collection: str, key: str, old: bytes, new: bytes) -> None:
     """A re-issued op's new CSN, wherever its old one survives."""
     conn.execute("UPDATE versions SET csn=? WHERE collection=? AND key=? AND csn=?",
