@@ -1384,3 +1384,61 @@ def test_an_application_trigger_that_skips_or_rolls_back_a_row(tmp_path):
     r = run("import", out, site=sites["b"])
     assert r.code == 1 and "rolled back" in r.err and "RAISE(ABORT" in r.err, r
     assert "site store" not in r.err
+
+
+def test_a_whole_table_comparison_leaves_open_conflicts_open(tmp_path):
+    """attach --refresh, or the application dropping and re-creating the table with the same
+    rows, compares every row with its visible record: a key in conflict whose row shows that
+    record made a local op that replaced both versions, silently settling the conflict."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, ["CREATE TABLE kv(k TEXT PRIMARY KEY, v TEXT)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "kv")
+    app(dbs["a"], ["INSERT INTO kv VALUES ('K', 'from a'), ('L', 'same')"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], ["UPDATE kv SET v = 'a again' WHERE k = 'K'"])
+    app(dbs["b"], ["UPDATE kv SET v = 'b again' WHERE k = 'K'"])
+    exchange(tmp_path, sites, rounds=1)
+
+    def open_conflicts(n):
+        return [c["key"] for c in run("--json", "conflicts", "kv", site=sites[n]).json["conflicts"]]
+    assert open_conflicts("a") == ["K"]
+    r = run("--json", "attach", dbs["a"], "--refresh", "--table", "kv", site=sites["a"])
+    assert r.code == 0, r
+    assert open_conflicts("a") == ["K"]
+    rows_before = table(dbs["a"], "kv")
+    app(dbs["a"], ["CREATE TABLE keep AS SELECT * FROM kv", "DROP TABLE kv",
+                   "CREATE TABLE kv(k TEXT PRIMARY KEY, v TEXT)",
+                   "INSERT INTO kv SELECT * FROM keep", "DROP TABLE keep"])
+    r = run("--json", "capture", site=sites["a"])
+    assert r.code == 0 and r.json["captured"] == 0, r
+    assert open_conflicts("a") == ["K"] and table(dbs["a"], "kv") == rows_before
+    assert run("fsck", site=sites["a"]).code == 0
+
+
+def test_status_answers_while_the_application_holds_its_write_lock(tmp_path):
+    """status captures first; with the application holding its write lock it waited the
+    whole busy timeout (a minute) before answering, stalling a monitoring job."""
+    import time
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE kv(k TEXT PRIMARY KEY, v TEXT)", "INSERT INTO kv VALUES ('k', 'v')"])
+    sp(sites["a"], "attach", db, "--table", "kv")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys, time\n"
+         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "c.execute('BEGIN IMMEDIATE'); c.execute(\"INSERT INTO kv VALUES ('x', 'y')\")\n"
+         "print('locked', flush=True); time.sleep(120)", str(db)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        r = run("--json", "status", site=sites["a"])
+        took = time.monotonic() - t0
+        assert r.code == 0, r
+        assert took < 30, took      # the busy timeout is 60 s; status waits about 2
+    finally:
+        holder.kill()
+        holder.wait()

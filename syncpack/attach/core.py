@@ -665,6 +665,13 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
                                  and rows.same_row(codec.shown_value(vs[0][1]),
                                                    codec.decode_value(raw), defaults)):
                 continue
+            if rescan and len(vs) > 1:
+                # a key in conflict whose row shows the visible record: no change of the
+                # application's, and the conflict stays for 'conflicts resolve'
+                v = _visible(site, name, list(vs), key)
+                if v is not None and v.value is not None and rows.same_row(
+                        codec.shown_value(v.value), codec.decode_value(raw), defaults):
+                    continue
             if rescan:
                 replaced = [c for c, _v in vs]
             elif was is not None:
@@ -729,6 +736,10 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
             "clashes": sum(len(v) for v in clashes.values()), "refused": refused}
 
 
+# How long a command that must answer (status) waits for the application's write lock.
+BRIEF_WAIT_MS = 2_000
+
+
 def sync_app(site: Site, *, wait: bool = True) -> dict | None:
     """Capture the application's changes and write pending records into its tables: what
     'export', 'import', 'batch' and 'status' do first (and import after).  None when nothing
@@ -744,6 +755,10 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
             _recover(site)
             _follow_new_tables(site)
             with _open_attached(site) as (app, infos):
+                if not wait:
+                    # 'status' from cron or a monitor: a minute's wait for the application's
+                    # lock would stall it; its figures are then those of the last capture
+                    appdb.wait_at_most(app, BRIEF_WAIT_MS)
                 # The bulk of a capture under a read snapshot: the application keeps writing
                 # (in WAL mode); the write lock is held only for what came in meanwhile and
                 # for writing peers' records.

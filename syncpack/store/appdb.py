@@ -137,6 +137,11 @@ class TableInfo:
     other_uniques: list[tuple[list[str], str | None]] = field(default_factory=list)
 
 
+def wait_at_most(conn: Connection, ms: int) -> None:
+    """Wait at most ``ms`` for the application's locks on this connection (BusyError after)."""
+    conn.set_busy_timeout(ms)
+
+
 def open_app(path: Path) -> Connection:
     """Open the application's database for capture and apply; never creates the file."""
     try:
