@@ -417,7 +417,8 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
         assert r.code == (2 if words in ("--table", "either") else 1), (args, r)
         assert words in r.err, (args, r.err)
         assert "Traceback" not in r.err and "site store cannot" not in r.err, r.err
-        assert run("--json", "attached", site=s).json["tables"] == []
+        doc = run("--json", "attached", site=s).json
+        assert doc["tables"] == [] and doc["problem"] is None and doc["database"] is None
         after = sqlite3.connect(db).execute(
             "SELECT sql FROM sqlite_schema ORDER BY name").fetchall()
         assert after == before, args

@@ -1194,7 +1194,8 @@ def report(site: Site) -> dict:
     the family's tables not attached here; why the file cannot be read, if it cannot."""
     att = attached.attachment(site.conn)
     if att is None:
-        return {"database": None, "tables": [], "available": schema.available(site)}
+        return {"database": None, "tables": [], "available": schema.available(site),
+                "problem": None}
     path, since = att
     tables = attached.tables(site.conn)
     counts: dict[str, int] = {}
