@@ -1075,7 +1075,8 @@ def collection_ls(obj: Ctx):
     """
     s = obj.open()
     cols = conflicts_mod.list_collections(s)
-    obj.emit({"collections": cols}, "\n".join(f"{c['collection']}\t{c['policy']}" for c in cols))
+    obj.emit({"collections": cols},
+             "\n".join(f"{printable(c['collection'])}\t{c['policy']}" for c in cols))
 
 
 @cli.command()
@@ -1336,15 +1337,15 @@ def attach_(obj: Ctx, database, tables, all_tables, refresh, as_json):
     s = obj.open()
     if refresh:
         doc = attach_core.refresh(s, database, list(tables) or None)
-        obj.emit(doc, "\n".join(f"refreshed {t['table']} ({len(t['columns'])} columns, "
+        obj.emit(doc, "\n".join(f"refreshed {printable(t['table'])} ({len(t['columns'])} columns, "
                                 f"{t['changes']} change(s) captured)" for t in doc["refreshed"]))
         return
     doc = attach_core.attach(s, database, list(tables), all_tables)
     for w in doc["warnings"]:
         obj.warn(w)
     obj.emit(doc,
-             "\n".join(f"attached {t['table']} ({t['rows']} rows, key "
-                       f"{', '.join(t['primary_key'])})" for t in doc["tables"]))
+             "\n".join(f"attached {printable(t['table'])} ({t['rows']} rows, key "
+                       f"{', '.join(map(printable, t['primary_key']))})" for t in doc["tables"]))
 
 
 @cli.command("detach")
@@ -1363,7 +1364,7 @@ def detach_(obj: Ctx, database, tables, as_json):
     obj.json = obj.json or as_json
     s = obj.open()
     doc = attach_core.detach(s, database, list(tables) or None)
-    obj.emit(doc, "\n".join(f"detached {t}" for t in doc["detached"]))
+    obj.emit(doc, "\n".join(f"detached {printable(t)}" for t in doc["detached"]))
 
 
 @cli.command("attached")

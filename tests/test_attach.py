@@ -1443,3 +1443,18 @@ def test_status_answers_while_the_application_holds_its_write_lock(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_table_name_with_a_line_break_is_printed_escaped(tmp_path):
+    """A newline in a table name was printed raw by attach and collection ls, faking a line
+    of output."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ['CREATE TABLE "two\nlines"(id TEXT PRIMARY KEY)',
+             'INSERT INTO "two\nlines" VALUES (\'k\')'])
+    r = sp(sites["a"], "attach", db, "--table", "two\nlines")
+    assert r.out.strip().count("\n") == 0 and "two\\nlines" in r.out, r
+    r = sp(sites["a"], "collection", "ls")
+    assert "two\\nlines" in r.out and "\nlines" not in r.out, r
+    r = sp(sites["a"], "detach", db)
+    assert r.out.strip().count("\n") == 0 and "two\\nlines" in r.out, r
