@@ -62,6 +62,27 @@ class _Text(click.ParamType):
 TEXT = _Text()
 
 
+def _utf8_path(value: str) -> str | None:
+    """Why ``value`` cannot be a path syncpack uses, or None: the store records the paths of
+    what it writes and reads (packets, the attached database), as UTF-8 text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return (f"{printable(value)} is not a UTF-8 path, which syncpack cannot record in its "
+                f"store; rename it")
+    return None
+
+
+class _Path(click.Path):
+    """click.Path for a path that is not UTF-8 refused as a usage error (exit 2) before
+    anything is made, where it failed part-way through (a half-made site directory)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and (why := _utf8_path(value)):
+            self.fail(why, param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def printable(text: object) -> str:
     s = str(text)
     return s if s.isprintable() else verify.printable(s)   # most text needs no escaping
@@ -79,6 +100,8 @@ class Ctx:
     def __init__(self, site: str | None, as_json: bool, quiet: bool, verbose: bool):
         self.site_dir = site or os.environ.get("SYNCPACK_SITE") or "."
         self.site_given = bool(site or os.environ.get("SYNCPACK_SITE"))
+        if why := _utf8_path(self.site_dir):
+            raise click.UsageError(f"SYNCPACK_SITE: {why}")
         self.json = as_json
         self.quiet = quiet
         self.verbose = verbose
@@ -299,8 +322,8 @@ def _size(ctx, param, value):
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--site", "site", metavar="DIR", help="Site directory (default: $SYNCPACK_SITE, "
-              "else the current directory).")
+@click.option("--site", "site", metavar="DIR", type=_Path(),
+              help="Site directory (default: $SYNCPACK_SITE, else the current directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
               "to stderr, the exit code says how it went.")
@@ -330,7 +353,7 @@ def cli(ctx, site, as_json, quiet, verbose):
 # --- site lifecycle ---------------------------------------------------------------------------
 
 @cli.command()
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=_Path(file_okay=False))
 @click.option("--family", type=TEXT, required=True, help="Name of the new family.")
 @click.option("--site", "site_name", type=TEXT, required=True, help="Name of this first site.")
 @click.option("--policy", type=click.Choice(["lww", "priority"]), default="lww",
@@ -355,7 +378,7 @@ def init(obj: Ctx, directory, family, site_name, policy, priority):
 
 
 @cli.command()
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=_Path(file_okay=False))
 @click.option("--site", "site_name", type=TEXT, required=True, help="Name of the new site.")
 @click.pass_obj
 def keygen(obj: Ctx, directory, site_name):
@@ -388,9 +411,9 @@ def mkreplica():
 
 @mkreplica.command("export")
 @click.option("--site", "name", type=TEXT, required=True, help="Name of the new site.")
-@click.option("--pubkey", required=True, type=click.Path(dir_okay=False),
+@click.option("--pubkey", required=True, type=_Path(dir_okay=False),
               help="Public key file from 'syncpack keygen'.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=_Path(file_okay=False),
               help="Directory (e.g. a mounted USB stick) to write the packet(s) into.")
 @click.option("--priority", type=PRIORITY, default=0, show_default=True,
               help="The new site's priority under the 'priority' conflict policy.")
@@ -441,7 +464,7 @@ def _mkreplica_interrupted(s: Site, name: str) -> tuple[str, str | None]:
 
 
 @mkreplica.command("import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=_Path())
 @click.pass_obj
 def mkreplica_import(obj: Ctx, paths):
     """Create the replica (the --site directory made by keygen) from its packets.
@@ -547,7 +570,7 @@ def ls_(obj: Ctx, collection):
 
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=_Path(dir_okay=False))
 @click.pass_obj
 def load(obj: Ctx, file):
     """Load JSON lines in one transaction; a bad line rejects the whole file.
@@ -614,7 +637,7 @@ def fsck(obj: Ctx):
 @click.option("--to", "to", type=TEXT, multiple=True, metavar="PEER",
               help="Peer to export to (repeat).")
 @click.option("--all", "all_peers", is_flag=True, help="Export to every other member.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=_Path(file_okay=False),
               help="Directory to write packets into (layout: OUT/<to>/<from>/<seq>-<part>.spk).")
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G, so packets fit FAT32).")
@@ -696,7 +719,7 @@ def _export_report(obj: Ctx, s: Site, pkts: list, failed: list[SyncpackError]) -
 
 
 @cli.command("import")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=_Path())
 @click.pass_obj
 def import_(obj: Ctx, paths):
     """Apply update packets (files, or directories searched recursively).
@@ -791,7 +814,7 @@ def _import_interrupted(s, res: sync.ImportResult) -> tuple[str, str]:
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=_Path())
 @click.pass_obj
 def lspacket(obj: Ctx, paths):
     """Describe packets without applying them (no site needed; with one, checks signatures).
@@ -1159,7 +1182,7 @@ def scrub(obj: Ctx, dry_run, min_age):
 
 @cli.command()
 @click.option("--to", "peer", type=TEXT, required=True, metavar="PEER", help="Member to re-seed.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=_Path(file_okay=False),
               help="Directory (e.g. a mounted USB stick) to write the snapshot packet(s) into.")
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
               "(default just under 4G, so packets fit FAT32).")
@@ -1307,7 +1330,7 @@ def _local_json(f):
 
 
 @cli.command("attach")
-@click.argument("database", type=click.Path(dir_okay=False))
+@click.argument("database", type=_Path(dir_okay=False))
 @click.option("--table", "tables", type=TEXT, multiple=True, metavar="T",
               help="Table to replicate (repeat); it needs a declared PRIMARY KEY.")
 @click.option("--all-tables", is_flag=True, help="Replicate every table of DATABASE.")
@@ -1349,7 +1372,7 @@ def attach_(obj: Ctx, database, tables, all_tables, refresh, as_json):
 
 
 @cli.command("detach")
-@click.argument("database", type=click.Path(dir_okay=False))
+@click.argument("database", type=_Path(dir_okay=False))
 @click.option("--table", "tables", type=TEXT, multiple=True, metavar="T",
               help="Table to stop replicating (repeat; default: all).")
 @_local_json

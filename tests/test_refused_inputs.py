@@ -808,3 +808,23 @@ def test_names_that_are_not_utf8_are_usage_errors(family, args):
     r = run(*args, site=a)
     assert r.code == 2 and "not UTF-8 text" in r.err, r
     assert run("digest", site=a).out == before
+
+
+def test_paths_that_are_not_utf8_are_usage_errors_with_nothing_made(family, tmp_path):
+    """The store records the paths it writes and reads, as UTF-8 text.  A directory whose
+    name is not UTF-8 made init fail part-way (a half-made site left behind) and mkreplica
+    export fail after writing its packet directory, both as internal errors."""
+    a = family.init("a")
+    family.init("b")
+    before = run("digest", site=a).out
+    bad = str(tmp_path / "d\udcff")
+    for args in [("init", bad, "--family", "f", "--site", "x"), ("keygen", bad, "--site", "x"),
+                 ("export", "--all", "--out", bad, "--create-out"), ("import", bad),
+                 ("attach", bad + ".db", "--table", "t"), ("--site", bad, "status")]:
+        r = run(*args, site=None if args[0] == "--site" else a)
+        assert r.code == 2 and "not a UTF-8 path" in r.err, (args, r)
+    r = run("status", env={"SYNCPACK_SITE": bad})
+    assert r.code == 2 and "SYNCPACK_SITE" in r.err, r
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in tmp_path.iterdir() if "\udcff" not in p.name)
+    assert run("digest", site=a).out == before
