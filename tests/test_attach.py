@@ -1458,3 +1458,77 @@ def test_a_table_name_with_a_line_break_is_printed_escaped(tmp_path):
     assert "two\\nlines" in r.out and "\nlines" not in r.out, r
     r = sp(sites["a"], "detach", db)
     assert r.out.strip().count("\n") == 0 and "two\\nlines" in r.out, r
+
+
+@pytest.mark.parametrize("dropped", ["_syncpack_changes", "_syncpack_applying"])
+def test_syncpacks_tables_dropped_from_the_file_come_back_with_nothing_lost(tmp_path, dropped):
+    """An administrator who drops syncpack's tables in the application's file makes the
+    application's writes to attached tables fail (the triggers write there).  The next command
+    puts them back and compares the table, so a change the application made before the drop
+    and never captured still reaches the peers; and later changes are captured again.  Before,
+    the change table was made again numbering from 1, below what the store had captured, so
+    no later change was ever captured, and fsck blamed the site store."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], SCHEMA)
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(5)])
+    sp(sites["a"], "capture")
+    app(dbs["a"], ["UPDATE items SET i = 100 WHERE id = 'k1'"], [f"DROP TABLE {dropped}"])
+    with pytest.raises(subprocess.CalledProcessError):      # the application's write fails
+        app(dbs["a"], ["UPDATE items SET i = 200 WHERE id = 'k2'"])
+    r = run("fsck", site=sites["a"])
+    assert r.code == 1 and "lost its capture triggers or syncpack's tables" in r.err, r
+    assert "site store" not in r.err, r
+    sp(sites["a"], "capture")
+    app(dbs["a"], ["UPDATE items SET i = 300 WHERE id = 'k3'"])
+    exchange(tmp_path, sites)
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    assert [r[2] for r in table(dbs["b"], "items")] == [0, 100, 2, 300, 4]
+    for n in sites:
+        sp(sites[n], "fsck")
+
+
+def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again(tmp_path):
+    """The application's file restored from an older copy: its rows are the backup's, while
+    the store holds what came after (this site's later changes and the peers').  The next
+    command writes the newer records into it again; a key the application changed since the
+    restore becomes a conflict, not a silent loss of either write.  Before, the restored
+    change table numbered below what the store had captured: the application's next changes
+    were never captured."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], SCHEMA)
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(6)])
+    exchange(tmp_path, sites)
+    backup = tmp_path / "backup.db"
+    with sqlite3.connect(dbs["a"]) as src, sqlite3.connect(backup) as dst:
+        src.backup(dst)
+    app(dbs["a"], ["UPDATE items SET i = 10 WHERE id = 'k1'", "DELETE FROM items WHERE id='k5'"],
+        ["UPDATE items SET i = 0 WHERE id = 'k0'"], ["UPDATE items SET i = 3 WHERE id = 'k3'"])
+    app(dbs["b"], ["UPDATE items SET i = 20 WHERE id = 'k2'", "UPDATE items SET i = 40 "
+                   "WHERE id = 'k4'"])
+    exchange(tmp_path, sites)
+    want = table(dbs["a"], "items")
+    assert [r[2] for r in want] == [0, 10, 20, 3, 40]
+
+    with sqlite3.connect(backup) as src, sqlite3.connect(dbs["a"]) as dst:
+        src.backup(dst)                                     # the careless restore
+    r = run("fsck", site=sites["a"])
+    assert r.code == 1 and "is behind the store" in r.err, r
+    app(dbs["a"], ["UPDATE items SET i = -4 WHERE id = 'k4'",
+                   "INSERT INTO items(id, i) VALUES ('k9', 9)"])
+    exchange(tmp_path, sites)
+    assert [(r[0], r[2]) for r in table(dbs["a"], "items")] == [
+        ("k0", 0), ("k1", 10), ("k2", 20), ("k3", 3), ("k4", -4), ("k9", 9)]
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    r = run("conflicts", site=sites["a"], json_mode=True)
+    assert [c["key"] for c in r.json["conflicts"]] == ["k4"], r
+    app(dbs["a"], ["UPDATE items SET i = 5 WHERE id = 'k3'"])    # captured as before
+    exchange(tmp_path, sites)
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    for n in sites:
+        sp(sites[n], "fsck")

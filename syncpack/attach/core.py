@@ -602,14 +602,78 @@ class DirectApply:
 
 
 def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> None:
-    """A table whose triggers are missing (a crash inside attach, or the application dropped
-    and re-created the table): put them back and compare the whole table with the store, so
-    whatever changed unseen becomes local ops."""
+    """A table whose capture is missing (a crash inside attach, the application dropped and
+    re-created the table, or someone dropped syncpack's tables in the file): put it back and
+    compare the whole table with the store, so whatever changed unseen becomes local ops.
+
+    A file whose change numbers are below what the store captured went back in time (it was
+    restored from a backup, or the change table emptied): see :func:`_went_back`."""
+    since = attached.attachment(site.conn)[1]
+    went_back = appdb.has_table(app, appdb.CHANGES) and appdb.max_seq(app) < since
     for name, t in infos.items():
-        if not appdb.has_capture(app, name):
-            appdb.install_capture(app, t)
+        if went_back or not appdb.has_capture(app, name):
+            changed = appdb.kept_keys(app, t) if went_back else []
+            appdb.install_capture(app, t, floor=since)
             appdb.set_owner(app, site.site_id, str(site.path.resolve()))
-            _load_rows(site, app, t, rescan=True)
+            if went_back:
+                with site.transaction() as tx:
+                    _went_back(site, tx, app, t, changed)
+            else:
+                _load_rows(site, app, t, rescan=True)
+
+
+def _went_back(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
+               changed: list[tuple]) -> None:
+    """The application's file went back: a row that differs from its visible record is the
+    backup's (the store holds what came after it, its own and the peers'), and gets the
+    visible record again, unless the application changed its key since (a key in the change
+    table ``changed``; the restored rows and the new ones cannot be told apart there).  Such a
+    row becomes this site's op concurrent with the visible record: a conflict that
+    'conflicts' lists, so neither the application's write nor the newer record is lost
+    unseen."""
+    conn, name, single = site.conn, t.name, len(t.pk) == 1
+    try:
+        changed_keys = {rows.encode_key(tuple(k), single) for k in changed}
+    except (TypeError, ValueError):
+        changed_keys = set()
+    pending = set(attached.pending_keys(conn, name))
+    defaults = appdb.constant_defaults(app, t)
+    again: list[tuple[str, str, bytes]] = []
+    mine: list[tuple[str, bytes | None, list[bytes]]] = []
+    seen: set[str] = set()
+
+    def shows(key: str, vs: list, raw: bytes | None) -> bool:
+        v = _visible(site, name, vs, key)
+        if v is None or v.value is None:
+            return raw is None
+        return raw is not None and rows.same_row(codec.shown_value(v.value),
+                                                 codec.decode_value(raw), defaults)
+
+    for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
+        items = _keyed_records(t, part)
+        seen.update(k for k, _r in items)
+        current = attached.versions_for(conn, name, [k for k, _r in items if k not in pending])
+        for key, raw in items:
+            if key in pending or shows(key, list(current.get(key, ())), raw):
+                continue
+            if key in changed_keys:
+                mine.append((key, raw, []))
+            else:
+                again.append((name, key, b""))
+    for key, vs in _grouped(attached.visible_candidates(conn, name)):
+        if key in seen or key in pending or shows(key, vs, None):
+            continue
+        if key in changed_keys:
+            mine.append((key, None, []))
+        else:
+            again.append((name, key, b""))
+    attached.begin_capturing(conn)
+    for i in range(0, len(mine), ATTACH_TXN_OPS):
+        if i:
+            tx.split()
+        tx.write_many(name, mine[i:i + ATTACH_TXN_OPS])
+    attached.end_capturing(conn)
+    attached.mark_pending(conn, again)
 
 
 def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bool) -> int:
@@ -1295,12 +1359,17 @@ def check(site: Site) -> list[str]:
     stopped = {n for n, (_s, why) in attached.shapes(site.conn).items() if why}
     try:
         with appdb.read_txn(app):
+            if appdb.has_table(app, appdb.CHANGES) and appdb.max_seq(app) < since:
+                return [f"attached database {path} is behind the store (restored from an "
+                        f"older copy?): the next capture writes the newer records into it "
+                        f"again, and a row the application changed since becomes a conflict"]
             for name, t in infos.items():
                 if name in stopped:
                     continue        # 'attached' and 'status' show why; refresh compares it
                 if not appdb.has_capture(app, name):
                     problems.append(f"attached table {name} has lost its capture triggers "
-                                    f"(the next capture compares the whole table)")
+                                    f"or syncpack's tables in the file (the next capture "
+                                    f"puts them back and compares the whole table)")
                     continue
                 skip = set(attached.pending_keys(site.conn, name))
                 skip |= attached.inflight_keys(site.conn, name)
