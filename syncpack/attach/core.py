@@ -1265,6 +1265,7 @@ def report(site: Site) -> dict:
     counts: dict[str, int] = {}
     row_counts: dict[str, int | None] = {n: None for n in tables}
     problem = None
+    shp = attached.shapes(site.conn)
     try:
         app = appdb.open_app(Path(path))
     except AttachError as e:
@@ -1272,13 +1273,13 @@ def report(site: Site) -> dict:
     if app is not None:
         try:
             with appdb.read_txn(app):
-                counts = appdb.pending_counts(app, since)
+                counts = appdb.pending_counts(app, since, [n for n, (_s, why) in shp.items()
+                                                          if why])
                 for n in tables:
                     if appdb.has_table(app, n):
                         row_counts[n] = appdb.count_rows(app, n)
         finally:
             app.close()
-    shp = attached.shapes(site.conn)
     return {"database": path, "tables": [
         {"table": n, "rows": row_counts[n], "pending": counts.get(n, 0),
          "to_apply": attached.pending_count(site.conn, n),

@@ -727,12 +727,17 @@ def max_seq(conn: Connection) -> int:
     return conn.execute(f"SELECT coalesce(max(seq), 0) FROM {CHANGES}").fetchone()[0]
 
 
-def pending_counts(conn: Connection, since: int) -> dict[str, int]:
-    """Per table, changes committed after ``since`` (not yet captured)."""
+def pending_counts(conn: Connection, since: int, stopped: Iterable[str] = ()
+                   ) -> dict[str, int]:
+    """Per table, changes committed after ``since`` (not yet captured); for the tables in
+    ``stopped`` (whose capture a schema change stopped), every change still kept, since those
+    wait for the refresh whatever their number."""
     if not has_table(conn, CHANGES):
         return {}
-    return dict(conn.execute(f"SELECT tbl, count(*) FROM {CHANGES} WHERE seq > ? GROUP BY tbl",
-                             (since,)).fetchall())
+    stopped = list(stopped)
+    return dict(conn.execute(
+        f"SELECT tbl, count(*) FROM {CHANGES} WHERE tbl != '' AND (seq > ? OR tbl IN "
+        f"({', '.join('?' for _ in stopped)})) GROUP BY tbl", (since, *stopped)).fetchall())
 
 
 def _changed_keys(t: TableInfo) -> str:
