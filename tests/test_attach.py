@@ -1481,7 +1481,8 @@ def test_syncpacks_tables_dropped_from_the_file_come_back_with_nothing_lost(tmp_
     r = run("fsck", site=sites["a"])
     assert r.code == 1 and "lost its capture triggers or syncpack's tables" in r.err, r
     assert "site store" not in r.err, r
-    sp(sites["a"], "capture")
+    r = run("capture", site=sites["a"], json_mode=True)
+    assert r.code == 0 and r.json["captured"] == 1, r       # k1's update, found by comparing
     app(dbs["a"], ["UPDATE items SET i = 300 WHERE id = 'k3'"])
     exchange(tmp_path, sites)
     assert table(dbs["b"], "items") == table(dbs["a"], "items")

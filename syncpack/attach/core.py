@@ -601,14 +601,16 @@ class DirectApply:
             self.app = None
 
 
-def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> None:
+def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> int:
     """A table whose capture is missing (a crash inside attach, the application dropped and
     re-created the table, or someone dropped syncpack's tables in the file): put it back and
     compare the whole table with the store, so whatever changed unseen becomes local ops.
 
     A file whose change numbers are below what the store captured went back in time (it was
-    restored from a backup, or the change table emptied): see :func:`_went_back`."""
+    restored from a backup, or the change table emptied): see :func:`_went_back`.  Returns
+    the changes of the application's it took."""
     since = attached.attachment(site.conn)[1]
+    taken = 0
     went_back = appdb.has_table(app, appdb.CHANGES) and appdb.max_seq(app) < since
     for name, t in infos.items():
         if went_back or not appdb.has_capture(app, name):
@@ -617,13 +619,14 @@ def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) 
             appdb.set_owner(app, site.site_id, str(site.path.resolve()))
             if went_back:
                 with site.transaction() as tx:
-                    _went_back(site, tx, app, t, changed)
+                    taken += _went_back(site, tx, app, t, changed)
             else:
-                _load_rows(site, app, t, rescan=True)
+                taken += _load_rows(site, app, t, rescan=True)
+    return taken
 
 
 def _went_back(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
-               changed: list[tuple]) -> None:
+               changed: list[tuple]) -> int:
     """The application's file went back: a row that differs from its visible record is the
     backup's (the store holds what came after it, its own and the peers'), and gets the
     visible record again, unless the application changed its key since (a key in the change
@@ -674,6 +677,7 @@ def _went_back(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
         tx.write_many(name, mine[i:i + ATTACH_TXN_OPS])
     attached.end_capturing(conn)
     attached.mark_pending(conn, again)
+    return len(mine)
 
 
 def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bool) -> int:
@@ -786,8 +790,8 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
     refused: list[str] = []
     with appdb.write_txn(app):
         infos = schema.review(site, app, infos)     # stopped tables are left out
-        _heal(site, app, infos)
-        captured = _capture(site, app, infos)
+        captured = _heal(site, app, infos)
+        captured += _capture(site, app, infos)
         infos, grown = schema.follow(site, app, infos, refused)     # peers' new columns
         done, clashes = ({}, {})
         if attached.has_pending(site.conn):
