@@ -1533,3 +1533,55 @@ def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again
     assert table(dbs["b"], "items") == table(dbs["a"], "items")
     for n in sites:
         sp(sites[n], "fsck")
+
+
+def test_an_import_whose_application_file_fails_after_applying_says_the_packets_stay(
+        tmp_path, monkeypatch):
+    """The store applied the packet; then the application's file could not be written (here:
+    an application transaction held its lock past the busy timeout).  The error said only
+    that, so an administrator could take the import for failed and import again, or
+    restore; it now says the packets stay applied and their rows wait for the next command."""
+    from syncpack.attach import core
+    from syncpack.store import appdb
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], SCHEMA)
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(3)])
+    usb = tmp_path / "usb"
+    sp(sites["a"], "export", "--to", "b", "--out", usb, "--create-out")
+    holders = []
+    sync_app = core.sync_app
+
+    def lock_then_sync(site, **kw):
+        if holders == [] and calls.append(1) is None and len(calls) == 2:
+            # the application takes its write lock between the import's apply and its
+            # last pass over the attached tables
+            holders.append(subprocess.Popen(
+                [sys.executable, "-c", "import sqlite3, sys\n"
+                 "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                 "c.execute('BEGIN IMMEDIATE')\n"
+                 "c.execute(\"INSERT INTO items(id) VALUES ('z')\")\n"
+                 "print('locked', flush=True); sys.stdin.readline(); c.execute('COMMIT')",
+                 str(dbs["b"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            assert holders[0].stdout.readline().strip() == "locked"
+        return sync_app(site, **kw)
+
+    calls: list[int] = []
+    monkeypatch.setattr(core, "sync_app", lock_then_sync)
+    monkeypatch.setattr(appdb, "BUSY_TIMEOUT_MS", 300)
+    try:
+        r = run("import", usb, site=sites["b"])
+    finally:
+        monkeypatch.undo()
+        for h in holders:
+            h.communicate("\n")
+    assert r.code == 1 and "stayed locked" in r.err, r
+    assert "1 packet(s) applied before (4 op(s)) stay applied" in r.err, r.err   # 3 rows, 1 definition
+    assert run("import", usb, site=sites["b"], json_mode=True).json["duplicates"]
+    exchange(tmp_path, sites)
+    assert table(dbs["a"], "items") == table(dbs["b"], "items")
+    assert len(table(dbs["a"], "items")) == 4
+    for n in sites:
+        sp(sites[n], "fsck")

@@ -9,6 +9,7 @@ the store untouched.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -23,7 +24,7 @@ from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, appl
                                      drop_parked, is_known, park)
 from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
-from syncpack.errors import (ExportError, ForkFoundError, PacketBodyError, PacketError, PacketPolicyError,
+from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBodyError, PacketError, PacketPolicyError,
                      PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
@@ -600,13 +601,31 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 forks.end_retired(site)     # a retirement may have arrived just now
             res.incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
                               for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
-            direct.finish()
+            with _applied_kept(res):
+                direct.finish()
         finally:
             direct.close()
             for c in opened:
                 c.pk.close()
-    attach_core.sync_app(site)      # what arrived, into the attached application's tables
+    with _applied_kept(res):
+        attach_core.sync_app(site)      # what arrived, into the attached application's tables
     return res
+
+
+@contextmanager
+def _applied_kept(res: ImportResult) -> Iterator[None]:
+    """An attached application's file that fails once the store has applied packets (full,
+    locked, unreadable): the error says that those packets stay applied and that their rows
+    wait for the next command, so the administrator does not import them again or restore."""
+    try:
+        yield
+    except AttachError as e:
+        if res.applied:
+            e.message = (f"{e.message}; the {len(res.applied)} packet(s) applied before "
+                         f"({res.ops_applied} op(s)) stay applied in the store, and their rows "
+                         f"are written into the application's tables by the next syncpack "
+                         f"command")
+        raise
 
 
 def committed_since(site: Site, res: ImportResult) -> list[tuple[str, int]]:
