@@ -129,6 +129,14 @@ def _unstash_through(site: Site, epoch: int, csn: bytes) -> int:
     row = stash.op_id_at(c, me, epoch)
     if row is None or pack_csn(row[0], me, row[1]) != csn:
         return 0
+    for f in fork_store.all_forks(c):
+        if f.origin == me and f.epoch <= epoch and stash.op_id_at(c, me, f.epoch) is not None:
+            # Evidence showed that we signed two versions from f.epoch, and we keep the one
+            # the peer that showed it holds: a member naming an op we set aside there holds
+            # the other, which it reverts once our packets say which was kept.  Ours come
+            # back inside the kept version's blocks (apply.py: _unstash), the rest is issued
+            # again.
+            return 0
     stash.return_through(c, me, epoch)
     stored.raise_epoch(c, me, epoch)
     return epoch

@@ -107,17 +107,26 @@ def _heal_own(site: Site, f: store.Fork) -> None:
     again under new epochs, so nothing is lost and no epoch is used twice."""
     me = site.site_id
     ours = {bytes(x) for x in store.headers_overlapping(site.conn, me, f.epoch - 1, f.epoch)}
-    aside = recovery.set_aside_headers(site) if not ours else set()
-    if (f.a in ours) != (f.b in ours):
-        _keep(site, f.b if f.a in ours else f.a)
-        recovery.stash_own(site, f"this site signed two versions of its epoch {f.epoch} (a "
-                                 f"peer holds the other one: restored from a backup, then "
-                                 f"written to?)", from_epoch=f.epoch)
-    elif (f.a in aside) != (f.b in aside):
-        # A peer's word set our version aside before the evidence came (the peer's packet
-        # was written before it knew): the version kept is still to be said, or the family
-        # would refuse this site's packets for good.
-        _keep(site, f.b if f.a in aside else f.a)
+    aside = recovery.set_aside_headers(site)
+    if (f.a in aside) != (f.b in aside):
+        # A peer's word set our version aside before the evidence came (its packet held our
+        # epoch with another op, or its tip named another): the other is the one kept.  What
+        # we hold now may be the family's, come back: setting aside again would put the
+        # family's ops in the place of ours.
+        keep = f.b if f.a in aside else f.a
+    elif (f.a in ours) != (f.b in ours):
+        keep = f.b if f.a in ours else f.a
+    else:
+        keep = None
+    if keep is not None:
+        # said from now on, or the family would refuse this site's packets for good
+        _keep(site, keep)
+        if (f.a if keep == f.b else f.b) in ours:
+            # we hold the other version (again: another member's tip named it as ours and
+            # brought it back before the evidence came)
+            recovery.stash_own(site, f"this site signed two versions of its epoch {f.epoch} "
+                                     f"(a peer holds the other one: restored from a backup, "
+                                     f"then written to?)", from_epoch=f.epoch)
     store.set_state(site.conn, f, store.HEALED)
 
 
