@@ -303,3 +303,94 @@ def test_an_equivocating_member_that_heals_converges_without_retiring(family):
     assert kept in ("to A", "to B")
     with fam.open("C") as s:      # what C wrote itself is not lost: re-issued if not kept
         assert s.get("t", "k") == kept
+
+
+@pytest.mark.parametrize("schedule", ["pairs", "shared medium"])
+def test_a_careless_restore_whose_lost_writes_travelled_as_one_block_heals(family, schedule):
+    """Two writes after the backup reach the peers as one block (epochs 6..7); the careless
+    write after the restore is epoch 6 alone.  The restored site first set its write aside on
+    a peer's packet, then took the family's block back, then heard the evidence: it set the
+    family's block aside in place of its own write, which was lost (fsck: a version without
+    a changelog op) while every site said 'healed'."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    names = ["A", "B", "C"]
+    fam.put("B", "t", "b0", "before the backup")
+    shared_medium_rounds(fam, names, 2)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "b1", "lost 1")
+    fam.put("B", "t", "b2", "lost 2")
+    shared_medium_rounds(fam, names, 1)
+    put_back(fam, "B", copy)                 # no 'syncpack restore'
+    fam.put("B", "t", "careless", "written after the copy came back")
+    if schedule == "pairs":
+        rounds(fam, names, 4)
+    else:
+        shared_medium_rounds(fam, names, 6)
+    for name in names:
+        assert fsck_ok(fam, name)
+        assert status(fam, name)["state"] == "normal", status(fam, name)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    with fam.open("A") as s:
+        assert (s.get("t", "b1"), s.get("t", "b2"), s.get("t", "careless")) == (
+            "lost 1", "lost 2", "written after the copy came back")
+
+
+@pytest.mark.parametrize("schedule", ["pairs", "shared medium"])
+def test_a_careless_restore_whose_two_versions_went_to_different_peers_heals(family,
+                                                                             schedule):
+    """The write made before the restore reached only A, the careless one only C: A and C
+    hold different ops as the same epoch of B.  C's word on B's history (its tip) brought the
+    careless version back at B after B had set it aside on A's word; B then said it kept A's
+    version while holding C's, and A, B and C ended 'healed' with different data."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    names = ["A", "B", "C"]
+    fam.put("B", "t", "b0", "before the backup")
+    rounds(fam, names, 2)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "k1", "only A saw this")
+    fam.sync("B", "A")
+    put_back(fam, "B", copy)
+    fam.put("B", "t", "kc", "only C saw this")
+    fam.sync("B", "C")
+    if schedule == "pairs":
+        rounds(fam, names, 5)
+    else:
+        shared_medium_rounds(fam, names, 6)
+    for name in names:
+        assert fsck_ok(fam, name)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    with fam.open("C") as s:
+        assert (s.get("t", "k1"), s.get("t", "kc")) == ("only A saw this", "only C saw this")
+
+
+def test_an_equivocating_member_that_heals_converges_when_a_peer_relays_its_other_version(
+        family):
+    """C's version goes to A, its twin's to D, and D relays the twin's towards A.  C, shown
+    the fork, keeps the twin's version and issues its own again; a peer that still held C's
+    version then sent it back to C, which took it as its own again: D ended with the twin's
+    version, the others with C's, all 'healed'."""
+    fam = three_sites(family)
+    fam.add("D", via="A")
+    everyone = ["A", "B", "C", "D"]
+    fam.full_exchange(2)
+    c2 = twin(fam, "C")
+    fam.put("C", "t", "k", "first")
+    fam.put(c2, "t", "k", "second")
+    fam.sync("C", "A")
+    fam.sync(c2, "D")
+    drop(fam, c2)
+    out, _ = cli_export(fam, "D", "A")
+    run("import", out, site=fam.path("A"), json_mode=True)      # refused: the fork
+    rounds(fam, everyone, 4)
+    assert len({fam.digest(n) for n in everyone}) == 1, {n: fam.digest(n) for n in everyone}
+    for n in everyone:
+        assert fsck_ok(fam, n)
+        assert all(f["state"] == "healed" for f in forks_at(fam, n)), forks_at(fam, n)

@@ -136,6 +136,22 @@ def _keep(site: Site, header: bytes) -> None:
     site.set_meta("fork_kept", codec.packb([keep, *kept_for_header(site)][:MAX_KEPT]))
 
 
+def lost_own(site: Site) -> set[bytes]:
+    """Signed headers of our own blocks that lost at a fork of our history: the version of
+    each own fork that our packets do not say we kept.  A peer that still holds one may send
+    it back to us; it is not ours any more (its ops were set aside and issued again)."""
+    kept = set(kept_for_header(site))
+    out = set()
+    for f in store.all_forks(site.conn):
+        if f.origin != site.site_id:
+            continue
+        hashes = [blocks.read_block_header(x, site.family_id, header_only=True).block_hash
+                  for x in (f.a, f.b)]
+        if (hashes[0] in kept) != (hashes[1] in kept):
+            out.add(f.b if hashes[0] in kept else f.a)
+    return out
+
+
 def frozen(site: Site) -> dict[bytes, int]:
     """Origins frozen here (open evidence), each with its fork epoch; never our own."""
     return {o: e for o, e in store.frozen(site.conn).items() if o != site.site_id}
