@@ -600,7 +600,7 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
             for o in h.ranges:
                 stored.ensure_origin(conn, o)
             frozen = forks.frozen(site)
-            lost = forks.lost_own(site) if site.site_id in h.ranges else set()
+            lost = forks.lost_versions(site)
             bad_anchor: dict[bytes, EpochCollisionError] = {}
             anchored = _check_anchors(site, h, frozen, bad_anchor)
             skipped: set[bytes] = set()
@@ -636,8 +636,9 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                 if origin in frozen:
                     skipped.add(origin)     # its ops wait until it heals or is retired
                 elif lost and bytes(raw[:blocks.HEADER_LEN]) in lost:
-                    # our own version that lost at a fork, sent back by a peer that has not
-                    # heard which was kept: not ours any more (it reverts it once it hears)
+                    # the version that lost at a fork, sent by a peer that has not heard which
+                    # was kept (it reverts it once it hears); for our own origin, ops we set
+                    # aside and issued again
                     skipped.add(origin)
                 if origin in skipped:
                     cursor[origin] = peek.hi

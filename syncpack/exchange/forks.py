@@ -121,6 +121,7 @@ def _heal_own(site: Site, f: store.Fork) -> None:
     if keep is not None:
         # said from now on, or the family would refuse this site's packets for good
         _keep(site, keep)
+        _lose(site, f, keep)
         if (f.a if keep == f.b else f.b) in ours:
             # we hold the other version (again: another member's tip named it as ours and
             # brought it back before the evidence came)
@@ -136,20 +137,26 @@ def _keep(site: Site, header: bytes) -> None:
     site.set_meta("fork_kept", codec.packb([keep, *kept_for_header(site)][:MAX_KEPT]))
 
 
-def lost_own(site: Site) -> set[bytes]:
-    """Signed headers of our own blocks that lost at a fork of our history: the version of
-    each own fork that our packets do not say we kept.  A peer that still holds one may send
-    it back to us; it is not ours any more (its ops were set aside and issued again)."""
-    kept = set(kept_for_header(site))
-    out = set()
-    for f in store.all_forks(site.conn):
-        if f.origin != site.site_id:
-            continue
-        hashes = [blocks.read_block_header(x, site.family_id, header_only=True).block_hash
-                  for x in (f.a, f.b)]
-        if (hashes[0] in kept) != (hashes[1] in kept):
-            out.add(f.b if hashes[0] in kept else f.a)
-    return out
+# How many lost versions a site remembers (the newest): a peer holding one reverts it once it
+# hears which was kept, within a few rounds.
+MAX_LOST = 64
+
+
+def lost_versions(site: Site) -> set[bytes]:
+    """Signed headers of the blocks that lost at forks this site saw settled (healed: the
+    origin said which version it kept; ended: the forked member was retired).  A peer that
+    has not heard yet may still send one; it is never applied (it would be a history the
+    family left, held here for good)."""
+    raw = site.meta("fork_lost")
+    return {bytes(h) for h in codec.unpackb(raw)} if raw else set()
+
+
+def _lose(site: Site, f: store.Fork, kept: bytes) -> None:
+    lose = f.b if kept == f.a else f.a
+    have = [bytes(h) for h in codec.unpackb(site.meta("fork_lost"))] \
+        if site.meta("fork_lost") else []
+    if lose not in have:
+        site.set_meta("fork_lost", codec.packb(([lose] + have)[:MAX_LOST]))
 
 
 def frozen(site: Site) -> dict[bytes, int]:
@@ -171,9 +178,11 @@ def note_kept(site: Site, h: Header) -> None:
         if len(chosen) != 1:
             continue
         held = store.headers_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
-        if held and bytes(chosen[0].raw[:blocks.HEADER_LEN]) not in held:
+        keep = bytes(chosen[0].raw[:blocks.HEADER_LEN])
+        if held and keep not in held:
             store.revert_from(site.conn, f.origin, f.epoch)
             site.invalidate()
+        _lose(site, f, keep)
         store.set_state(site.conn, f, store.HEALED)
 
 
@@ -251,6 +260,7 @@ def end_retired(site: Site) -> int:
         if bytes(lose.raw[:blocks.HEADER_LEN]) in held:
             store.revert_from(site.conn, f.origin, f.epoch)
             site.invalidate()
+        _lose(site, f, f.a if keep.block_hash == a.block_hash else f.b)
         store.set_state(site.conn, f, store.ENDED)
         n += 1
     return n
