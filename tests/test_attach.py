@@ -1585,3 +1585,37 @@ def test_an_import_whose_application_file_fails_after_applying_says_the_packets_
     assert len(table(dbs["a"], "items")) == 4
     for n in sites:
         sp(sites[n], "fsck")
+
+
+def test_a_peers_transaction_of_deletes_and_inserts_reaches_the_application_whole(tmp_path,
+                                                                                  monkeypatch):
+    """One application transaction at a deletes ten rows and inserts ten others.  b's import
+    wrote the inserted rows in one commit of the application's file and the deletes in a
+    second one after: in between (and for good, after a crash there) b's application saw
+    twenty rows, a state a never had."""
+    from syncpack.attach import core
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], SCHEMA)
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('old{i}', {i})" for i in range(10)])
+    exchange(tmp_path, sites)
+    app(dbs["a"], [f"DELETE FROM items WHERE id = 'old{i}'" for i in range(10)]
+        + [f"INSERT INTO items(id, i) VALUES ('new{i}', {i})" for i in range(10)])
+    usb = tmp_path / "usb"
+    sp(sites["a"], "export", "--to", "b", "--out", usb, "--create-out")
+    seen = []
+    sync_app = core.sync_app
+
+    def look_then_sync(site, **kw):
+        # what another connection sees once the import's own writing is committed
+        seen.append(sorted(r[0][:3] for r in table(dbs["b"], "items")))
+        return sync_app(site, **kw)
+
+    monkeypatch.setattr(core, "sync_app", look_then_sync)
+    sp(sites["b"], "import", usb)
+    monkeypatch.undo()
+    assert seen[-1] == ["new"] * 10, seen
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    sp(sites["b"], "fsck")

@@ -555,6 +555,8 @@ class DirectApply:
             return
         site, app = self.site, self.app
         self._unhook()
+        done: dict[str, int] = {}
+        clashes: dict[str, dict[str, str]] = {}
         try:
             if self.child is not None:
                 ok = self._finish_child()
@@ -563,6 +565,13 @@ class DirectApply:
                 if ok:
                     for name in self.paused:
                         appdb.install_capture(app, self.infos[name])
+                    if attached.has_pending(site.conn):
+                        # The rest of what arrived (deletes, keys in conflict, rows to try
+                        # again) in the same application transaction: committed apart, a
+                        # peer's transaction that deletes rows and inserts others showed in
+                        # the application half done until the second commit (or, after a
+                        # crash between the two, until the next command).
+                        done, clashes = _apply(site, app, self.infos)
                 appdb.end_write(app, ok)
         finally:
             self.close()
@@ -570,6 +579,8 @@ class DirectApply:
             with site.write_txn() as conn:
                 attached.clear_inflight(conn, self.token)
                 attached.touch(conn, self.written, "last_apply_ms", wall_ms())
+        if ok and (done or clashes):
+            _settle(site, done, clashes)
 
     def _finish_child(self) -> bool:
         """:meth:`finish` of rows the child wrote: its answers in, the rows it refused
