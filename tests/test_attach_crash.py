@@ -234,3 +234,50 @@ def test_kill_9_during_an_import_written_by_the_writer_process(tmp_path):
     for s in sites.values():
         assert run("fsck", site=s).code == 0
         assert run("--json", "status", site=s).json["conflicts"] == 0
+
+
+# The importing process killed (SIGKILL, as kill -9) at the instant after the application's
+# transaction committed and before the store dropped its marks of the rows written.
+KILLED_AFTER_THE_APPLICATIONS_COMMIT = r"""
+import os, signal, sys
+from syncpack.store import attached
+def killed(*_a, **_k):
+    os.kill(os.getpid(), signal.SIGKILL)
+attached.clear_inflight = killed
+from syncpack.cli import main
+sys.argv = ["syncpack"] + sys.argv[1:]
+main()
+"""
+
+
+def test_kill_9_right_after_the_applications_commit_makes_no_false_conflict(tmp_path):
+    """The marks left by that kill made every row of the import pending again: the
+    application's next edit of a row it had been shown was captured as concurrent with it, a
+    conflict; under 'priority' with the peer ranked higher, the edit was reverted in the
+    application's own table.  The import's transaction now leaves a token in the file, and
+    marks of a transaction the file holds just go."""
+    a = tmp_path / "a"
+    assert run("init", a, "--family", "f", "--site", "a", "--policy", "priority",
+               "--priority", "10").code == 0
+    b = tmp_path / "b"
+    assert run("keygen", b, "--site", "b").code == 0
+    sp(a, "mkreplica", "export", "--site", "b", "--pubkey", b / "keys" / "site.pub", "--out",
+       tmp_path / "seed", "--create-out", "--priority", "1")
+    sp(b, "mkreplica", "import", tmp_path / "seed")
+    sites = {"a": a, "b": b}
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v)"])
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], ["INSERT INTO items VALUES ('k', 'from a')"])
+    sp(a, "export", "--to", "b", "--out", tmp_path / "m1", "--create-out")
+    r = subprocess.run([sys.executable, "-c", KILLED_AFTER_THE_APPLICATIONS_COMMIT, "--site",
+                        str(b), "import", str(tmp_path / "m1" / "b")])
+    assert r.returncode == -signal.SIGKILL
+    assert [row[:3:2] for row in table(dbs["b"], "items")] == [("k", "from a")]
+    app(dbs["b"], ["UPDATE items SET v = 'edited at b' WHERE id = 'k'"])
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [row[:3:2] for row in table(dbs[n], "items")] == [("k", "edited at b")]
+        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == []
+        sp(sites[n], "fsck")

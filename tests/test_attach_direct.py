@@ -329,7 +329,7 @@ def test_a_power_cut_before_the_writer_process_commits(tmp_path, monkeypatch):
     out = export(sites, tmp_path, "drop")
     served = _elsewhere(monkeypatch, 1)
 
-    def power_cut(self, commit):
+    def power_cut(self, commit, token):
         os.kill(self.proc.pid, signal.SIGKILL)
         raise RuntimeError("power cut")
     monkeypatch.setattr(writer.Elsewhere, "end", power_cut)
@@ -374,13 +374,15 @@ def test_the_writer_process_serves_only_the_file_as_left(tmp_path):
         assert w
         w.put("items", ["n1", "n2", "n3", "n4"], rec, [b"one", b"two", b"three", b"four"])
         assert w.refused(wait=True) == [("items", "n2", b"two"), ("items", "n3", b"three")]
-        assert w.end(commit) is commit
+        assert w.end(commit, b"token") is commit
         w.close()
         assert w.proc is None
         got = [r[0] for r in table(db, "items")]
         assert got == (["k0", "mine", "n1", "n4"] if commit else ["k0", "mine"])
+        # the token committed with the rows, so that a crash after the commit is told apart
+        assert appdb.applied_tokens(conn, [b"token"]) == ({b"token"} if commit else set())
     # nothing it wrote was captured as the application's change
-    assert appdb.max_seq(conn) == upto
+    assert appdb.pending_counts(conn, upto) == {}
     conn.close()
 
 

@@ -370,12 +370,19 @@ def _settle(site: Site, done: dict[str, int], clashes: dict[str, dict[str, str]]
         attached.touch(conn, set(done) | set(clashes), "last_apply_ms", now)
 
 
-def _recover(site: Site) -> None:
+def _recover(site: Site, app: appdb.Connection | None = None) -> None:
     """An import that wrote rows straight into the application and did not finish (a crash,
     an interruption, a packet rolled back) left marks; their keys are pending again.  Runs
-    before any capture, so a local change made since is concurrent with those versions."""
+    before any capture, so a local change made since is concurrent with those versions.
+
+    Marks of an import whose application transaction did commit (its token is in the file,
+    ``app``: a crash between that commit and the marks' removal) just go: those rows are in
+    the application's tables, and a change it made to them since is no conflict."""
     if attached.has_inflight(site.conn):
         with site.write_txn() as conn:
+            if app is not None:
+                for token in appdb.applied_tokens(app, attached.inflight_tokens(conn)):
+                    attached.clear_inflight(conn, token)
             attached.recover_inflight(conn)
 
 
@@ -406,13 +413,14 @@ class DirectApply:
         self.child: writer.Elsewhere | None = None
         if not is_attached(site) or site.state == "recovering":
             return
-        _recover(site)
         path, _seq = attached.attachment(site.conn)
         try:
             app = appdb.open_app(Path(path))
         except AttachError:
+            _recover(site)
             return      # the ordinary apply after the import reports it
         try:
+            _recover(site, app)
             appdb.skip_trigger_writes(app, attached.tables(site.conn))
             tables = {}
             for name in attached.tables(site.conn):
@@ -572,6 +580,8 @@ class DirectApply:
                         # the application half done until the second commit (or, after a
                         # crash between the two, until the next command).
                         done, clashes = _apply(site, app, self.infos)
+                    if self.marks:
+                        appdb.note_applied(app, self.token)
                 appdb.end_write(app, ok)
         finally:
             self.close()
@@ -592,7 +602,7 @@ class DirectApply:
         ok = (not self.child_lost
               and attached.inflight_count(self.site.conn, self.token) == self.marks)
         try:
-            return self.child.end(ok) and ok
+            return self.child.end(ok, self.token if self.marks else None) and ok
         except child.ChildEnded:
             return False
 
@@ -831,9 +841,9 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
         with site.lock():
             if not is_attached(site):
                 return None
-            _recover(site)
             _follow_new_tables(site)
             with _open_attached(site) as (app, infos):
+                _recover(site, app)
                 if not wait:
                     # 'status' from cron or a monitor: a minute's wait for the application's
                     # lock would stall it; its figures are then those of the last capture

@@ -18,7 +18,8 @@ the store's marks make the rows pending again (attach/core.py, _recover).
 The child runs :func:`main`.  Request ``{"path", "tables", "upto", "schema", "module",
 "pause_at"}``, answered ``{"ok": bool}``; then per ``["put", table, keys, records]`` the
 positions of the records not written (the ordinary apply retries them and records why), in
-order; ``["end", commit]`` answered ``{"done": committed}``.  Input that ends before ``end``
+order; ``["end", commit, token]`` answered ``{"done": committed}`` (the token is written with the
+commit: appdb.note_applied).  Input that ends before ``end``
 rolls back.
 """
 
@@ -92,6 +93,8 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                     if commit:
                         for n in paused:
                             appdb.install_capture(app, infos[n])
+                        if frame[2] is not None:
+                            appdb.note_applied(app, frame[2])
                     appdb.end_write(app, commit)
                     child.write_frame(out, {"done": commit})
                     out.flush()
@@ -160,9 +163,10 @@ class Elsewhere:
             out += [(table, keys[i], csns[i]) for i in answer]
         return out
 
-    def end(self, commit: bool) -> bool:
-        """Commit (or roll back) everything written; True if committed."""
-        self._outbox.put(["end", commit])
+    def end(self, commit: bool, token: bytes | None) -> bool:
+        """Commit (or roll back) everything written, with ``token`` (appdb.note_applied);
+        True if committed."""
+        self._outbox.put(["end", commit, token])
         answer = self._inbox.get()
         self._ended = isinstance(answer, dict) and answer.get("done") is not None
         return self._ended and answer["done"] is True

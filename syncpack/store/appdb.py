@@ -818,6 +818,25 @@ def changed_chunks(conn: Connection, t: TableInfo, since: int, upto: int, n: int
     return _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
 
 
+def note_applied(conn: Connection, token: bytes) -> None:
+    """Inside our write transaction: that transaction's token, committed with it (a row of
+    no table in the change table, gone at the next capture), so that after a crash the site
+    can tell whether the rows it wrote are in the file (:func:`applied_tokens`)."""
+    if has_table(conn, CHANGES):
+        conn.execute(f"INSERT INTO {CHANGES}(tbl, k0) VALUES ('', ?)", (token,))
+
+
+def applied_tokens(conn: Connection, tokens: Iterable[bytes]) -> set[bytes]:
+    """Which of ``tokens`` (:func:`note_applied`) the file holds: their transactions
+    committed."""
+    tokens = list(tokens)
+    if not tokens or not has_table(conn, CHANGES):
+        return set()
+    return {bytes(r[0]) for r in conn.execute(
+        f"SELECT k0 FROM {CHANGES} WHERE tbl = '' AND k0 IN "
+        f"({', '.join('?' for _ in tokens)})", tokens)}
+
+
 def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> None:
     """Captured rows are no longer needed (the store remembers how far it captured); those of
     the tables in ``keep`` (whose capture stopped) stay for the refresh (:func:`kept_keys`)."""

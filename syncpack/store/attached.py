@@ -486,6 +486,10 @@ def recover_inflight(conn: Connection) -> int:
     return n
 
 
+def inflight_tokens(conn: Connection) -> set[bytes]:
+    return {bytes(r[0]) for r in conn.execute("SELECT DISTINCT token FROM attach_inflight")}
+
+
 def has_inflight(conn: Connection) -> bool:
     return conn.execute("SELECT 1 FROM attach_inflight LIMIT 1").fetchone() is not None
 
