@@ -145,6 +145,9 @@ GOOD = '{"collection": "parts", "key": "p9", "value": 9}'
     ('{"collection": "parts", "key": "x", "value": 1, "delete": true}', "not both"),
     ('{"collection": "parts", "key": "x", "value": 1, "extra": 2}', "extra"),
     ('{"collection": "parts", "key": "x", "value": %d}' % 2**70, "encoded"),
+    # the rule of a put: an empty key cannot be typed back (delete refuses it)
+    ('{"collection": "parts", "key": "", "value": 1}', "non-empty"),
+    ('{"collection": "parts", "key": "\\ud800", "value": 1}', "UTF-8"),
 ])
 def test_load_rejects_a_bad_line_and_leaves_the_store_untouched(site_dir, tmp_path, bad, why):
     f = tmp_path / "in.jsonl"

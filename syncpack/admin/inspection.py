@@ -241,8 +241,8 @@ def _load_batches(p: Path, lines: list[str], counts: dict
             if coll not in collections:
                 check_collection(coll)
                 collections.add(coll)
-            if len(key) > MAX_NAME_CHARS:
-                check_key(key)
+            if not key or len(key) > MAX_NAME_CHARS or not key.isascii():
+                check_key(key)      # the rule of a put (the common key needs no more)
             if len(d) == 3 and "value" in d:
                 # NaN or Infinity (json.loads takes them) and unencodable values are refused
                 # with their line
