@@ -38,6 +38,7 @@ recovery = OnFirstUse("syncpack.admin.recovery")
 replica = OnFirstUse("syncpack.exchange.replica")
 sync = OnFirstUse("syncpack.exchange.sync")
 keys = OnFirstUse("syncpack.format.keys")
+names = OnFirstUse("syncpack.format.names")
 packets = OnFirstUse("syncpack.exchange.packets")
 verify = OnFirstUse("syncpack.exchange.verify")
 
@@ -60,6 +61,23 @@ class _Text(click.ParamType):
 
 
 TEXT = _Text()
+
+
+class _SiteName(_Text):
+    """A site name, by the one rule (format/names.py), refused as a usage error (exit 2)
+    like any other malformed value."""
+    name = "name"
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        try:
+            names.check_site_name(value)
+        except SyncpackError as e:
+            self.fail(f"{e.message} ({e.hint})", param, ctx)
+        return value
+
+
+SITE_NAME = _SiteName()
 
 
 def _utf8_path(value: str) -> str | None:
@@ -355,7 +373,8 @@ def cli(ctx, site, as_json, quiet, verbose):
 @cli.command()
 @click.argument("directory", type=_Path(file_okay=False))
 @click.option("--family", type=TEXT, required=True, help="Name of the new family.")
-@click.option("--site", "site_name", type=TEXT, required=True, help="Name of this first site.")
+@click.option("--site", "site_name", type=SITE_NAME, required=True,
+              help="Name of this first site.")
 @click.option("--policy", type=click.Choice(["lww", "priority"]), default="lww",
               show_default=True, help="Default conflict policy for collections.")
 @click.option("--priority", type=PRIORITY, default=0, show_default=True,
@@ -379,7 +398,8 @@ def init(obj: Ctx, directory, family, site_name, policy, priority):
 
 @cli.command()
 @click.argument("directory", type=_Path(file_okay=False))
-@click.option("--site", "site_name", type=TEXT, required=True, help="Name of the new site.")
+@click.option("--site", "site_name", type=SITE_NAME, required=True,
+              help="Name of the new site.")
 @click.pass_obj
 def keygen(obj: Ctx, directory, site_name):
     """Make a not-yet-joined site directory with its key pair.
@@ -410,7 +430,7 @@ def mkreplica():
 
 
 @mkreplica.command("export")
-@click.option("--site", "name", type=TEXT, required=True, help="Name of the new site.")
+@click.option("--site", "name", type=SITE_NAME, required=True, help="Name of the new site.")
 @click.option("--pubkey", required=True, type=_Path(dir_okay=False),
               help="Public key file from 'syncpack keygen'.")
 @click.option("--out", required=True, type=_Path(file_okay=False),

@@ -219,7 +219,9 @@ class InvalidValueError(UsageError):
     objects): refused before anything is written, so every site can show and ship it.
 
     On the command line an unacceptable value or name is a usage error (exit 2), whichever
-    check finds it: the same code as a value that is not JSON at all."""
+    check finds it: the same code as a value that is not JSON at all.  Also raised for other
+    malformed values given to a command (an ORIGIN=EPOCH without a whole number, a --field
+    without '=', a family without a name)."""
 
     exit_code = 2
 

@@ -178,7 +178,8 @@ class Site:
                              hint="lww: the newest write wins; priority: the higher-priority "
                                   "site")
         if not family:
-            raise UsageError("the family needs a name", hint="init DIR --family NAME --site NAME")
+            raise InvalidValueError("the family needs a name",
+                                    hint="init DIR --family NAME --site NAME")
         check_priority(priority)
         p, conn, ident = cls._create_dir(Path(path), site)
         fam_id = os.urandom(16)

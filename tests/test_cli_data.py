@@ -75,8 +75,9 @@ def test_init_and_keygen_usage_errors(tmp_path, args):
 
 @pytest.mark.parametrize("name", ["a/b", "$sys", " padded", ""])
 def test_init_refuses_bad_site_names(tmp_path, name):
+    # a malformed value: a usage error (exit 2), as an empty collection name is
     r = run("init", tmp_path / "n", "--family", "f", "--site", name)
-    assert r.code == 1 and "error: invalid site name" in r.err, r
+    assert r.code == 2 and "invalid site name" in r.err, r
 
 
 def test_keygen_json(tmp_path):

@@ -107,7 +107,8 @@ def test_init_and_keygen_refuse_unsafe_site_names(tmp_path, name):
     for cmd in (["init", tmp_path / "s1", "--family", "f", "--site", name],
                 ["keygen", tmp_path / "s2", "--site", name]):
         r = run(*cmd)
-        line = refused(r, "invalid site name")
+        assert r.code == 2 and "Traceback" not in r.err, r     # a malformed value
+        (line,) = [ln for ln in r.err.splitlines() if "invalid site name" in ln]
         assert line.isprintable()
         # Nothing was created, anywhere.
         assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists(), r
@@ -140,7 +141,10 @@ def test_public_key_file_naming_a_path_is_refused(family, tmp_path, evil):
     for site_arg in (evil, "n"):
         r = run("mkreplica", "export", "--site", site_arg, "--pubkey", pub, "--out", out,
                 site=a)
-        refused(r, "invalid site name")
+        if site_arg == evil:        # typed: a malformed value, a usage error
+            assert r.code == 2 and "invalid site name" in r.err, r
+        else:                       # read from the key file
+            refused(r, "invalid site name")
     assert observe(a) == before
     assert files_under(tmp_path) == files_before      # not a file written, in --out or outside
     assert not abs_target.exists()
@@ -828,3 +832,15 @@ def test_paths_that_are_not_utf8_are_usage_errors_with_nothing_made(family, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         p.name for p in tmp_path.iterdir() if "\udcff" not in p.name)
     assert run("digest", site=a).out == before
+
+
+def test_malformed_values_are_usage_errors_like_click_s_own(family):
+    """One rule for malformed values (exit 2, as click gives for the values it checks): an
+    ORIGIN=EPOCH that is not one and a family without a name exited 1."""
+    a = family.init("a")
+    family.add("b", via="a")
+    for args in (("chepoch", "b", "a=-1"), ("chepoch", "b", "a=abc"), ("chepoch", "b", "a")):
+        r = run(*args, site=a)
+        assert r.code == 2 and "hint:" in r.err, (args, r)
+    r = run("init", family.root / "x", "--family", "", "--site", "x")
+    assert r.code == 2 and "needs a name" in r.err and not (family.root / "x").exists(), r

@@ -15,7 +15,7 @@ from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import csn_origin, format_csn
-from syncpack.errors import SyncpackError, UsageError
+from syncpack.errors import InvalidValueError, SyncpackError, UsageError
 from syncpack.store import fields, versions
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX,
                                  check_priority, group_versions)
@@ -178,7 +178,9 @@ def _chosen(site: Site, collection: str, key: str, vs: list[Version], pick_versi
         for fp in field_picks:
             f, sep, who = fp.partition("=")
             if not sep or not f or not who:
-                raise UsageError(f"--field {fp!r}: expected FIELD=SITE")
+                raise InvalidValueError(f"--field {fp!r}: expected FIELD=SITE",
+                                        hint="for example: --field qty=boston (see "
+                                             "'syncpack conflicts' for the fields)")
             picks[f] = _pick_site(site, collection, key, who)
         if raw is None or fields.to_fields(raw) is None:
             raise UsageError(f"{collection}/{key}: the chosen value is not a JSON object, so it "

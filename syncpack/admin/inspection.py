@@ -18,7 +18,8 @@ from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
-from syncpack.errors import LoadError, PacketError, SyncpackError, UsageError
+from syncpack.errors import (InvalidValueError, LoadError, PacketError, SyncpackError,
+                             UsageError)
 from syncpack.site import MAX_NAME_CHARS, TABLES, Site, check_collection, check_key
 from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
@@ -63,14 +64,14 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
     for s in settings:
         origin, sep, epoch = s.partition("=")
         if not sep:
-            raise UsageError(f"expected ORIGIN=EPOCH, got {s!r}",
+            raise InvalidValueError(f"expected ORIGIN=EPOCH, got {s!r}",
                              hint="for example: syncpack chepoch sanfran boston=120")
         try:
             e = int(epoch)
             if e < 0:
                 raise ValueError
         except ValueError:
-            raise UsageError(f"epoch must be a whole number >= 0 in {s!r}",
+            raise InvalidValueError(f"epoch must be a whole number >= 0 in {s!r}",
                              hint="for example: syncpack chepoch sanfran boston=120") from None
         o = (site.member_named(origin).site_id if origin in site.roster()
              else _origin_by_name(site, origin))
