@@ -120,6 +120,16 @@ def assert_converged(sites: dict, dbs: dict, tables=("items", "counters", "pairs
         assert r.code == 0, r
 
 
+def two_attached(root: Path, tables=("items",)) -> tuple[dict, dict]:
+    """Sites a and b, each with an application database of SCHEMA, ``tables`` attached."""
+    sites = make_family(root, ("a", "b"))
+    dbs = {n: root / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, SCHEMA)
+    attach_all(sites, dbs, tables)
+    return sites, dbs
+
+
 @pytest.fixture
 def three(tmp_path):
     sites = make_family(tmp_path)
@@ -1468,11 +1478,7 @@ def test_syncpacks_tables_dropped_from_the_file_come_back_with_nothing_lost(tmp_
     and never captured still reaches the peers; and later changes are captured again.  Before,
     the change table was made again numbering from 1, below what the store had captured, so
     no later change was ever captured, and fsck blamed the site store."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], SCHEMA)
-        sp(sites[n], "attach", dbs[n], "--table", "items")
+    sites, dbs = two_attached(tmp_path)
     app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(5)])
     sp(sites["a"], "capture")
     app(dbs["a"], ["UPDATE items SET i = 100 WHERE id = 'k1'"], [f"DROP TABLE {dropped}"])
@@ -1498,11 +1504,7 @@ def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again
     restore becomes a conflict, not a silent loss of either write.  Before, the restored
     change table numbered below what the store had captured: the application's next changes
     were never captured."""
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], SCHEMA)
-        sp(sites[n], "attach", dbs[n], "--table", "items")
+    sites, dbs = two_attached(tmp_path)
     app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(6)])
     exchange(tmp_path, sites)
     backup = tmp_path / "backup.db"
@@ -1543,11 +1545,7 @@ def test_an_import_whose_application_file_fails_after_applying_says_the_packets_
     restore; it now says the packets stay applied and their rows wait for the next command."""
     from syncpack.attach import core
     from syncpack.store import appdb
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], SCHEMA)
-        sp(sites[n], "attach", dbs[n], "--table", "items")
+    sites, dbs = two_attached(tmp_path)
     app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(3)])
     usb = tmp_path / "usb"
     sp(sites["a"], "export", "--to", "b", "--out", usb, "--create-out")
@@ -1594,11 +1592,7 @@ def test_a_peers_transaction_of_deletes_and_inserts_reaches_the_application_whol
     second one after: in between (and for good, after a crash there) b's application saw
     twenty rows, a state a never had."""
     from syncpack.attach import core
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], SCHEMA)
-        sp(sites[n], "attach", dbs[n], "--table", "items")
+    sites, dbs = two_attached(tmp_path)
     app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('old{i}', {i})" for i in range(10)])
     exchange(tmp_path, sites)
     app(dbs["a"], [f"DELETE FROM items WHERE id = 'old{i}'" for i in range(10)]

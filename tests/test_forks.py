@@ -205,12 +205,10 @@ def test_a_careless_restore_heals_when_every_site_exports_before_any_imports(fam
         assert s.get("t", "x") == "second" and s.get("t", "b0") == "before the backup"
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_random_schedules_with_an_equivocating_member_never_end_in_silent_disagreement(
-        family, seed):
-    """C and a copy of it (same key) each write and hand their versions to random sites, then
-    packets go between random pairs, some lost.  However it goes, after ordinary rounds the
-    other sites either hold equal data or every one of them reports the fork."""
+def random_equivocation(family, seed: int):
+    """C and a copy of it (same key) each write and hand their versions to random sites among
+    A, B and D, then packets go between random pairs of all four, some lost.  Returns the
+    family, the other sites and the random source."""
     import random
     rnd = random.Random(seed)
     fam = three_sites(family)
@@ -224,12 +222,21 @@ def test_random_schedules_with_an_equivocating_member_never_end_in_silent_disagr
         for to in rnd.sample(others, rnd.randint(1, 2)):
             fam.sync(who, to)
     drop(fam, c2)
-    everyone = others + ["C"]
     for _ in range(12):
-        a, b = rnd.sample(everyone, 2)
+        a, b = rnd.sample(others + ["C"], 2)
         pk = fam.export(a, b)
         if rnd.random() < 0.8:             # the rest are lost on the way
             fam.import_(b, pk)
+    return fam, others, rnd
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_schedules_with_an_equivocating_member_never_end_in_silent_disagreement(
+        family, seed):
+    """C and a copy of it (same key) each write and hand their versions to random sites, then
+    packets go between random pairs, some lost.  However it goes, after ordinary rounds the
+    other sites either hold equal data or every one of them reports the fork."""
+    fam, others, rnd = random_equivocation(family, seed)
     for _ in range(2):
         for a in others:
             for b in others:
@@ -402,25 +409,8 @@ def test_random_schedules_with_a_member_that_heals_end_with_equal_data(family, s
     """As above, but C takes part in the rounds after: shown the fork, it keeps one version
     and issues its other writes again, so every site ends with the same data, and no site
     may say 'healed' while holding another version than the rest."""
-    import random
-    rnd = random.Random(seed)
-    fam = three_sites(family)
-    fam.add("D", via="A")
-    fam.full_exchange(2)
-    c2 = twin(fam, "C")
-    others = ["A", "B", "D"]
-    for who, tag in (("C", "one"), (c2, "two")):
-        for i in range(rnd.randint(1, 2)):
-            fam.put(who, "t", f"k{i}", f"{tag}-{i}")
-        for to in rnd.sample(others, rnd.randint(1, 2)):
-            fam.sync(who, to)
-    drop(fam, c2)
+    fam, others, _rnd = random_equivocation(family, seed)
     everyone = others + ["C"]
-    for _ in range(12):
-        a, b = rnd.sample(everyone, 2)
-        pk = fam.export(a, b)
-        if rnd.random() < 0.8:
-            fam.import_(b, pk)
     rounds(fam, everyone, 4)
     digests = {n: fam.digest(n) for n in everyone}
     assert len(set(digests.values())) == 1, (digests, {n: forks_at(fam, n) for n in everyone})
