@@ -190,6 +190,9 @@ class LockedError(SyncpackError):
 class BatchConfigError(SyncpackError):
     """A batch round's TOML configuration is missing, malformed or names a bad value."""
 
+    default_hint = ("fix the file and run the round again: docs/operations.md, 'Batch rounds', "
+                    "lists every key; samples/batch/ holds working files")
+
 
 class BatchLockedError(SyncpackError):
     """Another batch round holds this site's batch lock: rounds never overlap."""

@@ -844,3 +844,12 @@ def test_malformed_values_are_usage_errors_like_click_s_own(family):
         assert r.code == 2 and "hint:" in r.err, (args, r)
     r = run("init", family.root / "x", "--family", "", "--site", "x")
     assert r.code == 2 and "needs a name" in r.err and not (family.root / "x").exists(), r
+
+
+def test_an_export_to_this_site_itself_says_what_to_do(family):
+    a = family.init("a")
+    family.add("b", via="a")
+    r = run("export", "--to", "a", "--out", family.root / "o", "--create-out", site=a)
+    line = refused(r, "a is this site")
+    assert line and "hint: 'syncpack lsepoch' lists the peers" in r.err, r
+    assert not (family.root / "o").exists()

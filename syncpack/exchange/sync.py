@@ -260,7 +260,8 @@ def select_peers(site: Site, to: list[str] | None, all_peers: bool) -> list[byte
     for name in to or []:
         m = site.member_named(name)
         if m.site_id == site.site_id:
-            raise UsageError(f"{name} is this site; export to another member")
+            raise UsageError(f"{name} is this site; export to another member",
+                             hint="'syncpack lsepoch' lists the peers; --all exports to each")
         if m.site_id not in peers:
             peers.append(m.site_id)
     return peers
