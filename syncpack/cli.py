@@ -697,6 +697,7 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     if staging is not None and engine != "spark":
         raise click.UsageError("--staging is used by --engine spark only")
     s = obj.open()
+    sync.select_peers(s, list(to), all_peers)      # a bad name before the medium is touched
     _outbox(out, create_out)
     obj.on_interrupt_of_one_commit(
         s, "packets of this run were written and recorded as sent before the interrupt "
