@@ -1585,13 +1585,17 @@ def test_an_import_whose_application_file_fails_after_applying_says_the_packets_
         sp(sites[n], "fsck")
 
 
-def test_a_peers_transaction_of_deletes_and_inserts_reaches_the_application_whole(tmp_path,
-                                                                                  monkeypatch):
+@pytest.mark.parametrize("writer_process", [False, True])
+def test_a_peers_transaction_of_deletes_and_inserts_reaches_the_application_whole(
+        tmp_path, monkeypatch, writer_process):
     """One application transaction at a deletes ten rows and inserts ten others.  b's import
     wrote the inserted rows in one commit of the application's file and the deletes in a
     second one after: in between (and for good, after a crash there) b's application saw
-    twenty rows, a state a never had."""
-    from syncpack.attach import core
+    twenty rows, a state a never had.  Also when the rows are written by the writer process
+    (an import of 100,000 ops or more; here of any size)."""
+    from syncpack.attach import core, writer
+    if writer_process:
+        monkeypatch.setattr(writer, "ELSEWHERE_AT", 1)
     sites, dbs = two_attached(tmp_path)
     app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('old{i}', {i})" for i in range(10)])
     exchange(tmp_path, sites)

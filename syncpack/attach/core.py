@@ -565,9 +565,10 @@ class DirectApply:
         self._unhook()
         done: dict[str, int] = {}
         clashes: dict[str, dict[str, str]] = {}
+        written: dict[str, list[str]] = {}
         try:
             if self.child is not None:
-                ok = self._finish_child()
+                ok, written = self._finish_child()
             else:
                 ok = attached.inflight_count(site.conn, self.token) == self.marks
                 if ok:
@@ -591,20 +592,60 @@ class DirectApply:
                 attached.touch(conn, self.written, "last_apply_ms", wall_ms())
         if ok and (done or clashes):
             _settle(site, done, clashes)
+        if ok and written:
+            with site.write_txn() as conn:
+                for name, keys in written.items():
+                    attached.written_keys(conn, name, keys, wall_ms())
 
-    def _finish_child(self) -> bool:
+    def _finish_child(self) -> tuple[bool, dict[str, list[str]]]:
         """:meth:`finish` of rows the child wrote: its answers in, the rows it refused
-        pending (committed before the application's file, like the marks), then its commit."""
+        pending (committed before the application's file, like the marks), the keys still
+        pending written by it too, then its commit.  Returns whether it committed, and the
+        pending keys it wrote (cleared in the store after the commit)."""
         refused = self._refused(wait=True)
         if refused:
             with self.site.write_txn() as conn:
                 attached.mark_pending_held(conn, refused)
         ok = (not self.child_lost
               and attached.inflight_count(self.site.conn, self.token) == self.marks)
+        written: dict[str, list[str]] = {}
         try:
-            return self.child.end(ok, self.token if self.marks else None) and ok
+            if ok and attached.has_pending(self.site.conn):
+                written = self._pending_to_child()
+            return (self.child.end(ok, self.token if self.marks else None) and ok), written
         except child.ChildEnded:
-            return False
+            return False, {}
+
+    def _pending_to_child(self) -> dict[str, list[str]]:
+        """The keys still pending (deletes, keys in conflict, rows to try again) written by
+        the child in its one transaction, as the importing process writes them before its
+        commit: committed apart, a peer's transaction that deletes rows and inserts others
+        showed in the application half done.  Puts parents first, then deletes children
+        first; a row refused stays pending (the ordinary apply after records why, and writes
+        rows that need each other together).  Returns the keys written, per table."""
+        site, conn = self.site, self.site.conn
+        order = rows.fk_order({n: t.parents for n, t in self.infos.items()})
+        sent: list[tuple[str, list[str]]] = []
+        deletes: list[tuple[str, list[str]]] = []
+        for name in order:
+            for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
+                vis = _visible_part(site, name, part)
+                keys = [k for k, v in vis if v is not None]
+                if keys:
+                    self.child.put(name, keys, [v for _k, v in vis if v is not None],
+                                   [b""] * len(keys))
+                    sent.append((name, keys))
+                gone = [k for k, v in vis if v is None]
+                if gone:
+                    deletes.append((name, gone))
+        for name, gone in reversed(deletes):
+            self.child.delete(name, gone)
+            sent.append((name, gone))
+        refused = {(t, k) for t, k, _c in self.child.refused(wait=True)}
+        written: dict[str, list[str]] = {}
+        for name, keys in sent:
+            written.setdefault(name, []).extend(k for k in keys if (name, k) not in refused)
+        return written
 
     def close(self) -> None:
         """Without :meth:`finish` (an error): nothing written stays; the marks of what the

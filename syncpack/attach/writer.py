@@ -18,7 +18,7 @@ the store's marks make the rows pending again (attach/core.py, _recover).
 The child runs :func:`main`.  Request ``{"path", "tables", "upto", "schema", "module",
 "pause_at"}``, answered ``{"ok": bool}``; then per ``["put", table, keys, records]`` the
 positions of the records not written (the ordinary apply retries them and records why), in
-order; ``["end", commit, token]`` answered ``{"done": committed}`` (the token is written with the
+order, and per ``["delete", table, keys]`` the positions of the keys not deleted; ``["end", commit, token]`` answered ``{"done": committed}`` (the token is written with the
 commit: appdb.note_applied).  Input that ends before ``end``
 rolls back.
 """
@@ -68,6 +68,23 @@ def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: lis
     return why
 
 
+def delete_batch(w: appdb.Writer, keys: list[str]) -> list[int]:
+    """Deletes the rows of record keys ``keys`` from ``w``'s table, in the caller's write
+    transaction; returns the positions of those not deleted (a constraint refused it, or the
+    key cannot be one of this table's): they stay pending for the ordinary apply."""
+    aff = [w.t.affinity.get(c, "BLOB") for c in w.t.pk]
+    refused = []
+    for i, key in enumerate(keys):
+        try:
+            key_vals = rows.decode_key(key, aff)
+        except (ValueError, TypeError, IndexError):
+            refused.append(i)
+            continue
+        if len(key_vals) != len(w.t.pk) or w.delete(key_vals):
+            refused.append(i)
+    return refused
+
+
 def _serve(inp: BinaryIO, out: BinaryIO) -> None:
     req = child.read_frame(inp)
     gc.disable()        # nothing made here is cyclic; the collector would only walk it
@@ -99,6 +116,11 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                     child.write_frame(out, {"done": commit})
                     out.flush()
                     return
+                if frame[0] == "delete":
+                    _op, name, keys = frame
+                    child.write_frame(out, delete_batch(writers[name], keys))
+                    out.flush()
+                    continue
                 _op, name, keys, raws = frame
                 child.write_frame(out, sorted(write_batch(
                     writers[name], keys, raws, paused=paused, pause_at=req["pause_at"])))
@@ -148,6 +170,11 @@ class Elsewhere:
         """Write ``raws`` (the records of ``keys``, versions ``csns``) into ``table``."""
         self._outbox.put(["put", table, keys, raws])
         self._sent.append((table, keys, csns))
+
+    def delete(self, table: str, keys: list[str]) -> None:
+        """Delete the rows of ``keys`` (record keys) from ``table``."""
+        self._outbox.put(["delete", table, keys])
+        self._sent.append((table, keys, [b""] * len(keys)))
 
     def refused(self, wait: bool) -> list[tuple[str, str, bytes]]:
         """(table, key, csn) of the rows the child did not write, of every batch answered by

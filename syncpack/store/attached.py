@@ -250,6 +250,15 @@ def clear_pending(conn: Connection, collection: str, keys: list[str]) -> None:
                      [(collection, k) for k in keys])
 
 
+def written_keys(conn: Connection, collection: str, keys: list[str], at_ms: int) -> None:
+    """``keys`` got their visible records in the application: no longer pending, and no
+    longer clashes."""
+    clear_pending(conn, collection, keys)
+    conn.executemany("DELETE FROM attach_clashes WHERE collection=? AND key=?",
+                     [(collection, k) for k in keys])
+    touch(conn, [collection], "last_apply_ms", at_ms)
+
+
 def versions_of(conn: Connection, collection: str, key: str) -> list[tuple[bytes, bytes | None]]:
     return conn.execute("SELECT csn, value FROM versions WHERE collection=? AND key=? "
                         "ORDER BY csn", (collection, key)).fetchall()
