@@ -195,7 +195,7 @@ def _forget(app: appdb.Connection, site: Site) -> None:
     att = attached.attachment(site.conn)
     if att is not None:
         # A stopped table's changes stay: its refresh needs the keys changed meanwhile.
-        stopped = [n for n, (_s, why) in attached.shapes(site.conn).items() if why]
+        stopped = list(attached.stopped(site.conn))
         appdb.forget_changes(app, att[1], stopped)
 
 
@@ -673,7 +673,7 @@ def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) 
     the changes of the application's it took."""
     since = attached.attachment(site.conn)[1]
     taken = 0
-    went_back = appdb.has_table(app, appdb.CHANGES) and appdb.max_seq(app) < since
+    went_back = appdb.went_back(app, since)
     for name, t in infos.items():
         if went_back or not appdb.has_capture(app, name):
             changed = appdb.kept_keys(app, t) if went_back else []
@@ -956,7 +956,7 @@ def stopped_tables(site: Site) -> list[tuple[str, str, str]]:
     if not is_attached(site):
         return []
     return [(n, why, shapes.REFRESH_HINT.format(table=n))
-            for n, (_s, why) in attached.shapes(site.conn).items() if why]
+            for n, why in attached.stopped(site.conn).items()]
 
 
 # --- attach and detach --------------------------------------------------------------------------
@@ -1331,7 +1331,7 @@ def report(site: Site) -> dict:
     counts: dict[str, int] = {}
     row_counts: dict[str, int | None] = {n: None for n in tables}
     problem = None
-    shp = attached.shapes(site.conn)
+    stopped = attached.stopped(site.conn)
     try:
         app = appdb.open_app(Path(path))
     except AttachError as e:
@@ -1339,8 +1339,7 @@ def report(site: Site) -> dict:
     if app is not None:
         try:
             with appdb.read_txn(app):
-                counts = appdb.pending_counts(app, since, [n for n, (_s, why) in shp.items()
-                                                          if why])
+                counts = appdb.pending_counts(app, since, stopped)
                 for n in tables:
                     if appdb.has_table(app, n):
                         row_counts[n] = appdb.count_rows(app, n)
@@ -1350,7 +1349,7 @@ def report(site: Site) -> dict:
         {"table": n, "rows": row_counts[n], "pending": counts.get(n, 0),
          "to_apply": attached.pending_count(site.conn, n),
          "waiting": attached.waiting_count(site.conn, n, appdb.WAITING),
-         "stopped": shp.get(n, (None, None))[1],
+         "stopped": stopped.get(n),
          "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
         for n, d in tables.items()], "available": schema.available(site), "problem": problem}
 
@@ -1423,10 +1422,10 @@ def check(site: Site) -> list[str]:
         app, infos = ctx.__enter__()
     except AttachError as e:
         return [f"attached database: {e.message}"]
-    stopped = {n for n, (_s, why) in attached.shapes(site.conn).items() if why}
+    stopped = set(attached.stopped(site.conn))
     try:
         with appdb.read_txn(app):
-            if appdb.has_table(app, appdb.CHANGES) and appdb.max_seq(app) < since:
+            if appdb.went_back(app, since):
                 return [f"attached database {path} is behind the store (restored from an "
                         f"older copy?): the next capture writes the newer records into it "
                         f"again, and a row the application changed since becomes a conflict"]

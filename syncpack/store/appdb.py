@@ -720,6 +720,13 @@ def schema_version(conn: Connection) -> int:
     return conn.execute("PRAGMA schema_version").fetchone()[0]
 
 
+def went_back(conn: Connection, captured: int) -> bool:
+    """Whether the file's change numbers are below ``captured``, what the store captured of
+    it: the file was restored from an older copy (or its change table emptied), since only
+    syncpack removes change rows and it always keeps the largest number."""
+    return has_table(conn, CHANGES) and max_seq(conn) < captured
+
+
 def max_seq(conn: Connection) -> int:
     """The highest change number given so far."""
     if not has_table(conn, CHANGES):

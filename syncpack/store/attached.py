@@ -157,6 +157,12 @@ def shapes(conn: Connection) -> dict[str, tuple[dict | None, str | None]]:
         "SELECT name, shape, stopped FROM attached_tables ORDER BY name")}
 
 
+def stopped(conn: Connection) -> dict[str, str]:
+    """Per attached table whose capture a schema change stopped: why."""
+    return {n: st for n, st in conn.execute(
+        "SELECT name, stopped FROM attached_tables WHERE stopped IS NOT NULL ORDER BY name")}
+
+
 def set_shape(conn: Connection, name: str, shape: dict, columns: list[str] | None = None,
               pk: list[str] | None = None, create_sql: str | None = None) -> None:
     """Record ``name``'s shape (and, when given, its columns, key and definition)."""
