@@ -11,7 +11,7 @@ from syncpack.format import codec
 from syncpack.rules import planning
 from syncpack.store import chain, stash, versions
 from syncpack.store import matrix as stored
-from syncpack.format.csn import csn_origin, next_hlc, pack_csn, split_csns
+from syncpack.format.csn import csn_hlc, csn_origin, csn_seq, next_hlc, pack_csn, split_csns
 from syncpack.store import forks as fork_store
 from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
@@ -306,7 +306,7 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
         n_ops = 0
         for o, (lo, hi) in plan.items():
             n_ops += chain.count_range(c, o, lo, hi)
-        tombs, pending = _tombstones(site, acked, vec, dry_run)
+        tombs, pending = _tombstones(site, acked, vec, floors, dry_run)
         if not dry_run:
             expect(progress, n_ops)
             for o, (lo, hi) in plan.items():
@@ -322,7 +322,7 @@ def scrub(site: Site, dry_run: bool = False, min_age_ms: int = 0,
 
 
 def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
-                dry_run: bool) -> tuple[int, int]:
+                floors: dict[bytes, int], dry_run: bool) -> tuple[int, int]:
     """Two phases.  A tombstone (sole survivor of its key) that every member acknowledged is
     noted with our vector at that moment; it goes once every member has acknowledged that whole
     vector too, because any write concurrent with the delete was issued before its site saw the
@@ -341,11 +341,12 @@ def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
                 versions.remove_tombstone(c, coll, key, csn)
     after_blob = codec.packb(sorted([o, e] for o, e in vec.items() if e))
     pending = 0
-    for coll, key, csn in versions.lone_tombstones_not_pending(c):
-        origin = csn_origin(csn)
-        held = chain.epoch_of(c, int.from_bytes(csn[:8], "big"), origin,
-                              int.from_bytes(csn[16:], "big"))
-        epoch = held if held is not None else site.floors().get(origin, 0)
+    lone = [(coll, key, csn, (csn_hlc(csn), csn_origin(csn), csn_seq(csn)))
+            for coll, key, csn in versions.lone_tombstones_not_pending(c)]
+    epochs = chain.epochs_of(c, [op for *_r, op in lone])
+    for coll, key, csn, op in lone:
+        origin = op[1]
+        epoch = epochs.get(op, floors.get(origin, 0))
         if acked.get(origin, 0) >= epoch:
             pending += 1
             if not dry_run:

@@ -17,6 +17,7 @@ Everything here runs inside the caller's transaction on ``conn``; nothing commit
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from itertools import accumulate
@@ -180,6 +181,34 @@ def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
             if op.hlc == hlc and op.seq == seq:
                 return op.epoch
     return None
+
+
+def epochs_of(conn, ops: Iterable[tuple[int, bytes, int]]) -> dict[tuple[int, bytes, int], int]:
+    """:func:`epoch_of` of many ops ``(hlc, origin, seq)`` at once: the epoch of each we hold.
+    Each block that may hold one is decoded once: asked op by op, a scrub of a transaction of
+    many deletes decoded its block once per tombstone (20,000 took 21 s)."""
+    wanted: dict[bytes, set[tuple[int, int]]] = {}
+    for hlc, origin, seq in ops:
+        wanted.setdefault(origin, set()).add((hlc, seq))
+    out: dict[tuple[int, bytes, int], int] = {}
+    for origin, ids in wanted.items():
+        hlcs = sorted({h for h, _s in ids})
+        low, high = hlcs[0], hlcs[-1]
+        for epoch, hlc, seq in conn.execute(
+                "SELECT epoch, hlc, seq FROM changelog WHERE origin=? AND hlc>=? AND hlc<=?",
+                (origin, low, high)):
+            if (hlc, seq) in ids:
+                out[hlc, origin, seq] = epoch
+        rows = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hlc_first<=? AND "
+                            f"hlc_last>=? ORDER BY lo", (origin, high, low)).fetchall()
+        for b in map(_stored, rows):
+            i = bisect_left(hlcs, b.hlc_first)
+            if i == len(hlcs) or hlcs[i] > b.hlc_last:
+                continue        # no op asked for falls in this block's clock range
+            for op in blocks.decode_ops(block_bytes(conn, b)):
+                if (op.hlc, op.seq) in ids:
+                    out.setdefault((op.hlc, origin, op.seq), op.epoch)
+    return out
 
 
 def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
