@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from itertools import accumulate
 from typing import Callable, Iterable, Iterator
 
@@ -125,13 +125,36 @@ def block_bytes(conn, b: StoredBlock) -> bytes:
                         (b.origin, b.hi, b.lo)).fetchone()[0]
 
 
-@lru_cache(maxsize=4)
-def _decoded(data: bytes) -> list[Op]:
-    return list(blocks.decode_ops(data))
+# The ops of the blocks decoded last, and an index of their epochs by (clock, seq), keyed by
+# the block itself (its hash names its content): callers look up op after op in one block,
+# and a cache keyed by the block's bytes read and hashed all of them for every look-up (an
+# import where a peer's transaction replaced versions already gone took minutes).
+_RECENT_BLOCKS = 2
+_recent: dict[StoredBlock, tuple[list[Op], dict[tuple[int, int], int] | None]] = {}
+
+
+def _recently_decoded(conn, b: StoredBlock
+                      ) -> tuple[list[Op], dict[tuple[int, int], int] | None]:
+    got = _recent.pop(b, None)
+    if got is None:
+        got = (list(blocks.decode_ops(block_bytes(conn, b))), None)
+        while len(_recent) >= _RECENT_BLOCKS:
+            del _recent[next(iter(_recent))]
+    _recent[b] = got
+    return got
 
 
 def _block_ops(conn, b: StoredBlock) -> list[Op]:
-    return _decoded(block_bytes(conn, b))
+    return _recently_decoded(conn, b)[0]
+
+
+def _block_epochs(conn, b: StoredBlock) -> dict[tuple[int, int], int]:
+    """{(hlc, seq): epoch} of the ops of block ``b``."""
+    ops, index = _recently_decoded(conn, b)
+    if index is None:
+        index = {(op.hlc, op.seq): op.epoch for op in ops}
+        _recent[b] = (ops, index)
+    return index
 
 
 def iter_ops(conn, origin: bytes, lo: int, hi: int) -> Iterator[Op]:
@@ -177,9 +200,9 @@ def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
         b = _stored(r)
         if b.hlc_last == hlc and b.last_seq == seq:
             return b.hi
-        for op in _block_ops(conn, b):
-            if op.hlc == hlc and op.seq == seq:
-                return op.epoch
+        e = _block_epochs(conn, b).get((hlc, seq))
+        if e is not None:
+            return e
     return None
 
 
