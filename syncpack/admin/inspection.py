@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from json.scanner import make_scanner
+from itertools import chain as concat, groupby
 from operator import itemgetter
 from pathlib import Path
 from typing import Iterator
@@ -13,7 +15,9 @@ from syncpack.admin import writes
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import attached, chain, db, exports, fields, log, stash, versions
+from syncpack.rules.replay import replay_key
+from syncpack.store import (attached, chain, db, exports, fields, log, scratch, stash,
+                            versions)
 from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
@@ -346,41 +350,75 @@ def _block_check(site: Site) -> list[str]:
 
 
 def _replay_check(site: Site) -> list[str]:
-    """Record state must equal a replay of the changelog on top of the snapshot base."""
+    """Record state must equal a replay of the changelog on top of the snapshot base.
+
+    One key at a time (rules/replay.py), the ops spooled to a temporary file by key, so
+    memory stays flat in the size of the store; values are compared by their digests."""
     c = site.conn
-    state: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
-    # a patch's record is its base's plus the fields it sent (every base is held here)
-    ops = list(fields.full_values(c, list(chain.iter_all(c)) + stash.ops(c)))
-    ops.sort(key=lambda op: (op.hlc, op.origin, op.seq))
-    logged = {op.csn for op in ops}
     floors = site.floors()
-    problems = []
-    actual: dict[tuple[str, str], dict[bytes, bytes | None]] = {}
-    for coll, key, csn, value in versions.scan(c):
-        actual.setdefault((coll, key), {})[csn] = value
-        if csn not in logged:
-            if floors.get(csn_origin(csn), 0) == 0:
-                problems.append(f"version {csn.hex()} of {coll}/{key} has no changelog op")
-            state.setdefault((coll, key), {})[csn] = value   # from a snapshot or trimmed
-    superseded: set[tuple[str, str, bytes]] = set()
-    for _o, _e, _h, _s, coll, key, value, replaced in ops:
-        csn = pack_csn(_h, _o, _s)
-        vs = state.setdefault((coll, key), {})
-        for r in split_csns(replaced):
-            if vs.pop(r, 0) == 0 and r not in logged:
-                superseded.add((coll, key, r))
-        if (coll, key, csn) in superseded:
-            continue
-        vs[csn] = value
-    state = {k: v for k, v in state.items() if v}
-    if state != actual:
-        diff = sorted(set(state) ^ set(actual)) + sorted(
-            k for k in set(state) & set(actual) if state[k] != actual[k])
-        for coll, key in diff[:10]:
-            problems.append(f"record {coll}/{key} differs from a replay of the changelog")
-        if len(diff) > 10:
-            problems.append(f"... and {len(diff) - 10} more records differ")
+    problems: list[str] = []
+    differ = unlogged = 0
+    spool = scratch.OpsByKey()
+    try:
+        # a patch's record is its base's plus the fields it sent (every base is held here)
+        ops = fields.full_values(c, concat(chain.iter_all(c), stash.ops(c)))
+        spool.add((op.collection, op.key, pack_csn(op.hlc, op.origin, op.seq),
+                   _fingerprint(op.value), op.replaced) for op in ops)
+        held = groupby(versions.rows_by_csn(c), key=itemgetter(0, 1))
+        for (coll, key), vs, key_ops in _by_key(held, spool.groups()):
+            if len(vs) == 1 and len(key_ops) == 1 and not key_ops[0][2] and \
+                    vs[0] == key_ops[0][:2]:
+                continue        # most keys: one op, replacing nothing, is the one version
+            own = {csn for csn, _v, _r in key_ops}
+
+            def logged(csn: bytes) -> bool:
+                return csn in own or spool.holds(csn)
+
+            base = []
+            for csn, value in vs:
+                if not logged(csn):
+                    if floors.get(csn_origin(csn), 0) == 0:
+                        unlogged += 1
+                        if unlogged <= 10:
+                            problems.append(f"version {csn.hex()} of {coll}/{key} has no "
+                                            f"changelog op")
+                    base.append((csn, value))   # from a snapshot, or trimmed
+            replayed = replay_key(base, ((csn, v, split_csns(r)) for csn, v, r in key_ops),
+                                  logged)
+            if replayed != dict(vs):
+                differ += 1
+                if differ <= 10:
+                    problems.append(f"record {coll}/{key} differs from a replay of the "
+                                    f"changelog")
+    finally:
+        spool.close()
+    if unlogged > 10:
+        problems.append(f"... and {unlogged - 10} more versions have no changelog op")
+    if differ > 10:
+        problems.append(f"... and {differ - 10} more records differ")
     return problems
+
+
+def _fingerprint(value: bytes | None) -> bytes | None:
+    return None if value is None else hashlib.blake2b(value, digest_size=16).digest()
+
+
+def _by_key(held, spooled) -> Iterator[tuple[tuple[str, str], list, list]]:
+    """Both key-ordered streams side by side: ``(key, [(csn, fingerprint)...] held, [op...]
+    spooled)`` for every key either has (SQLite's order of TEXT, as Python's of str)."""
+    none = (None, None)
+    h = next(held, none)
+    s = next(spooled, none)
+    while h[0] is not None or s[0] is not None:
+        if s[0] is None or (h[0] is not None and h[0] < s[0]):
+            yield h[0], [(r[2], _fingerprint(r[3])) for r in h[1]], []
+            h = next(held, none)
+        elif h[0] is None or s[0] < h[0]:
+            yield s[0], [], s[1]
+            s = next(spooled, none)
+        else:
+            yield h[0], [(r[2], _fingerprint(r[3])) for r in h[1]], s[1]
+            h, s = next(held, none), next(spooled, none)
 
 
 def lspacket(paths: list[str], site: Site | None = None) -> dict:
