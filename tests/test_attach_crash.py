@@ -281,3 +281,53 @@ def test_kill_9_right_after_the_applications_commit_makes_no_false_conflict(tmp_
         assert [row[:3:2] for row in table(dbs[n], "items")] == [("k", "edited at b")]
         assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == []
         sp(sites[n], "fsck")
+
+
+# Killed at the instant after the application committed an apply of keys that were pending
+# (a delete, here), before the store settled them.
+KILLED_BEFORE_THE_STORE_SETTLES = r"""
+import os, signal, sys
+from syncpack.store import attached
+def killed(*_a, **_k):
+    os.kill(os.getpid(), signal.SIGKILL)
+attached.settle_pending = killed
+from syncpack.cli import main
+sys.argv = ["syncpack"] + sys.argv[1:]
+main()
+"""
+
+
+def test_kill_9_between_the_applications_commit_and_the_settling_makes_no_false_conflict(
+        tmp_path):
+    """The keys such an apply wrote stayed pending, so the application's next change of one
+    of them was captured as concurrent with the record it had been shown: here a delete it
+    had seen, which 'priority' then kept, deleting the application's new row again.  The
+    outcome is now noted in the store before the application's commit, with a token in the
+    file, and the next command settles it."""
+    a = tmp_path / "a"
+    assert run("init", a, "--family", "f", "--site", "a", "--policy", "priority",
+               "--priority", "10").code == 0
+    b = tmp_path / "b"
+    assert run("keygen", b, "--site", "b").code == 0
+    sp(a, "mkreplica", "export", "--site", "b", "--pubkey", b / "keys" / "site.pub", "--out",
+       tmp_path / "seed", "--create-out", "--priority", "1")
+    sp(b, "mkreplica", "import", tmp_path / "seed")
+    sites = {"a": a, "b": b}
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v)"])
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], ["INSERT INTO items VALUES ('k', 'from a')"])
+    exchange(tmp_path, sites)
+    app(dbs["a"], ["DELETE FROM items WHERE id = 'k'"])
+    sp(a, "export", "--to", "b", "--out", tmp_path / "m1", "--create-out")
+    r = subprocess.run([sys.executable, "-c", KILLED_BEFORE_THE_STORE_SETTLES, "--site",
+                        str(b), "import", str(tmp_path / "m1" / "b")])
+    assert r.returncode == -signal.SIGKILL
+    assert table(dbs["b"], "items") == []               # the delete reached the application
+    app(dbs["b"], ["INSERT INTO items VALUES ('k', 'again at b')"])
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [row[:3:2] for row in table(dbs[n], "items")] == [("k", "again at b")]
+        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == []
+        sp(sites[n], "fsck")

@@ -359,15 +359,44 @@ def _grouped(cur) -> Iterator[tuple[str, list[tuple[bytes, bytes | None]]]]:
         yield key, vs
 
 
-def _settle(site: Site, done: dict[str, int], clashes: dict[str, dict[str, str]]) -> None:
+def _outcome(done: dict[str, int], clashes: dict[str, dict[str, str]]
+             ) -> dict[str, dict[str, str]]:
+    return {name: clashes.get(name, {}) for name in set(done) | set(clashes)}
+
+
+def _intend(site: Site, app: appdb.Connection | None, token: bytes, done: dict[str, int],
+            clashes: dict[str, dict[str, str]],
+            written: dict[str, list[str]] | None = None) -> bool:
+    """Before the application's commit of an apply: its outcome in the store, and ``token``
+    in the application's transaction, so that :func:`_recover` can settle it after a crash
+    between the two commits.  Whether there was anything to note."""
+    if not (done or clashes or written):
+        return False
+    with site.write_txn() as conn:
+        attached.note_settling(conn, token, _outcome(done, clashes), written or {})
+    if app is not None:
+        appdb.note_applied(app, token)
+    return True
+
+
+def _settle(site: Site, done: dict[str, int], clashes: dict[str, dict[str, str]],
+            written: dict[str, list[str]] | None = None) -> None:
     """After the application's commit: every pending key of the tables applied was handled
     (the site lock kept others from adding any), so only the clashes stay pending (retried on
-    every apply, listed by 'conflicts'); an earlier clash not refused again is gone."""
-    now = wall_ms()
+    every apply, listed by 'conflicts'); an earlier clash not refused again is gone.  The keys
+    in ``written`` were written and are no longer pending."""
     with site.write_txn() as conn:
-        for name in set(done) | set(clashes):
-            attached.settle_pending(conn, name, clashes.get(name, {}), now)
-        attached.touch(conn, set(done) | set(clashes), "last_apply_ms", now)
+        _settled(conn, _outcome(done, clashes), written or {}, wall_ms())
+        attached.end_settling(conn)
+
+
+def _settled(conn, settle: dict[str, dict[str, str]], written: dict[str, list[str]],
+             now: int) -> None:
+    for name, refused in settle.items():
+        attached.settle_pending(conn, name, refused, now)
+    attached.touch(conn, set(settle), "last_apply_ms", now)
+    for name, keys in written.items():
+        attached.written_keys(conn, name, keys, now)
 
 
 def _recover(site: Site, app: appdb.Connection | None = None) -> None:
@@ -378,11 +407,16 @@ def _recover(site: Site, app: appdb.Connection | None = None) -> None:
     Marks of an import whose application transaction did commit (its token is in the file,
     ``app``: a crash between that commit and the marks' removal) just go: those rows are in
     the application's tables, and a change it made to them since is no conflict."""
-    if attached.has_inflight(site.conn):
+    if attached.has_inflight(site.conn) or attached.settling(site.conn):
         with site.write_txn() as conn:
+            intent = attached.settling(conn)
             if app is not None:
-                for token in appdb.applied_tokens(app, attached.inflight_tokens(conn)):
+                tokens = attached.inflight_tokens(conn) | ({intent[0]} if intent else set())
+                for token in appdb.applied_tokens(app, tokens):
                     attached.clear_inflight(conn, token)
+                    if intent and token == intent[0]:
+                        _settled(conn, intent[1], intent[2], wall_ms())
+            attached.end_settling(conn)
             attached.recover_inflight(conn)
 
 
@@ -581,7 +615,7 @@ class DirectApply:
                         # the application half done until the second commit (or, after a
                         # crash between the two, until the next command).
                         done, clashes = _apply(site, app, self.infos)
-                    if self.marks:
+                    if not _intend(site, app, self.token, done, clashes) and self.marks:
                         appdb.note_applied(app, self.token)
                 appdb.end_write(app, ok)
         finally:
@@ -590,12 +624,8 @@ class DirectApply:
             with site.write_txn() as conn:
                 attached.clear_inflight(conn, self.token)
                 attached.touch(conn, self.written, "last_apply_ms", wall_ms())
-        if ok and (done or clashes):
-            _settle(site, done, clashes)
-        if ok and written:
-            with site.write_txn() as conn:
-                for name, keys in written.items():
-                    attached.written_keys(conn, name, keys, wall_ms())
+        if ok and (done or clashes or written):
+            _settle(site, done, clashes, written)
 
     def _finish_child(self) -> tuple[bool, dict[str, list[str]]]:
         """:meth:`finish` of rows the child wrote: its answers in, the rows it refused
@@ -612,7 +642,10 @@ class DirectApply:
         try:
             if ok and attached.has_pending(self.site.conn):
                 written = self._pending_to_child()
-            return (self.child.end(ok, self.token if self.marks else None) and ok), written
+            # the token goes in the child's transaction (writer.Elsewhere.end)
+            noted = ok and _intend(self.site, None, self.token, {}, {}, written)
+            token = self.token if self.marks or noted else None
+            return (self.child.end(ok, token) and ok), written
         except child.ChildEnded:
             return False, {}
 
@@ -858,6 +891,7 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
         done, clashes = ({}, {})
         if attached.has_pending(site.conn):
             done, clashes = _apply(site, app, infos)
+            _intend(site, app, os.urandom(8), done, clashes)
         _forget(app, site)
     schema.record(site, grown)
     if done or clashes:

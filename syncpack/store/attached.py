@@ -36,7 +36,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from syncpack.store import db
+from syncpack.store import db, meta
 from syncpack.store.db import Connection
 
 
@@ -503,6 +503,36 @@ def recover_inflight(conn: Connection) -> int:
 
 def inflight_tokens(conn: Connection) -> set[bytes]:
     return {bytes(r[0]) for r in conn.execute("SELECT DISTINCT token FROM attach_inflight")}
+
+
+# An apply's outcome, noted before the application's commit that makes it true: a crash
+# between that commit and the store's own would otherwise leave its keys pending, and a change
+# the application made to one of those rows before the next command would be captured as
+# concurrent with the very record it had been shown (a false conflict, which 'priority' could
+# settle against the application's own edit).
+_SETTLING = "attach_settling"
+
+
+def note_settling(conn: Connection, token: bytes, settle: dict[str, dict[str, str]],
+                  written: dict[str, list[str]]) -> None:
+    """What an apply has done once the application's transaction holding ``token`` commits:
+    the tables whose pending keys it all handled, with the keys refused (``settle``: table ->
+    key -> constraint), and the keys it wrote (``written``: table -> keys)."""
+    meta.put(conn, _SETTLING, json.dumps({"token": token.hex(), "settle": settle,
+                                          "written": written}))
+
+
+def settling(conn: Connection) -> tuple[bytes, dict[str, dict[str, str]],
+                                        dict[str, list[str]]] | None:
+    raw = meta.get(conn, _SETTLING)
+    if raw is None:
+        return None
+    doc = json.loads(raw)
+    return bytes.fromhex(doc["token"]), doc["settle"], doc["written"]
+
+
+def end_settling(conn: Connection) -> None:
+    meta.remove(conn, _SETTLING)
 
 
 def has_inflight(conn: Connection) -> bool:

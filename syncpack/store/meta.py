@@ -29,3 +29,7 @@ def put_many(conn, items: Iterable[tuple[str, Any]]) -> None:
 def create(conn, items: Iterable[tuple[str, Any]]) -> None:
     """The first values of a new store (refuses keys already there)."""
     conn.executemany("INSERT INTO meta VALUES (?, ?)", list(items))
+
+
+def remove(conn, key: str) -> None:
+    conn.execute("DELETE FROM meta WHERE key=?", (key,))
