@@ -173,6 +173,22 @@ def iter_ops(conn, origin: bytes, lo: int, hi: int) -> Iterator[Op]:
         yield from map(_OP_NEW, cur)
 
 
+def op_at(conn, origin: bytes, epoch: int) -> Op | None:
+    """The op we hold as ``epoch`` of ``origin``, or None (looked up op after op, a block
+    is decoded once: :func:`_block_ops`)."""
+    row = conn.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced "
+                       "FROM changelog WHERE origin=? AND epoch=?", (origin, epoch)).fetchone()
+    if row:
+        return _OP_NEW(row)
+    row = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND lo<? AND hi>=? "
+                       f"LIMIT 1", (origin, epoch, epoch)).fetchone()
+    if row is None:
+        return None
+    ops = _block_ops(conn, _stored(row))
+    i = epoch - row[1] - 1
+    return ops[i] if 0 <= i < len(ops) and ops[i].epoch == epoch else None
+
+
 def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
     """``(hlc, seq)`` of the op we hold as ``epoch`` of ``origin``, or None."""
     row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",

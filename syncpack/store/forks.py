@@ -118,7 +118,7 @@ def _op_by_csn(conn, csn: bytes):
     e = chain.epoch_of(conn, hlc, origin, seq)
     if e is None:
         return None
-    return next(chain.iter_ops(conn, origin, e - 1, e), None)
+    return chain.op_at(conn, origin, e)
 
 
 def revert_from(conn, origin: bytes, epoch: int) -> int:
