@@ -235,17 +235,17 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
             continue
         t = infos[name]
         w = appdb.Writer(app, t)
-        aff = [t.affinity.get(c, "BLOB") for c in t.pk]
         for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
             for key, v in _visible_part(site, name, part):
                 if v is not None:
                     continue
-                err = w.delete(rows.decode_key(key, aff))
+                key_vals = writer.row_key(w, key)
+                err = w.delete(key_vals) if key_vals is not None else None
                 if err:
                     clashes.setdefault(name, {})[key] = err
                     if err.startswith("FOREIGN KEY") and \
                             sum(map(len, refused.values())) < TOGETHER_MAX:
-                        refused.setdefault(name, {})[key] = rows.decode_key(key, aff)
+                        refused.setdefault(name, {})[key] = key_vals
                 else:
                     done[name] += 1
     if refused:
@@ -1496,10 +1496,7 @@ def check(site: Site) -> list[str]:
                 for key, vs in _grouped(attached.visible_candidates(site.conn, name)):
                     if key in skip:
                         continue
-                    try:
-                        key_vals = rows.decode_key(key, aff)
-                    except (ValueError, TypeError, IndexError):
-                        key_vals = None         # no row can have it (a lying member's key)
+                    key_vals = rows.decode_key(key, aff)    # None: no row can have it
                     if key_vals is not None and len(key_vals) == len(t.pk) and \
                             appdb.fetch_row(app, t, key_vals) is not None:
                         continue                # the first pass compared it

@@ -103,16 +103,19 @@ def _jsonable(v: Any) -> Any:
 
 def _from_json(v: Any) -> Any:
     if isinstance(v, dict):
-        if "hex" in v:
+        if len(v) == 1 and "hex" in v:
             return bytes.fromhex(v["hex"])
-        if "real" in v:
+        if len(v) == 1 and "real" in v:
             return float(v["real"])
     return v
 
 
-def decode_key(key: str, affinities: list[str]) -> tuple:
+def decode_key(key: str, affinities: list[str]) -> tuple | None:
     """The primary key values of record key ``key`` of a table whose key columns have these
-    affinities (one per column)."""
+    affinities (one per column); None when ``key`` is no such key: it does not decode, has
+    another number of values, or holds a value no key column holds (NULL, true, a list),
+    all of which only a lying member sends.  (It may still be another spelling of a row's key:
+    see attach/writer.py, ``row_key``.)"""
     if len(affinities) == 1 and not key.startswith("["):
         if affinities[0] == "BLOB":
             # No affinity converts for us: a number written as text must be bound as one.
@@ -123,11 +126,14 @@ def decode_key(key: str, affinities: list[str]) -> tuple:
         return (key,)
     try:
         vals = json.loads(key)
-    except ValueError:
-        return (key,)
-    if not isinstance(vals, list) or len(vals) != len(affinities):
-        return (key,)
-    return tuple(_from_json(v) for v in vals)
+        if not isinstance(vals, list) or len(vals) != len(affinities):
+            return None
+        out = tuple(_from_json(v) for v in vals)
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
+        return None
+    if not all(type(v) in (int, float, str, bytes) for v in out):
+        return None
+    return out
 
 
 def typed(row: dict) -> dict:

@@ -68,19 +68,28 @@ def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: lis
     return why
 
 
+def row_key(w: appdb.Writer, key: str) -> tuple | None:
+    """The primary key values of the row of ``w``'s table whose record key is ``key``, or None
+    when it has none.  Found by the key's values, the row must also spell the key the same
+    way: SQLite finds row 1 by '01' in an INTEGER column, and 'abc' by 'ABC' under NOCASE, so
+    a lying member's delete of such a key would remove a row the family still shows."""
+    vals = rows.decode_key(key, [w.t.affinity.get(c, "BLOB") for c in w.t.pk])
+    if vals is None or len(vals) != len(w.t.pk):
+        return None
+    held = appdb.held_key(w.conn, w.t, vals)
+    if held is None or rows.encode_key(tuple(held), len(w.t.pk) == 1) != key:
+        return None
+    return tuple(held)
+
+
 def delete_batch(w: appdb.Writer, keys: list[str]) -> list[int]:
     """Deletes the rows of record keys ``keys`` from ``w``'s table, in the caller's write
-    transaction; returns the positions of those not deleted (a constraint refused it, or the
-    key cannot be one of this table's): they stay pending for the ordinary apply."""
-    aff = [w.t.affinity.get(c, "BLOB") for c in w.t.pk]
+    transaction (a key without a row has nothing to delete); returns the positions of those
+    a constraint refused: they stay pending for the ordinary apply."""
     refused = []
     for i, key in enumerate(keys):
-        try:
-            key_vals = rows.decode_key(key, aff)
-        except (ValueError, TypeError, IndexError):
-            refused.append(i)
-            continue
-        if len(key_vals) != len(w.t.pk) or w.delete(key_vals):
+        key_vals = row_key(w, key)
+        if key_vals is not None and w.delete(key_vals):
             refused.append(i)
     return refused
 

@@ -1023,6 +1023,8 @@ class Writer:
     def put(self, row: dict) -> str | None:
         cols = tuple(c for c in row if c in self._cols)
         if len(cols) != len(row):
+            if not all(type(c) is str for c in row):    # a lying member's record
+                return "the record is not a row of the table (a column name is not text)"
             missing = [c for c in row if c not in self._cols and c not in self.t.dropped]
             if missing:
                 return waiting_text(self.t.name, missing)
@@ -1405,6 +1407,17 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
 def _others(conn: Connection, table: str) -> list[tuple]:
     return conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE name != ? "
                         "ORDER BY type, name", (table,)).fetchall()
+
+
+def held_key(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:
+    """The primary key values, as the table holds them, of the row that ``key`` finds (by
+    the key columns' affinities and collations), or None."""
+    cols = ", ".join(q(c) for c in t.pk)
+    where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
+    try:
+        return conn.execute(f"SELECT {cols} FROM {q(t.name)} WHERE {where}", key).fetchone()
+    except UnicodeDecodeError:
+        raise _not_utf8(t.name) from None
 
 
 def fetch_row(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:
