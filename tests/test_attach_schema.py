@@ -278,6 +278,10 @@ HOSTILE = [
     "z INTEGER DEFAULT 1; CREATE TABLE x(y)",
     "z INTEGER) --",
     "z INTEGER UNIQUE",                            # SQLite refuses; would be unsafe anyway
+    "z TEXT\x00",                                  # not even SQL text: stopped every command
+    # foreign keys every insert would then fail on, the application's too
+    "z REFERENCES other(v)",                       # v is no key of other
+    "z REFERENCES nosuch(x)",                      # no such table here
 ]
 
 
@@ -455,3 +459,62 @@ def test_constant_defaults_are_the_values_sqlite_gives(dflt):
         assert "v" not in got          # not the same at every site: left out
     else:
         assert got["v"] == c.execute("SELECT v FROM t").fetchone()[0]
+
+
+@pytest.mark.parametrize("lie", [
+    {"table": "items", "added": 5},
+    {"table": "items", "dropped": 5},
+    {"table": "items", "dropped": "qty"},        # read as q, t, y: t is a column
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, v\x00)"},
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, r REFERENCES "
+                                    "other(v))"},
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, r REFERENCES "
+                                    "nosuch(x))"},
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, "
+                                    + ", ".join(f"c{i}" for i in range(950)) + ")"},
+], ids=["added-not-a-list", "dropped-not-a-list", "dropped-a-text", "nul", "fk-to-no-key",
+        "fk-to-no-table", "950-columns"])
+def test_a_lying_table_definition_stops_nothing_and_leaves_the_schema(three, lie):
+    """A member's definition of a table: fields of the wrong kind stopped every command at
+    the sites with the table attached (an internal error, for good); a new table whose
+    foreign keys cannot work was created, after which the application could no longer insert
+    into it or change the table it names, and every import failed blaming the site store."""
+    root, sites, dbs = three
+    lie = dict(lie)
+    name = lie.pop("table")
+    with Site.open(sites["a"]) as site:
+        d = site.get(TABLES, name, None) or {"pk": ["id"], "columns": ["id"]}
+        d.update(lie)
+        with site.transaction(_system=True) as tx:
+            tx.write_raw(TABLES, name, codec.encode_value(d))
+            if name == "evil":
+                tx.put("evil", "e1", {"id": "e1"})
+    before = schema_text(dbs["b"]), table(dbs["b"], "items"), table(dbs["b"], "other")
+    export_to(root, sites, "a", ["b"])
+    assert (schema_text(dbs["b"]), table(dbs["b"], "items"), table(dbs["b"], "other")) == before
+    for command in (["capture"], ["status"], ["fsck"]):
+        sp(sites["b"], *command)
+    app(dbs["b"], ["INSERT INTO items VALUES ('b7', 7, 'q')",
+                   "UPDATE other SET v = 5 WHERE id = 'b1'"])
+    exchange(root, sites)
+    converged(sites, dbs)
+
+
+def test_new_tables_whose_foreign_keys_refer_to_each_other_are_created_parents_first(three):
+    """A site that follows the family's new tables created 'orders' before the 'users' it
+    refers to: SQLite then refused every insert into it ('no such table: main.users'), which
+    stopped the import, blamed the site store, and left 'orders' attached but missing."""
+    root, sites, dbs = three
+    app(dbs["a"], ["CREATE TABLE users(id TEXT PRIMARY KEY, name TEXT)",
+                   "CREATE TABLE orders(id TEXT PRIMARY KEY, uid TEXT REFERENCES users(id))",
+                   "INSERT INTO users VALUES ('u1', 'ann')",
+                   "INSERT INTO orders VALUES ('o1', 'u1')"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "orders", "--table", "users")
+    exchange(root, sites)
+    for n in ("b", "c"):
+        assert table(dbs[n], "orders") == table(dbs["a"], "orders")
+        assert table(dbs[n], "users") == table(dbs["a"], "users")
+    app(dbs["b"], ["PRAGMA foreign_keys=ON", "INSERT INTO users VALUES ('u2', 'bo')",
+                   "INSERT INTO orders VALUES ('o2', 'u2')"])
+    exchange(root, sites)
+    converged(sites, dbs, tables=TABLES_ + ("users", "orders"))

@@ -950,17 +950,23 @@ def _follow_new_tables(site: Site) -> None:
     path = Path(attached.attachment(site.conn)[0])
     app = appdb.open_app(path)
     try:
-        for name in names:
-            if appdb.table_info(app, name) is not None:
-                continue
-            if _check_table(site, app, name, attached.tables(site.conn)) is not None:
-                continue
-            try:
-                _attach_locked(site, app, path, [name], False)
-            except AttachError:
-                # A definition this database refuses (it is a peer's text): the records stay
-                # in the store, and the table stays 'available' for an administrator to see.
-                continue
+        # Again while a round creates one: a table whose foreign keys refer to another new
+        # table is refused until that one exists (its inserts would all fail before).
+        while names:
+            refused = []
+            for name in names:
+                if appdb.table_info(app, name) is not None:
+                    continue
+                if _check_table(site, app, name, attached.tables(site.conn)) is not None:
+                    continue
+                try:
+                    _attach_locked(site, app, path, [name], False)
+                except AttachError:
+                    # A definition this database refuses (it is a peer's text): the records
+                    # stay in the store, and the table stays 'available' for an
+                    # administrator to see.
+                    refused.append(name)
+            names = refused if len(refused) < len(names) else []
     finally:
         app.close()
 
@@ -1062,6 +1068,9 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         return f"table {name} is a virtual table; only ordinary tables can be replicated"
     if not t.pk:
         return f"table {name} has no declared PRIMARY KEY; a replicated row needs a key"
+    if len(t.columns) > appdb.MAX_COLUMNS:
+        return (f"table {name} has {len(t.columns)} columns, more than the "
+                f"{appdb.MAX_COLUMNS} an attached table may have")
     collated = _collated_key(app, t)
     if collated:
         return collated

@@ -126,7 +126,8 @@ def ops_of(definitions: list[Any]) -> list[dict]:
     for d in definitions:
         if not isinstance(d, dict):
             continue
-        for op in d.get("added", []) or []:
+        added = d.get("added")
+        for op in added if isinstance(added, list) else []:
             if isinstance(op, dict) and isinstance(op.get("column"), str) \
                     and isinstance(op.get("def"), str) and op["column"] not in seen:
                 seen.add(op["column"])
@@ -139,6 +140,7 @@ def dropped_of(definitions: list[Any]) -> set[str]:
     records are left out, not waited for."""
     out: set[str] = set()
     for d in definitions:
-        if isinstance(d, dict):
-            out |= {c for c in d.get("dropped", []) or [] if isinstance(c, str)}
+        dropped = d.get("dropped") if isinstance(d, dict) else None
+        if isinstance(dropped, list):
+            out |= {c for c in dropped if isinstance(c, str)}
     return out

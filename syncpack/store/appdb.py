@@ -525,11 +525,43 @@ def create_table(conn: Connection, name: str, sql: str) -> None:
     except apsw.ExecTraceAbort:
         raise AttachError(f"the definition of table {name!r} from the peers is not one "
                           f"CREATE TABLE statement; nothing was created") from None
-    except (apsw.Error, ApplicationOnlyError) as e:
+    except (apsw.Error, ApplicationOnlyError, ValueError) as e:     # ValueError: a NUL
         raise AttachError(f"cannot create table {name!r} from the peers' definition "
                           f"({getattr(e, 'needs', '') or e})") from None
     if not has_table(conn, name):
         raise AttachError(f"the peers' definition of table {name!r} creates another table")
+    why = _foreign_keys_unusable(conn, name) or _too_wide(conn, name)
+    if why:
+        raise AttachError(f"cannot create table {name!r} from the peers' definition: {why}")
+
+
+# Columns an attached table may have: a capture reads each column's name and value side by
+# side, and SQLite returns at most 2,000 columns a row.
+MAX_COLUMNS = 900
+
+
+def _too_wide(conn: Connection, table: str) -> str | None:
+    n = len(conn.execute(f"PRAGMA table_info({q(table)})").fetchall())
+    if n > MAX_COLUMNS:
+        return f"it has {n} columns, more than the {MAX_COLUMNS} an attached table may have"
+    return None
+
+
+def _foreign_keys_unusable(conn: Connection, table: str) -> str | None:
+    """Why ``table``'s foreign keys would make writes fail that do not involve syncpack (a
+    parent table that does not exist, parent columns that are no key: every INSERT into the
+    child, and every change of the parent, fails once foreign keys are on), or would break
+    with the rows it holds; None when they are sound.  A peer's definition is the peers' word."""
+    for row in conn.execute(f"PRAGMA foreign_key_list({q(table)})").fetchall():
+        if not has_table(conn, row[2]):
+            return f"a foreign key refers to table {row[2]!r}, which does not exist here"
+    try:
+        broken = conn.execute(f"PRAGMA foreign_key_check({q(table)})").fetchone()
+    except apsw.SQLError as e:
+        return f"its foreign keys are unusable ({e})"
+    if broken is not None:
+        return "rows of the table would break its foreign keys"
+    return None
 
 
 # --- capture tables and triggers ----------------------------------------------------------------
@@ -1375,6 +1407,7 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
     Returns why it was refused, or None."""
     before = table_info(conn, table)
     others = _others(conn, table)
+    keys_before = _foreign_keys_unusable(conn, table)
     seen: list[str] = []
 
     def only_one(_cursor, stmt, _bindings):
@@ -1393,10 +1426,13 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
             why = "it changes more than adding that column"
     except apsw.ExecTraceAbort:
         why = "it is more than one statement"
-    except (apsw.Error, ApplicationOnlyError) as e:
+    except (apsw.Error, ApplicationOnlyError, ValueError) as e:     # ValueError: a NUL
         why = f"SQLite refused it ({getattr(e, 'needs', '') or e})"
     if why is None and _others(conn, table) != others:
         why = "it changes other parts of the schema"
+    if why is None:
+        keys_after = _foreign_keys_unusable(conn, table)
+        why = (keys_after if keys_after != keys_before else None) or _too_wide(conn, table)
     if why:
         conn.execute("ROLLBACK TO syncpack_schema")
     conn.execute("RELEASE syncpack_schema")
