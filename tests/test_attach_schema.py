@@ -518,3 +518,32 @@ def test_new_tables_whose_foreign_keys_refer_to_each_other_are_created_parents_f
                    "INSERT INTO orders VALUES ('o2', 'u2')"])
     exchange(root, sites)
     converged(sites, dbs, tables=TABLES_ + ("users", "orders"))
+
+
+@pytest.mark.parametrize("column", ["note TEXT NOT NULL DEFAULT 'none'", "note TEXT"])
+def test_under_merge_a_row_from_before_an_added_column_changes_only_what_was_written(
+        tmp_path, column):
+    """b sets the added column of an older row; a, later, sets another column of it.  a's
+    record of the row predated the column, so a's capture counted the column's default as
+    a change too, which overrode b's edit at every site (a conflict of that field)."""
+    sites = make_family(tmp_path, ("a", "b"))
+    sp(sites["a"], "collection", "create", "items", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, qty INTEGER)"])
+    app(dbs["a"], ["INSERT INTO items VALUES ('k', 2)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], [f"ALTER TABLE items ADD COLUMN {column}"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["b"], ["UPDATE items SET note = 'from b' WHERE id = 'k'"])
+    sp(sites["b"], "capture")
+    app(dbs["a"], ["UPDATE items SET qty = 99 WHERE id = 'k'"])
+    sp(sites["a"], "capture")
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [r[:6:2] for r in table(dbs[n], "items")] == [("k", 99, "from b")]
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+        sp(sites[n], "fsck")

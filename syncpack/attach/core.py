@@ -161,6 +161,11 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
     any_pending = attached.has_pending(conn)
     # A table's first capture into an empty collection needs no look-ups.
     used = {n: attached.collection_used(conn, n) for n in infos}
+    # Under 'merge', a column added since a row's record was written holds its default in
+    # the row, and the record lacks it: written back unchanged, it is no change of that
+    # column (sent as one, it overrode a peer's real edit of the column).
+    defaults = {n: appdb.constant_defaults(app, t) for n, t in infos.items()
+                if used[n] and site.policy_of(n) == "merge" and schema.has_added_columns(site, n)}
     for name, t in infos.items():
         parts = elsewhere.changes() if elsewhere else reader.changes(app, t, since, upto)
         for keys, raws in parts:
@@ -178,8 +183,11 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
             bk: list[str] = []
             br: list[bytes | None] = []
             bv: list[bytes] = []
+            untouched = defaults.get(name)
             for key, raw in zip(keys, raws):
                 vs = current.get(key, ())
+                if untouched and raw is not None and len(vs) == 1 and vs[0][1] is not None:
+                    raw = rows.without_unset(raw, vs[0][1], untouched)
                 if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
                     continue    # nothing new (written back as it was, or born and gone)
                 u = unseen.get(key, ())

@@ -18,6 +18,8 @@ from itertools import chain, islice
 from operator import itemgetter, methodcaller
 from typing import Any, Iterable
 
+from syncpack.format import codec
+
 INT_AFFINITY = ("INTEGER", "REAL", "NUMERIC")
 
 
@@ -134,6 +136,24 @@ def decode_key(key: str, affinities: list[str]) -> tuple | None:
     if not all(type(v) in (int, float, str, bytes) for v in out):
         return None
     return out
+
+
+def without_unset(raw: bytes, base_raw: bytes, defaults: dict[str, Any]) -> bytes:
+    """Record ``raw`` of a row, less the columns its key's record ``base_raw`` lacks (added
+    to the table after it) that still hold their default (``defaults``): the same row, since a
+    record that lacks a column stands for the column's default (appdb.Writer), but no longer
+    a change of those columns."""
+    try:
+        new, base = codec.decode_value(raw), codec.decode_value(base_raw)
+    except ValueError:
+        return raw
+    if not isinstance(new, dict) or not isinstance(base, dict):
+        return raw
+    unset = [c for c, v in new.items() if c not in base and c in defaults
+             and typed({c: v}) == typed({c: defaults[c]})]
+    if not unset:
+        return raw
+    return codec.encode_value({c: v for c, v in new.items() if c not in unset})
 
 
 def typed(row: dict) -> dict:
