@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
-from syncpack.attach import rows
+from syncpack.attach import rows, writer
 from syncpack.format import codec
+from syncpack.store import appdb
 from syncpack.site import Site
 
 from conftest import run
@@ -389,7 +390,8 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
                       "CREATE TABLE rtrim(a TEXT, b TEXT, PRIMARY KEY(a, b COLLATE RTRIM)) "
                       "WITHOUT ROWID",
                       # no collection can have its name: peers refused every packet after it
-                      'CREATE TABLE ""(id TEXT PRIMARY KEY)'])
+                      'CREATE TABLE ""(id TEXT PRIMARY KEY)',
+                      "CREATE VIEW vw AS SELECT id FROM items"])
     # a file whose header and schema read, and whose table's pages are damaged
     damaged = tmp_path / "damaged.db"
     app(damaged, ["CREATE TABLE t(id TEXT PRIMARY KEY, v)",
@@ -406,6 +408,7 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
              ((not_sqlite, "--table", "items"), "not an SQLite database"),
              ((db, "--table", "nokey"), "PRIMARY KEY"),
              ((db, "--table", "v"), "virtual"),
+             ((db, "--table", "vw"), "vw is a view; only ordinary tables"),
              ((db, "--table", "parts"), "already used by a collection"),
              ((db, "--table", "items", "--table", "nokey"), "PRIMARY KEY"),
              ((db, "--table", "absent"), "no table absent"),
@@ -956,7 +959,8 @@ def test_status_answers_when_the_database_is_gone(three):
     r = run("capture", site=sites["a"])
     assert r.code == 1 and "is gone" in r.err and "syncpack detach" in r.err, r
     r = run("fsck", site=sites["a"])
-    assert r.code == 1 and "attached database" in r.err, r
+    assert r.code == 1 and "attached database" in r.err and "syncpack detach" in r.err, r
+    assert "--refresh" not in r.err, r      # which needs the file
     # the way out the hint names works without the file
     r = run("detach", str(dbs["a"]), site=sites["a"])
     assert r.code == 0, r
@@ -1275,6 +1279,50 @@ def test_decode_key_of_any_text_gives_key_values_or_none(key, affinities):
                             all(type(v) in (int, float, str, bytes) for v in vals))
 
 
+_VALUES = st.one_of(st.none(), st.integers(-2 ** 63, 2 ** 63 - 1), st.floats(),
+                   st.sampled_from(["7", " 7", "7.0", "1e3", "0x10", "abc", "", "-0", "9" * 20]),
+                   st.text(max_size=4), st.binary(max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_VALUES, min_size=1, max_size=8),
+       st.sampled_from(["TEXT", "INTEGER", "NUMERIC", "REAL", "BLOB"]))
+def test_every_value_sqlite_would_convert_is_found(vals, affinity):
+    """The quick test in C (rows.maybe_converted) misses no value that SQLite itself
+    converts (appdb.as_stored): such a value written would differ from its record."""
+    records = [{"c": v} for v in vals]
+    stored = appdb.as_stored({"c": affinity}, records)
+    converted = {i for i, (r, s) in enumerate(zip(records, stored))
+                 if type(s["c"]) is not type(r["c"]) or s["c"] != r["c"]}
+    assert converted <= set(rows.maybe_converted(records, {"c": affinity}))
+    assert set(writer.conversions({"c": affinity}, records)) == converted
+
+
+def test_a_value_the_local_column_would_convert_is_a_conflict_not_a_silent_change(tmp_path):
+    """A record says qty is '7' (or 2.0, or NaN) where this site's column has INTEGER
+    affinity: written, the row held 7 (2, NULL) while the record said otherwise, no conflict
+    was listed, and fsck failed at that site from then on."""
+    sites = make_family(tmp_path, ("a", "b"))
+    db = tmp_path / "b.db"
+    app(db, SCHEMA[:1])
+    sp(sites["b"], "attach", db, "--table", "items")
+    sent = {"n1": {"id": "n1", "i": float("nan")}, "n2": {"id": "n2", "i": "7"},
+            "n3": {"id": "n3", "i": 2.0}, "n4": {"id": "n4", "t": 5},
+            "ok": {"id": "ok", "i": 3, "t": "x", "r": 1.5}}
+    with Site.open(sites["a"]) as s, s.transaction() as tx:
+        for k, v in sent.items():
+            tx.write_raw("items", k, codec.encode_value(v))
+    exchange(tmp_path, sites, rounds=1)
+    assert [r[:4] for r in table(db, "items")] == [("ok", "text", 3, "integer")]
+    clashes = {c["key"]: c["constraint"]
+               for c in run("--json", "conflicts", site=sites["b"]).json["conflicts"]}
+    assert sorted(clashes) == ["n1", "n2", "n3", "n4"]
+    assert "INTEGER affinity here: '7' would be stored as 7" in clashes["n2"]
+    sp(sites["b"], "fsck")
+    sp(sites["b"], "conflicts", "resolve", "items", "n2", "--value", '{"id": "n2", "i": 7}')
+    assert ("n2", "text", 7, "integer") in [r[:4] for r in table(db, "items")]
+
+
 @given(st.lists(st.tuples(st.one_of(st.text(max_size=4), st.integers(-5, 5)),
                           st.one_of(st.text(max_size=4), st.integers(-5, 5),
                                     st.binary(max_size=3))), min_size=1, max_size=20),
@@ -1353,18 +1401,22 @@ def test_a_key_an_integer_primary_key_cannot_hold_is_a_clash_not_a_stopped_impor
         sp(sites[n], "attach", dbs[n], "--table", "ti")
     app(dbs["a"], ["INSERT INTO ti VALUES ('abc', 'text key'), ('7', 'seven')"])
     exchange(tmp_path, sites, rounds=1)
-    assert table(dbs["b"], "ti") == [(7, "integer", "seven", "text")]
+    # '7' would be stored as the integer 7 here: a row unlike its record, a clash as well
+    assert table(dbs["b"], "ti") == []
     clash = run("--json", "conflicts", "ti", site=sites["b"]).json["conflicts"]
-    assert [(c["key"], "INTEGER PRIMARY KEY" in c["constraint"]) for c in clash] == \
-        [("abc", True)], clash
-    # everything else goes on: a later row arrives, capture works
-    app(dbs["a"], ["INSERT INTO ti VALUES ('8', 'eight')"])
+    assert [(c["key"], c["constraint"].split(":")[0]) for c in clash] == [
+        ("7", "column id has INTEGER affinity here"),
+        ("abc", "datatype mismatch")], clash
+    # everything else goes on: capture works; b's integer key is a clash at a in turn
     app(dbs["b"], ["INSERT INTO ti VALUES (9, 'nine')"])
     exchange(tmp_path, sites, rounds=1)
-    assert [r[0] for r in table(dbs["b"], "ti")] == [7, 8, 9]
-    assert [r[0] for r in table(dbs["a"], "ti")] == ["7", "8", "9", "abc"]
-    for cmd in ("capture", "status"):
-        sp(sites["b"], cmd)
+    assert [r[0] for r in table(dbs["b"], "ti")] == [9]
+    assert [r[0] for r in table(dbs["a"], "ti")] == ["7", "abc"]
+    assert [c["key"] for c in run("--json", "conflicts", site=sites["a"]).json["conflicts"]
+            ] == ["9"]
+    for n in sites:
+        for cmd in ("capture", "status", "fsck"):
+            sp(sites[n], cmd)
 
 
 @pytest.mark.parametrize("clause", ["REPLACE", "IGNORE"])

@@ -1069,6 +1069,8 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     t = appdb.table_info(app, name)
     d = _definition(site, name)
     if t is None:
+        if appdb.is_view(app, name):
+            return f"{name} is a view; only ordinary tables can be replicated"
         if d is None:
             return f"no table {name} in the database (and no peer has attached one so named)"
         return None
@@ -1419,20 +1421,12 @@ def check_values(site: Site, collection: str, values: list) -> None:
             if isinstance(d, dict) and isinstance(d.get("create_sql"), str) else None
         if not affinity:
             return
-    rows_ = [{c: v for c, v in value.items() if c in affinity and type(v) in _BINDABLE
-              and (type(v) is not int or -2 ** 63 <= v < 2 ** 63)}
-             if isinstance(value, dict) else {} for value in values]
-    for given, stored in zip(rows_, appdb.as_stored(affinity, rows_)):
-        for c, v in given.items():
-            if type(stored[c]) is not type(v) or stored[c] != v:
-                raise AttachError(
-                    f"column {c} of attached table {collection} has {affinity[c]} affinity: "
-                    f"{json.dumps(v)} would be stored as {json.dumps(stored[c])}; nothing was "
-                    f"written", hint="write the value as the table stores it")
-
-
-# Values SQLite binds as they are (bool binds as an integer, and so is refused above).
-_BINDABLE = (type(None), int, float, str, bytes, bool)
+    maps = [value for value in values if isinstance(value, dict)]
+    for _i, (c, v, stored) in sorted(writer.conversions(affinity, maps).items())[:1]:
+        raise AttachError(
+            f"column {c} of attached table {collection} has {affinity[c]} affinity: "
+            f"{json.dumps(v)} would be stored as {json.dumps(stored)}; nothing was "
+            f"written", hint="write the value as the table stores it")
 
 
 def check_hint(site: Site) -> str:
@@ -1440,6 +1434,9 @@ def check_hint(site: Site) -> str:
     the capture could not see them): take the tables' rows as they are, as this site's
     changes, which then travel to the peers."""
     path = attached.attachment(site.conn)[0]
+    if not Path(path).exists():
+        return (f"put the application's database back at {path}, or run 'syncpack detach "
+                f"{path}' to stop replicating it")
     return (f"'syncpack attach {path} --refresh' takes the attached tables' rows as they are, "
             f"as this site's changes (docs/attach.md)")
 

@@ -156,6 +156,35 @@ def without_unset(raw: bytes, base_raw: bytes, defaults: dict[str, Any]) -> byte
     return codec.encode_value({c: v for c, v in new.items() if c not in unset})
 
 
+# The Python types of values a column of each type affinity stores as they are; any other
+# may be converted (SQLite: '7' in an INTEGER column is 7, 5 in a TEXT one is '5').
+_AS_IS = {"TEXT": {str, bytes, type(None)}, "INTEGER": {int, bytes, type(None)},
+          "NUMERIC": {int, float, bytes, type(None)}, "REAL": {float, bytes, type(None)},
+          "BLOB": {int, float, str, bytes, type(None)}}
+
+
+def maybe_converted(records: list, affinity: dict[str, str]) -> list[int]:
+    """The positions of ``records`` (maps) holding a value that its column, by its type
+    affinity, may store as another one: a type the affinity converts, a float that is a
+    whole number in an INTEGER or NUMERIC column, a NaN anywhere (stored as NULL).  The
+    caller asks SQLite about these few; the common case (none) is found in C."""
+    out: set[int] = set()
+    for col, aff in affinity.items():
+        get = methodcaller("get", col)
+        vals = list(map(get, records))
+        as_is = _AS_IS.get(aff, _AS_IS["BLOB"])
+        kinds = set(map(type, vals))
+        if kinds <= as_is and float not in kinds:
+            continue
+        whole_converts = aff in ("INTEGER", "NUMERIC")
+        for i, v in enumerate(vals):
+            kind = type(v)
+            if kind not in as_is or kind is float and (v != v or whole_converts and
+                                                        v.is_integer()):
+                out.add(i)
+    return sorted(out)
+
+
 def typed(row: dict) -> dict:
     """A row with each value tagged by its Python type, for exact comparison (1 != 1.0)."""
     return {k: (type(v).__name__, v) for k, v in row.items()}
@@ -231,8 +260,9 @@ def type_warning(table: str, here: dict[str, str], family: dict[str, str] | None
            if c in family and here[c] != family[c]]
     if not odd:
         return None
-    return (f"table {table} declares column(s) {', '.join(odd)}: values may be stored with "
-            f"other types here than at the other sites; declare the same column types")
+    return (f"table {table} declares column(s) {', '.join(odd)}: a peer's value that such a "
+            f"column would store as another type (1 as '1') is a clash here, listed by "
+            f"'conflicts'; declare the same column types")
 
 
 def null_key_warning(table: str, columns: list[str]) -> str | None:

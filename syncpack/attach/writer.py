@@ -56,6 +56,14 @@ def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: lis
     if why:
         at = [i for i in at if i not in why]
         values = [values[i] for i in at]
+    converted = conversions(w.t.affinity, values)
+    if converted:
+        # written, the row would differ from the record: the sites would disagree unseen
+        for j, (c, v, stored) in converted.items():
+            why[at[j]] = (f"column {c} has {w.t.affinity[c]} affinity here: {v!r} would be "
+                          f"stored as {stored!r}")
+        at = [i for j, i in enumerate(at) if j not in converted]
+        values = [v for j, v in enumerate(values) if j not in converted]
     if not values:
         return why
     name = w.t.name
@@ -66,6 +74,30 @@ def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: lis
         if err:
             why[at[j]] = err
     return why
+
+
+# Values SQLite binds as they are (a bool binds as an integer, and so is a conversion).
+_BINDABLE = (type(None), int, float, str, bytes, bool)
+
+
+def conversions(affinity: dict[str, str], records: list[dict]
+                ) -> dict[int, tuple[str, object, object]]:
+    """By position, a column of each of ``records`` that a table of these column affinities
+    would store as another value, with the value given and the value stored (SQLite's own
+    conversions, asked of SQLite: appdb.as_stored).  A value SQLite cannot bind at all is
+    left to the write, which refuses it with its own reason."""
+    at = rows.maybe_converted(records, affinity)
+    if not at:
+        return {}
+    given = [{c: v for c, v in records[i].items() if c in affinity and type(v) in _BINDABLE
+              and (type(v) is not int or -2 ** 63 <= v < 2 ** 63)} for i in at]
+    out = {}
+    for i, row, stored in zip(at, given, appdb.as_stored(affinity, given)):
+        for c, v in row.items():
+            if type(stored[c]) is not type(v) or stored[c] != v:
+                out[i] = (c, v, stored[c])
+                break
+    return out
 
 
 def row_key(w: appdb.Writer, key: str) -> tuple | None:

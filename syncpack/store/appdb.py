@@ -254,6 +254,11 @@ def has_table(conn: Connection, name: str) -> bool:
                         (name,)).fetchone() is not None
 
 
+def is_view(conn: Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_schema WHERE type='view' AND name=?",
+                        (name,)).fetchone() is not None
+
+
 def user_tables(conn: Connection) -> list[str]:
     return [r[0] for r in conn.execute(
         "SELECT name FROM sqlite_schema WHERE type='table' AND name NOT LIKE 'sqlite_%' "
