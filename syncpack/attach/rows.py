@@ -14,6 +14,7 @@ with bytes as ``{"hex": "..."}`` and floats in their exact repr.
 from __future__ import annotations
 
 import json
+from math import isnan
 from itertools import chain, islice
 from operator import itemgetter, methodcaller
 from typing import Any, Iterable
@@ -174,9 +175,14 @@ def maybe_converted(records: list, affinity: dict[str, str]) -> list[int]:
         vals = list(map(get, records))
         as_is = _AS_IS.get(aff, _AS_IS["BLOB"])
         kinds = set(map(type, vals))
-        if kinds <= as_is and float not in kinds:
-            continue
         whole_converts = aff in ("INTEGER", "NUMERIC")
+        if kinds <= as_is:
+            if float not in kinds:
+                continue
+            floats = vals if len(kinds) == 1 else [v for v in vals if v.__class__ is float]
+            if not any(map(isnan, floats)) and not (
+                    whole_converts and any(map(float.is_integer, floats))):
+                continue        # a REAL column's floats, none of them NaN: the common case
         for i, v in enumerate(vals):
             kind = type(v)
             if kind not in as_is or kind is float and (v != v or whole_converts and
