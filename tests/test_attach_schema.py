@@ -547,3 +547,34 @@ def test_under_merge_a_row_from_before_an_added_column_changes_only_what_was_wri
         assert [r[:6:2] for r in table(dbs[n], "items")] == [("k", 99, "from b")]
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
         sp(sites[n], "fsck")
+
+
+def test_a_unique_index_the_application_drops_takes_syncpacks_trigger_on_it_along(tmp_path):
+    """syncpack notes the rows a REPLACE removes with triggers that name each UNIQUE index's
+    columns; after the application dropped the index they still named them, and SQLite
+    refused the application's DROP COLUMN of that column ('error in trigger
+    _syncpack_users_rep'), which it does not without syncpack.  The next command rebuilds
+    them; a command with nothing to change leaves the schema alone."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE users(id TEXT PRIMARY KEY NOT NULL, email TEXT, "
+             "nick TEXT UNIQUE, v INTEGER)", "CREATE UNIQUE INDEX users_email ON users(email)",
+             "INSERT INTO users VALUES ('u1', 'x@y', 'ux', 1)"])
+    sp(sites["a"], "attach", db, "--table", "users")
+
+    def schema_version() -> int:
+        c = sqlite3.connect(db)
+        try:
+            return c.execute("PRAGMA schema_version").fetchone()[0]
+        finally:
+            c.close()
+
+    before = schema_version()
+    sp(sites["a"], "capture")
+    assert schema_version() == before           # nothing rebuilt when nothing changed
+    app(db, ["DROP INDEX users_email"])
+    sp(sites["a"], "capture")
+    app(db, ["ALTER TABLE users DROP COLUMN email"])    # refused before
+    app(db, ["INSERT OR REPLACE INTO users(id, nick, v) VALUES ('u2', 'ux', 2)"])
+    r = run("--json", "attached", site=sites["a"])
+    assert r.code == 0, r

@@ -893,6 +893,9 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
     refused: list[str] = []
     with appdb.write_txn(app):
         infos = schema.review(site, app, infos)     # stopped tables are left out
+        for t in infos.values():
+            if not appdb.replace_triggers_current(app, t):
+                appdb.install_capture(app, t)       # a UNIQUE index the application dropped
         captured = _heal(site, app, infos)
         captured += _capture(site, app, infos)
         infos, grown = schema.follow(site, app, infos, refused)     # peers' new columns

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import apsw
 
@@ -601,14 +601,11 @@ def install_capture(conn: Connection, t: TableInfo, floor: int = 0) -> None:
         conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
     drop_capture(conn, t.name)
     tn = t.name.replace("'", "''")
-    ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
     new = ", ".join(f"NEW.{q(c)}" for c in t.pk)
     old = ", ".join(f"OLD.{q(c)}" for c in t.pk)
     moved = " OR ".join(f"OLD.{q(c)} IS NOT NEW.{q(c)}" for c in t.pk)
-    when = f"WHEN NOT EXISTS (SELECT 1 FROM {APPLYING})"
-    ins = f"INSERT INTO {CHANGES}(tbl, {ks})"
+    when, ins, name = _trigger_parts(t)
     tq = q(t.name)
-    name = lambda kind: q(f"{TRIGGER_PREFIX}{t.name}_{kind}")  # noqa: E731
     conn.execute(f"CREATE TRIGGER {name('ins')} AFTER INSERT ON {tq} {when} "
                  f"BEGIN {ins} VALUES ('{tn}', {new}); END")
     conn.execute(f"CREATE TRIGGER {name('upd')} AFTER UPDATE ON {tq} {when} "
@@ -621,7 +618,7 @@ def install_capture(conn: Connection, t: TableInfo, floor: int = 0) -> None:
 
 
 def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: str,
-                              name) -> None:
+                              name, expect: list | None = None) -> None:
     """INSERT OR REPLACE and UPDATE OR REPLACE remove the rows they clash with on another
     UNIQUE index without firing their DELETE trigger: note the keys of such rows before the
     write.  (Nothing is kept if the write fails: the statement's changes, these included,
@@ -653,19 +650,26 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: st
                  for terms, where in t.other_uniques)]
     update_of = "UPDATE OF " + ", ".join(q(c) for c in named) if named else "UPDATE"
 
-    def create(conds: list[str]) -> None:
+    def statements(conds: list[str]) -> list[str]:
+        out = []
         for kind, event, extra in (("rep", "INSERT", ""), ("repu", update_of, f" AND {not_old}")):
             body = " ".join(f"{keys}{c}{extra};" for c in conds)
-            conn.execute(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when} "
-                         f"BEGIN {body} END")
+            out.append(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when} "
+                       f"BEGIN {body} END")
+        return out
 
-    create(plain + other)
+    if expect is not None:
+        expect.append(statements(plain + other))
+        expect.append(statements(plain) if plain else [])
+        return
+    for sql in statements(plain + other):
+        conn.execute(sql)
     if other and not _compiles_writes(conn, t):
         # never an application's write that fails for our triggers: without those terms
         for kind in ("rep", "repu"):
             conn.execute(f"DROP TRIGGER {name(kind)}")
-        if plain:
-            create(plain)
+        for sql in statements(plain) if plain else []:
+            conn.execute(sql)
 
 
 def _names_column(column: str, sql: str) -> bool:
@@ -701,6 +705,29 @@ def _compiles_writes(conn: Connection, t: TableInfo) -> bool:
     n = len(t.columns)
     return _compile_error(conn, [(f"INSERT INTO {q(t.name)}({cols}) VALUES ({marks})", n),
                                  (f"UPDATE {q(t.name)} SET {sets}", n)]) is None
+
+
+def replace_triggers_current(conn: Connection, t: TableInfo) -> bool:
+    """Whether the triggers that note rows a REPLACE removes are those ``t``'s UNIQUE indexes
+    call for now.  Each names the columns of an index: after the application drops one, the
+    trigger would still name its columns, and SQLite would refuse the application's next
+    ``DROP COLUMN`` of them (an error it gets only because of syncpack)."""
+    held = dict(conn.execute(
+        "SELECT name, sql FROM sqlite_schema WHERE type='trigger' AND tbl_name=? AND name IN "
+        "(?, ?)", (t.name, f"{TRIGGER_PREFIX}{t.name}_rep", f"{TRIGGER_PREFIX}{t.name}_repu")))
+    if not (t.uniques or t.other_uniques):
+        return not held
+    expect: list[list[str]] = []
+    _install_replace_triggers(conn, t, *_trigger_parts(t), expect)
+    return sorted(held.values()) in [sorted(e) for e in expect]
+
+
+def _trigger_parts(t: TableInfo) -> tuple[str, str, Callable[[str], str]]:
+    """(the WHEN clause, the INSERT into the change table, kind -> trigger name) of ``t``'s
+    capture triggers."""
+    when = f"WHEN NOT EXISTS (SELECT 1 FROM {APPLYING})"
+    ins = f"INSERT INTO {CHANGES}(tbl, {', '.join(f'k{i}' for i in range(len(t.pk)))})"
+    return when, ins, lambda kind: q(f"{TRIGGER_PREFIX}{t.name}_{kind}")
 
 
 def drop_capture(conn: Connection, table: str) -> None:
