@@ -236,26 +236,22 @@ def test_kill_9_during_an_import_written_by_the_writer_process(tmp_path):
         assert run("--json", "status", site=s).json["conflicts"] == 0
 
 
-# The importing process killed (SIGKILL, as kill -9) at the instant after the application's
-# transaction committed and before the store dropped its marks of the rows written.
-KILLED_AFTER_THE_APPLICATIONS_COMMIT = r"""
+# The importing process killed (SIGKILL, as kill -9) at the instant it calls the store
+# function named: after the application's transaction committed, before the store's own.
+KILLED_AT = r"""
 import os, signal, sys
 from syncpack.store import attached
 def killed(*_a, **_k):
     os.kill(os.getpid(), signal.SIGKILL)
-attached.clear_inflight = killed
+setattr(attached, sys.argv.pop(1), killed)
 from syncpack.cli import main
 sys.argv = ["syncpack"] + sys.argv[1:]
 main()
 """
 
 
-def test_kill_9_right_after_the_applications_commit_makes_no_false_conflict(tmp_path):
-    """The marks left by that kill made every row of the import pending again: the
-    application's next edit of a row it had been shown was captured as concurrent with it, a
-    conflict; under 'priority' with the peer ranked higher, the edit was reverted in the
-    application's own table.  The import's transaction now leaves a token in the file, and
-    marks of a transaction the file holds just go."""
+def a_ranked_over_b(tmp_path) -> tuple[dict, dict]:
+    """Sites a and b under 'priority', a ranked higher, each with table items attached."""
     a = tmp_path / "a"
     assert run("init", a, "--family", "f", "--site", "a", "--policy", "priority",
                "--priority", "10").code == 0
@@ -269,9 +265,20 @@ def test_kill_9_right_after_the_applications_commit_makes_no_false_conflict(tmp_
     for n in sites:
         app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v)"])
         sp(sites[n], "attach", dbs[n], "--table", "items")
+    return sites, dbs
+
+
+def test_kill_9_right_after_the_applications_commit_makes_no_false_conflict(tmp_path):
+    """The marks left by that kill made every row of the import pending again: the
+    application's next edit of a row it had been shown was captured as concurrent with it, a
+    conflict; under 'priority' with the peer ranked higher, the edit was reverted in the
+    application's own table.  The import's transaction now leaves a token in the file, and
+    marks of a transaction the file holds just go."""
+    sites, dbs = a_ranked_over_b(tmp_path)
+    a, b = sites["a"], sites["b"]
     app(dbs["a"], ["INSERT INTO items VALUES ('k', 'from a')"])
     sp(a, "export", "--to", "b", "--out", tmp_path / "m1", "--create-out")
-    r = subprocess.run([sys.executable, "-c", KILLED_AFTER_THE_APPLICATIONS_COMMIT, "--site",
+    r = subprocess.run([sys.executable, "-c", KILLED_AT, "clear_inflight", "--site",
                         str(b), "import", str(tmp_path / "m1" / "b")])
     assert r.returncode == -signal.SIGKILL
     assert [row[:3:2] for row in table(dbs["b"], "items")] == [("k", "from a")]
@@ -283,20 +290,6 @@ def test_kill_9_right_after_the_applications_commit_makes_no_false_conflict(tmp_
         sp(sites[n], "fsck")
 
 
-# Killed at the instant after the application committed an apply of keys that were pending
-# (a delete, here), before the store settled them.
-KILLED_BEFORE_THE_STORE_SETTLES = r"""
-import os, signal, sys
-from syncpack.store import attached
-def killed(*_a, **_k):
-    os.kill(os.getpid(), signal.SIGKILL)
-attached.settle_pending = killed
-from syncpack.cli import main
-sys.argv = ["syncpack"] + sys.argv[1:]
-main()
-"""
-
-
 def test_kill_9_between_the_applications_commit_and_the_settling_makes_no_false_conflict(
         tmp_path):
     """The keys such an apply wrote stayed pending, so the application's next change of one
@@ -304,24 +297,15 @@ def test_kill_9_between_the_applications_commit_and_the_settling_makes_no_false_
     had seen, which 'priority' then kept, deleting the application's new row again.  The
     outcome is now noted in the store before the application's commit, with a token in the
     file, and the next command settles it."""
-    a = tmp_path / "a"
-    assert run("init", a, "--family", "f", "--site", "a", "--policy", "priority",
-               "--priority", "10").code == 0
-    b = tmp_path / "b"
-    assert run("keygen", b, "--site", "b").code == 0
-    sp(a, "mkreplica", "export", "--site", "b", "--pubkey", b / "keys" / "site.pub", "--out",
-       tmp_path / "seed", "--create-out", "--priority", "1")
-    sp(b, "mkreplica", "import", tmp_path / "seed")
-    sites = {"a": a, "b": b}
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v)"])
-        sp(sites[n], "attach", dbs[n], "--table", "items")
+    sites, dbs = a_ranked_over_b(tmp_path)
+    a, b = sites["a"], sites["b"]
     app(dbs["a"], ["INSERT INTO items VALUES ('k', 'from a')"])
     exchange(tmp_path, sites)
     app(dbs["a"], ["DELETE FROM items WHERE id = 'k'"])
     sp(a, "export", "--to", "b", "--out", tmp_path / "m1", "--create-out")
-    r = subprocess.run([sys.executable, "-c", KILLED_BEFORE_THE_STORE_SETTLES, "--site",
+    # killed after the application committed the delete (a key that was pending), before
+    # the store settled it
+    r = subprocess.run([sys.executable, "-c", KILLED_AT, "settle_pending", "--site",
                         str(b), "import", str(tmp_path / "m1" / "b")])
     assert r.returncode == -signal.SIGKILL
     assert table(dbs["b"], "items") == []               # the delete reached the application

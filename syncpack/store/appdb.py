@@ -1480,16 +1480,15 @@ def _others(conn: Connection, table: str) -> list[tuple]:
 def held_key(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:
     """The primary key values, as the table holds them, of the row that ``key`` finds (by
     the key columns' affinities and collations), or None."""
-    cols = ", ".join(q(c) for c in t.pk)
-    where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
-    try:
-        return conn.execute(f"SELECT {cols} FROM {q(t.name)} WHERE {where}", key).fetchone()
-    except UnicodeDecodeError:
-        raise _not_utf8(t.name) from None
+    return _by_key(conn, t, key, t.pk)
 
 
 def fetch_row(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:
-    cols = ", ".join(q(c) for c in t.columns)
+    return _by_key(conn, t, key, t.columns)
+
+
+def _by_key(conn: Connection, t: TableInfo, key: tuple, columns: list[str]) -> tuple | None:
+    cols = ", ".join(q(c) for c in columns)
     where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
     try:
         return conn.execute(f"SELECT {cols} FROM {q(t.name)} WHERE {where}", key).fetchone()
