@@ -1424,8 +1424,9 @@ def check_values(site: Site, collection: str, values: list) -> None:
             if isinstance(d, dict) and isinstance(d.get("create_sql"), str) else None
         if not affinity:
             return
-    maps = [value for value in values if isinstance(value, dict)]
-    for _i, (c, v, stored) in sorted(writer.conversions(affinity, maps).items())[:1]:
+    found = writer.conversions(affinity, [v for v in values if isinstance(v, dict)])
+    if found:
+        c, v, stored = found[min(found)]
         raise AttachError(
             f"column {c} of attached table {collection} has {affinity[c]} affinity: "
             f"{json.dumps(v)} would be stored as {json.dumps(stored)}; nothing was "
