@@ -1094,8 +1094,7 @@ class Writer:
                 return waiting_text(self.t.name, missing)
         odd = next((c for c in cols if not _storable(row[c])), None)
         if odd is not None:     # what no application wrote: a lying member's record
-            return (f"column {odd} holds a {type(row[odd]).__name__}, which is not a value "
-                    f"SQLite stores")
+            return f"column {odd} holds {_kind(row[odd])}, which is not a value SQLite stores"
         checks = []
         if self._check_put:
             checks.append((self._check_put, [row.get(c) for c in self.t.pk]))
@@ -1475,6 +1474,15 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
 def _others(conn: Connection, table: str) -> list[tuple]:
     return conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE name != ? "
                         "ORDER BY type, name", (table,)).fetchall()
+
+
+def _kind(value: object) -> str:
+    """What a value SQLite cannot store is, in words."""
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (SQLite has no booleans)"
+    if isinstance(value, int):
+        return "an integer beyond 64 bits"
+    return {list: "a list", dict: "a map"}.get(type(value), f"a {type(value).__name__}")
 
 
 def held_key(conn: Connection, t: TableInfo, key: tuple) -> tuple | None:
