@@ -250,6 +250,16 @@ main()
 """
 
 
+def b_wins_everywhere(tmp_path, sites: dict, dbs: dict, value: str) -> None:
+    """After an exchange, every site's row k holds b's ``value``: b's change after the kill
+    was no conflict (a conflict, under 'priority', would have gone to a), and fsck is clean."""
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [row[:3:2] for row in table(dbs[n], "items")] == [("k", value)]
+        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == []
+        sp(sites[n], "fsck")
+
+
 def a_ranked_over_b(tmp_path) -> tuple[dict, dict]:
     """Sites a and b under 'priority', a ranked higher, each with table items attached."""
     a = tmp_path / "a"
@@ -283,11 +293,7 @@ def test_kill_9_right_after_the_applications_commit_makes_no_false_conflict(tmp_
     assert r.returncode == -signal.SIGKILL
     assert [row[:3:2] for row in table(dbs["b"], "items")] == [("k", "from a")]
     app(dbs["b"], ["UPDATE items SET v = 'edited at b' WHERE id = 'k'"])
-    exchange(tmp_path, sites)
-    for n in sites:
-        assert [row[:3:2] for row in table(dbs[n], "items")] == [("k", "edited at b")]
-        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == []
-        sp(sites[n], "fsck")
+    b_wins_everywhere(tmp_path, sites, dbs, "edited at b")
 
 
 def test_kill_9_between_the_applications_commit_and_the_settling_makes_no_false_conflict(
@@ -310,8 +316,4 @@ def test_kill_9_between_the_applications_commit_and_the_settling_makes_no_false_
     assert r.returncode == -signal.SIGKILL
     assert table(dbs["b"], "items") == []               # the delete reached the application
     app(dbs["b"], ["INSERT INTO items VALUES ('k', 'again at b')"])
-    exchange(tmp_path, sites)
-    for n in sites:
-        assert [row[:3:2] for row in table(dbs[n], "items")] == [("k", "again at b")]
-        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == []
-        sp(sites[n], "fsck")
+    b_wins_everywhere(tmp_path, sites, dbs, "again at b")

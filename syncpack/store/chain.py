@@ -198,12 +198,8 @@ def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
     b = block_ending_at(conn, origin, epoch)
     if b:
         return b.last_csn       # no decoding: the common case (ranges start at a block's end)
-    row = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND lo<? AND hi>? "
-                       f"LIMIT 1", (origin, epoch, epoch)).fetchone()
-    if row is None:
-        return None
-    op = _block_ops(conn, _stored(row))[epoch - row[1] - 1]
-    return op.hlc, op.seq
+    op = op_at(conn, origin, epoch)
+    return None if op is None else (op.hlc, op.seq)
 
 
 def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
