@@ -30,8 +30,32 @@ def large_buffers_go_back() -> None:
         pass
 
 
+def interrupts_never_lost() -> None:
+    """A Ctrl-C that lands while Python runs a finaliser (an unfinished generator closed as it
+    is freed, a ``__del__``) cannot be raised there: Python prints "Exception ignored" and a
+    traceback, and the interrupt is gone, so the command would go on as if never stopped.
+    Such an interrupt is delivered again instead, by a thread a moment later (raised from the
+    hook itself it would be dropped the same way), in the main thread at its next step, where
+    the command's own handler reports it."""
+    def again() -> None:
+        import _thread
+        import time
+        time.sleep(0.01)
+        _thread.interrupt_main()
+
+    def hook(unraisable) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            import threading    # only then: a command's start does not pay for it
+            threading.Thread(target=again, daemon=True).start()
+            return
+        sys.__unraisablehook__(unraisable)
+
+    sys.unraisablehook = hook
+
+
 def main() -> None:
     try:
+        interrupts_never_lost()
         large_buffers_go_back()
         from syncpack.cli import main as run
     except KeyboardInterrupt:

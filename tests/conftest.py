@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,15 @@ def run(*args, site: str | os.PathLike | None = None, json_mode: bool = False, e
     if json_mode:
         argv.append("--json")
     argv += [str(a) for a in args]
-    r = CliRunner().invoke(cli, argv, env=env, input=input, catch_exceptions=True)
+    # An interrupted command ignores further Ctrl-Cs while it reports; in a process of its
+    # own that ends with it, here it would outlive the command, and every process a later
+    # test starts would inherit SIGINT ignored.
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        r = CliRunner().invoke(cli, argv, env=env, input=input, catch_exceptions=True)
+    finally:
+        for n, h in handlers.items():
+            signal.signal(n, h)
     res = Result(r)
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise AssertionError(f"uncaught exception from syncpack {argv}: {r.exception!r}\n{res}")

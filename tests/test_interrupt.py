@@ -194,3 +194,40 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(tmp_path):
     loaded = subprocess.run([exe, "--site", str(site), "get", "c", "k399999"],
                             capture_output=True).returncode == 0
     assert ("loaded whole" in err) == loaded, err
+
+
+_CTRL_C_IN_A_FINALISER = """
+import sys, time
+from syncpack.console import interrupts_never_lost
+if sys.argv[1] == "guarded":
+    interrupts_never_lost()
+def reading():      # a generator left unfinished, whose clean-up runs as it is freed
+    try:
+        yield 1
+        yield 2
+    finally:
+        raise KeyboardInterrupt     # as a Ctrl-C landing in that clean-up would
+try:
+    g = reading()
+    next(g)
+    del g
+    for _ in range(200):
+        time.sleep(0.01)
+    print("went on")
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_ctrl_c_inside_a_finaliser_still_stops_the_command(guarded):
+    """Python cannot raise an interrupt inside a finaliser: it prints a traceback and drops
+    it.  The entry point delivers it again, so the command stops and reports as for any
+    Ctrl-C (unguarded, the interrupt is lost: the case the guard is for)."""
+    r = subprocess.run([sys.executable, "-c", _CTRL_C_IN_A_FINALISER,
+                        "guarded" if guarded else "plain"],
+                       capture_output=True, text=True, timeout=60)
+    if guarded:
+        assert r.stdout.strip() == "stopped" and r.stderr == "", r
+    else:
+        assert r.stdout.strip() == "went on" and "Exception ignored" in r.stderr, r
