@@ -23,7 +23,7 @@ import click
 from syncpack.outcome import error_outcome
 from syncpack.store import db
 from .version import VERSION
-from .errors import RecordNotFound, SyncpackError
+from .errors import RecordNotFound, SyncpackError, arg
 from .lazy import OnFirstUse
 from .replicated import PRIORITY_MAX, PRIORITY_MIN
 from .site import Site
@@ -247,6 +247,10 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            # The output's reader has gone ('syncpack conflicts | head -1'): the command's
+            # work is done and nobody reads on; end quietly, as a program killed by SIGPIPE.
+            _output_gone()
         except (SyncpackError, db.DatabaseError, OSError) as e:
             fail(ctx.obj, *error_outcome(e))
         except KeyboardInterrupt:
@@ -261,6 +265,17 @@ class Group(click.Group):
                 traceback.print_exc()
             fail(ctx.obj, f"internal error: {type(e).__name__}: {e}",
                  "this is a bug in syncpack; rerun with -v and report the traceback")
+
+
+def _output_gone() -> None:
+    """Exit 141 (128 + SIGPIPE) without a word; what Python still holds for stdout goes
+    nowhere (flushed at exit into the closed pipe, it would raise again)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):   # stdout no file (a test's capture): nothing to flush
+        pass
+    sys.exit(141)
 
 
 def _interrupt_note(obj: Ctx | None) -> tuple[str, str | None]:
@@ -567,7 +582,7 @@ def get(obj: Ctx, collection, key):
     try:
         v = s.get(collection, key)
     except RecordNotFound as e:
-        raise RecordNotFound(str(e), hint=f"'syncpack ls {collection}' lists the keys") from None
+        raise RecordNotFound(str(e), hint=f"'syncpack ls {arg(collection)}' lists the keys") from None
     obj.emit({"collection": collection, "key": key, "value": v}, _shown(v))
 
 
@@ -643,9 +658,15 @@ def fsck(obj: Ctx):
     if obj.json:
         obj.emit(doc)
     if not doc["ok"]:
-        for p in doc["problems"]:
-            echo_error(p)
-        echo_error("fsck found the problems above", doc["hint"])
+        # What it found is the result (stdout, to keep as a report); the failure is one
+        # error line naming the first problem, with the hint.
+        problems = doc["problems"]
+        if not obj.json:
+            for p in problems:
+                click.echo(printable(p))
+        more = (f" (and {len(problems) - 1} more problem(s), listed on stdout)"
+                if len(problems) > 1 else "")
+        echo_error(f"fsck: {problems[0]}{more}", doc["hint"])
         sys.exit(1)
     if not obj.json:
         obj.say(f"ok: {doc['changelog_ops']} changelog ops checked")
@@ -1351,10 +1372,11 @@ def _local_json(f):
 
 
 @cli.command("attach")
-@click.argument("database", type=_Path(dir_okay=False))
+@click.argument("database", type=_Path())
 @click.option("--table", "tables", type=TEXT, multiple=True, metavar="T",
               help="Table to replicate (repeat); it needs a declared PRIMARY KEY.")
-@click.option("--all-tables", is_flag=True, help="Replicate every table of DATABASE.")
+@click.option("--all-tables", is_flag=True, help="Replicate every ordinary table of DATABASE "
+              "(virtual tables, such as a full-text index, and their own tables left out).")
 @click.option("--refresh", is_flag=True,
               help="Accept the attached tables' changed definitions (all, or --table T).")
 @_local_json
@@ -1393,7 +1415,7 @@ def attach_(obj: Ctx, database, tables, all_tables, refresh, as_json):
 
 
 @cli.command("detach")
-@click.argument("database", type=_Path(dir_okay=False))
+@click.argument("database", type=_Path())
 @click.option("--table", "tables", type=TEXT, multiple=True, metavar="T",
               help="Table to stop replicating (repeat; default: all).")
 @_local_json

@@ -7,6 +7,15 @@ CLI is a bug and is reported as an internal error (still without a traceback unl
 
 from __future__ import annotations
 
+import os
+import shlex
+
+
+def arg(value: str | os.PathLike) -> str:
+    """A path or a name as a hint's command must spell it, so the command pasted into a shell
+    runs as shown (a path with a space, a table named "my table")."""
+    return shlex.quote(os.fspath(value))
+
 
 class SyncpackError(Exception):
     """Base class: a message, an optional hint, a stable exit code."""

@@ -10,13 +10,12 @@ from typing import Any
 
 
 class OnFirstUse(ModuleType):
-    """Stands for module ``name`` until an attribute is asked for, then imports it and
-    takes its namespace (later lookups are plain attribute reads)."""
+    """Stands for module ``name``: the first attribute asked for imports it, and every
+    lookup reads the module's attribute as it is then (a copy of its namespace, taken once,
+    would not see a name the module rebinds later, such as a test's stand-in)."""
 
     def __init__(self, name: str):
         super().__init__(name)
 
     def __getattr__(self, attr: str) -> Any:
-        module = importlib.import_module(self.__name__)
-        self.__dict__.update(module.__dict__)
-        return getattr(module, attr)
+        return getattr(importlib.import_module(self.__name__), attr)

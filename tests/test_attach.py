@@ -8,6 +8,7 @@ attached tables equal at every site, row by row with SQLite types, and ``fsck`` 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -281,6 +282,13 @@ def test_unique_and_foreign_key_clashes_are_conflicts_not_crashes(tmp_path):
         clash = [c for c in r.json["conflicts"] if c["key"] == other]
         assert clash and "UNIQUE" in clash[0]["constraint"], (n, r.json)
         assert "UNIQUE" in run("conflicts", site=sites[n]).out
+        # counted where an administrator or a monitor looks, as 'conflicts' lists them
+        listed = len(r.json["conflicts"])
+        assert run("--json", "status", site=sites[n]).json["conflicts"] == listed, n
+        prom = run("status", "--format", "prometheus", site=sites[n]).out
+        assert f'syncpack_conflicts{{site="{n}"}} {listed}' in prom, prom
+        assert f'syncpack_attached_records_to_apply{{site="{n}",table="users"}} 1' in prom
+        assert f'syncpack_attached_database_unreadable{{site="{n}"}} 0' in prom
     r = run("fsck", site=sites["b"])
     assert r.code == 0, r        # a clash is a known difference, not damage
     # a later write that removes the clash lets the row through
@@ -404,8 +412,13 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     sp(s, "put", "parts", "p1", '{"x": 1}')
     not_sqlite = tmp_path / "notes.txt"
     not_sqlite.write_text("hello, this is not a database at all\n")
+    (tmp_path / "somedir").mkdir()
+    store_b = make_family(tmp_path / "other-family", ("b",))["b"] / "syncpack.db"
     cases = [((tmp_path / "missing.db", "--table", "items"), "no such file"),
              ((not_sqlite, "--table", "items"), "not an SQLite database"),
+             ((tmp_path / "somedir", "--table", "items"), "is a directory"),
+             ((s / "syncpack.db", "--table", "versions"), "a syncpack site's store"),
+             ((store_b, "--table", "links"), "a syncpack site's store"),
              ((db, "--table", "nokey"), "PRIMARY KEY"),
              ((db, "--table", "v"), "virtual"),
              ((db, "--table", "vw"), "vw is a view; only ordinary tables"),
@@ -956,6 +969,8 @@ def test_status_answers_when_the_database_is_gone(three):
     assert "no such file" in r.json["attached"]["problem"]
     r = run("status", site=sites["a"])
     assert r.code == 0 and "CANNOT BE READ" in r.out and "no such file" in r.out, r
+    prom = run("status", "--format", "prometheus", site=sites["a"]).out
+    assert 'syncpack_attached_database_unreadable{site="a"} 1' in prom, prom
     r = run("capture", site=sites["a"])
     assert r.code == 1 and "is gone" in r.err and "syncpack detach" in r.err, r
     r = run("fsck", site=sites["a"])
@@ -1716,3 +1731,81 @@ def test_a_peers_transaction_of_deletes_and_inserts_reaches_the_application_whol
     assert seen[-1] == ["new"] * 10, seen
     assert table(dbs["b"], "items") == table(dbs["a"], "items")
     sp(sites["b"], "fsck")
+
+
+def test_a_table_detached_then_dropped_is_not_emptied_anywhere(tmp_path):
+    """A site detaches a table and its application drops it: the table stays detached (no
+    command brings it back on its own), its rows stay in the family; attached again, it is
+    created and filled from the records, its absence no delete of any row."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    rows = [("x", 1, "integer"), ("y", 2, "integer")]
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, v INTEGER)",
+                     "CREATE TABLE u(id TEXT PRIMARY KEY NOT NULL)"])
+    app(dbs["a"], ["INSERT INTO t VALUES ('x', 1), ('y', 2)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "t", "--table", "u")
+        exchange(tmp_path, sites, rounds=1)
+    assert [(r[0], r[2], r[3]) for r in table(dbs["b"], "t")] == rows
+    sp(sites["b"], "detach", dbs["b"], "--table", "t")
+    app(dbs["b"], ["DROP TABLE t"])
+    sp(sites["b"], "capture")
+    assert [t["table"] for t in run("--json", "attached", site=sites["b"]).json["tables"]] \
+        == ["u"]
+    exchange(tmp_path, sites, rounds=1)
+    for n in sites:
+        assert [r["key"] for r in sp(sites[n], "--json", "ls", "t").json["records"]] == ["x", "y"], n
+    assert [(r[0], r[2], r[3]) for r in table(dbs["a"], "t")] == rows
+    r = sp(sites["b"], "--json", "attach", dbs["b"], "--table", "t")
+    assert r.json["tables"] == [{"table": "t", "rows": 2, "primary_key": ["id"]}], r
+    exchange(tmp_path, sites, rounds=2)
+    for n in sites:
+        assert [(r[0], r[2], r[3]) for r in table(dbs[n], "t")] == rows, n
+        assert sp(sites[n], "fsck").code == 0
+
+
+def test_a_file_standing_in_for_the_attached_one_gets_a_hint_whose_command_runs(tmp_path):
+    """The attached file replaced by one that is no database: every command names putting
+    it back or detaching (not the attach-time hint, nor --refresh, which needs the file), and
+    the command a hint shows runs as pasted, also for a path with a space."""
+    import shlex
+    root = tmp_path / "my dir"
+    root.mkdir()
+    sites = make_family(root, ("a",))
+    db = root / "shop.db"
+    app(db, SCHEMA)
+    sp(sites["a"], "attach", db, "--table", "items")
+    other = root / "other.db"
+    app(other, SCHEMA)
+    r = run("attach", other, "--table", "items", site=sites["a"])
+    assert r.code == 1 and shlex.quote(str(db)) in r.err, r
+    db.rename(root / "shop.bak")
+    db.write_text("not a database\n")
+    for args in (["fsck"], ["export", "--all", "--out", root / "out", "--create-out"],
+                 ["capture"]):
+        r = run(*args, site=sites["a"])
+        assert r.code == 1 and "not an SQLite database" in r.err, (args, r)
+        assert "put the application's database back" in r.err and "--refresh" not in r.err, r
+    command = re.search(r"'(syncpack detach [^\n]*?)' to stop", r.err)[1]
+    argv = shlex.split(command)
+    assert argv[2] == str(db), argv
+    assert run(*argv[1:], site=sites["a"]).code == 0
+    assert run("fsck", site=sites["a"]).code == 0
+
+
+def test_all_tables_leaves_a_full_text_index_out(tmp_path):
+    """--all-tables on a database with a full-text index: the ordinary tables are attached,
+    the virtual table and its shadow tables left out with a warning naming them (refusing
+    the whole attach left no way to use --all-tables there)."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE notes(id TEXT PRIMARY KEY NOT NULL, body TEXT)",
+             "CREATE VIRTUAL TABLE notes_fts USING fts5(body)",
+             "INSERT INTO notes VALUES ('n1', 'hello')",
+             "INSERT INTO notes_fts VALUES ('hello')"])
+    r = run("--json", "attach", db, "--all-tables", site=sites["a"])
+    assert r.code == 0, r
+    assert [t["table"] for t in r.json["tables"]] == ["notes"]
+    assert any("notes_fts" in w and "notes_fts_data" in w for w in r.json["warnings"]), r.json
+    assert run("fsck", site=sites["a"]).code == 0

@@ -136,7 +136,6 @@ def test_a_ctrl_c_after_the_commit_says_the_work_was_kept(tmp_path, monkeypatch,
     the message then says what the store holds (loaded whole: do not load again; the trim
     kept), read from the store, not what a rolled-back transaction would have meant."""
     from conftest import run
-    from syncpack import cli
     from syncpack.admin import inspection, recovery
     site = tmp_path / "a"
     assert run("init", site, "--family", "f", "--site", "a").code == 0
@@ -146,8 +145,7 @@ def test_a_ctrl_c_after_the_commit_says_the_work_was_kept(tmp_path, monkeypatch,
     if command == "scrub":
         assert run("load", lines, site=site).code == 0
     real = inspection.load if command == "load" else recovery.scrub
-    # (the command line's own name for the module: it took the module's names at first use)
-    target = (cli.inspection, "load") if command == "load" else (cli.recovery, "scrub")
+    target = (inspection, "load") if command == "load" else (recovery, "scrub")
 
     def then_ctrl_c(*a, **k):
         real(*a, **k)

@@ -231,3 +231,29 @@ def test_lspacket_labels_ids_and_names_a_missing_path(tmp_path):
     junk.write_bytes(b"junk")
     bad = run("lspacket", junk)       # describing applies nothing: the hint does not say it did
     assert bad.code == 1 and "hint: " in bad.err and "applied" not in bad.err, bad
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """'syncpack conflicts | head -1': once the reader has closed the pipe, the command ends
+    without a word and with 141 (128 + SIGPIPE), as programs killed by SIGPIPE do; not with
+    'error: Broken pipe' and 1, which would say the work failed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = shutil.which("syncpack", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("needs the syncpack script of this venv")
+    site = tmp_path / "a"
+    assert run("init", site, "--family", "f", "--site", "a").code == 0
+    for i in range(5):
+        assert run("put", "c", f"k{i}", "1", site=site).code == 0
+    for args in (["ls"], ["--json", "ls", "c"], ["conflicts"], ["status"]):
+        r, w = os.pipe()
+        os.close(r)         # the reader is gone before the first line
+        try:
+            p = subprocess.run([exe, "--site", str(site), *args], stdout=w,
+                               stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(w)
+        assert p.returncode == 141 and p.stderr == "", (args, p)

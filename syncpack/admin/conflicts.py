@@ -15,8 +15,8 @@ from syncpack.attach import core as attach_core
 from syncpack.format import codec
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import csn_origin, format_csn
-from syncpack.errors import InvalidValueError, SyncpackError, UsageError
-from syncpack.store import fields, versions
+from syncpack.errors import InvalidValueError, SyncpackError, UsageError, arg
+from syncpack.store import attached, fields, versions
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX,
                                  check_priority, group_versions)
 from syncpack.site import Site, check_collection
@@ -107,10 +107,11 @@ def list_conflicts(site: Site, collection: str | None = None) -> list[dict]:
 
 
 def count_conflicts(site: Site) -> int:
-    """Keys in conflict, as :func:`list_conflicts` counts them (under ``merge``, a key whose
-    concurrent writes changed different fields is merged, not in conflict)."""
+    """Keys in conflict, as :func:`list_conflicts` counts them: those with concurrent
+    versions (under ``merge``, a key whose concurrent writes changed different fields is
+    merged, not in conflict) and rows an attached table's schema refused."""
     if "merge" not in site.policies().values() and site.family_policy() != "merge":
-        return versions.count_conflicts(site.conn)
+        return versions.count_conflicts(site.conn) + attached.lone_clashes(site.conn)
     return len(list_conflicts(site))
 
 
@@ -131,7 +132,8 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
-                         hint=f"'syncpack conflicts {collection}' lists the keys in conflict")
+                         hint=f"'syncpack conflicts {arg(collection)}' lists the keys in "
+                              f"conflict")
     if has_value:
         try:
             raw = codec.encode_value(value)

@@ -62,6 +62,12 @@ FAMILIES: list[tuple[str, str, str]] = [
      "follow (see 'syncpack attached'), else 0."),
     ("syncpack_attached_waiting_records", "gauge",
      "Records that wait for a column the attached table lacks."),
+    ("syncpack_attached_records_to_apply", "gauge",
+     "Keys of the attached table whose visible record is not yet written into it (waiting "
+     "records and clashes included)."),
+    ("syncpack_attached_database_unreadable", "gauge",
+     "1 while the attached application database cannot be opened or read (see 'syncpack "
+     "attached'), else 0; absent when nothing is attached."),
     ("syncpack_batch_last_run_timestamp_seconds", "gauge",
      "Unix time the last batch round ended."),
     ("syncpack_batch_last_run_ok", "gauge",
@@ -152,6 +158,10 @@ def samples(status: dict, batch: BatchRound | None = None) \
             out["syncpack_attached_rows"].append((lab, t["rows"]))
         out["syncpack_attached_stopped"].append((lab, int(bool(t.get("stopped")))))
         out["syncpack_attached_waiting_records"].append((lab, t.get("waiting", 0)))
+        out["syncpack_attached_records_to_apply"].append((lab, t.get("to_apply", 0)))
+    att = status.get("attached") or {}
+    if att.get("database"):
+        out["syncpack_attached_database_unreadable"].append((site, int(bool(att.get("problem")))))
     if batch is not None:
         out["syncpack_batch_last_run_timestamp_seconds"].append((site, batch.finished_s))
         out["syncpack_batch_last_run_ok"].append((site, int(batch.ok)))

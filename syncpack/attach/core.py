@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from syncpack.attach import child, reader, rows, schema, shapes, writer
-from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageError
+from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageError, arg
 from syncpack.format import blocks, codec
 from syncpack.format.csn import csn_origin, csn_origins, split_csns
 from syncpack.pipeline import Pending, Worker
@@ -63,6 +63,13 @@ def is_attached(site: Site) -> bool:
     return attached.attachment(site.conn) is not None
 
 
+def back_or_detach(path: str) -> str:
+    """What to do when the attached file is gone, or another file stands in its place."""
+    return (f"put the application's database back at {path} (from its backup), or run "
+            f"'syncpack detach {arg(path)}' to stop replicating it (the records stay in the "
+            f"family)")
+
+
 @contextmanager
 def _open_attached(site: Site, gone_ok: bool = False
                    ) -> Iterator[tuple[appdb.Connection, dict[str, appdb.TableInfo]]]:
@@ -71,9 +78,11 @@ def _open_attached(site: Site, gone_ok: bool = False
     path, _seq = attached.attachment(site.conn)
     if not Path(path).exists():
         raise AttachError(f"the attached application database {path} is gone",
-                          hint=f"put it back, or 'syncpack detach {path}' to stop replicating "
-                               f"it (the records stay in the family)")
-    app = appdb.open_app(Path(path))
+                          hint=back_or_detach(path))
+    try:
+        app = appdb.open_app(Path(path))
+    except AttachError as e:    # the hints of an attach do not apply to a file attached
+        raise AttachError(e.message, hint=back_or_detach(path)) from None
     try:
         infos = {}
         for name in attached.tables(site.conn):
@@ -82,7 +91,7 @@ def _open_attached(site: Site, gone_ok: bool = False
                 if gone_ok:
                     continue
                 raise AttachError(f"attached table {name} is gone from {path}",
-                                  hint=f"'syncpack detach {path} --table {name}' stops "
+                                  hint=f"'syncpack detach {arg(path)} --table {arg(name)}' stops "
                                        f"replicating it")
             infos[name] = t
         appdb.skip_trigger_writes(app, attached.tables(site.conn))
@@ -953,9 +962,10 @@ def sync_app(site: Site, *, wait: bool = True) -> dict | None:
 def _follow_new_tables(site: Site) -> None:
     """A table another site attached, which this site's application does not have, is a schema
     change of the family: it is created from the family's definition and attached here, and its
-    records are written into it (docs/attach.md).  A table the application already has (one
-    detached here, or an unrelated table of that name) is left alone and stays 'available'."""
-    names = schema.available(site)
+    records are written into it (docs/attach.md).  A table the application already has (an
+    unrelated table of that name), or one detached here (even if the application dropped it
+    since), is left alone and stays 'available'."""
+    names = [n for n in schema.available(site) if n not in attached.detached_here(site.conn)]
     if not names:
         return
     path = Path(attached.attachment(site.conn)[0])
@@ -1006,7 +1016,8 @@ def stopped_tables(site: Site) -> list[tuple[str, str, str]]:
     its application's changes are not replicated until an administrator acts."""
     if not is_attached(site):
         return []
-    return [(n, why, shapes.REFRESH_HINT.format(table=n))
+    path = attached.attachment(site.conn)[0]
+    return [(n, why, shapes.REFRESH_HINT.format(db=arg(path), table=arg(n)))
             for n, why in attached.stopped(site.conn).items()]
 
 
@@ -1030,9 +1041,14 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
         if att is not None and att[0] != str(path):
             raise AttachError(f"site {site.name!r} already has {att[0]} attached; a site "
                               f"replicates one application database",
-                              hint=f"'syncpack detach {att[0]}' first, or use another site")
+                              hint=f"'syncpack detach {arg(att[0])}' first, or use another "
+                                   f"site")
         app = appdb.open_app(path)
         try:
+            if appdb.is_site_store(app):
+                raise AttachError(f"{path} is a syncpack site's store, not an application's "
+                                  f"database", hint="attach the SQLite database file the "
+                                  "application writes; a store replicates by itself")
             _check_owner(site, app, path)
             return _attach_locked(site, app, path, names, all_tables)
         finally:
@@ -1055,7 +1071,10 @@ def _check_owner(site: Site, app: appdb.Connection, path: Path) -> None:
         # the same path, or the same file under another name (a hard link)
         raise AttachError(f"{path} is attached to the site at {other}; one application "
                           f"database is replicated by one site", hint=f"detach it there "
-                          f"('syncpack --site {other} detach {theirs}') or attach a copy here")
+                          f"('syncpack --site {arg(other)} detach {arg(theirs)}') or attach a copy here")
+
+
+_NO_SUCH_TABLE_END = " (and no peer has attached one so named)"
 
 
 def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) -> str | None:
@@ -1075,7 +1094,7 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         if appdb.is_view(app, name):
             return f"{name} is a view; only ordinary tables can be replicated"
         if d is None:
-            return f"no table {name} in the database (and no peer has attached one so named)"
+            return f"no table {name} in the database{_NO_SUCH_TABLE_END}"
         return None
     if t.virtual:
         return f"table {name} is a virtual table; only ordinary tables can be replicated"
@@ -1146,10 +1165,17 @@ def _check_created(app: appdb.Connection, t: appdb.TableInfo | None, name: str,
 def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[str],
                    all_tables: bool) -> dict:
     current = attached.tables(site.conn)
+    skipped = []
     if all_tables:
-        names = [n for n in appdb.user_tables(app) if n not in current]
+        plain, virtual = appdb.user_tables(app)
+        names = [n for n in plain if n not in current]
         if not names:
             raise AttachError(f"{path} has no table left to attach")
+        if virtual:
+            # a full-text index and its own tables: the application writes them from its
+            # tables (each site builds its own), and they cannot be replicated anyway
+            skipped.append(f"left out virtual tables and their shadow tables: "
+                           f"{', '.join(virtual)}")
     names = list(dict.fromkeys(names))
     problems = [p for p in (_check_table(site, app, n, current) for n in names) if p]
     appdb.skip_trigger_writes(app, [*current, *names])
@@ -1157,6 +1183,10 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         if all(n in current for n in names):
             hint = ("'syncpack attached' lists what is attached; 'attach DB --refresh' "
                     "accepts a changed definition")
+        elif any(p.endswith(_NO_SUCH_TABLE_END) for p in problems):
+            hint = ("check the name ('sqlite3 DB .tables' lists them); a table another site "
+                    "attached is created here once its packets are imported (its definition "
+                    "travels with its records)")
         else:
             hint = ("docs/attach.md, 'What it needs', says what a table needs (a declared "
                     "PRIMARY KEY, a name no collection uses, ...)")
@@ -1170,8 +1200,10 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 infos[n] = t
         infos = schema.review(site, app, infos)
         _capture(site, app, infos)     # what the attached tables hold so far, first
+        created = set()
         for n in names:
             if appdb.table_info(app, n) is None:
+                created.add(n)
                 d = _definition(site, n)
                 appdb.create_table(app, n, d["create_sql"])
                 _check_created(app, appdb.table_info(app, n), n, d)
@@ -1200,6 +1232,10 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 if _definition(site, n) != d:
                     tx.write_raw(TABLES, n, codec.encode_value(d))
             for n, t in new.items():
+                if n in created:
+                    # detached here once, then dropped: its rows were not deleted one by
+                    # one, the table is new and fills from the records like any other
+                    attached.forget_detached(conn, n)
                 tx.split()      # each table's rows a transaction of their own
                 _load_rows_in(site, tx, app, t, rescan=False)
                 for w in (rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql),
@@ -1220,7 +1256,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
     with appdb.read_txn(app):
         for o in out:
             o["rows"] = appdb.count_rows(app, o["table"])
-    return {"database": str(path), "tables": out, "warnings": warnings}
+    return {"database": str(path), "tables": out, "warnings": skipped + warnings}
 
 
 def _named_tables(site: Site, path: Path, names: list[str] | None, current: dict,
@@ -1247,9 +1283,10 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
         current = attached.tables(site.conn)
         names = _named_tables(site, path, names, current, "detached")
         _recover(site)
-        if not path.exists():
-            # The file was moved or deleted: nothing of ours is left to remove from it, and
-            # its changes not yet captured went with it.
+        if not path.exists() or appdb.is_other_file(path):
+            # The file was moved or deleted (or another, no database, stands in its place):
+            # nothing of ours is left to remove from it, and its changes not yet captured
+            # went with it.
             with site.write_txn() as conn:
                 for n in names:
                     attached.remove_table(conn, n)
@@ -1438,10 +1475,11 @@ def check_hint(site: Site) -> str:
     the capture could not see them): take the tables' rows as they are, as this site's
     changes, which then travel to the peers."""
     path = attached.attachment(site.conn)[0]
-    if not Path(path).exists():
-        return (f"put the application's database back at {path}, or run 'syncpack detach "
-                f"{path}' to stop replicating it")
-    return (f"'syncpack attach {path} --refresh' takes the attached tables' rows as they are, "
+    try:
+        appdb.open_app(Path(path)).close()
+    except AttachError:
+        return back_or_detach(path)
+    return (f"'syncpack attach {arg(path)} --refresh' takes the attached tables' rows as they are, "
             f"as this site's changes (docs/attach.md)")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 # Every change that stops capture is explained with this hint.
 REFRESH_HINT = ("roll the change out at every site at the same release, then run 'syncpack "
-                "attach DB --refresh --table {table}' at each; until then the table's changes "
+                "attach {db} --refresh --table {table}' at each; until then the table's changes "
                 "wait in the application's file and records for it wait in the store")
 
 

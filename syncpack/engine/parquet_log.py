@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from syncpack.format import blocks
 from syncpack.store import chain, db
 from syncpack.format.codec import Op
-from syncpack.errors import ExportError
+from syncpack.errors import ExportError, arg
 from syncpack.exchange.packets import BlockRef
 from syncpack.fileops import fsync_dir, locked, write_atomic
 from syncpack.progress import expect
@@ -283,7 +283,7 @@ class Manifest:
                         f"the log at {where} has format version {v}, which kept single ops; "
                         f"packets now carry the blocks their origins signed, which this "
                         f"syncpack keeps in log version {VERSION}",
-                        hint=f"re-export the log: 'syncpack log export {where}' at "
+                        hint=f"re-export the log: 'syncpack log export {arg(where)}' at "
                              f"{man.producer_name}, the site that keeps it, rewrites it")
                 man.superseded = _old_segments(d)
                 return man

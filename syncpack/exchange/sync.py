@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
-from syncpack.store import chain, exports, history
+from syncpack.lazy import OnFirstUse
+from syncpack.store import attached, chain, exports, history
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, apply_snapshot,
@@ -37,6 +37,17 @@ from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import (DEFAULT_SKEW_MS, JoinedPiecesPacket, OpenPacket,
                                       find_packet_files, has_magic, open_packet, piece_bytes,
                                       printable, verify)
+
+# The attached-application code (and all it imports) loads only at a site that has one: an
+# import elsewhere starts without it.
+attach_core = OnFirstUse("syncpack.attach.core")
+
+
+def _sync_app(site: Site) -> None:
+    """Capture an attached application's changes and write pending records into its tables
+    (attach/core.py: sync_app); nothing when nothing is attached."""
+    if attached.attachment(site.conn) is not None:
+        attach_core.sync_app(site)
 
 # Relayed acknowledgements ride in the header; this bounds what one packet carries of them
 # (a 1,000-member family's vectors would otherwise cost megabytes per packet).  The ones a
@@ -318,7 +329,7 @@ def run_export(site: Site, to: list[str] | None, all_peers: bool, max_size: int,
     written.  Only the writing differs between engines."""
     if not to and not all_peers:
         raise UsageError("name the peers with --to PEER (repeatable) or use --all")
-    attach_core.sync_app(site)      # an attached application's changes go out too
+    _sync_app(site)     # an attached application's changes go out too
     with site.lock():
         peers = select_peers(site, to, all_peers)
         now = wall_ms() if now_ms is None else now_ms
@@ -516,7 +527,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     (Ctrl-C) still knows which packets were applied and committed."""
     res = result if result is not None else ImportResult()
     res.started_ms = wall_ms()
-    attach_core.sync_app(site)      # local changes first: an import never hides one
+    _sync_app(site)     # local changes first: an import never hides one
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -576,7 +587,8 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
         # rows of attached tables go into the application's tables as they arrive
         # (the headers' counts are the senders' word: they choose only how rows are written)
         direct = attach_core.DirectApply(site, sum(
-            c.pk.header.count for c in [*cands, *(c for g in snaps.values() for c in g)]))
+            c.pk.header.count for c in [*cands, *(c for g in snaps.values() for c in g)])
+        ) if attached.attachment(site.conn) is not None else None
         try:
             for group in snaps.values():
                 _apply_snapshot(site, group, res, progress)
@@ -602,14 +614,16 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 forks.end_retired(site)     # a retirement may have arrived just now
             res.incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
                               for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
-            with _applied_kept(res):
-                direct.finish()
+            if direct is not None:
+                with _applied_kept(res):
+                    direct.finish()
         finally:
-            direct.close()
+            if direct is not None:
+                direct.close()
             for c in opened:
                 c.pk.close()
     with _applied_kept(res):
-        attach_core.sync_app(site)      # what arrived, into the attached application's tables
+        _sync_app(site)     # what arrived, into the attached application's tables
     return res
 
 

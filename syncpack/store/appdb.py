@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 
 import apsw
 
-from syncpack.errors import ApplicationOnlyError, AttachError
+from syncpack.errors import ApplicationOnlyError, AttachError, arg
 from syncpack.store import db
 from syncpack.store.db import read_txn  # noqa: F401  (one snapshot rule for both files)
 
@@ -142,6 +142,20 @@ def wait_at_most(conn: Connection, ms: int) -> None:
     conn.set_busy_timeout(ms)
 
 
+SQLITE_MAGIC = b"SQLite format 3\0"
+
+
+def is_other_file(path: Path) -> bool:
+    """Whether the file at ``path`` is readable and no SQLite database (another file put in
+    the place of an attached one)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(16)
+    except OSError:
+        return False
+    return bool(magic) and magic != SQLITE_MAGIC
+
+
 def open_app(path: Path) -> Connection:
     """Open the application's database for capture and apply; never creates the file."""
     try:
@@ -149,12 +163,15 @@ def open_app(path: Path) -> Connection:
             magic = f.read(16)
     except FileNotFoundError:
         raise AttachError(f"{path}: no such file",
-                          hint="give the path of the application's SQLite database") from None
+                          hint=f"give the path of the application's SQLite database (for a "
+                               f"new, empty one, create the file first: touch {arg(path)})"
+                          ) from None
     except IsADirectoryError:
-        raise AttachError(f"{path} is a directory, not an SQLite database") from None
+        raise AttachError(f"{path} is a directory, not an SQLite database",
+                          hint="give the path of the application's SQLite database file") from None
     except OSError as e:
         raise AttachError(f"{path} cannot be read ({e.strerror})") from None
-    if magic and magic != b"SQLite format 3\0":       # an empty file is an empty database
+    if magic and magic != SQLITE_MAGIC:       # an empty file is an empty database
         raise AttachError(f"{path} is not an SQLite database",
                           hint="attach the application's SQLite database file")
     try:
@@ -259,10 +276,24 @@ def is_view(conn: Connection, name: str) -> bool:
                         (name,)).fetchone() is not None
 
 
-def user_tables(conn: Connection) -> list[str]:
-    return [r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_schema WHERE type='table' AND name NOT LIKE 'sqlite_%' "
-        "AND name NOT LIKE '\\_syncpack\\_%' ESCAPE '\\' ORDER BY name")]
+def is_site_store(conn: Connection) -> bool:
+    """Whether the file is a syncpack site's store (its changelog, versions and epoch
+    matrix), not an application's database."""
+    return conn.execute(
+        "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name IN "
+        "('changelog', 'versions', 'matrix', 'meta')").fetchone()[0] == 4
+
+
+def user_tables(conn: Connection) -> tuple[list[str], list[str]]:
+    """(the application's ordinary tables, its virtual tables and their shadow tables), each
+    by name; SQLite's and syncpack's own left out."""
+    plain, virtual = [], []
+    for name, kind in conn.execute(
+            "SELECT name, type FROM pragma_table_list WHERE schema = 'main' AND "
+            "type IN ('table', 'virtual', 'shadow') AND name NOT LIKE 'sqlite_%' AND "
+            "name NOT LIKE '\\_syncpack\\_%' ESCAPE '\\' ORDER BY name"):
+        (plain if kind == "table" else virtual).append(name)
+    return plain, virtual
 
 
 def _affinity(decl: str) -> str:

@@ -146,6 +146,11 @@ def detached_rows(conn: Connection, collection: str, db_path: str, file_id: str
         "SELECT key, csns, digest FROM detached_rows WHERE collection=?", (collection,))}
 
 
+def detached_here(conn: Connection) -> set[str]:
+    """The tables this site detached (and has not attached again)."""
+    return {r[0] for r in conn.execute("SELECT collection FROM detached_tables")}
+
+
 def forget_detached(conn: Connection, collection: str) -> None:
     conn.execute("DELETE FROM detached_tables WHERE collection=?", (collection,))
     conn.execute("DELETE FROM detached_rows WHERE collection=?", (collection,))
@@ -174,6 +179,14 @@ def set_shape(conn: Connection, name: str, shape: dict, columns: list[str] | Non
 
 def set_stopped(conn: Connection, name: str, why: str | None) -> None:
     conn.execute("UPDATE attached_tables SET stopped=? WHERE name=?", (why, name))
+
+
+def lone_clashes(conn: Connection) -> int:
+    """Clashes of keys that are not also in conflict among their versions (those count
+    once, as conflicts)."""
+    return conn.execute(
+        "SELECT count(*) FROM attach_clashes c WHERE (SELECT count(*) FROM versions v WHERE "
+        "v.collection = c.collection AND v.key = c.key) < 2").fetchone()[0]
 
 
 def waiting_count(conn: Connection, collection: str, prefix: str) -> int:
