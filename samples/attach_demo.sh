@@ -22,7 +22,7 @@ $APP boston.db restock bolt 100
 $APP boston.db order boston 3
 syncpack --site boston attach boston.db --table stock --table orders
 for s in sanfran bangalore; do
-  $APP "$s.db" init                    # an empty shop: the tables fill from the family
+  $APP "$s.db" init                    # an empty shop: the first round fills its tables
   syncpack --site "$s" attach "$s.db" --table stock --table orders
 done
 

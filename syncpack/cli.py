@@ -244,6 +244,11 @@ def fail(ctx_obj: Ctx | None, message: str, hint: str | None, code: int = 1):
 class Group(click.Group):
     """Turns library errors into ``error:``/``hint:`` lines and exit 1, never a traceback."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if ctx.parent is None:
+            args = _json_first(args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -265,6 +270,16 @@ class Group(click.Group):
                 traceback.print_exc()
             fail(ctx.obj, f"internal error: {type(e).__name__}: {e}",
                  "this is a bug in syncpack; rerun with -v and report the traceback")
+
+
+def _json_first(args: list[str]) -> list[str]:
+    """``syncpack status --json`` as ``syncpack --json status``: the option is the program's,
+    and a user (or a script) puts it after the command as often as before.  A ``--json``
+    after ``--`` is an argument and stays."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--json" not in args[:end]:
+        return args
+    return ["--json", *(a for a in args[:end] if a != "--json"), *args[end:]]
 
 
 def _output_gone() -> None:
@@ -357,7 +372,7 @@ def _size(ctx, param, value):
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--site", "site", metavar="DIR", type=_Path(),
               help="Site directory (default: $SYNCPACK_SITE, else the current directory).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (may also follow the command: 'syncpack status --json').")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
               "to stderr, the exit code says how it went.")
 @click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")

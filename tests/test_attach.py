@@ -8,6 +8,7 @@ attached tables equal at every site, row by row with SQLite types, and ``fsck`` 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -450,6 +451,10 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
         assert after == before, args
         assert run("fsck", site=s).err == ops_before, args     # no op written
     sp(s, "attach", db, "--table", "items")
+    link = tmp_path / "link.db"
+    os.link(db, link)       # the same file under another name: not a second database
+    r = run("attach", link, "--table", "counters", site=s)
+    assert r.code == 1 and "under another name" in r.err and "a site replicates" not in r.err, r
     other = tmp_path / "other.db"
     app(other, SCHEMA)
     r = run("attach", other, "--table", "items", site=s)

@@ -257,3 +257,20 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
         finally:
             os.close(w)
         assert p.returncode == 141 and p.stderr == "", (args, p)
+
+
+def test_json_may_follow_the_command(tmp_path):
+    """'syncpack status --json' as 'syncpack --json status', for every command; after '--'
+    it is an argument like any other."""
+    site = tmp_path / "a"
+    assert run("init", site, "--family", "f", "--site", "a").code == 0
+    assert run("put", "c", "k", '{"n": 1}', "--json", site=site).json is not None
+    for args in (["status"], ["conflicts"], ["ls", "c"], ["get", "c", "k"], ["fsck"],
+                 ["digest"], ["attached"]):
+        after = run(*args, "--json", site=site)
+        before = run("--json", *args, site=site)
+        assert after.code == before.code == 0, (args, after)
+        assert isinstance(after.json, dict), (args, after.out)
+        assert after.json.keys() == before.json.keys(), args
+    assert run("put", "c", "--", "--json", '"v"', site=site).code == 0     # a key
+    assert run("get", "c", "--json", "--", "--json", site=site).json["value"] == "v"

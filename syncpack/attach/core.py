@@ -1038,6 +1038,12 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
     path = _path(db_path)
     with site.lock():
         att = attached.attachment(site.conn)
+        if att is not None and att[0] != str(path) and Path(att[0]).exists() and \
+                path.exists() and _file_id(Path(att[0])) == _file_id(path):
+            raise AttachError(f"{path} is {att[0]} under another name, which site "
+                              f"{site.name!r} has attached already",
+                              hint=f"name it as it was attached: 'syncpack attach "
+                                   f"{arg(att[0])} --table T'")
         if att is not None and att[0] != str(path):
             raise AttachError(f"site {site.name!r} already has {att[0]} attached; a site "
                               f"replicates one application database",
