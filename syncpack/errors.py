@@ -8,12 +8,12 @@ CLI is a bug and is reported as an internal error (still without a traceback unl
 from __future__ import annotations
 
 import os
-import shlex
 
 
 def arg(value: str | os.PathLike) -> str:
     """A path or a name as a hint's command must spell it, so the command pasted into a shell
     runs as shown (a path with a space, a table named "my table")."""
+    import shlex    # only when a hint is made: every command imports this module
     return shlex.quote(os.fspath(value))
 
 
@@ -273,3 +273,14 @@ class ApplicationOnlyError(AttachError):
     like a constraint's."""
 
     needs = ""      # SQLite's words: "no such function: slug"
+
+
+class SealError(Exception):
+    """format/seal.py: a sealed body cannot be opened; ``hint`` says what to do (the caller's
+    default otherwise).  Not a user-facing error: the packet code raises it again as a
+    :class:`PacketSealError`.  Defined here so that code reading unsealed packets can catch
+    it without loading the sealing code and its cryptography."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint

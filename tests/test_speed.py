@@ -340,3 +340,24 @@ def test_the_decompress_worker_hands_back_results_and_errors_in_order():
     with pytest.raises(RuntimeError, match="dropped"):
         dropped.result()
     assert not any(t.name.startswith("test-worker") for t in threading.enumerate())
+
+
+def test_an_import_loads_no_attach_code_and_no_key_file_formats(tmp_path):
+    """An import at a site with no database attached starts without the attached-database
+    code, and an unsealed packet without the sealing code or cryptography's key-file formats
+    (only a sealed packet, or a site with a database attached, needs them)."""
+    from conftest import Family
+    fam = Family(tmp_path)
+    fam.init("a")
+    fam.add("b", via="a")
+    with fam.open("a") as s, s.transaction() as tx:
+        tx.put("c", "k", 1)
+    out = list(fam.export("a", "b"))
+    probe = _PROBE.format(heavy=("syncpack.attach.core", "syncpack.format.seal",
+                                 "cryptography.hazmat.primitives.serialization",
+                                 "syncpack.exchange.apply"))
+    r = subprocess.run([sys.executable, "-c", probe, str(fam.path("b")), "import",
+                        *map(str, out)], capture_output=True, text=True)
+    line = [x for x in r.stderr.splitlines() if x.startswith("HEAVY")]
+    assert line and line[-1].split(" ", 1)[1].split(",") == ["syncpack.exchange.apply"], r
+    assert "1 packet(s) applied" in r.stdout + r.stderr, r

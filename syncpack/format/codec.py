@@ -23,7 +23,7 @@ from syncpack.format.csn import CSN_LEN, CSN_STRUCT, SITE_ID_LEN
 from syncpack.lazy import OnFirstUse
 from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatError,
                              PacketLimitError, PacketSealError, PacketVersionError,
-                             UndecodableRecordError)
+                             SealError, UndecodableRecordError)
 
 # --- msgpack, with fixed settings -------------------------------------------------------------
 
@@ -727,28 +727,28 @@ def body_hash_matches(f: BinaryIO, env: Envelope) -> bool:
 def body_chunks(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[bytes]:
     """The body's bytes as the sender wrote them before sealing (an update packet's blocks),
     in chunks; the unsealer's failures are :class:`PacketSealError`."""
-    from syncpack.format import seal
     chunks: Iterator[bytes] = _read_body_chunks(f, env)
     if not env.header.sealed:
         yield from chunks
         return
     if unsealer is None:
         raise PacketSealError("packet is sealed to its recipient; this site cannot open it")
+    from syncpack.format import seal
     try:
         yield from seal.unseal(chunks, unsealer(env.header))
-    except seal.SealError as e:
+    except SealError as e:
         raise PacketSealError(str(e), hint=e.hint) from None
 
 
 def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
     """msgpack objects of the body, unsealed, decompressed and decoded with limits."""
-    from syncpack.format import seal
     chunks: Iterator[bytes] = _read_body_chunks(f, env)
     try:
         if env.header.sealed:
             if unsealer is None:
                 raise PacketSealError("packet is sealed to its recipient; this site cannot "
                                       "open it")
+            from syncpack.format import seal
             # A malformed ephemeral key (all zeros, low order) fails here: one bad packet.
             chunks = seal.unseal(chunks, unsealer(env.header))
         d = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
@@ -774,7 +774,7 @@ def _decoded_stream(f: BinaryIO, env: Envelope, unsealer=None) -> Iterator[Any]:
         except msgpack.OutOfData:
             return
         raise PacketBodyError("op stream ends inside an op")
-    except seal.SealError as e:
+    except SealError as e:
         raise PacketSealError(str(e), hint=e.hint) from None
     except zstandard.ZstdError as e:
         raise PacketBodyError(f"body does not decompress: {e}") from None

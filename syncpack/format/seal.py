@@ -21,19 +21,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from syncpack.errors import SealError
+
 FEATURE = "seal-x25519-chacha20poly1305"
 CHUNK = 64 * 1024
 TAG = 16
 INFO = b"syncpack seal v1"
 
 
-class SealError(Exception):
-    """A sealed body cannot be opened; ``hint`` says what to do (the caller's default
-    otherwise)."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.hint = hint
 
 
 def _raw(pub: X25519PublicKey) -> bytes:
