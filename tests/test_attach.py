@@ -1814,3 +1814,39 @@ def test_all_tables_leaves_a_full_text_index_out(tmp_path):
     assert [t["table"] for t in r.json["tables"]] == ["notes"]
     assert any("notes_fts" in w and "notes_fts_data" in w for w in r.json["warnings"]), r.json
     assert run("fsck", site=sites["a"]).code == 0
+
+
+@pytest.mark.parametrize("statement", [
+    "INSERT OR IGNORE INTO t VALUES ('u9', 'x@e', 0)",
+    "INSERT INTO t VALUES ('u1', 'x@e', 2) ON CONFLICT(k) DO NOTHING",
+    "INSERT INTO t VALUES ('u9', 'x@e', 0) ON CONFLICT DO NOTHING"])
+def test_a_write_that_changes_nothing_does_not_settle_a_conflict(tmp_path, statement):
+    """A table with a UNIQUE index besides its key: the triggers that note the rows a
+    REPLACE removes fire before SQLite decides that an INSERT OR IGNORE (or an upsert that
+    does nothing) changes nothing.  The row they noted is still there, so it is no change:
+    the key stays in conflict at every site, not settled by a write nobody made."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE t(k TEXT PRIMARY KEY NOT NULL, email TEXT UNIQUE, "
+                     "q INTEGER)"])
+        sp(sites[n], "attach", dbs[n], "--table", "t")
+    app(dbs["a"], ["INSERT INTO t VALUES ('u1', 'x@e', 1)"])
+    app(dbs["b"], ["INSERT INTO t VALUES ('u1', 'x@e', 2)"])
+    exchange(tmp_path, sites, rounds=2)
+
+    def in_conflict(n):
+        return [(c["key"], len(c["versions"])) for c in
+                run("--json", "conflicts", site=sites[n]).json["conflicts"]]
+    assert in_conflict("a") == in_conflict("b") == [("u1", 2)]
+    app(dbs["b"], [statement])
+    assert sp(sites["b"], "--json", "capture").json["captured"] == 0
+    exchange(tmp_path, sites, rounds=2)
+    assert in_conflict("a") == in_conflict("b") == [("u1", 2)]
+    # a REPLACE that does remove the row is still captured, as a delete
+    app(dbs["b"], ["INSERT OR REPLACE INTO t VALUES ('u9', 'x@e', 9)"])
+    exchange(tmp_path, sites, rounds=2)
+    for n in sites:
+        assert [r[0] for r in table(dbs[n], "t")] == ["u9"], n
+        assert in_conflict(n) == [], n
+        assert sp(sites[n], "fsck").code == 0

@@ -102,6 +102,9 @@ class _AppCursor(apsw.Cursor):
 
 CHANGES = "_syncpack_changes"
 APPLYING = "_syncpack_applying"
+# A change row of table T whose tbl is MAYBE + T notes a key a REPLACE may have removed.
+MAYBE = "\x01"
+MAYBE_SQL = "char(1)"
 # Which site attached the file (one site replicates one file).
 OWNER = "_syncpack_site"
 TRIGGER_PREFIX = "_syncpack_"
@@ -653,9 +656,13 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: st
     """INSERT OR REPLACE and UPDATE OR REPLACE remove the rows they clash with on another
     UNIQUE index without firing their DELETE trigger: note the keys of such rows before the
     write.  (Nothing is kept if the write fails: the statement's changes, these included,
-    are undone; a row noted but not removed is read back unchanged, which is no change.)"""
+    are undone; a row noted but still there was not removed, and is no change.)"""
     tn, tq = t.name.replace("'", "''"), q(t.name)
-    keys = f"{ins} SELECT '{tn}', " + ", ".join(q(c) for c in t.pk) + f" FROM {tq} WHERE "
+    # Noted as *maybe removed*: the trigger fires before SQLite resolves the write, which
+    # may then do nothing (INSERT OR IGNORE, ON CONFLICT DO NOTHING); such a key counts
+    # as changed only if its row is gone (see _changed_keys).
+    keys = (f"{ins} SELECT {MAYBE_SQL} || '{tn}', " + ", ".join(q(c) for c in t.pk)
+            + f" FROM {tq} WHERE ")
     plain = [" AND ".join(f"{q(c)} = NEW.{q(c)}" for c in u) for u in t.uniques]
     # An index on expressions, or with a WHERE clause: its terms, evaluated on the new row by
     # a subquery where only the new row's columns are named, against the table's rows (the
@@ -836,10 +843,14 @@ def pending_counts(conn: Connection, since: int, stopped: Iterable[str] = ()
     wait for the refresh whatever their number."""
     if not has_table(conn, CHANGES):
         return {}
-    stopped = list(stopped)
-    return dict(conn.execute(
-        f"SELECT tbl, count(*) FROM {CHANGES} WHERE tbl != '' AND (seq > ? OR tbl IN "
-        f"({', '.join('?' for _ in stopped)})) GROUP BY tbl", (since, *stopped)).fetchall())
+    stopped = [*stopped, *(MAYBE + n for n in stopped)]
+    counts: dict[str, int] = {}
+    for tbl, n in conn.execute(
+            f"SELECT tbl, count(*) FROM {CHANGES} WHERE tbl != '' AND (seq > ? OR tbl IN "
+            f"({', '.join('?' for _ in stopped)})) GROUP BY tbl", (since, *stopped)):
+        name = tbl.removeprefix(MAYBE)
+        counts[name] = counts.get(name, 0) + n
+    return counts
 
 
 def _changed_keys(t: TableInfo) -> str:
@@ -848,7 +859,10 @@ def _changed_keys(t: TableInfo) -> str:
     row's whole row went through the grouping's sorter (200k changes, in SQLite alone: 0.29 s
     against 0.11 s)."""
     ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
-    return (f"SELECT {ks}, max(seq) AS s FROM {CHANGES} WHERE tbl=? AND seq > ? AND seq <= ? "
+    there = " AND ".join(f"x.{q(c)} = c.k{i}" for i, c in enumerate(t.pk))
+    return (f"SELECT {ks}, max(seq) AS s FROM {CHANGES} c WHERE seq > ?2 AND seq <= ?3 AND "
+            f"(tbl = ?1 OR tbl = {MAYBE_SQL} || ?1 AND NOT EXISTS (SELECT 1 FROM {q(t.name)} x "
+            f"WHERE {there})) "
             f"GROUP BY {ks}")
 
 
@@ -956,6 +970,7 @@ def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> Non
             conn.execute(f"DELETE FROM {CHANGES}")
             conn.execute(f"INSERT INTO {CHANGES}(seq, tbl) VALUES (?, '')", (last,))
             return
+        keep += [MAYBE + n for n in keep]
         conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ? AND seq < "
                      f"(SELECT max(seq) FROM {CHANGES}) AND tbl NOT IN "
                      f"({', '.join('?' for _ in keep)})", (upto, *keep))
@@ -966,8 +981,8 @@ def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
     if not has_table(conn, CHANGES):
         return []
     ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
-    return conn.execute(f"SELECT DISTINCT {ks} FROM {CHANGES} WHERE tbl=?",
-                        (t.name,)).fetchall()
+    return conn.execute(f"SELECT DISTINCT {ks} FROM {CHANGES} WHERE tbl IN (?, ?)",
+                        (t.name, MAYBE + t.name)).fetchall()
 
 
 def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
