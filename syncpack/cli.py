@@ -61,6 +61,8 @@ class _Text(click.ParamType):
 
 
 TEXT = _Text()
+# How long a command waits for another syncpack command working on the same site.
+LOCK_WAIT_S = 60.0
 
 
 class _SiteName(_Text):
@@ -129,6 +131,12 @@ class Ctx:
     def open(self, require_joined: bool = True) -> Site:
         s = Site.open(self.site_dir, require_joined=require_joined)
         click.get_current_context().call_on_close(s.close)
+        # A command typed while another (a scheduled round's import, say) works on the site
+        # waits for it a while, saying so, rather than failing at once.
+        s.lock_wait_s = LOCK_WAIT_S
+        s.on_lock_wait = lambda: self.note(
+            f"waiting for another syncpack command on site {s.name!r} to finish (up to "
+            f"{LOCK_WAIT_S:.0f} s)")
         return s
 
     # One rule for every command (docs/commands.md, "Output"): what a command did or found
@@ -147,6 +155,12 @@ class Ctx:
         """A warning is a diagnostic: stderr (also beside --json), not when quiet."""
         if not self.quiet:
             click.echo(f"warning: {escaped(text)}", err=True)
+
+    def note(self, text: str) -> None:
+        """A diagnostic that is no warning (what the command is waiting for): stderr, not
+        when quiet."""
+        if not self.quiet:
+            click.echo(escaped(text), err=True)
 
     def say(self, text: str) -> None:
         """More of the human result (a summary line, the next step to take): stdout, not in

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -79,9 +80,19 @@ def try_lock(path: str | os.PathLike) -> int | None:
 
 
 @contextmanager
-def locked(path: str | os.PathLike, busy: Callable[[], Exception]) -> Iterator[None]:
-    """Hold the lock on ``path`` for the block; raise ``busy()`` if another process holds it."""
+def locked(path: str | os.PathLike, busy: Callable[[], Exception], wait_s: float = 0.0,
+           waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the lock on ``path`` for the block; if another process holds it, wait up to
+    ``wait_s`` seconds for it (calling ``waiting()`` once as the wait begins), then raise
+    ``busy()``."""
     fd = try_lock(path)
+    if fd is None and wait_s > 0:
+        if waiting is not None:
+            waiting()
+        deadline = time.monotonic() + wait_s
+        while fd is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            fd = try_lock(path)
     if fd is None:
         raise busy()
     try:

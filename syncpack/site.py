@@ -110,6 +110,10 @@ class Site:
         self.family_id: bytes | None = m.get("family_id")
         self._replicated = Replicated()
         self._sign: Callable[[bytes], bytes] | None = None
+        # How long lock() waits for another process's command (an interactive command waits;
+        # a batch round's actions fail at once, as documented), and what it says meanwhile.
+        self.lock_wait_s = 0.0
+        self.on_lock_wait: Callable[[], None] | None = None
         # (store data version, epoch, clock, state) after our last local commit: while no
         # commit came in between, the next local transaction starts from it without asking
         # the store (a one-put transaction's one statement fewer)
@@ -381,10 +385,13 @@ class Site:
             raise
 
     @contextmanager
-    def lock(self) -> Iterator[None]:
-        """Serialises packet work (export, import, mkreplica, scrub) on one site."""
+    def lock(self, wait: bool = True) -> Iterator[None]:
+        """Serialises packet work (export, import, mkreplica, scrub) on one site.  Held by
+        another process: waits up to :attr:`lock_wait_s` (0 unless the command line set it;
+        not at all with ``wait`` false), then raises :class:`LockedError`."""
         with locked(self.path / LOCK_FILE, lambda: LockedError(
-                f"another syncpack command is working on site {self.name!r}")):
+                f"another syncpack command is working on site {self.name!r}"),
+                self.lock_wait_s if wait else 0.0, self.on_lock_wait):
             yield
 
     # -- op application (shared by local writes, imports and fsck's replay) --------------------

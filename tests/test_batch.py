@@ -733,3 +733,30 @@ out = "{media}"
     assert _one(got, "syncpack_batch_last_run_ok") == 0
     assert _one(got, "syncpack_batch_last_success_timestamp_seconds") == success
     assert "round: ABORTED: KeyboardInterrupt" in (family.path("boston") / "batch.log").read_text()
+
+
+def test_an_interactive_command_waits_for_the_one_working_on_the_site(family):
+    """An administrator's import while another command (a scheduled round's import, say)
+    holds the site: it says it waits, waits, and runs once the other is done, where it
+    failed at once before.  A round's own actions still fail at once (the test above)."""
+    import subprocess
+    import sys
+    three_sites(family)
+    family.put("sanfran", "parts", "p1", {"qty": 1})
+    media = family.root / "shared_media"
+    with family.open("sanfran") as s:
+        sync.export(s, media, to=["boston"])
+    exe = shutil.which("syncpack", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("needs the syncpack script of this venv")
+    with family.open("boston") as s:
+        with s.lock():
+            p = subprocess.Popen([exe, "--site", str(family.path("boston")), "import",
+                                  str(media / "boston")], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            time.sleep(1.5)
+            assert p.poll() is None         # still waiting for the lock held here
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, (out, err)
+    assert "waiting for another syncpack command on site 'boston'" in err, err
+    assert "1 packet(s) applied" in out, out

@@ -48,7 +48,7 @@ def into_attached(site: Site, collections: Iterable[str], key: str | None = None
     if attached.watched(site.conn).isdisjoint(collections):
         return None
     try:
-        attach_core.sync_app(site, wait=True)
+        attach_core.sync_app(site, wait=True, lock_wait=False)
     except LockedError:
         return None     # the command holding the site writes it
     except AttachError as e:

@@ -924,16 +924,17 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
 BRIEF_WAIT_MS = 2_000
 
 
-def sync_app(site: Site, *, wait: bool = True) -> dict | None:
+def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict | None:
     """Capture the application's changes and write pending records into its tables: what
     'export', 'import', 'batch' and 'status' do first (and import after).  None when nothing
     is attached, or the site is busy with another command and ``wait`` is false, or it is
     recovering from a restore (local writes wait; the changes stay in the application's
-    change table)."""
+    change table).  ``lock_wait`` false: another command holding the site is not waited for
+    (it writes what is pending itself)."""
     if not is_attached(site) or site.state == "recovering":
         return None
     try:
-        with site.lock():
+        with site.lock(wait=wait and lock_wait):
             if not is_attached(site):
                 return None
             _follow_new_tables(site)
