@@ -386,7 +386,8 @@ def _size(ctx, param, value):
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--site", "site", metavar="DIR", type=_Path(),
               help="Site directory (default: $SYNCPACK_SITE, else the current directory).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (may also follow the command: 'syncpack status --json').")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (may "
+              "also follow the command: 'syncpack status --json').")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
               "to stderr, the exit code says how it went.")
 @click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")
@@ -611,7 +612,8 @@ def get(obj: Ctx, collection, key):
     try:
         v = s.get(collection, key)
     except RecordNotFound as e:
-        raise RecordNotFound(str(e), hint=f"'syncpack ls {arg(collection)}' lists the keys") from None
+        raise RecordNotFound(str(e), hint=f"'syncpack ls {arg(collection)}' lists the "
+                                          f"keys") from None
     obj.emit({"collection": collection, "key": key, "value": v}, _shown(v))
 
 

@@ -1760,7 +1760,8 @@ def test_a_table_detached_then_dropped_is_not_emptied_anywhere(tmp_path):
         == ["u"]
     exchange(tmp_path, sites, rounds=1)
     for n in sites:
-        assert [r["key"] for r in sp(sites[n], "--json", "ls", "t").json["records"]] == ["x", "y"], n
+        listed = sp(sites[n], "--json", "ls", "t").json["records"]
+        assert [r["key"] for r in listed] == ["x", "y"], n
     assert [(r[0], r[2], r[3]) for r in table(dbs["a"], "t")] == rows
     r = sp(sites["b"], "--json", "attach", dbs["b"], "--table", "t")
     assert r.json["tables"] == [{"table": "t", "rows": 2, "primary_key": ["id"]}], r

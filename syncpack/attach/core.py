@@ -1078,7 +1078,8 @@ def _check_owner(site: Site, app: appdb.Connection, path: Path) -> None:
         # the same path, or the same file under another name (a hard link)
         raise AttachError(f"{path} is attached to the site at {other}; one application "
                           f"database is replicated by one site", hint=f"detach it there "
-                          f"('syncpack --site {arg(other)} detach {arg(theirs)}') or attach a copy here")
+                          f"('syncpack --site {arg(other)} detach {arg(theirs)}') or attach a "
+                          f"copy here")
 
 
 _NO_SUCH_TABLE_END = " (and no peer has attached one so named)"

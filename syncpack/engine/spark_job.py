@@ -82,7 +82,8 @@ from syncpack import errors
 from syncpack.engine import parquet_log
 from syncpack.store import chain, exports
 from syncpack.format.codec import RawBodyWriter
-from syncpack.errors import ExportError, ScrubbedError, SparkUnavailableError, SyncpackError, UsageError, arg
+from syncpack.errors import (ExportError, ScrubbedError, SparkUnavailableError, SyncpackError,
+                             UsageError, arg)
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MadeBody, PartInfo, \
     atomic_opener, build_update_packets, finish_planned_packets, packet_dir, packet_name, \
     plan_packets, sealer_for
@@ -424,8 +425,8 @@ def _check_log_covers(site: Site, plans: list[PeerPlan], man: parquet_log.Manife
                 raise ExportError(
                     f"the log at {loc} holds {have} of {origin}'s ops, but {plan.name} needs "
                     f"up to epoch {hi}",
-                    hint=f"bring it up to date with 'syncpack log export {arg(loc)}', or omit --log "
-                         f"to use the site's own log")
+                    hint=f"bring it up to date with 'syncpack log export {arg(loc)}', or "
+                         f"omit --log to use the site's own log")
 
 
 def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,

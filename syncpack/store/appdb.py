@@ -148,12 +148,18 @@ def wait_at_most(conn: Connection, ms: int) -> None:
 SQLITE_MAGIC = b"SQLite format 3\0"
 
 
+def _magic(path: Path) -> bytes:
+    """The file's first 16 bytes (an SQLite database's are SQLITE_MAGIC; an empty file is an
+    empty database)."""
+    with open(path, "rb") as f:
+        return f.read(16)
+
+
 def is_other_file(path: Path) -> bool:
     """Whether the file at ``path`` is readable and no SQLite database (another file put in
     the place of an attached one)."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(16)
+        magic = _magic(path)
     except OSError:
         return False
     return bool(magic) and magic != SQLITE_MAGIC
@@ -162,8 +168,7 @@ def is_other_file(path: Path) -> bool:
 def open_app(path: Path) -> Connection:
     """Open the application's database for capture and apply; never creates the file."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(16)
+        magic = _magic(path)
     except FileNotFoundError:
         raise AttachError(f"{path}: no such file",
                           hint=f"give the path of the application's SQLite database (for a "
@@ -174,7 +179,7 @@ def open_app(path: Path) -> Connection:
                           hint="give the path of the application's SQLite database file") from None
     except OSError as e:
         raise AttachError(f"{path} cannot be read ({e.strerror})") from None
-    if magic and magic != SQLITE_MAGIC:       # an empty file is an empty database
+    if magic and magic != SQLITE_MAGIC:
         raise AttachError(f"{path} is not an SQLite database",
                           hint="attach the application's SQLite database file")
     try:
