@@ -1851,3 +1851,45 @@ def test_a_write_that_changes_nothing_does_not_settle_a_conflict(tmp_path, state
         assert [r[0] for r in table(dbs[n], "t")] == ["u9"], n
         assert in_conflict(n) == [], n
         assert sp(sites[n], "fsck").code == 0
+
+
+def test_an_edit_of_a_row_whose_peer_record_waits_merges_with_it(tmp_path):
+    """Under 'merge': a peer's record waits here (for a column this table cannot add yet),
+    and the application edits another column of the row.  The edit is based on the version
+    the row shows, beneath the waiting one, so the two merge field by field everywhere: no
+    conflict, and a peer with a higher priority does not revert the edit."""
+    sites = make_family(tmp_path, ("a", "b"), "lww", {"a": 10})
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    sp(sites["a"], "collection", "create", "items", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, qty INTEGER, bin TEXT)"])
+    app(dbs["a"], ["CREATE TABLE parent(id TEXT PRIMARY KEY NOT NULL)",
+                   "INSERT INTO parent VALUES ('p1')",
+                   "INSERT INTO items VALUES ('k1', 1, 'x'), ('k2', 2, 'y')"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    exchange(tmp_path, sites, rounds=1)
+    # b has no table 'parent': it cannot add the column, and a's new k1 record waits there
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN ref TEXT REFERENCES parent(id)",
+                   "UPDATE items SET ref = 'p1' WHERE id = 'k1'"])
+    exchange(tmp_path, sites, rounds=1)
+    assert run("--json", "attached", site=sites["b"]).json["tables"][0]["waiting"] == 1
+    app(dbs["b"], ["UPDATE items SET qty = 50 WHERE id = 'k1'",
+                   "UPDATE items SET qty = 60 WHERE id = 'k2'"])
+    exchange(tmp_path, sites, rounds=2)
+    for n in sites:
+        listed = run("--json", "conflicts", site=sites[n]).json["conflicts"]
+        # at b the record still waits for its column (listed as such), and nothing else
+        assert [c["key"] for c in listed] == ([] if n == "a" else ["k1"]), (n, listed)
+        assert all(c.get("constraint") for c in listed), (n, listed)
+        assert run("--json", "get", "items", "k1", site=sites[n]).json["value"] == {
+            "id": "k1", "qty": 50, "bin": "x", "ref": "p1"}, n
+    app(dbs["b"], ["CREATE TABLE parent(id TEXT PRIMARY KEY NOT NULL)",
+                   "INSERT INTO parent VALUES ('p1')"])
+    exchange(tmp_path, sites, rounds=2)
+    assert_converged(sites, dbs, ("items",))
+    assert [(r[0], r[2], r[6]) for r in table(dbs["b"], "items")] == [("k1", 50, "p1"),
+                                                                       ("k2", 60, None)]
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n

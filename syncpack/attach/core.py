@@ -39,7 +39,7 @@ from syncpack.format.csn import csn_origin, csn_origins, split_csns
 from syncpack.pipeline import Pending, Worker
 from syncpack.rules.conflict import Version, pick
 from syncpack.site import SYS_PREFIX, TABLES, Site, check_collection, wall_ms
-from syncpack.store import appdb, attached, fields
+from syncpack.store import appdb, attached, chain, fields
 
 # An attach's initial rows travel as replication transactions of at most this many rows, as
 # 'load' cuts them.
@@ -202,10 +202,30 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
                 u = unseen.get(key, ())
                 bk.append(key)
                 br.append(raw)
-                bv.append(b"".join(c for c, _v in vs if c not in u))
+                bv.append(b"".join(_shown(conn, vs, u)))
             tx.write_columns(name, bk, br, bv)
             written += len(bk)
     return written
+
+
+def _shown(conn, vs: list[tuple[bytes, bytes | None]], unseen: set[bytes] | tuple
+           ) -> list[bytes]:
+    """The CSNs of the versions a row shows, which a capture of it supersedes: the key's
+    surviving versions but those not yet written into the table (``unseen``: arrived, waiting
+    for a column or a clash), and, beneath those, the versions they replaced, which the row
+    still shows.  Without the latter, an edit of a row whose peer record waits replaced
+    nothing it was based on: under 'merge' every field it kept became a conflict with that
+    record, and a peer with priority reverted the edit."""
+    shown = [c for c, _v in vs if c not in unseen]
+    if not unseen:
+        return shown
+    known = set(shown) | set(unseen)    # each unseen version's own replaced are looked at
+    for c in unseen:
+        for r in chain.replaced_of(conn, c):
+            if r not in known:
+                known.add(r)
+                shown.append(r)
+    return shown
 
 
 def _forget(app: appdb.Connection, site: Site) -> None:

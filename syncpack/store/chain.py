@@ -27,6 +27,7 @@ from syncpack.format import blocks
 from syncpack.store import matrix, meta
 from syncpack.format.blocks import ZERO_HASH, BlockInfo
 from syncpack.format.codec import Op
+from syncpack.format.csn import csn_hlc, csn_origin, csn_seq, split_csns
 
 SEAL_AT_COMMIT = 1_000          # ops: a transaction this large becomes a block at commit
 BLOCK_OPS = 10_000              # ops: pending small transactions are gathered up to this
@@ -187,6 +188,13 @@ def op_at(conn, origin: bytes, epoch: int) -> Op | None:
     ops = _block_ops(conn, _stored(row))
     i = epoch - row[1] - 1
     return ops[i] if 0 <= i < len(ops) and ops[i].epoch == epoch else None
+
+
+def replaced_of(conn, csn: bytes) -> list[bytes]:
+    """The CSNs the op ``csn`` superseded, or [] when we do not hold it."""
+    epoch = epoch_of(conn, csn_hlc(csn), csn_origin(csn), csn_seq(csn))
+    op = None if epoch is None else op_at(conn, csn_origin(csn), epoch)
+    return [] if op is None else split_csns(op.replaced)
 
 
 def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
