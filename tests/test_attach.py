@@ -1641,6 +1641,9 @@ def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again
         src.backup(dst)                                     # the careless restore
     r = run("fsck", site=sites["a"])
     assert r.code == 1 and "is behind the store" in r.err, r
+    # not --refresh: it would take the backup's rows as this site's changes and roll the
+    # whole family back to them
+    assert "--refresh" not in r.err and "syncpack capture" in r.err, r
     app(dbs["a"], ["UPDATE items SET i = -4 WHERE id = 'k4'",
                    "INSERT INTO items(id, i) VALUES ('k9', 9)"])
     exchange(tmp_path, sites)

@@ -1502,13 +1502,24 @@ def check_hint(site: Site) -> str:
     """What to do when fsck finds only attached tables unlike the records (rows written where
     the capture could not see them): take the tables' rows as they are, as this site's
     changes, which then travel to the peers."""
-    path = attached.attachment(site.conn)[0]
+    path, captured = attached.attachment(site.conn)
     try:
-        appdb.open_app(Path(path)).close()
+        app = appdb.open_app(Path(path))
     except AttachError:
         return back_or_detach(path)
-    return (f"'syncpack attach {arg(path)} --refresh' takes the attached tables' rows as they are, "
-            f"as this site's changes (docs/attach.md)")
+    try:
+        with appdb.read_txn(app):
+            behind = appdb.went_back(app, captured)
+    finally:
+        app.close()
+    if behind:
+        # A refresh here would take the old rows as this site's changes and roll the whole
+        # family back to them; the capture's own path writes the newer records in again.
+        return ("run 'syncpack capture' (or any export, import or status): it writes the "
+                "newer records into the restored file again, and a row the application "
+                "changed since the restore becomes a conflict (docs/attach.md)")
+    return (f"'syncpack attach {arg(path)} --refresh' takes the attached tables' rows as they "
+            f"are, as this site's changes (docs/attach.md)")
 
 
 def clash_list(site: Site, collection: str | None = None) -> list[tuple[str, str, str]]:
