@@ -1896,3 +1896,28 @@ def test_an_edit_of_a_row_whose_peer_record_waits_merges_with_it(tmp_path):
                                                                        ("k2", 60, None)]
     for n in sites:
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n
+
+
+def test_a_copy_of_a_site_directory_does_not_take_its_applications_changes(tmp_path):
+    """'cp -a' of a site's directory (to look at it, or a careless clone) points at the same
+    application file: the copy's status or capture took the application's changes out of
+    the change table, and the original never exported them.  The copy now refuses (status
+    still answers); a site moved to another directory is no copy and captures as before."""
+    import shutil
+    sites, dbs = two_attached(tmp_path)
+    copy = tmp_path / "copy-of-b"
+    shutil.copytree(sites["b"], copy)
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('after-copy', 1)"])
+    assert run("status", site=copy).code == 0
+    r = run("capture", site=copy)
+    assert r.code == 1 and "is a copy of the site at" in r.err, r
+    exchange(tmp_path, sites, rounds=1)
+    assert ("after-copy",) in [r[:1] for r in table(dbs["a"], "items")]
+    shutil.rmtree(copy)
+    moved = tmp_path / "b-moved"
+    sites["b"].rename(moved)
+    sites["b"] = moved
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('after-move', 2)"])
+    exchange(tmp_path, sites, rounds=1)
+    assert ("after-move",) in [r[:1] for r in table(dbs["a"], "items")]
+    assert_converged(sites, dbs, ("items",))

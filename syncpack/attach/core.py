@@ -84,6 +84,7 @@ def _open_attached(site: Site, gone_ok: bool = False
     except AttachError as e:    # the hints of an attach do not apply to a file attached
         raise AttachError(e.message, hint=back_or_detach(path)) from None
     try:
+        _refuse_a_copy(site, app, Path(path))
         infos = {}
         for name in attached.tables(site.conn):
             t = appdb.table_info(app, name)
@@ -1080,6 +1081,30 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
             return _attach_locked(site, app, path, names, all_tables)
         finally:
             app.close()
+
+
+def _refuse_a_copy(site: Site, app: appdb.Connection, path: Path) -> None:
+    """A copy of a site's directory (same site id, another directory) must not capture the
+    file its original attached: it would take the application's changes out of the change
+    table, and the original, which exports them, would never see them.  A site moved (its
+    old directory gone, or no longer attaching the file) is no copy."""
+    owner = appdb.owner(app)
+    if owner is None or owner[0] != site.site_id:
+        return
+    other = Path(owner[1])
+    try:
+        if other.resolve() == site.path.resolve():
+            return
+    except OSError:
+        return
+    theirs = attached.attachment_in(other)
+    if theirs is not None and Path(theirs).exists() and \
+            (theirs == str(path) or _file_id(Path(theirs)) == _file_id(path)):
+        raise AttachError(
+            f"this site directory ({site.path}) is a copy of the site at {other}, which "
+            f"replicates {path}; a copy does not take its application's changes",
+            hint=f"run syncpack with --site {arg(other)}; if this copy is to replace it, "
+                 f"move or remove {arg(other)} first")
 
 
 def _check_owner(site: Site, app: appdb.Connection, path: Path) -> None:
