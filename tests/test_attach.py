@@ -1921,3 +1921,24 @@ def test_a_copy_of_a_site_directory_does_not_take_its_applications_changes(tmp_p
     exchange(tmp_path, sites, rounds=1)
     assert ("after-move",) in [r[:1] for r in table(dbs["a"], "items")]
     assert_converged(sites, dbs, ("items",))
+
+
+def test_a_strict_tables_any_column_keeps_every_value_as_given(tmp_path):
+    """In a STRICT table a column declared ANY stores '7' as text and 1.0 as a real (SQLite
+    converts nothing there); it was taken for a NUMERIC column, so such values were refused
+    at every peer as clashes that no write could settle."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v ANY) STRICT"])
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], ["INSERT INTO items VALUES ('k1', '7'), ('k2', 1.0), ('k3', 'abc'), "
+                   "('k4', x'00ff'), ('k5', 5)"])
+    exchange(tmp_path, sites, rounds=2)
+    assert [(r[0], r[2], r[3]) for r in table(dbs["b"], "items")] == [
+        ("k1", "7", "text"), ("k2", 1.0, "real"), ("k3", "abc", "text"),
+        ("k4", b"\x00\xff", "blob"), ("k5", 5, "integer")]
+    assert_converged(sites, dbs, ("items",))
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n
+    assert run("put", "items", "k6", '{"id": "k6", "v": "8"}', site=sites["a"]).code == 0

@@ -328,12 +328,17 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
     cols, pk, aff = [], [], {}
     if not virtual:
         xinfo = conn.execute(f"PRAGMA table_xinfo({q(name)})").fetchall()
+        strict = conn.execute("SELECT strict FROM pragma_table_list WHERE schema = 'main' AND "
+                              "name = ?", (name,)).fetchone()
+        strict = bool(strict and strict[0])
         # cid, name, type, notnull, dflt, pk, hidden: generated columns cannot be written
         for _cid, col, decl, _nn, _d, pkn, hidden in xinfo:
             if hidden:
                 continue
             cols.append(col)
-            aff[col] = _affinity(decl)
+            # In a STRICT table a column declared ANY keeps every value as given (elsewhere
+            # ANY is a NUMERIC column, which turns '7' into 7).
+            aff[col] = "BLOB" if strict and (decl or "").upper() == "ANY" else _affinity(decl)
         pk = [c for _i, c, _t, _n, _d, pkn, _h in sorted(xinfo, key=lambda r: r[5]) if pkn]
     uniques, other_uniques = [], []
     if not virtual:
