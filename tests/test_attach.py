@@ -1942,3 +1942,40 @@ def test_a_strict_tables_any_column_keeps_every_value_as_given(tmp_path):
     for n in sites:
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n
     assert run("put", "items", "k6", '{"id": "k6", "v": "8"}', site=sites["a"]).code == 0
+
+
+@pytest.mark.parametrize("change", ["ALTER TABLE counters RENAME TO counters_old",
+                                    "DROP TABLE counters"])
+def test_a_table_renamed_or_dropped_stops_only_itself_and_says_so(tmp_path, change):
+    """One attached table renamed or dropped in the application: its capture stops, named by
+    'attached', status and the metrics (the alert fires), while the other tables keep
+    replicating both ways.  It failed every export and import of the site, and status
+    showed nothing wrong.  Renamed back, it carries on with what was written meanwhile."""
+    sites, dbs = two_attached(tmp_path, ("items", "counters"))
+    app(dbs["a"], ["INSERT INTO counters VALUES (1, 'one')"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], [change])
+    app(dbs["a"], ["INSERT INTO items(id, i) VALUES ('from-a', 1)"])
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('from-b', 2)"])
+    exchange(tmp_path, sites, rounds=2)
+    for n in sites:
+        assert [r[0] for r in table(dbs[n], "items")] == ["from-a", "from-b"], n
+    doc = run("--json", "attached", site=sites["a"]).json
+    stopped = {t["table"]: t["stopped"] for t in doc["tables"]}
+    assert stopped["items"] is None and "counters is gone" in stopped["counters"], doc
+    prom = run("status", "--format", "prometheus", site=sites["a"]).out
+    assert 'syncpack_attached_stopped{site="a",table="counters"} 1' in prom, prom
+    r = run("capture", site=sites["a"])
+    assert r.code == 1 and "gone" in r.err and "syncpack detach" in r.err, r
+    r = run("fsck", site=sites["a"])
+    assert r.code == 1 and "gone" in r.err and "--refresh" not in r.err, r
+    if change.startswith("ALTER"):
+        app(dbs["a"], ["INSERT INTO counters_old VALUES (2, 'two')",
+                       "ALTER TABLE counters_old RENAME TO counters"])
+        exchange(tmp_path, sites, rounds=2)
+        assert [r[0] for r in table(dbs["b"], "counters")] == [1, 2]
+        assert_converged(sites, dbs, ("items", "counters"))
+    else:
+        sp(sites["a"], "detach", dbs["a"], "--table", "counters")
+        exchange(tmp_path, sites, rounds=1)
+        assert run("fsck", site=sites["a"]).code == 0

@@ -70,11 +70,21 @@ def back_or_detach(path: str) -> str:
             f"family)")
 
 
+def _gone_why(name: str, path: str) -> str:
+    return f"attached table {name} is gone from {path} (dropped, or renamed?)"
+
+
+def _is_gone_why(why: str | None, name: str) -> bool:
+    return bool(why) and why.startswith(f"attached table {name} is gone from ")
+
+
 @contextmanager
-def _open_attached(site: Site, gone_ok: bool = False
+def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
                    ) -> Iterator[tuple[appdb.Connection, dict[str, appdb.TableInfo]]]:
     """The attached file and its attached tables; one gone from the file is an error, or
-    with ``gone_ok`` (detach) left out."""
+    with ``gone_ok`` (detach) left out, or with ``stop_gone`` (a capture) left out and its
+    capture stopped until it is back or detached: the other tables carry on, and
+    'attached', 'status' and the metrics say why."""
     path, _seq = attached.attachment(site.conn)
     if not Path(path).exists():
         raise AttachError(f"the attached application database {path} is gone",
@@ -86,19 +96,32 @@ def _open_attached(site: Site, gone_ok: bool = False
     try:
         _refuse_a_copy(site, app, Path(path))
         infos = {}
+        stopped = attached.stopped(site.conn) if stop_gone else {}
         for name in attached.tables(site.conn):
             t = appdb.table_info(app, name)
             if t is None:
                 if gone_ok:
                     continue
-                raise AttachError(f"attached table {name} is gone from {path}",
-                                  hint=f"'syncpack detach {arg(path)} --table {arg(name)}' stops "
-                                       f"replicating it")
+                if stop_gone:
+                    if not _is_gone_why(stopped.get(name), name):
+                        with site.write_txn() as conn:
+                            attached.set_stopped(conn, name, _gone_why(name, path))
+                    continue
+                raise AttachError(_gone_why(name, path), hint=_gone_hint(path, name))
+            if _is_gone_why(stopped.get(name), name):
+                # back (renamed back): its changes meanwhile were kept in the change table
+                with site.write_txn() as conn:
+                    attached.set_stopped(conn, name, None)
             infos[name] = t
         appdb.skip_trigger_writes(app, attached.tables(site.conn))
         yield app, infos
     finally:
         app.close()
+
+
+def _gone_hint(path: str, name: str) -> str:
+    return (f"rename it back, or run 'syncpack detach {arg(path)} --table {arg(name)}' to stop "
+            f"replicating it (its records stay in the family)")
 
 
 # --- capture ------------------------------------------------------------------------------------
@@ -959,7 +982,7 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
             if not is_attached(site):
                 return None
             _follow_new_tables(site)
-            with _open_attached(site) as (app, infos):
+            with _open_attached(site, stop_gone=True) as (app, infos):
                 _recover(site, app)
                 if not wait:
                     # 'status' from cron or a monitor: a minute's wait for the application's
@@ -1039,7 +1062,8 @@ def stopped_tables(site: Site) -> list[tuple[str, str, str]]:
     if not is_attached(site):
         return []
     path = attached.attachment(site.conn)[0]
-    return [(n, why, shapes.REFRESH_HINT.format(db=arg(path), table=arg(n)))
+    return [(n, why, _gone_hint(path, n) if _is_gone_why(why, n)
+             else shapes.REFRESH_HINT.format(db=arg(path), table=arg(n)))
             for n, why in attached.stopped(site.conn).items()]
 
 
@@ -1535,8 +1559,11 @@ def check_hint(site: Site) -> str:
     try:
         with appdb.read_txn(app):
             behind = appdb.went_back(app, captured)
+            gone = [n for n in attached.tables(site.conn) if not appdb.has_table(app, n)]
     finally:
         app.close()
+    if gone:
+        return _gone_hint(path, gone[0])
     if behind:
         # A refresh here would take the old rows as this site's changes and roll the whole
         # family back to them; the capture's own path writes the newer records in again.
@@ -1572,11 +1599,12 @@ def check(site: Site) -> list[str]:
     problems: list[str] = []
     path, since = att
     try:
-        ctx = _open_attached(site)
+        ctx = _open_attached(site, gone_ok=True)
         app, infos = ctx.__enter__()
     except AttachError as e:
         return [f"attached database: {e.message}"]
     stopped = set(attached.stopped(site.conn))
+    problems += [_gone_why(n, path) for n in attached.tables(site.conn) if n not in infos]
     try:
         with appdb.read_txn(app):
             if appdb.went_back(app, since):
