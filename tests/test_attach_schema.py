@@ -353,7 +353,7 @@ DEFS = st.tuples(st.from_regex(r"[a-z]{1,5}", fullmatch=True).filter(
                      lambda n: n.upper() not in apsw.keywords),
                  st.sampled_from(["", " INTEGER", " TEXT", " REAL", " text"]),
                  st.sampled_from(["", " DEFAULT 0", " NOT NULL DEFAULT 'a,)b'", " DEFAULT -1.5",
-                                  " CHECK (1)", " COLLATE NOCASE"]))
+                                  " CHECK (1)", " COLLATE NOCASE", " /* a, ( */ CHECK (2)"]))
 
 
 @settings(max_examples=60)
@@ -403,6 +403,21 @@ def test_columns_added_together_keep_their_checks_at_the_peers(three):
     assert "CHECK (score >= 0)" in want[0][2] and "COLLATE NOCASE" in want[0][2]
     for n in ("b", "c"):
         assert [c for c in schema_text(dbs[n]) if c[1] == "items"] == want
+
+
+def test_a_generated_column_added_beside_others_leaves_their_checks_whole(three):
+    """A generated column added in the same capture has a definition and no place among the
+    row's columns: the definitions were then matched to the columns by count, which
+    differed, and every added column travelled without its CHECK, REFERENCES and COLLATE."""
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN ck INTEGER CHECK (ck > 0)",
+                   "ALTER TABLE items ADD COLUMN g INTEGER GENERATED ALWAYS AS (qty * 2) "
+                   "VIRTUAL",
+                   "ALTER TABLE items ADD COLUMN cc TEXT /* a, ( */ COLLATE NOCASE"])
+    exchange(root, sites)
+    for n in ("b", "c"):
+        text = [c for c in schema_text(dbs[n]) if c[1] == "items"][0][2]
+        assert "ck INTEGER CHECK (ck > 0)" in text and "COLLATE NOCASE" in text, (n, text)
 
 
 def test_a_winning_record_from_before_a_column_gives_the_row_that_columns_default(three):

@@ -103,7 +103,9 @@ def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[s
     # TABLE text, each as the application wrote it (CHECK, COLLATE, REFERENCES and all)
     spliced = shapes.added_text(old_sql, t.create_sql)
     texts = shapes.split_top_level(spliced) if spliced else []
-    written = dict(zip(adds, texts)) if len(texts) == len(adds) else {}
+    # each text by the column it names (a generated column added beside them has a text and
+    # no place among the columns a row holds)
+    written = {c: text for text in texts for c in adds if shapes.defines(text, c)}
     for c in adds:
         if c in known or c in family_cols:
             continue        # the family has it already (this site followed a peer's op)

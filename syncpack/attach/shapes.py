@@ -84,23 +84,31 @@ def added_text(old_sql: str, new_sql: str) -> str | None:
 
 
 def split_top_level(text: str) -> list[str]:
-    """``text`` cut at its commas outside parentheses and quotes (several column definitions
-    SQLite spliced in one after another, ``a INT CHECK (a IN (1, 2)), b TEXT``)."""
+    """``text`` cut at its commas outside parentheses, quotes and comments (several column
+    definitions SQLite spliced in one after another, ``a INT CHECK (a IN (1, 2)), b TEXT``)."""
     parts, depth, start, quote = [], 0, 0, None
-    closing = {"'": "'", '"': '"', "`": "`", "[": "]"}
-    for i, ch in enumerate(text):
+    closing = {"'": "'", '"': '"', "`": "`", "[": "]", "/*": "*/", "--": "\n"}
+    i = 0
+    while i < len(text):
         if quote:
-            if ch == quote:
+            if text.startswith(quote, i):
+                i += len(quote)
                 quote = None
-        elif ch in closing:
-            quote = closing[ch]
-        elif ch == "(":
+                continue
+        elif text[i:i + 2] in closing:
+            quote = closing[text[i:i + 2]]
+            i += 2
+            continue
+        elif text[i] in closing:
+            quote = closing[text[i]]
+        elif text[i] == "(":
             depth += 1
-        elif ch == ")":
+        elif text[i] == ")":
             depth -= 1
-        elif ch == "," and depth == 0:
+        elif text[i] == "," and depth == 0:
             parts.append(text[start:i].strip())
             start = i + 1
+        i += 1
     parts.append(text[start:].strip())
     return parts
 
