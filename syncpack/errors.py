@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 
 
-def arg(value: str | os.PathLike) -> str:
-    """A path or a name as a hint's command must spell it, so the command pasted into a shell
-    runs as shown (a path with a space, a table named "my table")."""
+def arg(value: object) -> str:
+    """A path, a name or a location as a hint's command must spell it, so the command pasted
+    into a shell runs as shown (a path with a space, a table named "my table")."""
     import shlex    # only when a hint is made: every command imports this module
-    return shlex.quote(os.fspath(value))
+    return shlex.quote(os.fspath(value) if isinstance(value, os.PathLike) else str(value))
 
 
 class SyncpackError(Exception):
