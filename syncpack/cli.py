@@ -1489,6 +1489,7 @@ def _attached_text(doc: dict) -> str:
         return "\n".join(["nothing attached", *family])
     lines = [f"database {doc['database']}",
              *([f"  CANNOT BE READ: {printable(doc['problem'])}"] if doc.get("problem") else []),
+             *([f"  STORE BEHIND: {doc['store_behind']}"] if doc.get("store_behind") else []),
              f"{'table':20} {'rows':>10} {'pending':>8}  {'last capture (UTC)':18}  "
              f"last apply (UTC)"]
     for t in doc["tables"]:

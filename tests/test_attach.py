@@ -1979,3 +1979,34 @@ def test_a_table_renamed_or_dropped_stops_only_itself_and_says_so(tmp_path, chan
         sp(sites["a"], "detach", dbs["a"], "--table", "counters")
         exchange(tmp_path, sites, rounds=1)
         assert run("fsck", site=sites["a"]).code == 0
+
+
+def test_a_store_restored_behind_its_application_file_is_said_until_a_refresh(tmp_path):
+    """The store restored from an older copy while the application's file stayed current:
+    what the store had captured in between is in neither the store nor the change table,
+    only in the application's rows.  'attached', status and fsck say so (they said nothing,
+    or only that rows differ), until 'attach --refresh' takes the rows as they are, which
+    brings them to the peers."""
+    import shutil
+    sites, dbs = two_attached(tmp_path)
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('before', 1)"])
+    exchange(tmp_path, sites, rounds=1)
+    backup = tmp_path / "b-backup"
+    shutil.copytree(sites["b"], backup)
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('captured-only', 2)"])
+    sp(sites["b"], "capture")                   # in the store, never exported
+    shutil.rmtree(sites["b"])
+    shutil.copytree(backup, sites["b"])         # the careless restore of the store alone
+    doc = run("--json", "attached", site=sites["b"]).json
+    assert doc["store_behind"] is None          # not known before a command looks
+    sp(sites["b"], "capture")
+    doc = run("--json", "attached", site=sites["b"]).json
+    assert "restored from an older copy" in doc["store_behind"], doc
+    assert "STORE BEHIND" in run("attached", site=sites["b"]).out
+    r = run("fsck", site=sites["b"])
+    assert r.code == 1 and "store was found behind" in r.out + r.err, r
+    sp(sites["b"], "attach", dbs["b"], "--refresh")
+    assert run("--json", "attached", site=sites["b"]).json["store_behind"] is None
+    exchange(tmp_path, sites, rounds=2)
+    assert "captured-only" in [r[0] for r in table(dbs["a"], "items")]
+    assert_converged(sites, dbs, ("items",))

@@ -984,6 +984,10 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
             _follow_new_tables(site)
             with _open_attached(site, stop_gone=True) as (app, infos):
                 _recover(site, app)
+                if appdb.store_behind(app, attached.attachment(site.conn)[1]):
+                    # said by 'attached', status and fsck until a refresh takes the rows
+                    with site.write_txn() as conn:
+                        attached.note_store_behind(conn, wall_ms())
                 if not wait:
                     # 'status' from cron or a monitor: a minute's wait for the application's
                     # lock would stall it; its figures are then those of the last capture
@@ -1484,10 +1488,19 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
                 _forget(app, site)
             schema.record(site, grown)
             _settle(site, done, clashes)
+            if set(names) == set(current):
+                with site.write_txn() as conn:
+                    attached.end_store_behind(conn)     # every row taken as it is
     return {"database": str(path), "refreshed": out}
 
 
 # --- reports ------------------------------------------------------------------------------------
+
+STORE_BEHIND = ("the store was found behind this file (restored from an older copy?): "
+                "changes the application made before that restore may be only in its tables; "
+                "once the site has recovered from its peers, 'attach DB --refresh' takes the "
+                "tables' rows as they are, as this site's changes")
+
 
 def report(site: Site) -> dict:
     """What is attached, per table: rows, changes not yet captured, last capture and apply;
@@ -1495,7 +1508,7 @@ def report(site: Site) -> dict:
     att = attached.attachment(site.conn)
     if att is None:
         return {"database": None, "tables": [], "available": schema.available(site),
-                "problem": None}
+                "problem": None, "store_behind": None}
     path, since = att
     tables = attached.tables(site.conn)
     counts: dict[str, int] = {}
@@ -1521,7 +1534,8 @@ def report(site: Site) -> dict:
          "waiting": attached.waiting_count(site.conn, n, appdb.WAITING),
          "stopped": stopped.get(n),
          "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
-        for n, d in tables.items()], "available": schema.available(site), "problem": problem}
+        for n, d in tables.items()], "available": schema.available(site), "problem": problem,
+        "store_behind": STORE_BEHIND if attached.store_behind_since(site.conn) else None}
 
 
 def check_values(site: Site, collection: str, values: list) -> None:
@@ -1605,6 +1619,8 @@ def check(site: Site) -> list[str]:
         return [f"attached database: {e.message}"]
     stopped = set(attached.stopped(site.conn))
     problems += [_gone_why(n, path) for n in attached.tables(site.conn) if n not in infos]
+    if attached.store_behind_since(site.conn):
+        problems.append(STORE_BEHIND.replace("this file", f"the attached database {path}"))
     try:
         with appdb.read_txn(app):
             if appdb.went_back(app, since):

@@ -287,9 +287,10 @@ def is_view(conn: Connection, name: str) -> bool:
 def is_site_store(conn: Connection) -> bool:
     """Whether the file is a syncpack site's store (its changelog, versions and epoch
     matrix), not an application's database."""
+    names = ("changelog", "versions", "superseded", "matrix", "links", "meta")
     return conn.execute(
-        "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name IN "
-        "('changelog', 'versions', 'matrix', 'meta')").fetchone()[0] == 4
+        f"SELECT count(*) FROM sqlite_schema WHERE type='table' AND name IN "
+        f"({', '.join('?' for _ in names)})", names).fetchone()[0] == len(names)
 
 
 def user_tables(conn: Connection) -> tuple[list[str], list[str]]:
@@ -837,6 +838,21 @@ def went_back(conn: Connection, captured: int) -> bool:
     it: the file was restored from an older copy (or its change table emptied), since only
     syncpack removes change rows and it always keeps the largest number."""
     return has_table(conn, CHANGES) and max_seq(conn) < captured
+
+
+def store_behind(conn: Connection, captured: int) -> bool:
+    """Whether the file's change table starts above what the store says it captured: the
+    store went back (restored from an older copy), and what it had captured in between is in
+    neither (the capture removed it from the file, the restore from the store) but in the
+    application's rows.  Only syncpack removes change rows: those up to what it captured."""
+    if not has_table(conn, CHANGES):
+        return False
+    # A capture's mark (a row of no table and no key, numbered what it captured) above what
+    # the store says, or no change row left at or just above it.
+    low = conn.execute(f"SELECT min(seq) FROM {CHANGES}").fetchone()[0]
+    return low is not None and low > captured + 1 or conn.execute(
+        f"SELECT 1 FROM {CHANGES} WHERE tbl = '' AND k0 IS NULL AND seq > ? LIMIT 1",
+        (captured,)).fetchone() is not None
 
 
 def max_seq(conn: Connection) -> int:

@@ -112,6 +112,7 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DELETE FROM attached")
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_ins")
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
+        end_store_behind(conn)
 
 
 def family_table(conn: Connection, definitions: str, collection: str) -> bool:
@@ -546,6 +547,23 @@ def settling(conn: Connection) -> tuple[bytes, dict[str, dict[str, str]],
 
 def end_settling(conn: Connection) -> None:
     meta.remove(conn, _SETTLING)
+
+
+_BEHIND = "attach_store_behind"
+
+
+def note_store_behind(conn: Connection, at_ms: int) -> None:
+    """The store was found behind the attached file (appdb.store_behind), at ``at_ms``."""
+    if meta.get(conn, _BEHIND) is None:
+        meta.put(conn, _BEHIND, at_ms)
+
+
+def store_behind_since(conn: Connection) -> int | None:
+    return meta.get(conn, _BEHIND)
+
+
+def end_store_behind(conn: Connection) -> None:
+    meta.remove(conn, _BEHIND)
 
 
 def has_inflight(conn: Connection) -> bool:
