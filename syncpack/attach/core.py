@@ -94,7 +94,7 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
     except AttachError as e:    # the hints of an attach do not apply to a file attached
         raise AttachError(e.message, hint=back_or_detach(path)) from None
     try:
-        _refuse_a_copy(site, app, Path(path))
+        _refuse_other_owner(site, app, Path(path))
         infos = {}
         stopped = attached.stopped(site.conn) if stop_gone else {}
         for name in attached.tables(site.conn):
@@ -1088,8 +1088,7 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
     path = _path(db_path)
     with site.lock():
         att = attached.attachment(site.conn)
-        if att is not None and att[0] != str(path) and Path(att[0]).exists() and \
-                path.exists() and _file_id(Path(att[0])) == _file_id(path):
+        if att is not None and att[0] != str(path) and _same_file(att[0], path):
             raise AttachError(f"{path} is {att[0]} under another name, which site "
                               f"{site.name!r} has attached already",
                               hint=f"name it as it was attached: 'syncpack attach "
@@ -1105,19 +1104,30 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
                 raise AttachError(f"{path} is a syncpack site's store, not an application's "
                                   f"database", hint="attach the SQLite database file the "
                                   "application writes; a store replicates by itself")
-            _check_owner(site, app, path)
+            _refuse_other_owner(site, app, path)
             return _attach_locked(site, app, path, names, all_tables)
         finally:
             app.close()
 
 
-def _refuse_a_copy(site: Site, app: appdb.Connection, path: Path) -> None:
-    """A copy of a site's directory (same site id, another directory) must not capture the
-    file its original attached: it would take the application's changes out of the change
-    table, and the original, which exports them, would never see them.  A site moved (its
-    old directory gone, or no longer attaching the file) is no copy."""
-    owner = appdb.owner(app)
-    if owner is None or owner[0] != site.site_id:
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether paths ``a`` and ``b`` name one existing file (the same path, or the same file
+    under another name: a hard link)."""
+    try:
+        return _file_id(Path(a)) == _file_id(Path(b))
+    except OSError:
+        return False
+
+
+def _refuse_other_owner(site: Site, app: appdb.Connection, path: Path) -> None:
+    """One file, one site: the file names the site directory that attached it, and while the
+    store there still attaches this file, no other directory captures it (it would take the
+    application's changes out of the change table, and the site that exports them would never
+    see them).  That directory is another site's, or this site's original when this one is a
+    copy of it (``cp -a``).  A file whose site has gone, detached it or moved is taken over."""
+    with appdb.read_txn(app):
+        owner = appdb.owner(app)
+    if owner is None:
         return
     other = Path(owner[1])
     try:
@@ -1126,33 +1136,17 @@ def _refuse_a_copy(site: Site, app: appdb.Connection, path: Path) -> None:
     except OSError:
         return
     theirs = attached.attachment_in(other)
-    if theirs is not None and Path(theirs).exists() and \
-            (theirs == str(path) or _file_id(Path(theirs)) == _file_id(path)):
+    if theirs is None or not _same_file(theirs, path):
+        return
+    if owner[0] == site.site_id:
         raise AttachError(
             f"this site directory ({site.path}) is a copy of the site at {other}, which "
             f"replicates {path}; a copy does not take its application's changes",
             hint=f"run syncpack with --site {arg(other)}; if this copy is to replace it, "
                  f"move or remove {arg(other)} first")
-
-
-def _check_owner(site: Site, app: appdb.Connection, path: Path) -> None:
-    """One file, one site: a second site's capture would empty the change table of the
-    changes the first has not read yet, and they would never reach the family.  The file
-    names the site that attached it; that site still attaching it refuses the attach (a copy
-    of the file, or one whose site has gone or detached it, is taken over)."""
-    with appdb.read_txn(app):
-        owner = appdb.owner(app)
-    if owner is None or owner[0] == site.site_id:
-        return
-    other = Path(owner[1])
-    theirs = attached.attachment_in(other)
-    if theirs is not None and Path(theirs).exists() and \
-            (theirs == str(path) or _file_id(Path(theirs)) == _file_id(path)):
-        # the same path, or the same file under another name (a hard link)
-        raise AttachError(f"{path} is attached to the site at {other}; one application "
-                          f"database is replicated by one site", hint=f"detach it there "
-                          f"('syncpack --site {arg(other)} detach {arg(theirs)}') or attach a "
-                          f"copy here")
+    raise AttachError(f"{path} is attached to the site at {other}; one application database "
+                      f"is replicated by one site", hint=f"detach it there ('syncpack --site "
+                      f"{arg(other)} detach {arg(theirs)}') or attach a copy here")
 
 
 _NO_SUCH_TABLE_END = " (and no peer has attached one so named)"

@@ -43,10 +43,16 @@ from syncpack.exchange.verify import (DEFAULT_SKEW_MS, JoinedPiecesPacket, OpenP
 attach_core = OnFirstUse("syncpack.attach.core")
 
 
+def _has_app(site: Site) -> bool:
+    """Whether an application's database is attached here (asked of the store, so that a
+    site without one never loads the attach code)."""
+    return attached.attachment(site.conn) is not None
+
+
 def _sync_app(site: Site) -> None:
     """Capture an attached application's changes and write pending records into its tables
     (attach/core.py: sync_app); nothing when nothing is attached."""
-    if attached.attachment(site.conn) is not None:
+    if _has_app(site):
         attach_core.sync_app(site)
 
 # Relayed acknowledgements ride in the header; this bounds what one packet carries of them
@@ -588,7 +594,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
         # (the headers' counts are the senders' word: they choose only how rows are written)
         direct = attach_core.DirectApply(site, sum(
             c.pk.header.count for c in [*cands, *(c for g in snaps.values() for c in g)])
-        ) if attached.attachment(site.conn) is not None else None
+        ) if _has_app(site) else None
         try:
             for group in snaps.values():
                 _apply_snapshot(site, group, res, progress)

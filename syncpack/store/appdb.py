@@ -104,7 +104,7 @@ CHANGES = "_syncpack_changes"
 APPLYING = "_syncpack_applying"
 # A change row of table T whose tbl is MAYBE + T notes a key a REPLACE may have removed.
 MAYBE = "\x01"
-MAYBE_SQL = "char(1)"
+MAYBE_SQL = f"char({ord(MAYBE)})"
 # Which site attached the file (one site replicates one file).
 OWNER = "_syncpack_site"
 TRIGGER_PREFIX = "_syncpack_"
