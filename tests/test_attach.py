@@ -1402,8 +1402,16 @@ def test_put_and_delete_of_an_attached_table_reach_the_table_at_once(tmp_path):
     r = sp(sites["a"], "put", "items", "p1", '{"id": "p1", "i": 5}')
     assert "warning" not in r.err
     assert [x[:4] for x in table(db, "items")] == [("p1", "text", 5, "integer")]
-    r = sp(sites["a"], "put", "items", "p2", '{"id": "elsewhere", "i": 6}')
-    assert "refused it: the record's primary key columns are not its key" in r.err, r
+    # what can never be a row of the table is refused, nothing written: another key's row,
+    # no object, a column the table lacks (each was stored, sent to every peer, and listed
+    # as a conflict at every site)
+    for value, said in (('{"id": "elsewhere", "i": 6}', "its key column id must hold the key"),
+                        ('{"i": 6}', "its key column id must hold the key"),
+                        ("6", "not an object of the table's columns"),
+                        ('{"id": "p2", "colour": "red"}', "has no column 'colour'")):
+        r = run("put", "items", "p2", value, site=sites["a"])
+        assert r.code == 1 and said in r.err and "nothing was written" in r.err, r
+        assert run("get", "items", "p2", site=sites["a"]).code == 1
     assert [x[0] for x in table(db, "items")] == ["p1"]
     sp(sites["a"], "delete", "items", "p1")
     assert table(db, "items") == []

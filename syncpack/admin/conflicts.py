@@ -139,7 +139,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
             raw = codec.encode_value(value)
         except ValueError as e:
             raise UsageError(str(e), hint=getattr(e, "hint", None)) from None
-        attach_core.check_values(site, collection, [value])
+        attach_core.check_values(site, collection, [(key, value)])
     else:
         raw = _chosen(site, collection, key, vs, pick_version, field_picks)
     with site.transaction() as tx:

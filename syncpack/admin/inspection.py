@@ -199,7 +199,7 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
                 if not tables[name]:
                     continue
                 attach_core.check_values(site, name, [
-                    codec.decode_value(raw) for c, _k, raw in batch if c == name and raw])
+                    (k, codec.decode_value(raw)) for c, k, raw in batch if c == name and raw])
             tx.write_rows(batch)
             collections.update(map(itemgetter(0), batch))
             if progress:

@@ -24,7 +24,7 @@ def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     check_collection(collection)    # before a name that cannot be text reaches SQL
     check_key(key)
     if attached.family_table(site.conn, TABLES, collection):
-        attach_core.check_values(site, collection, [value])
+        attach_core.check_values(site, collection, [(key, value)])
     with site.transaction() as tx:
         tx.put(collection, key, value)
     return into_attached(site, [collection], key)

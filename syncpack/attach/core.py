@@ -1532,10 +1532,16 @@ def report(site: Site) -> dict:
         "store_behind": STORE_BEHIND if attached.store_behind_since(site.conn) else None}
 
 
-def check_values(site: Site, collection: str, values: list) -> None:
-    """Refuses, before anything is written, records for an attached table holding a value
-    the table would store as another one (SQLite converts by the column's type affinity: the
-    record would say "7", the table 7, and the sites would disagree)."""
+def check_values(site: Site, collection: str, records: list[tuple[str, object]]) -> None:
+    """Refuses, before anything is written, records ``(key, value)`` written here for an
+    attached table that the table cannot hold as given: a value that is not a row of it (not
+    an object, a column it lacks, key columns other than the key: the table would refuse it,
+    and every site would list it as a conflict), or a value the table would store as another
+    one (SQLite converts by the column's type affinity: the record would say "7", the table
+    7, and the sites would disagree)."""
+    here = attached.tables(site.conn).get(collection)
+    if here is not None:
+        _check_rows(collection, here["pk"], here["columns"], records)
     shape = attached.shapes(site.conn).get(collection, (None, None))[0]
     if shape is not None:
         affinity = dict(map(tuple, shape["columns"]))
@@ -1546,13 +1552,40 @@ def check_values(site: Site, collection: str, values: list) -> None:
             if isinstance(d, dict) and isinstance(d.get("create_sql"), str) else None
         if not affinity:
             return
-    found = writer.conversions(affinity, [v for v in values if isinstance(v, dict)])
+    found = writer.conversions(affinity, [v for _k, v in records if isinstance(v, dict)])
     if found:
         c, v, stored = found[min(found)]
         raise AttachError(
             f"column {c} of attached table {collection} has {affinity[c]} affinity: "
             f"{json.dumps(v)} would be stored as {json.dumps(stored)}; nothing was "
             f"written", hint="write the value as the table stores it")
+
+
+def _check_rows(name: str, pk: list[str], columns: list[str],
+                records: list[tuple[str, object]]) -> None:
+    """:func:`check_values`'s refusal of records that are no row of table ``name``."""
+    puts = [(k, v) for k, v in records if v is not None]
+    refused = rows.refused_records([v for _k, v in puts], [k for k, _v in puts], pk)
+    if refused:
+        at = min(refused)
+        key, _value = puts[at]
+        plural = "s" if len(pk) > 1 else ""
+        why = ("it is not an object of the table's columns" if refused[at] == rows.NOT_A_ROW
+               else f"its key column{plural} {', '.join(pk)} must hold the key")
+        example = (f"{{{json.dumps(pk[0])}: {json.dumps(key)}, ...}}" if len(pk) == 1 else
+                   "{" + ", ".join(f"{json.dumps(c)}: ..." for c in pk) + ", ...}")
+        raise AttachError(
+            f"the value for key {key!r} is not a row of attached table {name}: {why}; "
+            f"nothing was written", hint=f"give the row as an object, e.g. {example}")
+    known = set(columns)
+    for key, value in puts:
+        extra = [c for c in value if c not in known]
+        if extra:
+            raise AttachError(
+                f"attached table {name} has no column {extra[0]!r} (the record for key "
+                f"{key!r} names it); nothing was written",
+                hint=f"add the column to the table first (ALTER TABLE ... ADD COLUMN), or "
+                     f"leave it out; its columns: {', '.join(columns)}")
 
 
 def check_hint(site: Site) -> str:

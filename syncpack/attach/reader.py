@@ -128,6 +128,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
     req = child.read_frame(inp)
     gc.disable()        # none of what is made here is cyclic; the collector only walks it
     app = appdb.open_app(Path(req["path"]))
+    appdb.sort_beside(app)
     try:
         with appdb.read_txn(app):
             same = child.file_as_left(app, req, __file__)

@@ -195,6 +195,14 @@ def open_app(path: Path) -> Connection:
     return conn
 
 
+def sort_beside(conn: Connection) -> None:
+    """Let SQLite sort on helper threads for ``conn`` (a capture's reader process): grouping a
+    large backlog's changes by key sorts them all before the first row, while the capturing
+    process has nothing to do but wait (1M changes: 0.5 s to the first row, 0.3-0.4 s with
+    two threads)."""
+    conn.execute("PRAGMA threads=2")
+
+
 _TRIGGER_WRITES = (apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE)
 
 
