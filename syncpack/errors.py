@@ -165,6 +165,15 @@ class ForkFoundError(EpochCollisionError):
                     "retire it with 'syncpack rmreplica'")
 
 
+class SnapshotForkError(PacketError):
+    """A snapshot for a member whose own history forked from the one the sender holds of it
+    (restored from a backup, then written to): applied, it would discard those writes."""
+
+    default_hint = ("exchange ordinary packets with the sender instead (export here, import "
+                    "there, and back): rounds heal a restored site and keep what it wrote; "
+                    "ask for a snapshot again only if 'syncpack status' then names one")
+
+
 class ClockSkewError(PacketError):
     default_hint = "fix the sender's clock; the packet was not applied"
 

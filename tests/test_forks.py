@@ -166,6 +166,42 @@ def test_a_careless_restore_heals_by_ordinary_rounds_keeping_the_careless_write(
             assert s.get("t", "b0") == "before the backup"
 
 
+def test_a_resync_snapshot_for_a_carelessly_restored_site_is_refused_and_rounds_heal_it(family):
+    """A restored site that wrote before anyone told it: a snapshot a peer makes for it
+    holds the family's version of epochs the site now holds with other ops.  Applied, it
+    trimmed those ops as covered (the writes were lost) and kept the site's later ones,
+    chained to a history nobody else held: peers refused the site's packets for good.  It
+    is refused, nothing changed, and ordinary rounds heal the site keeping its writes."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.put("B", "t", "b0", "before the backup")
+    fam.full_exchange(1)
+    copy = backup(fam, "B")
+    for i in range(3):
+        fam.put("B", "t", f"b{i + 1}", "after the backup")
+    fam.full_exchange(1)
+    put_back(fam, "B", copy)                 # no 'syncpack restore'
+    for i in range(4):
+        fam.put("B", "t", f"careless{i}", "written after the copy came back")
+    snap = fam.medium()
+    assert run("resync", "--to", "B", "--out", snap, site=fam.path("A")).code == 0
+    before = run("digest", site=fam.path("B"), json_mode=True).json
+    r = run("import", snap, site=fam.path("B"))
+    assert r.code == 1 and "restored from a backup and then written to" in r.err, r
+    assert "nothing was changed" in r.err and "hint: exchange ordinary packets" in r.err, r
+    assert run("digest", site=fam.path("B"), json_mode=True).json == before
+
+    rounds(fam, ["A", "B"], 4)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in ("A", "B"):
+        with fam.open(name) as s:
+            assert [s.get("t", f"careless{i}") for i in range(4)] == \
+                ["written after the copy came back"] * 4
+            assert s.get("t", "b3") == "after the backup"
+
+
 def shared_medium_rounds(fam: Family, names: list[str], n: int) -> None:
     """As a batch round over one medium does: every site exports to all first, then every
     site imports what is there for it (so each packet was written before its sender saw

@@ -24,7 +24,7 @@ from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn, split_csns
-from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
+from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError, SnapshotForkError,
                              PacketSignatureError, PatchError)
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
@@ -829,6 +829,24 @@ class RecordJoiner:
                                   f"{self.total} bytes")
 
 
+def _check_own_history(site: Site, h: Header) -> None:
+    """Refuse a re-seed whose sender holds another op than ours under an epoch of our own
+    that it covers (its ``tip``): our history forked after a restore, and the snapshot would
+    put the family's version in place of ours, discarding the ops we wrote on the other
+    branch (trimmed as covered) and leaving those above it chained to a history nobody
+    else holds.  Ordinary rounds heal that and keep them (recovery.note_report)."""
+    if h.tip is None:
+        return
+    me = site.site_id
+    e, csn = h.tip
+    ours = chain.op_id_at(site.conn, me, e)
+    if ours is not None and pack_csn(ours[0], me, ours[1]) != csn:
+        raise SnapshotForkError(
+            f"snapshot from {site.name_of(h.sender)} holds another op than this site's own as "
+            f"its epoch {e}: this site was restored from a backup and then written to, and "
+            f"the snapshot would discard those writes; nothing was changed")
+
+
 def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     """Seed a new site (``mkreplica import``) or re-seed a member (hard resync) from the
     verified parts of one snapshot, in one transaction.
@@ -845,6 +863,8 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     c = site.conn
     try:
         with site.write_txn():
+            if not seeding:
+                _check_own_history(site, first)
             behind = planning.snapshot_rollback(snap, site.vector(), site.floors())
             if behind is not None:
                 raise PacketBodyError(

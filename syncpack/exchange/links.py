@@ -3,9 +3,10 @@ for one site, joined with what only the site knows (its roster, its id)."""
 
 from __future__ import annotations
 
+from syncpack.format.csn import pack_csn
 from syncpack.rules import planning
 from syncpack.site import Site
-from syncpack.store import log
+from syncpack.store import chain, log
 from syncpack.store import matrix as stored
 from syncpack.store.matrix import ranges_blob, ranges_from_blob, vec_blob, vec_from_blob
 
@@ -70,3 +71,13 @@ def ack_floor(site: Site) -> dict[bytes, int]:
     """Per origin, the epoch every current member acknowledged holding, each in its own
     signed word (``planning.ack_floor``)."""
     return stored.ack_floor(site.conn, site.site_id, list(site.members_by_id()))
+
+
+def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes] | None:
+    """The newest op of the peer's own origin we hold, so the peer can tell whether its own
+    history still matches the family's (a restored site that wrote before it knew)."""
+    e = vec.get(peer, 0)
+    if not e:
+        return None
+    held = chain.op_id_at(site.conn, peer, e)
+    return (e, pack_csn(held[0], peer, held[1])) if held else None

@@ -19,7 +19,7 @@ from syncpack.format import codec, keys
 from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
 from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
-from syncpack.exchange.links import ensure_link, link, raise_matrix
+from syncpack.exchange.links import ensure_link, link, raise_matrix, tip_for
 from syncpack.store import chain, fields, log, versions
 from syncpack.store import matrix as stored
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PartInfo, PartSeries, atomic_opener, packet_dir, packet_name, write_records
@@ -56,7 +56,9 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     hlc = site.last_hlc()
     tmpl = Header(kind=codec.KIND_SNAPSHOT, family=site.family_id, sender=site.site_id,
                   recipient=recipient, packet_id=b"", seq=seq, part=0, final=False,
-                  created_ms=now, vector=vec, roster=roster, hlc_max=hlc)
+                  created_ms=now, vector=vec, roster=roster, hlc_max=hlc,
+                  # a re-seeded member checks that its own history is the one we hold
+                  tip=tip_for(site, recipient, vec))
     d = packet_dir(out_dir, site.name, recipient_name)
     opener = atomic_opener(d, lambda part: packet_name(seq, part, "snapshot"))
     series = PartSeries(tmpl, sign, max_size, opener, seed, seal_to)

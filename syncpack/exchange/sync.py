@@ -28,7 +28,7 @@ from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBod
                      PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
-                     ranges_blob, vec_blob, vec_from_blob, waiting_gaps)
+                     ranges_blob, tip_for, vec_blob, vec_from_blob, waiting_gaps)
 from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, PartInfo, atomic_opener,
                       build_update_packets, order_blocks, packet_dir, packet_name)
 from syncpack.progress import expect
@@ -149,16 +149,6 @@ def block_stream(site: Site, metas: Iterable[chain.StoredBlock]) -> Iterator[Blo
     for m in metas:
         yield BlockRef(m.origin, m.lo, m.hi, m.hlc_first, m.hlc_last, m.last_seq,
                        chain.block_bytes(site.conn, m))
-
-
-def tip_for(site: Site, peer: bytes, vec: dict[bytes, int]) -> tuple[int, bytes] | None:
-    """The newest op of the peer's own origin we hold, so the peer can tell whether its own
-    history still matches the family's (a restored site that wrote before it knew)."""
-    e = vec.get(peer, 0)
-    if not e:
-        return None
-    held = chain.op_id_at(site.conn, peer, e)
-    return (e, pack_csn(held[0], peer, held[1])) if held else None
 
 
 def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
