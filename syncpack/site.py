@@ -736,13 +736,12 @@ class Transaction:
         n = len(keys)
         seq0 = self.seq
         prefix = pack_csn(self.hlc, site.site_id, 0)[:CSN_LEN - 4]
-        csns = list(map(prefix.__add__, map(_U32.pack, range(seq0, seq0 + n))))
         if replaced is not None and not any(replaced):
             replaced = None
         if replaced is not None:
             versions.remove_listed(site.conn, [
                 (collection, k, c) for k, r in zip(keys, replaced) for c in split_csns(r)])
-        versions.insert_columns(site.conn, collection, keys, csns, raws)
+        versions.insert_numbered(site.conn, collection, keys, prefix, seq0, raws, size)
         self.seq += n
         self.epoch += n
         self._cols.append((collection, keys, raws, replaced))

@@ -397,29 +397,40 @@ def test_a_store_made_by_an_older_release_migrates_and_keeps_syncing(tmp_path, r
        packed=st.sampled_from([versions.PACKED_BYTES, 16]))
 def test_insert_columns_stores_what_insert_many_stores(tmp_path_factory, rows, tombstone,
                                                        packed):
-    """The bulk insert over a carray (each row packed into one blob and split by SQLite)
-    leaves exactly the rows, bytes and SQLite types that one binding per row leaves: keys with
-    NUL, non-ASCII and 0xff-free UTF-8 of any length, tombstones, batches cut by size."""
+    """The bulk inserts over a carray (each row packed into one blob and split by SQLite; a
+    local writer's CSNs made by SQLite from their seqs) leave exactly the rows, bytes and
+    SQLite types that one binding per row leaves: keys with NUL, non-ASCII and 0xff-free UTF-8
+    of any length, CSNs as BLOBs (SQLite's || makes TEXT), tombstones, batches cut by size,
+    seqs up to 2^32 - 1."""
     root = tmp_path_factory.mktemp("cols")
     if tombstone:
         rows[-1] = (*rows[-1][:2], None)
+    # insert_numbered's rows: one CSN prefix and consecutive seqs, made by SQLite
+    prefix, seq0 = rows[0][1][:16], 2 ** 32 - len(rows) - 1
+    numbered = [(k, prefix + (seq0 + i).to_bytes(4, "big"), v)
+                for i, (k, _c, v) in enumerate(rows)]
     got = []
-    for how in ("many", "columns"):
+    for how in ("many", "columns", "many numbered", "numbered"):
         conn = db.create(root / f"{how}.db")
-        keys, csns, vals = ([r[i] for r in rows] for i in range(3))
+        these = numbered if "numbered" in how else rows
+        keys, csns, vals = ([r[i] for r in these] for i in range(3))
         with db.write_txn(conn):
-            if how == "many":
-                versions.insert_many(conn, [("c", k, c, v) for k, c, v in rows])
+            if how.startswith("many"):
+                versions.insert_many(conn, [("c", k, c, v) for k, c, v in these])
             else:
                 with pytest.MonkeyPatch.context() as mp:
                     mp.setattr(versions, "PACKED_BYTES", packed)
-                    versions.insert_columns(conn, "c", keys, iter(csns), vals)
+                    if how == "columns":
+                        versions.insert_columns(conn, "c", keys, iter(csns), vals)
+                    else:
+                        versions.insert_numbered(conn, "c", keys, prefix, seq0, vals,
+                                                 sum(len(v or b"") for v in vals))
         got.append(conn.execute(
             "SELECT collection, key, typeof(key), length(CAST(key AS BLOB)), csn, "
             "typeof(csn), value, typeof(value) FROM versions ORDER BY key, csn").fetchall())
         conn.close()
-    assert got[0] == got[1]
-    assert len(got[0]) == len(rows)
+    assert got[0] == got[1] and got[2] == got[3]
+    assert len(got[0]) == len(got[2]) == len(rows)
 
 
 @settings(max_examples=40, deadline=None)

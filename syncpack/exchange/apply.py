@@ -24,8 +24,8 @@ from syncpack.store import chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn, split_csns
-from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError, SnapshotForkError,
-                             PacketSignatureError, PatchError)
+from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
+                             PacketSignatureError, PatchError, SnapshotForkError)
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
                      store_acknowledgements)
 from syncpack.exchange.packets import PACKET_SUFFIX

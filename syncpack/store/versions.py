@@ -219,6 +219,37 @@ def insert_columns(conn, collection: str, keys: list[str], csns: Iterable[bytes]
         attached.note_new_versions(conn, collection, keys, csns, values, prepared)
 
 
+# As _INSERT_PACKED, for a local bulk writer's rows, whose CSNs are one prefix and consecutive
+# seqs: SQLite appends each row's seq (carray numbers its rows from 1), so no CSN is made in
+# Python (1M rows: 0.17 s of a capture's 3.5).
+_INSERT_NUMBERED = (
+    "INSERT INTO versions(collection, key, csn, value) SELECT ?1, "
+    "CAST(substr(value, 1, p - 1) AS TEXT), "
+    "CAST(?3 || unhex(printf('%08x', ?4 + rowid - 1)) AS BLOB), "    # || makes TEXT
+    "substr(value, p + 1) "
+    "FROM (SELECT rowid, value, instr(value, x'ff') AS p FROM carray(?2))")
+
+
+def insert_numbered(conn, collection: str, keys: list[str], prefix: bytes, seq0: int,
+                    values: list[bytes | None], size: int) -> None:
+    """:func:`insert_columns` of rows whose CSNs are ``prefix`` followed by the 4-byte seqs
+    ``seq0``, ``seq0 + 1``, ...: a local bulk writer's (``size``: at least the bytes of
+    ``values``)."""
+    n = len(keys)
+    if not db.HAS_CARRAY or None in values or not keys or attached.watched(conn):
+        insert_columns(conn, collection, keys, [
+            prefix + s.to_bytes(4, "big") for s in range(seq0, seq0 + n)], values)
+        return
+    if size > PACKED_BYTES and n > 1:
+        step = max(1, n * PACKED_BYTES // size)     # as insert_columns, for the same reason
+        for at in range(0, n, step):
+            insert_numbered(conn, collection, keys[at:at + step], prefix, seq0 + at,
+                            values[at:at + step], PACKED_BYTES)
+        return
+    packed = db.carray(tuple(map(b"".join, zip(map(str.encode, keys), repeat(_SEP), values))))
+    conn.execute(_INSERT_NUMBERED, (collection, packed, prefix, seq0))
+
+
 def replace_key(conn, collection: str, key: str, csn: bytes, value: bytes | None,
                 had_versions: bool) -> None:
     """A local write: the new version supersedes every surviving one of its key."""
