@@ -567,30 +567,98 @@ def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
         mem.close()
 
 
+# A peer's table definition, or one added column's, longer than this is refused unread (the
+# widest table an attached one may be, 900 columns with long names, is a few dozen KB).
+MAX_DEFINITION_BYTES = 256 * 1024
+# Functions a peer's definition may call in a DEFAULT, CHECK or generated column: SQLite's
+# cheap scalar functions, whose result is at most a small multiple of their arguments.  Any
+# other (zeroblob, randomblob, printf, replace...) would let a few bytes of definition make
+# every row written here huge or slow, the application's own rows too.
+PEER_FUNCTIONS = frozenset("""
+    abs char coalesce date datetime glob hex ifnull iif instr julianday length like likelihood
+    likely lower ltrim max min nullif octet_length quote random round rtrim sign strftime substr
+    substring time trim typeof unicode unixepoch unlikely upper""".split())
+# Tables no peer's definition may refer to: SQLite's and syncpack's own (a foreign key to
+# the change table made syncpack's own clean-up of it fail at every command).
+_NEVER_REFERENCED = ("sqlite_", TRIGGER_PREFIX)
+
+
+@contextmanager
+def _peers_text(conn: Connection) -> Iterator[list[str]]:
+    """While a peer's schema text compiles on ``conn``, SQLite's authorizer refuses what no
+    table definition needs: a query (``CREATE TABLE ... AS SELECT`` over an endless recursive
+    one held the application's write lock for good), and functions outside
+    :data:`PEER_FUNCTIONS`.  Yields the list of what was refused, in words."""
+    refused: list[str] = []
+
+    def authorize(action, _a, b, _db, _trigger):
+        if action in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
+            refused.append("a query (CREATE TABLE ... AS SELECT)")
+            return apsw.SQLITE_DENY
+        if action == apsw.SQLITE_FUNCTION and (b or "").lower() not in PEER_FUNCTIONS:
+            refused.append(f"the function {b}()")
+            return apsw.SQLITE_DENY
+        if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH, apsw.SQLITE_PRAGMA):
+            refused.append("a statement that is no table definition")
+            return apsw.SQLITE_DENY
+        return apsw.SQLITE_OK
+
+    before = conn.authorizer
+    conn.authorizer = authorize
+    try:
+        yield refused
+    finally:
+        conn.authorizer = before
+
+
+def _too_long(sql: str) -> str | None:
+    if len(sql) > MAX_DEFINITION_BYTES:
+        return (f"it is {len(sql):,} characters long, more than the {MAX_DEFINITION_BYTES:,} "
+                f"a definition may have")
+    return None
+
+
 def create_table(conn: Connection, name: str, sql: str) -> None:
     """Create a table from the definition that travelled with its records: one CREATE TABLE
-    statement of that name and nothing else (the text comes from a peer)."""
+    statement of that name and nothing else (the text comes from a peer), calling only cheap
+    functions, and whose foreign keys refer to no table of SQLite's or syncpack's."""
     seen: list[str] = []
 
     def only_one(_cursor, stmt, _bindings):
         seen.append(stmt)
         return len(seen) == 1 and stmt.lstrip().upper().startswith("CREATE TABLE")
 
+    too_long = _too_long(sql)
+    if too_long:
+        raise AttachError(f"cannot create table {name!r} from the peers' definition: "
+                          f"{too_long}")
     cur = conn.cursor()
     cur.exec_trace = only_one
-    try:
-        cur.execute(sql)
-    except apsw.ExecTraceAbort:
-        raise AttachError(f"the definition of table {name!r} from the peers is not one "
-                          f"CREATE TABLE statement; nothing was created") from None
-    except (apsw.Error, ApplicationOnlyError, ValueError) as e:     # ValueError: a NUL
-        raise AttachError(f"cannot create table {name!r} from the peers' definition "
-                          f"({getattr(e, 'needs', '') or e})") from None
+    with _peers_text(conn) as refused:
+        try:
+            cur.execute(sql)
+        except apsw.ExecTraceAbort:
+            raise AttachError(f"the definition of table {name!r} from the peers is not one "
+                              f"CREATE TABLE statement; nothing was created") from None
+        except (apsw.Error, ApplicationOnlyError, ValueError) as e:     # ValueError: a NUL
+            why = f"it holds {refused[0]}" if refused else getattr(e, "needs", "") or e
+            raise AttachError(f"cannot create table {name!r} from the peers' definition "
+                              f"({why})") from None
     if not has_table(conn, name):
         raise AttachError(f"the peers' definition of table {name!r} creates another table")
-    why = _foreign_keys_unusable(conn, name) or _too_wide(conn, name)
+    why = _foreign_keys_unusable(conn, name) or _too_wide(conn, name) or \
+        _references_ours(conn, name)
     if why:
         raise AttachError(f"cannot create table {name!r} from the peers' definition: {why}")
+
+
+def _references_ours(conn: Connection, table: str) -> str | None:
+    """Why a foreign key of ``table`` (made from a peer's text) may not stand: it refers to a
+    table of SQLite's or syncpack's."""
+    for row in conn.execute(f"PRAGMA foreign_key_list({q(table)})").fetchall():
+        if row[2].lower().startswith(_NEVER_REFERENCED):
+            return f"a foreign key refers to table {row[2]!r}, which is not the application's"
+    return None
 
 
 # Columns an attached table may have: a capture reads each column's name and value side by
@@ -1513,9 +1581,15 @@ def column_sql(conn: Connection, table: str, column: str) -> str:
 
 def add_column(conn: Connection, table: str, column: str, definition: str) -> str | None:
     """Add ``column`` to ``table`` from a peer's column definition; the caller holds the write
-    lock.  The text is the peers': it must add exactly that column to exactly that table and
-    change nothing else (checked after running it inside a savepoint, rolled back otherwise).
+    lock.  The text is the peers': it must define that column alone, calling only cheap
+    functions and referring to no other column (a CHECK naming the table's other columns
+    refused the application's own writes) nor to a table of SQLite's or syncpack's, and it
+    must add exactly that column to exactly that table and change nothing else (checked after running it inside a savepoint, rolled back otherwise).
     Returns why it was refused, or None."""
+    why = _too_long(definition) or _column_alone(definition, table)
+    if why:
+        return (f"the peers' definition of column {column} of table {table} "
+                f"({definition[:200]!r}) was refused: {why}")
     before = table_info(conn, table)
     others = _others(conn, table)
     keys_before = _foreign_keys_unusable(conn, table)
@@ -1549,6 +1623,26 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
     conn.execute("RELEASE syncpack_schema")
     return None if why is None else (f"the peers' definition of column {column} of table "
                                      f"{table} ({definition!r}) was refused: {why}")
+
+
+def _column_alone(definition: str, table: str) -> str | None:
+    """Why a peer's column definition may not be added to ``table``: made alone as the one
+    column of a private in-memory table, it must compile under :func:`_peers_text`, which
+    also shows whether it names any other column."""
+    mem = apsw.Connection(":memory:")
+    try:
+        with _peers_text(mem) as refused:
+            try:
+                mem.execute(f"CREATE TABLE {q(table)}({definition})")
+            except (apsw.Error, ValueError) as e:      # ValueError: a NUL
+                if refused:
+                    return f"it holds {refused[0]}"
+                if "no such column" in str(e):
+                    return "it refers to other columns of the table"
+                return f"SQLite refused it ({e})"
+        return _references_ours(mem, table)
+    finally:
+        mem.close()
 
 
 def _others(conn: Connection, table: str) -> list[tuple]:

@@ -332,7 +332,10 @@ def commit(conn: Connection) -> None:
 
 
 def rollback(conn: Connection) -> None:
-    conn.execute("ROLLBACK")
+    # SQLite may have rolled back by itself (a full disk, no memory): the error that did it is
+    # the one to tell, not "no transaction is active"
+    if not conn.get_autocommit():
+        conn.execute("ROLLBACK")
 
 
 def integrity_check(conn: Connection) -> list[str]:
