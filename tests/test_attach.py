@@ -2018,3 +2018,50 @@ def test_a_store_restored_behind_its_application_file_is_said_until_a_refresh(tm
     exchange(tmp_path, sites, rounds=2)
     assert "captured-only" in [r[0] for r in table(dbs["a"], "items")]
     assert_converged(sites, dbs, ("items",))
+
+
+# An application process that reads in a transaction, waits for a line on stdin, then writes
+# in the same transaction; it reports its file's data_version before and after the wait.
+_READ_THEN_WRITE = r"""
+import sqlite3, sys
+db, key = sys.argv[1:]
+con = sqlite3.connect(db, timeout=30, isolation_level=None)
+con.execute("BEGIN")
+con.execute("SELECT count(*) FROM items").fetchall()
+version = lambda: con.execute("PRAGMA data_version").fetchone()[0]
+before = version()
+print("reading", flush=True)
+sys.stdin.readline()
+changed = version() != before
+try:
+    con.execute("INSERT INTO items(id, i) VALUES (?, 3)", (key,))
+    con.execute("COMMIT")
+    print("written", changed)
+except sqlite3.OperationalError as e:
+    print("refused", changed, e)
+"""
+
+
+def test_a_command_with_nothing_to_do_writes_nothing_into_the_application_file(tmp_path):
+    """With nothing captured and nothing to write, status (a monitor's scrape every few
+    seconds), capture and export still committed a write into the application's file; an
+    application transaction that had read before it and wrote after it then got 'database is
+    locked' at once (SQLite's BUSY_SNAPSHOT, whatever its busy timeout): an error it never
+    gets without syncpack."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["PRAGMA journal_mode=WAL", SCHEMA[0], "INSERT INTO items(id, i) VALUES ('k', 1)"])
+    sp(sites["a"], "attach", db, "--table", "items")
+    for i, command in enumerate((["status"], ["capture"], ["export", "--all", "--out",
+                                                           tmp_path / "usb", "--create-out"])):
+        app(db, [f"INSERT INTO items(id, i) VALUES ('k{i}', 2)"])
+        sp(sites["a"], "capture")       # captures it and forgets its change row: a write
+        p = subprocess.Popen([sys.executable, "-c", _READ_THEN_WRITE, str(db), f"app{i}"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline() == "reading\n"
+        sp(sites["a"], *command)
+        out, _ = p.communicate("go\n", timeout=60)
+        assert out == "written False\n", (command, out)
+    sp(sites["a"], "capture")
+    assert run("get", "items", "app2", site=sites["a"]).code == 0
+    sp(sites["a"], "fsck")

@@ -964,6 +964,24 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
             "clashes": sum(len(v) for v in clashes.values()), "refused": refused}
 
 
+def _idle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> bool:
+    """Whether :func:`_cycle` would write nothing into the application's file: everything is
+    captured and its change rows forgotten, no record waits to be written, the capture's
+    triggers are all there and current, and no column of the family's is missing."""
+    att = attached.attachment(site.conn)
+    if att is None:
+        return True
+    captured = att[1]
+    if attached.has_pending(site.conn) or appdb.max_seq(app) != captured:
+        return False
+    if any(not appdb.has_capture(app, n) or not appdb.replace_triggers_current(app, t)
+           for n, t in infos.items()):
+        return False
+    if schema.to_follow(site, infos):
+        return False
+    return not appdb.has_forgettable(app, captured, list(attached.stopped(site.conn)))
+
+
 # How long a command that must answer (status) waits for the application's write lock.
 BRIEF_WAIT_MS = 2_000
 
@@ -998,6 +1016,12 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
                 with appdb.read_txn(app):
                     infos = schema.review(site, app, infos)
                     early = _capture(site, app, infos)
+                    idle = _idle(site, app, infos)
+                if idle:
+                    # nothing to write: a write committed for nothing would still end the
+                    # read snapshot of an application transaction about to write (SQLite's
+                    # BUSY_SNAPSHOT, at once, whatever its busy timeout)
+                    return {"captured": early, "applied": 0, "clashes": 0, "refused": []}
                 doc = _cycle(site, app, infos)
                 doc["captured"] += early
                 return doc

@@ -129,10 +129,7 @@ def follow(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
     out = dict(infos)
     grown = []
     for name, t in infos.items():
-        defs = definitions(site, name)
-        gone = shapes.dropped_of(defs)
-        todo = [op for op in shapes.ops_of(defs)
-                if op["column"] not in t.columns and op["column"] not in gone]
+        todo = _to_add(site, t)
         if not todo:
             continue
         changed = False
@@ -147,6 +144,19 @@ def follow(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
             out[name] = t
             grown.append(t)
     return out, grown
+
+
+def _to_add(site: Site, t: appdb.TableInfo) -> list[dict]:
+    """The schema ops of the family's definition of ``t`` that its table lacks."""
+    defs = definitions(site, t.name)
+    gone = shapes.dropped_of(defs)
+    return [op for op in shapes.ops_of(defs)
+            if op["column"] not in t.columns and op["column"] not in gone]
+
+
+def to_follow(site: Site, infos: dict[str, appdb.TableInfo]) -> bool:
+    """Whether :func:`follow` has columns to add."""
+    return any(_to_add(site, t) for t in infos.values())
 
 
 def record(site: Site, grown: list[appdb.TableInfo]) -> None:

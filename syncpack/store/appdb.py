@@ -1078,6 +1078,20 @@ def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> Non
                      f"({', '.join('?' for _ in keep)})", (upto, *keep))
 
 
+def has_forgettable(conn: Connection, upto: int, keep: Iterable[str] = ()) -> bool:
+    """Whether :func:`forget_changes` of ``upto`` would remove anything: a captured change
+    row of a table not in ``keep``, other than the largest when that one is the row of no
+    table it leaves behind."""
+    if not has_table(conn, CHANGES):
+        return False
+    keep = list(keep)
+    keep += [MAYBE + n for n in keep]
+    return conn.execute(
+        f"SELECT 1 FROM {CHANGES} WHERE seq <= ? AND (seq < (SELECT max(seq) FROM {CHANGES}) "
+        f"OR tbl != '') AND tbl NOT IN ({', '.join('?' for _ in keep)}) LIMIT 1",
+        (upto, *keep)).fetchone() is not None
+
+
 def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
     """The key values of every change of ``t`` still in the change table."""
     if not has_table(conn, CHANGES):
