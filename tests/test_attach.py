@@ -1300,6 +1300,39 @@ def test_decode_key_of_any_text_gives_key_values_or_none(key, affinities):
                             all(type(v) in (int, float, str, bytes) for v in vals))
 
 
+@given(st.one_of(st.integers(-2 ** 63, 2 ** 63 - 1), st.text(max_size=6)))
+def test_a_key_of_no_declared_type_is_found_whether_number_or_text(value):
+    """In a key column of no declared type the INTEGER 2 and the TEXT '2' both spell the
+    record key "2": a delete of the TEXT row found only the INTEGER one (and deleted nothing,
+    while the family had deleted it).  Every value's own spelling is among the candidates."""
+    key = rows.encode_key((value,), True)
+    candidates = rows.key_candidates(key, ["BLOB"])
+    if isinstance(value, str) and value.startswith("["):
+        return      # spelt as a JSON list, decoded exactly
+    assert (value,) in candidates and len(set(map(type, (c[0] for c in candidates)))) == \
+        len(candidates)
+
+
+def test_rows_keyed_by_text_numbers_in_an_untyped_column_replicate_and_check(tmp_path):
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE mixed(id PRIMARY KEY NOT NULL, v)"])
+    app(dbs["a"], ["INSERT INTO mixed VALUES ('2', 'text key'), (3, 'int key')"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "mixed")
+    exchange(tmp_path, sites)
+    assert table(dbs["b"], "mixed") == table(dbs["a"], "mixed")
+    app(dbs["a"], ["DELETE FROM mixed WHERE id = '2'", "DELETE FROM mixed WHERE id = 3"])
+    exchange(tmp_path, sites)
+    assert table(dbs["b"], "mixed") == table(dbs["a"], "mixed") == []
+    app(dbs["b"], ["INSERT INTO mixed VALUES ('7', 'x')"])
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [r[:2] for r in table(dbs[n], "mixed")] == [("7", "text")]
+        sp(sites[n], "fsck")        # fsck no longer took the TEXT row for a missing one
+
+
 _VALUES = st.one_of(st.none(), st.integers(-2 ** 63, 2 ** 63 - 1), st.floats(),
                    st.sampled_from(["7", " 7", "7.0", "1e3", "0x10", "abc", "", "-0", "9" * 20]),
                    st.text(max_size=4), st.binary(max_size=3))

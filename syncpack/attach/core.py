@@ -1711,9 +1711,8 @@ def check(site: Site) -> list[str]:
                 for key, vs in _grouped(attached.visible_candidates(site.conn, name)):
                     if key in skip:
                         continue
-                    key_vals = rows.decode_key(key, aff)    # None: no row can have it
-                    if key_vals is not None and len(key_vals) == len(t.pk) and \
-                            appdb.fetch_row(app, t, key_vals) is not None:
+                    if any(len(vals) == len(t.pk) and appdb.fetch_row(app, t, vals) is not None
+                           for vals in rows.key_candidates(key, aff)):
                         continue                # the first pass compared it
                     v = _visible(site, name, vs, key)
                     if v is not None and v.value is not None:

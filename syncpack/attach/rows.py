@@ -139,6 +139,18 @@ def decode_key(key: str, affinities: list[str]) -> tuple | None:
     return out
 
 
+def key_candidates(key: str, affinities: list[str]) -> list[tuple]:
+    """The primary key values a row whose record key is ``key`` may hold, most likely first:
+    :func:`decode_key`'s, and, in a single key column of no declared type, the TEXT that
+    spells a number as well (the TEXT '2' and the INTEGER 2 are two keys there, both "2")."""
+    vals = decode_key(key, affinities)
+    if vals is None:
+        return []
+    if len(affinities) == 1 and affinities[0] == "BLOB" and vals[0] != key:
+        return [vals, (key,)]
+    return [vals]
+
+
 def without_unset(raw: bytes, base_raw: bytes, defaults: dict[str, Any]) -> bytes:
     """Record ``raw`` of a row, less the columns its key's record ``base_raw`` lacks (added
     to the table after it) that still hold their default (``defaults``): the same row, since a

@@ -105,13 +105,13 @@ def row_key(w: appdb.Writer, key: str) -> tuple | None:
     when it has none.  Found by the key's values, the row must also spell the key the same
     way: SQLite finds row 1 by '01' in an INTEGER column, and 'abc' by 'ABC' under NOCASE, so
     a lying member's delete of such a key would remove a row the family still shows."""
-    vals = rows.decode_key(key, [w.t.affinity.get(c, "BLOB") for c in w.t.pk])
-    if vals is None or len(vals) != len(w.t.pk):
-        return None
-    held = appdb.held_key(w.conn, w.t, vals)
-    if held is None or rows.encode_key(tuple(held), len(w.t.pk) == 1) != key:
-        return None
-    return tuple(held)
+    for vals in rows.key_candidates(key, [w.t.affinity.get(c, "BLOB") for c in w.t.pk]):
+        if len(vals) != len(w.t.pk):
+            return None
+        held = appdb.held_key(w.conn, w.t, vals)
+        if held is not None and rows.encode_key(tuple(held), len(w.t.pk) == 1) == key:
+            return tuple(held)
+    return None
 
 
 def delete_batch(w: appdb.Writer, keys: list[str]) -> list[int]:
