@@ -2098,3 +2098,18 @@ def test_a_command_with_nothing_to_do_writes_nothing_into_the_application_file(t
     sp(sites["a"], "capture")
     assert run("get", "items", "app2", site=sites["a"]).code == 0
     sp(sites["a"], "fsck")
+
+
+def test_attach_warns_once_of_foreign_key_actions_the_application_may_not_run(tmp_path):
+    """syncpack writes with foreign keys on, so a peer's delete of a parent cascades at every
+    site; an application that leaves them off (SQLite's default) never cascades itself, and
+    the family then followed the schema, deleting rows no application deleted."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE p(id TEXT PRIMARY KEY NOT NULL)",
+             "CREATE TABLE c(id TEXT PRIMARY KEY NOT NULL, pid TEXT REFERENCES p(id) "
+             "ON DELETE CASCADE)", "CREATE TABLE plain(id TEXT PRIMARY KEY NOT NULL)"])
+    r = sp(sites["a"], "attach", db, "--table", "p", "--table", "c", "--table", "plain")
+    said = [line for line in r.err.splitlines() if "foreign key actions" in line]
+    assert len(said) == 1 and "c -> p ON DELETE CASCADE" in said[0], r
+    assert "PRAGMA foreign_keys=ON" in said[0]

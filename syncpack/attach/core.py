@@ -1330,6 +1330,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 d = schema.definition(t, schema.definitions(site, n))
                 if _definition(site, n) != d:
                     tx.write_raw(TABLES, n, codec.encode_value(d))
+            told: set[str] = set()
             for n, t in new.items():
                 if n in created:
                     # detached here once, then dropped: its rows were not deleted one by
@@ -1337,9 +1338,12 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                     attached.forget_detached(conn, n)
                 tx.split()      # each table's rows a transaction of their own
                 _load_rows_in(site, tx, app, t, rescan=False)
+                actions = [a for a in appdb.foreign_key_actions(app, n) if a not in told]
+                told.update(actions)        # a key between two tables attached: said once
                 for w in (rows.integer_key_warning(n, t.pk, t.affinity, t.create_sql),
                           rows.untyped_key_warning(n, t.pk, t.affinity),
                           rows.null_key_warning(n, appdb.nullable_key(app, n)),
+                          rows.fk_action_warning(n, actions),
                           odd_types.get(n)):
                     if w:
                         warnings.append(w)

@@ -293,6 +293,19 @@ def null_key_warning(table: str, columns: list[str]) -> str | None:
             f"write NULL there")
 
 
+def fk_action_warning(table: str, actions: list[str]) -> str | None:
+    """A warning when foreign keys with actions touch ``table``: syncpack writes with foreign
+    keys on, so a peer's delete of a parent runs them here and the changes they make travel;
+    an application that leaves foreign keys off (SQLite's default) never runs them itself."""
+    if not actions:
+        return None
+    return (f"table {table} has foreign key actions ({'; '.join(actions[:3])}"
+            f"{'; ...' if len(actions) > 3 else ''}): syncpack writes with foreign keys on and "
+            f"runs them at every site; if the application leaves foreign keys off (SQLite's "
+            f"default), turn them on in each of its connections (PRAGMA foreign_keys=ON), or "
+            f"the sites follow the schema where the application does not")
+
+
 def chunks(items: Iterable, n: int):
     """Lists of ``n`` items in order (the last one shorter), taken by islice in C."""
     it = iter(items)

@@ -1438,6 +1438,20 @@ def _actions_on(conn: Connection, table: str, cache: dict
     return cache[table]
 
 
+def foreign_key_actions(conn: Connection, table: str) -> list[str]:
+    """The ON DELETE and ON UPDATE actions of the foreign keys that ``table`` declares or that
+    refer to it, in words (``orders -> users ON DELETE CASCADE``)."""
+    out = []
+    for (child,) in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
+        for r in conn.execute(f"PRAGMA foreign_key_list({q(child)})").fetchall():
+            if table.lower() not in (child.lower(), r[2].lower()):
+                continue
+            for when, action in (("UPDATE", r[5]), ("DELETE", r[6])):
+                if action not in ("NO ACTION", "RESTRICT"):
+                    out.append(f"{child} -> {r[2]} ON {when} {action}")
+    return sorted(set(out))
+
+
 def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict,
              depth: int = 0) -> list[tuple[str, tuple]]:
     """(table, key values) of the rows that deleting ``key`` from
