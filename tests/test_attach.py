@@ -1313,15 +1313,25 @@ def test_a_key_of_no_declared_type_is_found_whether_number_or_text(value):
         len(candidates)
 
 
+def attached_everywhere(root: Path, sites: dict, create: str, at_a: list[str], name: str,
+                        rounds: int = 2) -> dict:
+    """Every site's application creates a table (``create``), a's writes ``at_a`` into it,
+    every site attaches it, and the sites exchange; returns the application files."""
+    dbs = {n: root / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], [create])
+    app(dbs["a"], at_a)
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", name)
+    exchange(root, sites, rounds=rounds)
+    return dbs
+
+
 def test_rows_keyed_by_text_numbers_in_an_untyped_column_replicate_and_check(tmp_path):
     sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE mixed(id PRIMARY KEY NOT NULL, v)"])
-    app(dbs["a"], ["INSERT INTO mixed VALUES ('2', 'text key'), (3, 'int key')"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "mixed")
-    exchange(tmp_path, sites)
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE mixed(id PRIMARY KEY NOT NULL, v)",
+                              ["INSERT INTO mixed VALUES ('2', 'text key'), (3, 'int key')"],
+                              "mixed")
     assert table(dbs["b"], "mixed") == table(dbs["a"], "mixed")
     app(dbs["a"], ["DELETE FROM mixed WHERE id = '2'", "DELETE FROM mixed WHERE id = 3"])
     exchange(tmp_path, sites)

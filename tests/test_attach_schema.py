@@ -19,7 +19,8 @@ from syncpack.format import codec
 from syncpack.site import TABLES, Site
 
 from conftest import run
-from test_attach import app, exchange, make_family, make_family_member, sp, table
+from test_attach import (app, attached_everywhere, exchange, make_family, make_family_member, sp,
+                         table)
 
 SCHEMA = [
     "CREATE TABLE items(id TEXT PRIMARY KEY, qty INTEGER, t TEXT)",
@@ -574,13 +575,9 @@ def test_under_merge_a_row_from_before_an_added_column_changes_only_what_was_wri
     sites = make_family(tmp_path, ("a", "b"))
     sp(sites["a"], "collection", "create", "items", "--policy", "merge")
     exchange(tmp_path, sites, rounds=1)
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, qty INTEGER)"])
-    app(dbs["a"], ["INSERT INTO items VALUES ('k', 2)"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "items")
-    exchange(tmp_path, sites, rounds=1)
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE items(id TEXT PRIMARY KEY NOT "
+                              "NULL, qty INTEGER)", ["INSERT INTO items VALUES ('k', 2)"],
+                              "items", rounds=1)
     app(dbs["a"], [f"ALTER TABLE items ADD COLUMN {column}"])
     exchange(tmp_path, sites, rounds=1)
     app(dbs["b"], ["UPDATE items SET note = 'from b' WHERE id = 'k'"])
