@@ -1727,11 +1727,12 @@ def test_an_import_whose_application_file_fails_after_applying_says_the_packets_
 
     def lock_then_sync(site, **kw):
         if holders == [] and calls.append(1) is None and len(calls) == 2:
-            # the application takes its write lock between the import's apply and its
-            # last pass over the attached tables
+            # the application writes a row and takes its write lock between the import's
+            # apply and its last pass over the attached tables (which captures the row)
             holders.append(subprocess.Popen(
                 [sys.executable, "-c", "import sqlite3, sys\n"
                  "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                 "c.execute(\"INSERT INTO items(id) VALUES ('y')\")\n"
                  "c.execute('BEGIN IMMEDIATE')\n"
                  "c.execute(\"INSERT INTO items(id) VALUES ('z')\")\n"
                  "print('locked', flush=True); sys.stdin.readline(); c.execute('COMMIT')",
@@ -1753,7 +1754,7 @@ def test_an_import_whose_application_file_fails_after_applying_says_the_packets_
     assert run("import", usb, site=sites["b"], json_mode=True).json["duplicates"]
     exchange(tmp_path, sites)
     assert table(dbs["a"], "items") == table(dbs["b"], "items")
-    assert len(table(dbs["a"], "items")) == 4
+    assert len(table(dbs["a"], "items")) == 5     # and y, z of b's application
     for n in sites:
         sp(sites[n], "fsck")
 
