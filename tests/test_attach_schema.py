@@ -620,3 +620,18 @@ def test_a_unique_index_the_application_drops_takes_syncpacks_trigger_on_it_alon
     app(db, ["INSERT OR REPLACE INTO users(id, nick, v) VALUES ('u2', 'ux', 2)"])
     r = run("--json", "attached", site=sites["a"])
     assert r.code == 0, r
+
+
+def test_capture_says_why_a_new_table_of_the_family_was_not_created(three):
+    """A peer's definition this site refuses left the table only 'available', and no command
+    said why; capture tells it, as it tells a refused column."""
+    root, sites, dbs = three
+    with Site.open(sites["a"]) as site, site.transaction(_system=True) as tx:
+        tx.write_raw(TABLES, "evil", codec.encode_value({
+            "pk": ["id"], "columns": ["id", "g"],
+            "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, g DEFAULT (randomblob(9)))"}))
+    export_to(root, sites, "a", ["b"])
+    r = run("--json", "capture", site=sites["b"])
+    assert r.code == 0 and any("table evil of the family was not created here" in w and
+                               "randomblob()" in w for w in r.json["refused"]), r
+    assert "evil" in run("--json", "attached", site=sites["b"]).json["available"]

@@ -999,7 +999,7 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
         with site.lock(wait=wait and lock_wait):
             if not is_attached(site):
                 return None
-            _follow_new_tables(site)
+            not_created = _follow_new_tables(site)
             with _open_attached(site, stop_gone=True) as (app, infos):
                 _recover(site, app)
                 if appdb.store_behind(app, attached.attachment(site.conn)[1]):
@@ -1021,9 +1021,11 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
                     # nothing to write: a write committed for nothing would still end the
                     # read snapshot of an application transaction about to write (SQLite's
                     # BUSY_SNAPSHOT, at once, whatever its busy timeout)
-                    return {"captured": early, "applied": 0, "clashes": 0, "refused": []}
+                    return {"captured": early, "applied": 0, "clashes": 0,
+                            "refused": not_created}
                 doc = _cycle(site, app, infos)
                 doc["captured"] += early
+                doc["refused"] = not_created + doc["refused"]
                 return doc
     except (LockedError, AttachError):
         # 'status' must answer even when the database is gone or busy; it shows that itself.
@@ -1032,15 +1034,17 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
         return None
 
 
-def _follow_new_tables(site: Site) -> None:
+def _follow_new_tables(site: Site) -> list[str]:
     """A table another site attached, which this site's application does not have, is a schema
     change of the family: it is created from the family's definition and attached here, and its
     records are written into it (docs/attach.md).  A table the application already has (an
     unrelated table of that name), or one detached here (even if the application dropped it
-    since), is left alone and stays 'available'."""
+    since), is left alone and stays 'available'.  Returns why each table whose definition
+    this database refuses was not created."""
     names = [n for n in schema.available(site) if n not in attached.detached_here(site.conn)]
     if not names:
-        return
+        return []
+    why: dict[str, str] = {}
     path = Path(attached.attachment(site.conn)[0])
     app = appdb.open_app(path)
     try:
@@ -1055,14 +1059,17 @@ def _follow_new_tables(site: Site) -> None:
                     continue
                 try:
                     _attach_locked(site, app, path, [name], False)
-                except AttachError:
+                    why.pop(name, None)
+                except AttachError as e:
                     # A definition this database refuses (it is a peer's text): the records
                     # stay in the store, and the table stays 'available' for an
                     # administrator to see.
                     refused.append(name)
+                    why[name] = e.message
             names = refused if len(refused) < len(names) else []
     finally:
         app.close()
+    return [f"table {n} of the family was not created here: {w}" for n, w in sorted(why.items())]
 
 
 def capture(site: Site) -> dict:
