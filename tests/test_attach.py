@@ -2124,3 +2124,35 @@ def test_attach_warns_once_of_foreign_key_actions_the_application_may_not_run(tm
     said = [line for line in r.err.splitlines() if "foreign key actions" in line]
     assert len(said) == 1 and "c -> p ON DELETE CASCADE" in said[0], r
     assert "PRAGMA foreign_keys=ON" in said[0]
+
+
+def test_an_attach_stopped_between_its_two_commits_creates_the_table_at_the_next_command(
+        tmp_path, monkeypatch):
+    """A new site attaches a table its empty file lacks: the table is created from the
+    family's definition, and the store commits before the file.  Stopped in between (kill
+    -9), the store said the table was attached and the file had none: every command then
+    failed saying the application had dropped or renamed it, and attach said it was already
+    attached.  The next command creates it again and writes its records."""
+    from syncpack.attach import schema
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    app(dbs["a"], [SCHEMA[0]] + [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})"
+                                 for i in range(5)])
+    app(dbs["b"], ["CREATE TABLE unrelated(x)"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "items")
+    exchange(tmp_path, sites, rounds=1)
+    follow = schema.follow
+
+    def stopped_here(*args, **kwargs):      # after the store's commit, before the file's
+        raise KeyboardInterrupt
+    monkeypatch.setattr(schema, "follow", stopped_here)
+    assert run("attach", dbs["b"], "--table", "items", site=sites["b"]).code != 0
+    monkeypatch.setattr(schema, "follow", follow)
+    assert [r[0] for r in table(dbs["b"], "sqlite_schema")] == ["table"]     # unrelated
+    sp(sites["b"], "capture")
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('b1', 1)"])
+    exchange(tmp_path, sites)
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    for n in sites:
+        sp(sites[n], "fsck")

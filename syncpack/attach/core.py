@@ -97,8 +97,11 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
         _refuse_other_owner(site, app, Path(path))
         infos = {}
         stopped = attached.stopped(site.conn) if stop_gone else {}
+        unfinished = attached.creating(site.conn) if stop_gone else []
         for name in attached.tables(site.conn):
             t = appdb.table_info(app, name)
+            if t is None and name in unfinished:
+                t = _create_again(site, app, name)
             if t is None:
                 if gone_ok:
                     continue
@@ -113,10 +116,32 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
                 with site.write_txn() as conn:
                     attached.set_stopped(conn, name, None)
             infos[name] = t
+        if unfinished:
+            with site.write_txn() as conn:
+                attached.end_creating(conn, unfinished)
         appdb.skip_trigger_writes(app, attached.tables(site.conn))
         yield app, infos
     finally:
         app.close()
+
+
+def _create_again(site: Site, app: appdb.Connection, name: str) -> appdb.TableInfo | None:
+    """An attach that created ``name`` from the family's definition was stopped after the
+    store's commit and before the file's: create it again (the store still has every record
+    of it pending, and the table had no rows of its own to lose)."""
+    d = _definition(site, name)
+    if not isinstance(d, dict) or not isinstance(d.get("create_sql"), str):
+        return None
+    try:
+        with appdb.write_txn(app):
+            appdb.create_table(app, name, d["create_sql"])
+            t = appdb.table_info(app, name)
+            if t is not None:
+                appdb.install_capture(app, t, floor=attached.attachment(site.conn)[1])
+                appdb.set_owner(app, site.site_id, str(site.path.resolve()))
+    except AttachError:
+        return None
+    return t
 
 
 def _gone_hint(path: str, name: str) -> str:
@@ -1329,6 +1354,8 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             if attached.attachment(conn) is None:
                 attached.set_attachment(conn, str(path), upto)
             attached.set_captured(conn, upto)
+            if created:
+                attached.note_creating(conn, list(created))
             for n, t in new.items():
                 attached.mark_all_pending(conn, n)
                 attached.add_table(conn, n, t.pk, t.columns, t.create_sql)
@@ -1361,6 +1388,9 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         infos, grown = schema.follow(site, app, infos, [])
         done, clashes = _apply(site, app, infos)
         _forget(app, site)
+    if created:
+        with site.write_txn() as conn:
+            attached.end_creating(conn)
     schema.record(site, grown)
     _settle(site, done, clashes)
     with appdb.read_txn(app):

@@ -549,6 +549,30 @@ def end_settling(conn: Connection) -> None:
     meta.remove(conn, _SETTLING)
 
 
+_CREATING = "attach_creating"
+
+
+def note_creating(conn: Connection, names: list[str]) -> None:
+    """An attach creates these tables in the application's file, whose commit comes after the
+    store's: until :func:`end_creating`, a table of them missing from the file is one the
+    attach did not finish (not one the application dropped)."""
+    meta.put(conn, _CREATING, json.dumps(sorted(set(names) | set(creating(conn)))))
+
+
+def creating(conn: Connection) -> list[str]:
+    raw = meta.get(conn, _CREATING)
+    return json.loads(raw) if raw else []
+
+
+def end_creating(conn: Connection, names: Iterable[str] | None = None) -> None:
+    """The application's file holds these tables (all, by default) now."""
+    left = [] if names is None else sorted(set(creating(conn)) - set(names))
+    if left:
+        meta.put(conn, _CREATING, json.dumps(left))
+    else:
+        meta.remove(conn, _CREATING)
+
+
 _BEHIND = "attach_store_behind"
 
 
