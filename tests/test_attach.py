@@ -627,7 +627,7 @@ def test_an_untyped_key_is_warned_of_and_its_rows_sharing_a_key_detach(tmp_path)
              "CREATE TABLE typed(id TEXT PRIMARY KEY NOT NULL, v TEXT)",
              "INSERT INTO loose VALUES (1, 'int'), ('1', 'text'), (2, 'two')"])
     r = sp(sites["a"], "attach", db, "--table", "loose", "--table", "typed")
-    assert "key column id of table loose has no declared type" in r.err, r
+    assert "key column id of table loose has no type affinity" in r.err, r
     assert "table typed" not in r.err, r
     r = run("detach", db, site=sites["a"])
     assert r.code == 0 and "Traceback" not in r.err, r

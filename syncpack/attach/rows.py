@@ -262,9 +262,10 @@ def untyped_key_warning(table: str, pk: list[str], affinities: dict[str, str]
     """A warning when ``table`` is keyed by one column without a type (or BLOB): it may hold
     the integer 1 and the text '1' as two rows, which share the record key 1."""
     if len(pk) == 1 and affinities.get(pk[0]) == "BLOB":
-        return (f"key column {pk[0]} of table {table} has no declared type: the integer 1 and "
-                f"the text '1' would be two rows there but one record key, shown as a "
-                f"conflict; declare it TEXT or INTEGER (docs/attach.md, 'What it needs')")
+        return (f"key column {pk[0]} of table {table} has no type affinity (no declared "
+                f"type, or BLOB): the integer 1 and the text '1' would be two rows there but "
+                f"one record key, shown as a conflict; declare it TEXT or INTEGER, unless it "
+                f"only ever holds blobs (docs/attach.md, 'What it needs')")
     return None
 
 
