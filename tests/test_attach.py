@@ -2156,3 +2156,41 @@ def test_an_attach_stopped_between_its_two_commits_creates_the_table_at_the_next
     assert table(dbs["b"], "items") == table(dbs["a"], "items")
     for n in sites:
         sp(sites[n], "fsck")
+
+
+def test_rows_a_trigger_of_the_application_deletes_while_syncpack_writes_are_captured(
+        tmp_path):
+    """An application's trigger that deletes the children of a deleted parent (a cascade by
+    trigger, as applications wrote before foreign keys) fired when syncpack wrote a peer's
+    delete of the parent, and the child rows it deleted were captured nowhere: the table
+    lost a row its store and the peers still held.  They are this site's changes now, as a
+    foreign key's cascade is.  A file with an older release's triggers gets these."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE parent(id TEXT PRIMARY KEY NOT NULL)",
+                     "CREATE TABLE child(id TEXT PRIMARY KEY NOT NULL, pid TEXT)",
+                     "CREATE TRIGGER p_ad AFTER DELETE ON parent BEGIN "
+                     "DELETE FROM child WHERE pid = old.id; END"])
+        sp(sites[n], "attach", dbs[n], "--table", "parent", "--table", "child")
+    # b's file as an older release left it: its triggers quiet whatever table is written
+    old = "WHEN NOT EXISTS (SELECT 1 FROM _syncpack_applying)"
+    sql = table(dbs["b"], "sqlite_schema")
+    triggers = [(r[2], r[8]) for r in sql if r[0] == "trigger" and r[2].startswith("_syncpack")]
+    app(dbs["b"], [f'DROP TRIGGER "{name}"' for name, _s in triggers] +
+        [re.sub(r"WHEN NOT EXISTS \(SELECT 1 FROM _syncpack_applying WHERE [^)]*\)\)", old, s)
+         for _n, s in triggers])
+    assert all(old in r[8] for r in table(dbs["b"], "sqlite_schema") if r[0] == "trigger"
+               and r[2].startswith("_syncpack"))
+    app(dbs["a"], ["INSERT INTO parent VALUES ('p1'), ('p2')",
+                   "INSERT INTO child VALUES ('c1', 'p1')"])
+    exchange(tmp_path, sites)
+    app(dbs["b"], ["INSERT INTO child VALUES ('c2', 'p1'), ('c3', 'p2')"])   # meanwhile
+    app(dbs["a"], ["DELETE FROM parent WHERE id = 'p1'"])
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [r[0] for r in table(dbs[n], "child")] == ["c3"], n
+        assert [x["key"] for x in run("--json", "ls", "child", site=sites[n]).json[
+            "records"]] == ["c3"], n
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n
+        sp(sites[n], "fsck")

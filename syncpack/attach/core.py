@@ -972,8 +972,9 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
     with appdb.write_txn(app):
         infos = schema.review(site, app, infos)     # stopped tables are left out
         for t in infos.values():
-            if not appdb.replace_triggers_current(app, t):
-                appdb.install_capture(app, t)       # a UNIQUE index the application dropped
+            if not appdb.capture_current(app, t):
+                # a UNIQUE index the application dropped, or an older release's triggers
+                appdb.install_capture(app, t)
         captured = _heal(site, app, infos)
         captured += _capture(site, app, infos)
         infos, grown = schema.follow(site, app, infos, refused)     # peers' new columns
@@ -999,7 +1000,7 @@ def _idle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) 
     captured = att[1]
     if attached.has_pending(site.conn) or appdb.max_seq(app) != captured:
         return False
-    if any(not appdb.has_capture(app, n) or not appdb.replace_triggers_current(app, t)
+    if any(not appdb.has_capture(app, n) or not appdb.capture_current(app, t)
            for n, t in infos.items()):
         return False
     if schema.to_follow(site, infos):

@@ -832,6 +832,17 @@ def _compiles_writes(conn: Connection, t: TableInfo) -> bool:
                                  (f"UPDATE {q(t.name)} SET {sets}", n)]) is None
 
 
+def capture_current(conn: Connection, t: TableInfo) -> bool:
+    """Whether ``t``'s capture triggers, where there, are those this release installs (an
+    older one's were quiet whatever table syncpack wrote), and the REPLACE ones those its
+    indexes call for.  Missing ones are :func:`has_capture`'s: put back, they need the
+    whole table compared."""
+    ins = conn.execute("SELECT sql FROM sqlite_schema WHERE type='trigger' AND name=?",
+                       (f"{TRIGGER_PREFIX}{t.name}_ins",)).fetchone()
+    return (ins is None or _trigger_parts(t)[0] in ins[0]) and \
+        replace_triggers_current(conn, t)
+
+
 def replace_triggers_current(conn: Connection, t: TableInfo) -> bool:
     """Whether the triggers that note rows a REPLACE removes are those ``t``'s UNIQUE indexes
     call for now.  Each names the columns of an index: after the application drops one, the
@@ -849,8 +860,12 @@ def replace_triggers_current(conn: Connection, t: TableInfo) -> bool:
 
 def _trigger_parts(t: TableInfo) -> tuple[str, str, Callable[[str], str]]:
     """(the WHEN clause, the INSERT into the change table, kind -> trigger name) of ``t``'s
-    capture triggers."""
-    when = f"WHEN NOT EXISTS (SELECT 1 FROM {APPLYING})"
+    capture triggers.  They are quiet while syncpack writes into ``t`` (the applying marker
+    names it, or is 1: all tables), not while it writes into another table: a row of ``t``
+    that a trigger of the application deletes then (a cascade by trigger) is a change of
+    this site's, captured like the application's own, as a foreign key's cascade is."""
+    tn = t.name.replace("'", "''")
+    when = f"WHEN NOT EXISTS (SELECT 1 FROM {APPLYING} WHERE x IN (1, '{tn}'))"
     ins = f"INSERT INTO {CHANGES}(tbl, {', '.join(f'k{i}' for i in range(len(t.pk)))})"
     return when, ins, lambda kind: q(f"{TRIGGER_PREFIX}{t.name}_{kind}")
 
@@ -1183,6 +1198,9 @@ class Writer:
         self._target = ", ".join(q(c) if rowid_alias(conn, t) else f"{q(c)} COLLATE BINARY"
                                  for c in t.pk)
         self._exists = f"SELECT 1 FROM {q(t.name)} WHERE {where}"
+        # the applying marker names the table written (see _trigger_parts)
+        self._mark = (f"UPDATE {APPLYING} SET x = ?1 WHERE x IS NOT ?1"
+                      if has_table(conn, APPLYING) else None)
         # a trigger that may skip a row: each write is then checked to have happened
         self._may_ignore = any("ignore" in k for k in raising_triggers(conn, t.name).values())
         self._actions: dict = {}     # table -> its incoming ON DELETE actions (_actions_on)
@@ -1265,6 +1283,10 @@ class Writer:
         return self._one(self._upsert(cols), [row[c] for c in cols], checks,
                          [row.get(c) for c in self.t.pk], deleting=False)
 
+    def _writing(self) -> None:
+        if self._mark is not None:
+            self.conn.execute(self._mark, (self.t.name,))
+
     def put_many(self, rows: list[dict]) -> list[str | None]:
         """Each row's constraint message or None; the whole batch in one savepoint, and row by
         row only when something in it is refused."""
@@ -1283,6 +1305,7 @@ class Writer:
             except KeyError:
                 args = None
         if args is not None:
+            self._writing()
             self.conn.execute("SAVEPOINT syncpack_batch")
             try:
                 self._upsert_all(cols, args)
@@ -1298,10 +1321,12 @@ class Writer:
 
     def delete_plain(self, rows: list[dict]) -> None:
         """Delete the rows of these records' keys, no savepoint, no check (write_group)."""
+        self._writing()
         self.conn.executemany(self._delete, [[r.get(c) for c in self.t.pk] for r in rows])
 
     def put_plain(self, rows: list[dict]) -> None:
         """Upsert these records, no savepoint, no check (write_group)."""
+        self._writing()
         for r in rows:
             cols = tuple(c for c in r if c in self._cols)
             self.conn.execute(self._upsert(cols), [r[c] for c in cols])
@@ -1320,6 +1345,7 @@ class Writer:
         """Delete these keys' rows, no savepoint (delete_group), as :meth:`delete` does;
         returns the deferred checks to run once all are gone."""
         checks: list[tuple[str, list]] = []
+        self._writing()
         for key in keys:
             touched, more = self._delete_plan(key)
             self.conn.execute(self._delete, list(key))
@@ -1366,6 +1392,7 @@ class Writer:
              deleting: bool) -> str | None:
         """``sql`` in a savepoint of its own; any of ``checks`` (SQL, arguments) finding a
         row after it is a deferred foreign key broken, and rolls it back."""
+        self._writing()
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
             self.conn.execute(sql, args)
