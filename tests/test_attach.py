@@ -2194,3 +2194,35 @@ def test_rows_a_trigger_of_the_application_deletes_while_syncpack_writes_are_cap
             "records"]] == ["c3"], n
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n
         sp(sites[n], "fsck")
+
+
+def test_after_an_interrupted_snapshot_import_the_sites_own_rows_are_no_conflict(
+        tmp_path, monkeypatch):
+    """b imports a resync snapshot holding b's own rows and is stopped (kill -9) before the
+    application's commit; its application then changes two of those rows before the next
+    command.  Every key of the snapshot had become news to the application again, and each
+    change a conflict with the very version it changed (60-130 such conflicts in the crash
+    probe).  A key the snapshot gives back as it was is no news."""
+    from syncpack.attach import core
+    sites, dbs = two_attached(tmp_path)
+    app(dbs["b"], [f"INSERT INTO items(id, i) VALUES ('b{i}', {i})" for i in range(20)])
+    exchange(tmp_path, sites)
+    app(dbs["a"], ["UPDATE items SET i = 50 WHERE id = 'b5'"])     # news in the snapshot
+    sp(sites["a"], "capture")
+    snap = tmp_path / "snap"
+    sp(sites["a"], "resync", "--to", "b", "--out", snap, "--create-out")
+
+    def stopped(self):          # the store committed, the application's file did not
+        self.close()
+        raise KeyboardInterrupt
+    monkeypatch.setattr(core.DirectApply, "finish", stopped)
+    assert run("import", snap, site=sites["b"]).code != 0
+    monkeypatch.undo()
+    app(dbs["b"], ["DELETE FROM items WHERE id = 'b3'", "UPDATE items SET i = 99 WHERE id = 'b4'"])
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n
+        sp(sites[n], "fsck")
+    assert table(dbs["a"], "items") == table(dbs["b"], "items")
+    rows_b = {r[0]: r for r in table(dbs["b"], "items")}
+    assert "b3" not in rows_b and rows_b["b4"][2] == 99 and rows_b["b5"][2] == 50

@@ -13,14 +13,14 @@ import heapq
 from itertools import compress
 import shutil
 from collections import deque
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from syncpack.admin import recovery
 from syncpack.format import blocks, codec, keys, values
 from syncpack.rules import planning
-from syncpack.store import chain, db, fields, log, stash, versions
+from syncpack.store import attached, chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn, split_csns
@@ -862,7 +862,8 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     expect(progress, sum(pk.header.count for pk in pks))
     c = site.conn
     try:
-        with site.write_txn():
+        # (a re-seed: keys of attached tables that come back as they were are no news)
+        with site.write_txn(), nullcontext() if seeding else attached.replaced_whole(c):
             if not seeding:
                 _check_own_history(site, first)
             behind = planning.snapshot_rollback(snap, site.vector(), site.floors())
