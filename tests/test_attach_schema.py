@@ -7,6 +7,7 @@ every site, row by row with SQLite types, and ``fsck`` clean.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from syncpack.attach import shapes
+from syncpack.rules import sqltext
 from syncpack.format import codec
 from syncpack.site import TABLES, Site
 
@@ -394,7 +396,7 @@ def test_several_added_columns_are_each_as_written(ds, create):
     for d in defs:
         c.execute(f"ALTER TABLE t ADD COLUMN {d}")
     new = c.execute("SELECT sql FROM sqlite_schema WHERE name='t'").fetchone()[0]
-    assert shapes.split_top_level(shapes.added_text(old, new)) == defs
+    assert sqltext.split_top_level(shapes.added_text(old, new)) == defs
 
 
 def test_columns_added_together_keep_their_checks_at_the_peers(three):
@@ -513,10 +515,18 @@ def test_constant_defaults_are_the_values_sqlite_gives(dflt):
                                                         "(randomblob(100000000))"}]},
     {"table": "items", "added": [{"column": "c", "def": "c TEXT DEFAULT '"
                                                         + "x" * 300_000 + "'"}]},
+    # values doubled by each nested call, or copied by each ||, at every write here
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, b BLOB, "
+                                    "CHECK (length(hex(hex(hex(hex(hex(b)))))) > 0))"},
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, b BLOB, g AS ("
+                                    + " || ".join(["b"] * 40) + ") STORED)"},
+    {"table": "items", "added": [{"column": "c", "def": "c TEXT CHECK (c LIKE "
+                                                        "'%a%a%a%a%a%a%a%a%a%b')"}]},
 ], ids=["added-not-a-list", "dropped-not-a-list", "dropped-a-text", "nul", "fk-to-no-key",
         "fk-to-no-table", "950-columns", "endless-query", "huge-default", "huge-generated",
         "fk-to-syncpack", "huge-text", "column-binding-others", "column-fk-to-syncpack",
-        "column-huge-default", "column-huge-text"])
+        "column-huge-default", "column-huge-text", "nested-hex", "concatenated",
+        "column-like-backtracking"])
 def test_a_lying_table_definition_stops_nothing_and_leaves_the_schema(three, lie):
     """A member's definition of a table: fields of the wrong kind stopped every command at
     the sites with the table attached (an internal error, for good); a new table whose
@@ -635,3 +645,19 @@ def test_capture_says_why_a_new_table_of_the_family_was_not_created(three):
     assert r.code == 0 and any("table evil of the family was not created here" in w and
                                "randomblob()" in w for w in r.json["refused"]), r
     assert "evil" in run("--json", "attached", site=sites["b"]).json["available"]
+
+
+_SQL_PIECES = st.sampled_from(["a", " ", "||", "|", "(", ")", ",", "'x||y'", '"n||m"',
+                               "[p||q]", "/* || */", "-- ||\n", "b"])
+
+
+@given(st.lists(_SQL_PIECES, max_size=30))
+def test_concatenations_and_commas_are_counted_outside_quotes_and_comments(pieces):
+    """A peer's definition is refused past a number of ||; one inside a string, a quoted
+    name or a comment copies nothing."""
+    text = "".join(pieces)
+    bare = "".join(p if p in ("a", " ", "||", "|", "(", ")", ",", "b") else " "
+                   for p in pieces)
+    assert sqltext.concatenations(text) == sqltext.concatenations(bare)
+    assert sqltext.concatenations(bare) == sum(len(r) // 2 for r in re.findall(r"\|+", bare))
+    assert len(sqltext.split_top_level(text)) == len(sqltext.split_top_level(bare))

@@ -19,6 +19,7 @@ import dataclasses
 
 from syncpack.attach import shapes
 from syncpack.format import codec
+from syncpack.rules import sqltext
 from syncpack.site import TABLES, Site
 from syncpack.store import appdb, attached
 
@@ -102,7 +103,7 @@ def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[s
     # Several ADD COLUMNs since the last capture sit one after another in the new CREATE
     # TABLE text, each as the application wrote it (CHECK, COLLATE, REFERENCES and all)
     spliced = shapes.added_text(old_sql, t.create_sql)
-    texts = shapes.split_top_level(spliced) if spliced else []
+    texts = sqltext.split_top_level(spliced) if spliced else []
     # each text by the column it names (a generated column added beside them has a text and
     # no place among the columns a row holds)
     written = {c: text for text in texts for c in adds if shapes.defines(text, c)}

@@ -83,36 +83,6 @@ def added_text(old_sql: str, new_sql: str) -> str | None:
     return middle[2:].strip() or None
 
 
-def split_top_level(text: str) -> list[str]:
-    """``text`` cut at its commas outside parentheses, quotes and comments (several column
-    definitions SQLite spliced in one after another, ``a INT CHECK (a IN (1, 2)), b TEXT``)."""
-    parts, depth, start, quote = [], 0, 0, None
-    closing = {"'": "'", '"': '"', "`": "`", "[": "]", "/*": "*/", "--": "\n"}
-    i = 0
-    while i < len(text):
-        if quote:
-            if text.startswith(quote, i):
-                i += len(quote)
-                quote = None
-                continue
-        elif text[i:i + 2] in closing:
-            quote = closing[text[i:i + 2]]
-            i += 2
-            continue
-        elif text[i] in closing:
-            quote = closing[text[i]]
-        elif text[i] == "(":
-            depth += 1
-        elif text[i] == ")":
-            depth -= 1
-        elif text[i] == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-        i += 1
-    parts.append(text[start:].strip())
-    return parts
-
-
 _IDENT = re.compile(r'\s*(?:"((?:[^"]|"")*)"|`([^`]*)`|\[([^\]]*)\]|([A-Za-z_][\w$]*))')
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator
 import apsw
 
 from syncpack.errors import ApplicationOnlyError, AttachError, arg
+from syncpack.rules import sqltext
 from syncpack.store import db
 from syncpack.store.db import read_txn  # noqa: F401  (one snapshot rule for both files)
 
@@ -571,13 +572,16 @@ def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
 # widest table an attached one may be, 900 columns with long names, is a few dozen KB).
 MAX_DEFINITION_BYTES = 256 * 1024
 # Functions a peer's definition may call in a DEFAULT, CHECK or generated column: SQLite's
-# cheap scalar functions, whose result is at most a small multiple of their arguments.  Any
-# other (zeroblob, randomblob, printf, replace...) would let a few bytes of definition make
-# every row written here huge or slow, the application's own rows too.
+# cheap scalar functions, whose result is no larger than their arguments (or small).  Any
+# other would let a few bytes of definition make every row written here huge or slow, the
+# application's own rows too: zeroblob, randomblob, printf and replace at once; hex, quote
+# and strftime by nesting (each doubles); like and glob by backtracking over many wildcards.
 PEER_FUNCTIONS = frozenset("""
-    abs char coalesce date datetime glob hex ifnull iif instr julianday length like likelihood
-    likely lower ltrim max min nullif octet_length quote random round rtrim sign strftime substr
-    substring time trim typeof unicode unixepoch unlikely upper""".split())
+    abs char coalesce date datetime ifnull iif instr julianday length likelihood likely lower
+    ltrim max min nullif octet_length random round rtrim sign substr substring time trim typeof
+    unicode unixepoch unlikely upper""".split())
+# ... and at most this many concatenations (||), each of which may copy a value once more.
+PEER_CONCATENATIONS = 16
 # Tables no peer's definition may refer to: SQLite's and syncpack's own (a foreign key to
 # the change table made syncpack's own clean-up of it fail at every command).
 _NEVER_REFERENCED = ("sqlite_", TRIGGER_PREFIX)
@@ -612,9 +616,13 @@ def _peers_text(conn: Connection) -> Iterator[list[str]]:
 
 
 def _too_long(sql: str) -> str | None:
+    """Why a peer's definition is refused unread: its length, or its concatenations."""
     if len(sql) > MAX_DEFINITION_BYTES:
         return (f"it is {len(sql):,} characters long, more than the {MAX_DEFINITION_BYTES:,} "
                 f"a definition may have")
+    n = sqltext.concatenations(sql)
+    if n > PEER_CONCATENATIONS:
+        return f"it holds {n} concatenations (||), more than the {PEER_CONCATENATIONS} allowed"
     return None
 
 

@@ -1,0 +1,59 @@
+"""Pure reading of SQL text: where its quotes and comments are, where its top-level commas
+are, how many concatenations it holds.  No I/O; no parsing beyond that."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+
+def _outside_quotes(text: str) -> Iterator[tuple[int, str]]:
+    """(position, character) of each character of SQL ``text`` outside its string literals,
+    quoted names and comments."""
+    closing = {"'": "'", '"': '"', "`": "`", "[": "]", "/*": "*/", "--": "\n"}
+    quote = None
+    i = 0
+    while i < len(text):
+        if quote:
+            if text.startswith(quote, i):
+                i += len(quote)
+                quote = None
+                continue
+        elif text[i:i + 2] in closing:
+            quote = closing[text[i:i + 2]]
+            i += 2
+            continue
+        elif text[i] in closing:
+            quote = closing[text[i]]
+        else:
+            yield i, text[i]
+        i += 1
+
+
+def split_top_level(text: str) -> list[str]:
+    """``text`` cut at its commas outside parentheses, quotes and comments (several column
+    definitions SQLite spliced in one after another, ``a INT CHECK (a IN (1, 2)), b TEXT``)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in _outside_quotes(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
+def concatenations(text: str) -> int:
+    """How many ``||`` SQL ``text`` holds outside its quotes and comments: each may copy a
+    value once more into a row a peer's definition computes (a DEFAULT, a generated column,
+    a CHECK)."""
+    n, last = 0, -2
+    for i, ch in _outside_quotes(text):
+        if ch == "|" and last == i - 1:
+            n += 1
+            last = -2       # '|||' is one and a stray bar
+        elif ch == "|":
+            last = i
+    return n
