@@ -522,11 +522,22 @@ def test_constant_defaults_are_the_values_sqlite_gives(dflt):
                                     + " || ".join(["b"] * 40) + ") STORED)"},
     {"table": "items", "added": [{"column": "c", "def": "c TEXT CHECK (c LIKE "
                                                         "'%a%a%a%a%a%a%a%a%a%b')"}]},
+    # cheap functions made costly: ltrim's cost is the product of its arguments' lengths;
+    # generated columns that double each other; a literal DEFAULT of a quarter megabyte
+    {"table": "items", "added": [{"column": "c", "def": "c TEXT DEFAULT 'a' CHECK (ltrim("
+                                                        "c || c, 'ab') IS NOT NULL)"}]},
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, a TEXT, "
+                                    "g1 TEXT AS (a || a) STORED, g2 TEXT AS (g1 || g1) STORED)"},
+    {"table": "items", "added": [{"column": "c", "def": "c TEXT DEFAULT '"
+                                                        + "x" * 2000 + "'"}]},
+    {"table": "items", "added": [{"column": "c", "def": "c TEXT CHECK (length(" + "upper(" * 8
+                                                        + "c" + ")" * 8 + ") > 0)"}]},
 ], ids=["added-not-a-list", "dropped-not-a-list", "dropped-a-text", "nul", "fk-to-no-key",
         "fk-to-no-table", "950-columns", "endless-query", "huge-default", "huge-generated",
         "fk-to-syncpack", "huge-text", "column-binding-others", "column-fk-to-syncpack",
         "column-huge-default", "column-huge-text", "nested-hex", "concatenated",
-        "column-like-backtracking"])
+        "column-like-backtracking", "column-slow-check", "doubling-generated",
+        "column-long-literal", "column-many-calls"])
 def test_a_lying_table_definition_stops_nothing_and_leaves_the_schema(three, lie):
     """A member's definition of a table: fields of the wrong kind stopped every command at
     the sites with the table attached (an internal error, for good); a new table whose
@@ -554,6 +565,24 @@ def test_a_lying_table_definition_stops_nothing_and_leaves_the_schema(three, lie
                    "UPDATE other SET v = 5 WHERE id = 'b1'"])
     exchange(root, sites)
     converged(sites, dbs)
+
+
+def test_a_peers_definition_of_literals_keys_and_types_is_created(three):
+    """What a definition from the peers may hold: types (STRICT, WITHOUT ROWID), NOT NULL,
+    literal defaults (the clock's too), collations, foreign keys to the application's
+    tables."""
+    root, sites, dbs = three
+    create = ("CREATE TABLE legit(id TEXT PRIMARY KEY NOT NULL, n INTEGER NOT NULL DEFAULT 0, "
+              "t TEXT DEFAULT 'it''s', at TEXT DEFAULT CURRENT_TIMESTAMP, neg INTEGER DEFAULT "
+              "(-1), x BLOB DEFAULT x'00ff', name TEXT COLLATE NOCASE, "
+              "ref TEXT REFERENCES items(id)) STRICT, WITHOUT ROWID")
+    app(dbs["a"], [create, "INSERT INTO legit(id, ref) VALUES ('l1', 'a1')"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "legit")
+    exchange(root, sites)
+    for n in ("b", "c"):
+        assert [r for r in schema_text(dbs[n]) if r[1] == "legit"] == \
+            [r for r in schema_text(dbs["a"]) if r[1] == "legit"], n
+    converged(sites, dbs, tables=TABLES_ + ("legit",))
 
 
 def test_new_tables_whose_foreign_keys_refer_to_each_other_are_created_parents_first(three):

@@ -571,37 +571,52 @@ def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
 # A peer's table definition, or one added column's, longer than this is refused unread (the
 # widest table an attached one may be, 900 columns with long names, is a few dozen KB).
 MAX_DEFINITION_BYTES = 256 * 1024
-# Functions a peer's definition may call in a DEFAULT, CHECK or generated column: SQLite's
-# cheap scalar functions, whose result is no larger than their arguments (or small).  Any
-# other would let a few bytes of definition make every row written here huge or slow, the
-# application's own rows too: zeroblob, randomblob, printf and replace at once; hex, quote
-# and strftime by nesting (each doubles); like and glob by backtracking over many wildcards.
+# What a peer's definition may compute at each write here (in a CHECK, a DEFAULT), the
+# application's writes too: at most PEER_CALLS calls of SQLite's functions whose cost is
+# linear in their arguments and whose result is no larger (or small), at most
+# PEER_CONCATENATIONS `||`, and no generated column.  Each function left out made a few
+# bytes of definition cost every write: a huge value (zeroblob, randomblob, printf, replace;
+# hex, quote and strftime by nesting; generated columns doubling each other), a slow one
+# (ltrim, trim and instr cost the product of their arguments' lengths; LIKE and GLOB
+# backtrack), or a write SQLite refuses (a value past its size limit).  A table or column
+# beyond that is created with the application's own schema, then attached.
 PEER_FUNCTIONS = frozenset("""
-    abs char coalesce date datetime ifnull iif instr julianday length likelihood likely lower
-    ltrim max min nullif octet_length random round rtrim sign substr substring time trim typeof
-    unicode unixepoch unlikely upper""".split())
-# ... and at most this many concatenations (||), each of which may copy a value once more.
-PEER_CONCATENATIONS = 16
+    abs char coalesce current_date current_time current_timestamp date datetime ifnull iif
+    julianday length likelihood likely lower max min nullif octet_length random round sign
+    substr substring time typeof unicode unixepoch unlikely upper""".split())
+PEER_CALLS = 8
+PEER_CONCATENATIONS = 4
+MAX_DEFAULT_CHARS = 1024
 # Tables no peer's definition may refer to: SQLite's and syncpack's own (a foreign key to
 # the change table made syncpack's own clean-up of it fail at every command).
 _NEVER_REFERENCED = ("sqlite_", TRIGGER_PREFIX)
+# Said with every refusal of a peer's definition.
+OWN_SCHEMA_HINT = ("create the table (or add the column) with the application's own schema "
+                   "at this site, then attach it: the family's records then fill it")
 
 
 @contextmanager
 def _peers_text(conn: Connection) -> Iterator[list[str]]:
     """While a peer's schema text compiles on ``conn``, SQLite's authorizer refuses what no
-    table definition needs: a query (``CREATE TABLE ... AS SELECT`` over an endless recursive
-    one held the application's write lock for good), and functions outside
-    :data:`PEER_FUNCTIONS`.  Yields the list of what was refused, in words."""
+    table definition of a peer may hold: a query (``CREATE TABLE ... AS SELECT`` over an
+    endless recursive one held the application's write lock for good), a function outside
+    :data:`PEER_FUNCTIONS`, more than :data:`PEER_CALLS` calls.  Yields the list of what was
+    refused, in words."""
     refused: list[str] = []
+    calls = [0]
 
     def authorize(action, _a, b, _db, _trigger):
         if action in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
             refused.append("a query (CREATE TABLE ... AS SELECT)")
             return apsw.SQLITE_DENY
-        if action == apsw.SQLITE_FUNCTION and (b or "").lower() not in PEER_FUNCTIONS:
-            refused.append(f"the function {b}()")
-            return apsw.SQLITE_DENY
+        if action == apsw.SQLITE_FUNCTION:
+            calls[0] += 1
+            if (b or "").lower() not in PEER_FUNCTIONS:
+                refused.append(f"the function {b}()")
+                return apsw.SQLITE_DENY
+            if calls[0] > PEER_CALLS:
+                refused.append(f"more than {PEER_CALLS} function calls")
+                return apsw.SQLITE_DENY
         if action in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH, apsw.SQLITE_PRAGMA):
             refused.append("a statement that is no table definition")
             return apsw.SQLITE_DENY
@@ -626,10 +641,24 @@ def _too_long(sql: str) -> str | None:
     return None
 
 
+def _computed(conn: Connection, table: str) -> str | None:
+    """Why ``table`` (made from a peer's text) holds what SQLite would compute into each row:
+    a generated column, or a DEFAULT longer than :data:`MAX_DEFAULT_CHARS`."""
+    for _cid, col, _decl, _nn, dflt, _pk, hidden in conn.execute(
+            f"PRAGMA table_xinfo({q(table)})").fetchall():
+        if hidden in (2, 3):
+            return f"column {col} is generated, which a definition from the peers may not be"
+        if dflt is not None and len(dflt) > MAX_DEFAULT_CHARS:
+            return (f"the DEFAULT of column {col} is longer than {MAX_DEFAULT_CHARS:,} "
+                    f"characters")
+    return None
+
+
 def create_table(conn: Connection, name: str, sql: str) -> None:
     """Create a table from the definition that travelled with its records: one CREATE TABLE
-    statement of that name and nothing else (the text comes from a peer), calling only cheap
-    functions, and whose foreign keys refer to no table of SQLite's or syncpack's."""
+    statement of that name and nothing else (the text comes from a peer), computing little at
+    a write (:data:`PEER_FUNCTIONS`), whose foreign keys refer to no table of SQLite's or
+    syncpack's."""
     seen: list[str] = []
 
     def only_one(_cursor, stmt, _bindings):
@@ -639,7 +668,7 @@ def create_table(conn: Connection, name: str, sql: str) -> None:
     too_long = _too_long(sql)
     if too_long:
         raise AttachError(f"cannot create table {name!r} from the peers' definition: "
-                          f"{too_long}")
+                          f"{too_long}", hint=OWN_SCHEMA_HINT)
     cur = conn.cursor()
     cur.exec_trace = only_one
     with _peers_text(conn) as refused:
@@ -651,13 +680,14 @@ def create_table(conn: Connection, name: str, sql: str) -> None:
         except (apsw.Error, ApplicationOnlyError, ValueError) as e:     # ValueError: a NUL
             why = f"it holds {refused[0]}" if refused else getattr(e, "needs", "") or e
             raise AttachError(f"cannot create table {name!r} from the peers' definition "
-                              f"({why})") from None
+                              f"({why})", hint=OWN_SCHEMA_HINT) from None
     if not has_table(conn, name):
         raise AttachError(f"the peers' definition of table {name!r} creates another table")
     why = _foreign_keys_unusable(conn, name) or _too_wide(conn, name) or \
-        _references_ours(conn, name)
+        _references_ours(conn, name) or _computed(conn, name)
     if why:
-        raise AttachError(f"cannot create table {name!r} from the peers' definition: {why}")
+        raise AttachError(f"cannot create table {name!r} from the peers' definition: {why}",
+                          hint=OWN_SCHEMA_HINT)
 
 
 def _references_ours(conn: Connection, table: str) -> str | None:
@@ -1644,10 +1674,10 @@ def column_sql(conn: Connection, table: str, column: str) -> str:
 
 def add_column(conn: Connection, table: str, column: str, definition: str) -> str | None:
     """Add ``column`` to ``table`` from a peer's column definition; the caller holds the write
-    lock.  The text is the peers': it must define that column alone, calling only cheap
-    functions and referring to no other column (a CHECK naming the table's other columns
-    refused the application's own writes) nor to a table of SQLite's or syncpack's, and it
-    must add exactly that column to exactly that table and change nothing else (checked after running it inside a savepoint, rolled back otherwise).
+    lock.  The text is the peers': it must define that column alone, computing little at a
+    write and naming no other column (a CHECK on the table's other columns refused the
+    application's own writes) nor a table of SQLite's or syncpack's, and it must add exactly
+    that column to exactly that table and change nothing else (checked after running it inside a savepoint, rolled back otherwise).
     Returns why it was refused, or None."""
     why = _too_long(definition) or _column_alone(definition, table)
     if why:
@@ -1690,8 +1720,8 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
 
 def _column_alone(definition: str, table: str) -> str | None:
     """Why a peer's column definition may not be added to ``table``: made alone as the one
-    column of a private in-memory table, it must compile under :func:`_peers_text`, which
-    also shows whether it names any other column."""
+    column of a private in-memory table, it must compile under :func:`_peers_text` and
+    compute nothing at a write (:func:`_computed`)."""
     mem = apsw.Connection(":memory:")
     try:
         with _peers_text(mem) as refused:
@@ -1703,7 +1733,7 @@ def _column_alone(definition: str, table: str) -> str | None:
                 if "no such column" in str(e):
                     return "it refers to other columns of the table"
                 return f"SQLite refused it ({e})"
-        return _references_ours(mem, table)
+        return _references_ours(mem, table) or _computed(mem, table)
     finally:
         mem.close()
 
