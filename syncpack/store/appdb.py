@@ -39,7 +39,7 @@ BUSY_TIMEOUT_MS = 60_000
 # Statement errors (a constraint, a schema the caller reads) stay the caller's to handle.
 _FILE_ERRORS = (apsw.BusyError, apsw.LockedError, apsw.ReadOnlyError, apsw.CorruptError,
                 apsw.NotADBError, apsw.IOError, apsw.FullError, apsw.CantOpenError,
-                apsw.PermissionsError, apsw.ProtocolError)
+                apsw.PermissionsError, apsw.ProtocolError, apsw.TooBigError)
 
 
 def file_error(path: str, e: BaseException) -> AttachError:
@@ -1191,8 +1191,10 @@ def _storable(v: object) -> bool:
 # RAISE(FAIL) included), a key an INTEGER PRIMARY KEY cannot hold (a record from a site whose
 # table is keyed by TEXT, or that never attached it), what only the application defines, a
 # value SQLite cannot bind.  That row is a clash; the rest of the write goes on.
-_ROW_REFUSED = (apsw.ConstraintError, apsw.MismatchError, ApplicationOnlyError, TypeError,
-                OverflowError)
+# TooBigError: a row the application's schema makes larger than SQLite allows (a DEFAULT or
+# a CHECK it computes): that row's clash, not a failure of the whole write.
+_ROW_REFUSED = (apsw.ConstraintError, apsw.MismatchError, apsw.TooBigError,
+                ApplicationOnlyError, TypeError, OverflowError)
 # A trigger that skips its row (RAISE(IGNORE)) or ends the whole transaction (RAISE(ROLLBACK)).
 _RAISE = re.compile(r"(?is)\braise\s*\(\s*(ignore|rollback)\b")
 
