@@ -1379,6 +1379,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                           rows.untyped_key_warning(n, t.pk, t.affinity),
                           rows.null_key_warning(n, appdb.nullable_key(app, n)),
                           rows.fk_action_warning(n, actions),
+                          rows.self_delete_warning(n, appdb.self_deleting_triggers(app, t)),
                           odd_types.get(n)):
                     if w:
                         warnings.append(w)

@@ -1211,6 +1211,35 @@ def raising_triggers(conn: Connection, table: str) -> dict[str, set[str]]:
     return out
 
 
+def self_deleting_triggers(conn: Connection, t: TableInfo) -> list[str]:
+    """The application's triggers that delete rows of ``t`` itself when a row of ``t`` is
+    written (a tree of rows kept by trigger): the rows such a trigger deletes while syncpack
+    writes into ``t`` are not captured (see _trigger_parts).  Found as SQLite compiles a
+    write of each kind with its triggers (EXPLAIN: nothing runs)."""
+    found: set[str] = set()
+
+    def authorize(action, table, _column, _db, trigger):
+        if (action == apsw.SQLITE_DELETE and trigger and (table or "").lower() == t.name.lower()
+                and not trigger.startswith(TRIGGER_PREFIX)):
+            found.add(trigger)
+        return apsw.SQLITE_OK
+
+    first = q(t.columns[0])
+    before = conn.authorizer
+    conn.authorizer = authorize
+    try:
+        for sql in (f"EXPLAIN DELETE FROM {q(t.name)} WHERE 0",
+                    f"EXPLAIN INSERT INTO {q(t.name)} DEFAULT VALUES",
+                    f"EXPLAIN UPDATE {q(t.name)} SET {first} = {first} WHERE 0"):
+            try:
+                conn.execute(sql).fetchall()
+            except apsw.Error:      # a schema this connection cannot compile: nothing found
+                pass
+    finally:
+        conn.authorizer = before
+    return sorted(found)
+
+
 def _refusal_text(e: BaseException) -> str:
     if isinstance(e, ApplicationOnlyError):
         return f"{e.needs}, which only the application defines"
