@@ -596,6 +596,18 @@ OWN_SCHEMA_HINT = ("create the table (or add the column) with the application's 
 
 
 @contextmanager
+def _authorizing(conn: Connection, authorize: Callable) -> Iterator[None]:
+    """``authorize`` as ``conn``'s authorizer while the block compiles statements, the one
+    before (skip_trigger_writes's) put back after."""
+    before = conn.authorizer
+    conn.authorizer = authorize
+    try:
+        yield
+    finally:
+        conn.authorizer = before
+
+
+@contextmanager
 def _peers_text(conn: Connection) -> Iterator[list[str]]:
     """While a peer's schema text compiles on ``conn``, SQLite's authorizer refuses what no
     table definition of a peer may hold: a query (``CREATE TABLE ... AS SELECT`` over an
@@ -622,12 +634,8 @@ def _peers_text(conn: Connection) -> Iterator[list[str]]:
             return apsw.SQLITE_DENY
         return apsw.SQLITE_OK
 
-    before = conn.authorizer
-    conn.authorizer = authorize
-    try:
+    with _authorizing(conn, authorize):
         yield refused
-    finally:
-        conn.authorizer = before
 
 
 def _too_long(sql: str) -> str | None:
@@ -991,6 +999,13 @@ def max_seq(conn: Connection) -> int:
     return conn.execute(f"SELECT coalesce(max(seq), 0) FROM {CHANGES}").fetchone()[0]
 
 
+def _change_names(tables: Iterable[str]) -> list[str]:
+    """The ``tbl`` values of the change rows of ``tables``: each name, and the name marking
+    the keys a REPLACE may have removed."""
+    tables = list(tables)
+    return [*tables, *(MAYBE + n for n in tables)]
+
+
 def pending_counts(conn: Connection, since: int, stopped: Iterable[str] = ()
                    ) -> dict[str, int]:
     """Per table, changes committed after ``since`` (not yet captured); for the tables in
@@ -998,7 +1013,7 @@ def pending_counts(conn: Connection, since: int, stopped: Iterable[str] = ()
     wait for the refresh whatever their number."""
     if not has_table(conn, CHANGES):
         return {}
-    stopped = [*stopped, *(MAYBE + n for n in stopped)]
+    stopped = _change_names(stopped)
     counts: dict[str, int] = {}
     for tbl, n in conn.execute(
             f"SELECT tbl, count(*) FROM {CHANGES} WHERE tbl != '' AND (seq > ? OR tbl IN "
@@ -1125,7 +1140,7 @@ def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> Non
             conn.execute(f"DELETE FROM {CHANGES}")
             conn.execute(f"INSERT INTO {CHANGES}(seq, tbl) VALUES (?, '')", (last,))
             return
-        keep += [MAYBE + n for n in keep]
+        keep = _change_names(keep)
         conn.execute(f"DELETE FROM {CHANGES} WHERE seq <= ? AND seq < "
                      f"(SELECT max(seq) FROM {CHANGES}) AND tbl NOT IN "
                      f"({', '.join('?' for _ in keep)})", (upto, *keep))
@@ -1137,8 +1152,7 @@ def has_forgettable(conn: Connection, upto: int, keep: Iterable[str] = ()) -> bo
     table it leaves behind."""
     if not has_table(conn, CHANGES):
         return False
-    keep = list(keep)
-    keep += [MAYBE + n for n in keep]
+    keep = _change_names(keep)
     return conn.execute(
         f"SELECT 1 FROM {CHANGES} WHERE seq <= ? AND (seq < (SELECT max(seq) FROM {CHANGES}) "
         f"OR tbl != '') AND tbl NOT IN ({', '.join('?' for _ in keep)}) LIMIT 1",
@@ -1225,9 +1239,7 @@ def self_deleting_triggers(conn: Connection, t: TableInfo) -> list[str]:
         return apsw.SQLITE_OK
 
     first = q(t.columns[0])
-    before = conn.authorizer
-    conn.authorizer = authorize
-    try:
+    with _authorizing(conn, authorize):
         for sql in (f"EXPLAIN DELETE FROM {q(t.name)} WHERE 0",
                     f"EXPLAIN INSERT INTO {q(t.name)} DEFAULT VALUES",
                     f"EXPLAIN UPDATE {q(t.name)} SET {first} = {first} WHERE 0"):
@@ -1235,8 +1247,6 @@ def self_deleting_triggers(conn: Connection, t: TableInfo) -> list[str]:
                 conn.execute(sql).fetchall()
             except apsw.Error:      # a schema this connection cannot compile: nothing found
                 pass
-    finally:
-        conn.authorizer = before
     return sorted(found)
 
 
@@ -1708,8 +1718,8 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
     lock.  The text is the peers': it must define that column alone, computing little at a
     write and naming no other column (a CHECK on the table's other columns refused the
     application's own writes) nor a table of SQLite's or syncpack's, and it must add exactly
-    that column to exactly that table and change nothing else (checked after running it inside a savepoint, rolled back otherwise).
-    Returns why it was refused, or None."""
+    that column to exactly that table and change nothing else (checked after running it
+    inside a savepoint, rolled back otherwise).  Returns why it was refused, or None."""
     why = _too_long(definition) or _column_alone(definition, table)
     if why:
         return (f"the peers' definition of column {column} of table {table} "
@@ -1751,8 +1761,8 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
 
 def _column_alone(definition: str, table: str) -> str | None:
     """Why a peer's column definition may not be added to ``table``: made alone as the one
-    column of a private in-memory table, it must compile under :func:`_peers_text` and
-    compute nothing at a write (:func:`_computed`)."""
+    column of a private in-memory table, it must compile under :func:`_peers_text` (where
+    naming another column fails) and compute little into a row (:func:`_computed`)."""
     mem = apsw.Connection(":memory:")
     try:
         with _peers_text(mem) as refused:
