@@ -307,7 +307,9 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
         if first is None:
             continue
         done.setdefault(name, 0)
-        big = len(first) >= PAUSE_CAPTURE_AT
+        # a table marked row by row keeps its triggers: they capture what its own triggers
+        # delete beside the rows written
+        big = len(first) >= PAUSE_CAPTURE_AT and not w.row_marks
         with appdb.capture_paused(app, t) if big else nullcontext():
             for part in joined([first], parts):
                 if _apply_part(site, w, part, done, clashes, stuck):
@@ -1379,7 +1381,6 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                           rows.untyped_key_warning(n, t.pk, t.affinity),
                           rows.null_key_warning(n, appdb.nullable_key(app, n)),
                           rows.fk_action_warning(n, actions),
-                          rows.self_delete_warning(n, appdb.self_deleting_triggers(app, t)),
                           odd_types.get(n)):
                     if w:
                         warnings.append(w)

@@ -307,17 +307,6 @@ def fk_action_warning(table: str, actions: list[str]) -> str | None:
             f"the sites follow the schema where the application does not")
 
 
-def self_delete_warning(table: str, triggers: list[str]) -> str | None:
-    """A warning when triggers of the application delete rows of ``table`` itself: what they
-    delete while syncpack writes a peer's row into the table is not captured there."""
-    if not triggers:
-        return None
-    return (f"table {table} has triggers that delete its own rows ({', '.join(triggers[:3])}): "
-            f"the rows they delete while syncpack writes a peer's change into it are not "
-            f"captured, and the sites then differ (fsck reports them); a self-referencing "
-            f"foreign key with ON DELETE CASCADE does the same and is followed")
-
-
 def chunks(items: Iterable, n: int):
     """Lists of ``n`` items in order (the last one shorter), taken by islice in C."""
     it = iter(items)

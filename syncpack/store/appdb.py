@@ -250,7 +250,7 @@ def begin_write(conn: Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         if has_table(conn, APPLYING):
-            conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
+            conn.execute(f"INSERT INTO {APPLYING}(x) VALUES (1)")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -739,9 +739,18 @@ def _foreign_keys_unusable(conn: Connection, table: str) -> str | None:
 # --- capture tables and triggers ----------------------------------------------------------------
 
 def key_cols(conn: Connection) -> int:
-    if not has_table(conn, CHANGES):
+    return _key_columns(conn, CHANGES)
+
+
+def marker_key_cols(conn: Connection) -> int:
+    """Key columns of the applying marker (none in a file an older release attached)."""
+    return _key_columns(conn, APPLYING)
+
+
+def _key_columns(conn: Connection, table: str) -> int:
+    if not has_table(conn, table):
         return 0
-    return sum(1 for r in conn.execute(f"PRAGMA table_info({CHANGES})") if r[1].startswith("k"))
+    return sum(1 for r in conn.execute(f"PRAGMA table_info({table})") if r[1].startswith("k"))
 
 
 def install_capture(conn: Connection, t: TableInfo, floor: int = 0) -> None:
@@ -765,7 +774,9 @@ def install_capture(conn: Connection, t: TableInfo, floor: int = 0) -> None:
     if not has_table(conn, APPLYING):
         conn.execute(f"CREATE TABLE {APPLYING}(x)")
         # We are inside our own write transaction (write_txn found no marker table to mark).
-        conn.execute(f"INSERT INTO {APPLYING} VALUES (1)")
+        conn.execute(f"INSERT INTO {APPLYING}(x) VALUES (1)")
+    for i in range(marker_key_cols(conn), n):
+        conn.execute(f"ALTER TABLE {APPLYING} ADD COLUMN k{i}")
     drop_capture(conn, t.name)
     tn = t.name.replace("'", "''")
     new = ", ".join(f"NEW.{q(c)}" for c in t.pk)
@@ -773,18 +784,19 @@ def install_capture(conn: Connection, t: TableInfo, floor: int = 0) -> None:
     moved = " OR ".join(f"OLD.{q(c)} IS NOT NEW.{q(c)}" for c in t.pk)
     when, ins, name = _trigger_parts(t)
     tq = q(t.name)
-    conn.execute(f"CREATE TRIGGER {name('ins')} AFTER INSERT ON {tq} {when} "
+    conn.execute(f"CREATE TRIGGER {name('ins')} AFTER INSERT ON {tq} {when('NEW')} "
                  f"BEGIN {ins} VALUES ('{tn}', {new}); END")
-    conn.execute(f"CREATE TRIGGER {name('upd')} AFTER UPDATE ON {tq} {when} "
+    # syncpack's own update of a row never moves its key: its NEW key is the one written
+    conn.execute(f"CREATE TRIGGER {name('upd')} AFTER UPDATE ON {tq} {when('NEW')} "
                  f"BEGIN {ins} VALUES ('{tn}', {new}); "
                  f"{ins} SELECT '{tn}', {old} WHERE {moved}; END")
-    conn.execute(f"CREATE TRIGGER {name('del')} AFTER DELETE ON {tq} {when} "
+    conn.execute(f"CREATE TRIGGER {name('del')} AFTER DELETE ON {tq} {when('OLD')} "
                  f"BEGIN {ins} VALUES ('{tn}', {old}); END")
     if t.uniques or t.other_uniques:
         _install_replace_triggers(conn, t, when, ins, name)
 
 
-def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: str,
+def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
                               name, expect: list | None = None) -> None:
     """INSERT OR REPLACE and UPDATE OR REPLACE remove the rows they clash with on another
     UNIQUE index without firing their DELETE trigger: note the keys of such rows before the
@@ -825,7 +837,7 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when: str, ins: st
         out = []
         for kind, event, extra in (("rep", "INSERT", ""), ("repu", update_of, f" AND {not_old}")):
             body = " ".join(f"{keys}{c}{extra};" for c in conds)
-            out.append(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when} "
+            out.append(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when('NEW')} "
                        f"BEGIN {body} END")
         return out
 
@@ -885,7 +897,7 @@ def capture_current(conn: Connection, t: TableInfo) -> bool:
     whole table compared."""
     ins = conn.execute("SELECT sql FROM sqlite_schema WHERE type='trigger' AND name=?",
                        (f"{TRIGGER_PREFIX}{t.name}_ins",)).fetchone()
-    return (ins is None or _trigger_parts(t)[0] in ins[0]) and \
+    return (ins is None or _trigger_parts(t)[0]("NEW") in ins[0]) and \
         replace_triggers_current(conn, t)
 
 
@@ -904,14 +916,24 @@ def replace_triggers_current(conn: Connection, t: TableInfo) -> bool:
     return sorted(held.values()) in [sorted(e) for e in expect]
 
 
-def _trigger_parts(t: TableInfo) -> tuple[str, str, Callable[[str], str]]:
-    """(the WHEN clause, the INSERT into the change table, kind -> trigger name) of ``t``'s
-    capture triggers.  They are quiet while syncpack writes into ``t`` (the applying marker
-    names it, or is 1: all tables), not while it writes into another table: a row of ``t``
-    that a trigger of the application deletes then (a cascade by trigger) is a change of
-    this site's, captured like the application's own, as a foreign key's cascade is."""
+def _trigger_parts(t: TableInfo) -> tuple[Callable[[str], str], str, Callable[[str], str]]:
+    """(the WHEN clause of a trigger whose row is NEW or OLD, the INSERT into the change
+    table, kind -> trigger name) of ``t``'s capture triggers.
+
+    They are quiet while syncpack writes into ``t``: the applying marker is 1 (all tables),
+    or names ``t`` with no key (the whole table), or names ``t`` and the key of the row
+    being written (Writer marks each row so for a table whose own triggers delete rows of
+    it).  They are not quiet while syncpack writes into another table, or another row: a
+    row that a trigger of the application deletes then (a cascade by trigger, the children
+    of a deleted node) is a change of this site's, captured like the application's own, as
+    a foreign key's cascade is."""
     tn = t.name.replace("'", "''")
-    when = f"WHEN NOT EXISTS (SELECT 1 FROM {APPLYING} WHERE x IN (1, '{tn}'))"
+
+    def when(row: str) -> str:
+        # row = k: the table's collation and affinity compare (the row's column on the left)
+        same = " AND ".join(f"{row}.{q(c)} = k{i}" for i, c in enumerate(t.pk))
+        return (f"WHEN NOT EXISTS (SELECT 1 FROM {APPLYING} WHERE x = 1 OR x = '{tn}' AND "
+                f"(k0 IS NULL OR {same}))")
     ins = f"INSERT INTO {CHANGES}(tbl, {', '.join(f'k{i}' for i in range(len(t.pk)))})"
     return when, ins, lambda kind: q(f"{TRIGGER_PREFIX}{t.name}_{kind}")
 
@@ -1243,8 +1265,8 @@ def self_deleting_triggers(conn: Connection, t: TableInfo) -> list[str]:
         for sql in (f"EXPLAIN DELETE FROM {q(t.name)} WHERE 0",
                     f"EXPLAIN INSERT INTO {q(t.name)} DEFAULT VALUES",
                     f"EXPLAIN UPDATE {q(t.name)} SET {first} = {first} WHERE 0"):
-            try:
-                conn.execute(sql).fetchall()
+            try:        # a plain cursor: what only the application defines is no error here
+                apsw.Cursor(conn).execute(sql).fetchall()
             except apsw.Error:      # a schema this connection cannot compile: nothing found
                 pass
     return sorted(found)
@@ -1277,9 +1299,20 @@ class Writer:
         self._target = ", ".join(q(c) if rowid_alias(conn, t) else f"{q(c)} COLLATE BINARY"
                                  for c in t.pk)
         self._exists = f"SELECT 1 FROM {q(t.name)} WHERE {where}"
-        # the applying marker names the table written (see _trigger_parts)
-        self._mark = (f"UPDATE {APPLYING} SET x = ?1 WHERE x IS NOT ?1"
-                      if has_table(conn, APPLYING) else None)
+        # The applying marker names the table written (see _trigger_parts), and for a table
+        # whose own triggers delete rows of it, each row's key as it is written: the rows
+        # such a trigger deletes beside it are captured.  Such a table's rows are then
+        # written one at a time, its capture triggers never set aside.
+        marked = marker_key_cols(conn)
+        self.row_marks = marked >= len(t.pk) and bool(self_deleting_triggers(conn, t))
+        if self.row_marks:
+            sets = ", ".join(f"k{i} = ?{i + 2}" for i in range(len(t.pk)))
+            self._mark = f"UPDATE {APPLYING} SET x = ?1, {sets}"
+        elif marked:
+            self._mark = f"UPDATE {APPLYING} SET x = ?1, k0 = NULL WHERE x IS NOT ?1 OR k0 NOT NULL"
+        else:
+            self._mark = (f"UPDATE {APPLYING} SET x = ?1 WHERE x IS NOT ?1"
+                          if has_table(conn, APPLYING) else None)
         # a trigger that may skip a row: each write is then checked to have happened
         self._may_ignore = any("ignore" in k for k in raising_triggers(conn, t.name).values())
         self._actions: dict = {}     # table -> its incoming ON DELETE actions (_actions_on)
@@ -1363,8 +1396,16 @@ class Writer:
                          [row.get(c) for c in self.t.pk], deleting=False)
 
     def _writing(self) -> None:
-        if self._mark is not None:
+        """Marks the writes that follow as syncpack's, unless the table is marked row by
+        row (:meth:`_writing_row`)."""
+        if self._mark is not None and not self.row_marks:
             self.conn.execute(self._mark, (self.t.name,))
+
+    def _writing_row(self, key: list | tuple) -> None:
+        """Marks the write of ``key``'s row that follows as syncpack's, in a table marked
+        row by row."""
+        if self.row_marks:
+            self.conn.execute(self._mark, (self.t.name, *key))
 
     def put_many(self, rows: list[dict]) -> list[str | None]:
         """Each row's constraint message or None; the whole batch in one savepoint, and row by
@@ -1374,7 +1415,7 @@ class Writer:
         cols = tuple(c for c in rows[0] if c in self._cols)
         args = None
         if self._check_put is None and self._check_update is None and \
-                not self._may_ignore and len(cols) == len(rows[0]) and \
+                not self._may_ignore and not self.row_marks and len(cols) == len(rows[0]) and \
                 set(map(len, rows)) == {len(cols)}:
             # every row as long as the first and holding each of its columns: the same
             # columns (cheaper than comparing each row's keys with the first's)
@@ -1400,16 +1441,24 @@ class Writer:
 
     def delete_plain(self, rows: list[dict]) -> None:
         """Delete the rows of these records' keys, no savepoint, no check (write_group)."""
+        keys = [[r.get(c) for c in self.t.pk] for r in rows]
+        if self.row_marks:
+            for key in keys:
+                self._writing_row(key)
+                self.conn.execute(self._delete, key)
+            return
         self._writing()
-        self.conn.executemany(self._delete, [[r.get(c) for c in self.t.pk] for r in rows])
+        self.conn.executemany(self._delete, keys)
 
     def put_plain(self, rows: list[dict]) -> None:
         """Upsert these records, no savepoint, no check (write_group)."""
         self._writing()
         for r in rows:
             cols = tuple(c for c in r if c in self._cols)
+            key = [r.get(c) for c in self.t.pk]
+            self._writing_row(key)
             self.conn.execute(self._upsert(cols), [r[c] for c in cols])
-            if self._ignored([r.get(c) for c in self.t.pk], deleting=False):
+            if self._ignored(key, deleting=False):
                 raise apsw.ConstraintError(IGNORED)
 
     def breaks_deferred(self, rows: list[dict]) -> bool:
@@ -1426,6 +1475,7 @@ class Writer:
         checks: list[tuple[str, list]] = []
         self._writing()
         for key in keys:
+            self._writing_row(key)
             touched, more = self._delete_plan(key)
             self.conn.execute(self._delete, list(key))
             if self._ignored(list(key), deleting=True):
@@ -1472,6 +1522,7 @@ class Writer:
         """``sql`` in a savepoint of its own; any of ``checks`` (SQL, arguments) finding a
         row after it is a deferred foreign key broken, and rolls it back."""
         self._writing()
+        self._writing_row(key)
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
             self.conn.execute(sql, args)
