@@ -358,6 +358,30 @@ def test_new_site_by_mkreplica_creates_and_fills_the_table(tmp_path):
     assert conf["key"] == "k"
 
 
+def test_a_new_site_creates_named_tables_parents_first(tmp_path):
+    """The docs' order of tables (orders, then the customers its foreign key refers to) was
+    refused at a new site: orders was created first, where customers did not exist yet."""
+    sites = make_family(tmp_path, ("a",))
+    dba = tmp_path / "a.db"
+    app(dba, ["CREATE TABLE customers(id TEXT PRIMARY KEY NOT NULL, name TEXT)",
+              "CREATE TABLE orders(id TEXT PRIMARY KEY NOT NULL, "
+              "customer TEXT REFERENCES customers(id), total REAL)",
+              "INSERT INTO customers VALUES ('c1', 'Ada')",
+              "INSERT INTO orders VALUES ('o1', 'c1', 12.5)"])
+    sp(sites["a"], "attach", dba, "--table", "orders", "--table", "customers")
+    b = make_family_member(tmp_path, sites, "b")
+    dbb = tmp_path / "b.db"
+    dbb.touch()
+    r = run("--json", "attach", dbb, "--table", "orders", "--table", "customers", site=b)
+    assert r.code == 0, r
+    assert {t["table"]: t["rows"] for t in r.json["tables"]} == {"orders": 1, "customers": 1}
+    for name in ("customers", "orders"):
+        assert table(dbb, name) == table(dba, name)
+    c = sqlite3.connect(dbb)
+    assert c.execute("PRAGMA foreign_key_list(orders)").fetchone()[2] == "customers"
+    c.close()
+
+
 def make_family_member(root: Path, sites: dict, name: str) -> Path:
     p = root / name
     assert run("keygen", p, "--site", name).code == 0

@@ -1335,12 +1335,15 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         infos = schema.review(site, app, infos)
         _capture(site, app, infos)     # what the attached tables hold so far, first
         created = set()
-        for n in names:
-            if appdb.table_info(app, n) is None:
-                created.add(n)
-                d = _definition(site, n)
-                appdb.create_table(app, n, d["create_sql"])
-                _check_created(app, appdb.table_info(app, n), n, d)
+        missing = {n: _definition(site, n) for n in names if appdb.table_info(app, n) is None}
+        # parents first, whatever order the tables were named in: a table is created only
+        # where every table its foreign keys refer to is
+        for n in rows.fk_order({n: appdb.definition_parents(n, d["create_sql"])
+                                for n, d in missing.items()}):
+            created.add(n)
+            d = missing[n]
+            appdb.create_table(app, n, d["create_sql"])
+            _check_created(app, appdb.table_info(app, n), n, d)
         new = {n: appdb.table_info(app, n) for n in names}
         odd_types = {n: rows.type_warning(n, new[n].affinity,
                                           appdb.declared_affinities(n, d["create_sql"]))

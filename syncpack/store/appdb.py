@@ -667,6 +667,30 @@ def create_table(conn: Connection, name: str, sql: str) -> None:
     statement of that name and nothing else (the text comes from a peer), computing little at
     a write (:data:`PEER_FUNCTIONS`), whose foreign keys refer to no table of SQLite's or
     syncpack's."""
+    _run_definition(conn, name, sql)
+    why = _foreign_keys_unusable(conn, name) or _too_wide(conn, name) or \
+        _references_ours(conn, name) or _computed(conn, name)
+    if why:
+        raise AttachError(f"cannot create table {name!r} from the peers' definition: {why}",
+                          hint=OWN_SCHEMA_HINT)
+
+
+def definition_parents(name: str, sql: str) -> list[str]:
+    """The tables that the table ``sql`` (a peer's CREATE TABLE text) would reference by
+    FOREIGN KEY, read by making it in a private in-memory database (none if it cannot be
+    made): tables created together are created parents first."""
+    mem = apsw.Connection(":memory:")
+    try:
+        _run_definition(mem, name, sql)
+        return sorted({r[2] for r in mem.execute(f"PRAGMA foreign_key_list({q(name)})")})
+    except (AttachError, apsw.Error):
+        return []
+    finally:
+        mem.close()
+
+
+def _run_definition(conn: Connection, name: str, sql: str) -> None:
+    """Runs a peer's definition of table ``name``, held to what a member's word may do."""
     seen: list[str] = []
 
     def only_one(_cursor, stmt, _bindings):
@@ -691,11 +715,6 @@ def create_table(conn: Connection, name: str, sql: str) -> None:
                               f"({why})", hint=OWN_SCHEMA_HINT) from None
     if not has_table(conn, name):
         raise AttachError(f"the peers' definition of table {name!r} creates another table")
-    why = _foreign_keys_unusable(conn, name) or _too_wide(conn, name) or \
-        _references_ours(conn, name) or _computed(conn, name)
-    if why:
-        raise AttachError(f"cannot create table {name!r} from the peers' definition: {why}",
-                          hint=OWN_SCHEMA_HINT)
 
 
 def _references_ours(conn: Connection, table: str) -> str | None:
