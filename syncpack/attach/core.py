@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from itertools import chain as joined, compress, repeat
 from pathlib import Path
 from typing import Iterator
@@ -187,6 +188,8 @@ def _capture(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo
     now = wall_ms()
     conn = site.conn
     written = 0
+    infos = {n: replace(t, by_change=True) if appdb.self_deleting_triggers(app, t) else t
+             for n, t in infos.items()}
     # A large backlog is read on the other core (reader.Elsewhere), started before the store's
     # transaction so that its start-up and SQLite's grouping overlap ours.
     elsewhere = (reader.Elsewhere(att[0], list(infos.values()), since, upto,
@@ -302,7 +305,7 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
     for name in order:
         t = infos[name]
         w = appdb.Writer(app, t)
-        parts = rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK)
+        parts = rows.chunks(attached.pending_visible(conn, name, w.row_marks), APPLY_CHUNK)
         first = next(parts, None)
         if first is None:
             continue
@@ -323,7 +326,7 @@ def _apply(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
             continue
         t = infos[name]
         w = appdb.Writer(app, t)
-        for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
+        for part in rows.chunks(attached.pending_visible(conn, name, w.row_marks), APPLY_CHUNK):
             for key, v in _visible_part(site, name, part):
                 if v is not None:
                     continue
@@ -749,7 +752,8 @@ class DirectApply:
         sent: list[tuple[str, list[str]]] = []
         deletes: list[tuple[str, list[str]]] = []
         for name in order:
-            for part in rows.chunks(attached.pending_visible(conn, name), APPLY_CHUNK):
+            by_csn = self.writers[name].row_marks
+            for part in rows.chunks(attached.pending_visible(conn, name, by_csn), APPLY_CHUNK):
                 vis = _visible_part(site, name, part)
                 keys = [k for k, v in vis if v is not None]
                 if keys:

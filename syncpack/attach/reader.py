@@ -137,8 +137,9 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
             if not same:
                 return
             try:
-                for name, columns, pk, parents in req["tables"]:
-                    t = appdb.TableInfo(name, "", columns, pk, {}, False, [], parents)
+                for name, columns, pk, parents, by_change in req["tables"]:
+                    t = appdb.TableInfo(name, "", columns, pk, {}, False, [], parents,
+                                        by_change=by_change)
                     for keys, raws in changes(app, t, req["since"], req["upto"]):
                         child.write_frame(out, [keys, raws])
                     child.write_frame(out, [])
@@ -167,7 +168,8 @@ class Elsewhere:
         self.proc: subprocess.Popen | None = child.start("reader", {
             "path": str(path), "since": since, "upto": upto, "schema": schema,
             "module": __file__,
-            "tables": [(t.name, t.columns, t.pk, t.parents) for t in tables]}, more_input=False)
+            "tables": [(t.name, t.columns, t.pk, t.parents, t.by_change) for t in tables]},
+            more_input=False)
         self.ok = self.proc is not None
         if not self.ok:
             return

@@ -376,13 +376,17 @@ def settle_pending(conn: Connection, collection: str, clashes: dict[str, str],
                  "(SELECT key FROM attach_clashes WHERE collection=?)", (collection, collection))
 
 
-def pending_visible(conn: Connection, collection: str) -> Iterator[tuple[str, int, bytes | None]]:
+def pending_visible(conn: Connection, collection: str, by_csn: bool = False
+                    ) -> Iterator[tuple[str, int, bytes | None]]:
     """(key, number of surviving versions, the value if exactly one) of every pending key of
-    ``collection``, by key: the common case (one version) needs no second look-up."""
+    ``collection``, by key, or with ``by_csn`` in the order of each key's newest version
+    (the order the writes were made in, for a table whose triggers depend on it): the
+    common case (one version) needs no second look-up."""
+    order = "max(v.csn), p.key" if by_csn else "p.key"
     return conn.execute(
         "SELECT p.key, count(v.csn), CASE WHEN count(v.csn) = 1 THEN max(v.value) END "
         "FROM (SELECT DISTINCT key FROM attach_pending WHERE collection=?) p "
-        "LEFT JOIN versions v ON v.collection=? AND v.key=p.key GROUP BY p.key ORDER BY p.key",
+        f"LEFT JOIN versions v ON v.collection=? AND v.key=p.key GROUP BY p.key ORDER BY {order}",
         (collection, collection))
 
 
