@@ -1342,7 +1342,8 @@ class Writer:
             sets = ", ".join(f"k{i} = ?{i + 2}" for i in range(len(t.pk)))
             self._mark = f"UPDATE {APPLYING} SET x = ?1, {sets}"
         elif marked:
-            self._mark = f"UPDATE {APPLYING} SET x = ?1, k0 = NULL WHERE x IS NOT ?1 OR k0 NOT NULL"
+            self._mark = (f"UPDATE {APPLYING} SET x = ?1, k0 = NULL "
+                          f"WHERE x IS NOT ?1 OR k0 IS NOT NULL")
         else:
             self._mark = (f"UPDATE {APPLYING} SET x = ?1 WHERE x IS NOT ?1"
                           if has_table(conn, APPLYING) else None)
