@@ -1337,13 +1337,14 @@ def test_a_key_of_no_declared_type_is_found_whether_number_or_text(value):
         len(candidates)
 
 
-def attached_everywhere(root: Path, sites: dict, create: str, at_a: list[str], name: str,
-                        rounds: int = 2) -> dict:
-    """Every site's application creates a table (``create``), a's writes ``at_a`` into it,
-    every site attaches it, and the sites exchange; returns the application files."""
+def attached_everywhere(root: Path, sites: dict, create: str | list[str], at_a: list[str],
+                        name: str, rounds: int = 2) -> dict:
+    """Every site's application creates a table (``create``: its statement, or statements),
+    a's writes ``at_a`` into it, every site attaches it, and the sites exchange; returns the
+    application files."""
     dbs = {n: root / f"{n}.db" for n in sites}
     for n in sites:
-        app(dbs[n], [create])
+        app(dbs[n], [create] if isinstance(create, str) else create)
     app(dbs["a"], at_a)
     for n in sites:
         sp(sites[n], "attach", dbs[n], "--table", name)
@@ -2234,12 +2235,10 @@ def test_a_table_whose_trigger_deletes_its_own_rows_replays_its_writes_in_order(
         monkeypatch.setattr(reader, "ELSEWHERE_AT", 1)
         monkeypatch.setattr(writer, "ELSEWHERE_AT", 1)
     sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE log(id INTEGER PRIMARY KEY, v TEXT)",
-                     "CREATE TRIGGER cap AFTER INSERT ON log BEGIN "
-                     "DELETE FROM log WHERE id < NEW.id - 100; END"])
-        sp(sites[n], "attach", dbs[n], "--table", "log")
+    dbs = attached_everywhere(tmp_path, sites, [
+        "CREATE TABLE log(id INTEGER PRIMARY KEY, v TEXT)",
+        "CREATE TRIGGER cap AFTER INSERT ON log BEGIN DELETE FROM log WHERE id < NEW.id - 100; "
+        "END"], [], "log")
     app(dbs["a"], ["INSERT INTO log VALUES (300, 'x')", "INSERT INTO log VALUES (150, 'y')"])
     exchange(tmp_path, sites)
     for n in sites:
@@ -2252,14 +2251,11 @@ def test_a_trigger_on_an_update_of_one_column_that_deletes_rows_of_its_table(tmp
     update of the first column only, it was never found, the table stayed quiet whole while
     syncpack wrote it, and the row it deleted at b stayed at a."""
     sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, name TEXT, v INTEGER)",
-                     "CREATE TRIGGER one_name AFTER UPDATE OF name ON t BEGIN "
-                     "DELETE FROM t WHERE name = NEW.name AND id <> NEW.id; END"])
-        sp(sites[n], "attach", dbs[n], "--table", "t")
-    app(dbs["a"], ["INSERT INTO t VALUES ('k1', 'x', 1)"])
-    exchange(tmp_path, sites)
+    dbs = attached_everywhere(tmp_path, sites, [
+        "CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, name TEXT, v INTEGER)",
+        "CREATE TRIGGER one_name AFTER UPDATE OF name ON t BEGIN "
+        "DELETE FROM t WHERE name = NEW.name AND id <> NEW.id; END"],
+        ["INSERT INTO t VALUES ('k1', 'x', 1)"], "t")
     app(dbs["b"], ["INSERT INTO t VALUES ('k3', 'z', 3)"])
     app(dbs["a"], ["UPDATE t SET name = 'z' WHERE id = 'k1'"])
     exchange(tmp_path, sites)
@@ -2273,13 +2269,9 @@ def test_a_replace_that_removes_a_row_equal_under_a_unique_indexs_collation(tmp_
     row named 'n1', a clash only under the index's collation; the capture looked for rows of
     the same name by the column's own (BINARY), missed it, and the store kept the row."""
     sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for n in sites:
-        app(dbs[n], ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, name TEXT, "
-                     "UNIQUE(name COLLATE NOCASE))"])
-        sp(sites[n], "attach", dbs[n], "--table", "t")
-    app(dbs["a"], ["INSERT INTO t VALUES ('k1', 'n1')"])
-    exchange(tmp_path, sites)
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, "
+                              "name TEXT, UNIQUE(name COLLATE NOCASE))",
+                              ["INSERT INTO t VALUES ('k1', 'n1')"], "t")
     app(dbs["a"], ["INSERT OR REPLACE INTO t VALUES ('k2', 'N1')"])
     exchange(tmp_path, sites)
     for n in sites:
