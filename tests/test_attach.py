@@ -2280,6 +2280,26 @@ def test_a_replace_that_removes_a_row_equal_under_a_unique_indexs_collation(tmp_
         sp(sites[n], "fsck")
 
 
+def test_what_an_older_releases_triggers_missed_is_taken_when_they_are_replaced(tmp_path):
+    """An older release compared a REPLACE's clashes by the column's collation, not the
+    UNIQUE index's: the application's INSERT OR REPLACE of 'N1' removed 'n1' unseen, before
+    this release's first command.  Putting current triggers in was not enough; the table is
+    compared whole then, as when its triggers are missing, and the removal is a change."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, "
+                              "name TEXT, UNIQUE(name COLLATE NOCASE))",
+                              ["INSERT INTO t VALUES ('k1', 'n1')"], "t")
+    old = ('CREATE TRIGGER "_syncpack_t_rep" BEFORE INSERT ON "t" BEGIN '
+           "INSERT INTO _syncpack_changes(tbl, k0) SELECT char(1) || 't', id FROM t "
+           "WHERE name = NEW.name; END")
+    app(dbs["a"], ['DROP TRIGGER "_syncpack_t_rep"', 'DROP TRIGGER "_syncpack_t_repu"', old],
+        ["INSERT OR REPLACE INTO t VALUES ('k2', 'N1')"])
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert table(dbs[n], "t") == [("k2", "text", "N1", "text")], n
+        sp(sites[n], "fsck")
+
+
 def test_after_an_interrupted_snapshot_import_the_sites_own_rows_are_no_conflict(
         tmp_path, monkeypatch):
     """b imports a resync snapshot holding b's own rows and is stopped (kill -9) before the

@@ -790,8 +790,10 @@ class DirectApply:
 
 def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> int:
     """A table whose capture is missing (a crash inside attach, the application dropped and
-    re-created the table, or someone dropped syncpack's tables in the file): put it back and
-    compare the whole table with the store, so whatever changed unseen becomes local ops.
+    re-created the table, or someone dropped syncpack's tables in the file) or not current
+    (an older release's triggers, which missed what later ones capture; a UNIQUE index the
+    application dropped): put it back and compare the whole table with the store, so
+    whatever changed unseen becomes local ops.
 
     A file whose change numbers are below what the store captured went back in time (it was
     restored from a backup, or the change table emptied): see :func:`_went_back`.  Returns
@@ -800,7 +802,10 @@ def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) 
     taken = 0
     went_back = appdb.went_back(app, since)
     for name, t in infos.items():
-        if went_back or not appdb.has_capture(app, name):
+        if not went_back and appdb.has_capture(app, name) and not appdb.capture_current(app, t):
+            appdb.install_capture(app, t)
+            taken += _load_rows(site, app, t, rescan=True)
+        elif went_back or not appdb.has_capture(app, name):
             changed = appdb.kept_keys(app, t) if went_back else []
             appdb.install_capture(app, t, floor=since)
             appdb.set_owner(app, site.site_id, str(site.path.resolve()))
@@ -977,10 +982,6 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
     refused: list[str] = []
     with appdb.write_txn(app):
         infos = schema.review(site, app, infos)     # stopped tables are left out
-        for t in infos.values():
-            if not appdb.capture_current(app, t):
-                # a UNIQUE index the application dropped, or an older release's triggers
-                appdb.install_capture(app, t)
         captured = _heal(site, app, infos)
         captured += _capture(site, app, infos)
         infos, grown = schema.follow(site, app, infos, refused)     # peers' new columns
