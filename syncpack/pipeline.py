@@ -103,8 +103,11 @@ class Worker:
         if self._th is None:
             # started by the first call only: an idle thread beside an import of large
             # blocks (never decoded ahead) raised its peak memory by 16 MB
-            self._th = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._th.start()
+            th = threading.Thread(target=self._run, name=self._name, daemon=True)
+            # kept only once started: a Ctrl-C inside start() left a thread that leaving the
+            # block then joined, and "cannot join thread before it is started" hid the Ctrl-C
+            th.start()
+            self._th = th
         p = Pending()
         self._q.put((p, fn, args))
         return p

@@ -342,6 +342,22 @@ def test_the_decompress_worker_hands_back_results_and_errors_in_order():
     assert not any(t.name.startswith("test-worker") for t in threading.enumerate())
 
 
+def test_a_ctrl_c_while_the_worker_starts_its_thread_stays_a_ctrl_c(monkeypatch):
+    """Ctrl-C inside the thread's start() (the import test hit it once in CI): leaving the
+    block joined a thread never started, and the user saw "internal error: cannot join
+    thread before it is started" instead of the interruption."""
+    import threading
+
+    from syncpack.pipeline import Worker
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with Worker("test-worker-3") as w:
+            w.submit(sum, [1])
+
+
 def test_an_import_loads_no_attach_code_and_no_key_file_formats(tmp_path):
     """An import at a site with no database attached starts without the attached-database
     code, and an unsealed packet without the sealing code or cryptography's key-file formats
