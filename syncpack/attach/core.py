@@ -802,10 +802,11 @@ def _heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) 
     taken = 0
     went_back = appdb.went_back(app, since)
     for name, t in infos.items():
-        if not went_back and appdb.has_capture(app, name) and not appdb.capture_current(app, t):
+        there = appdb.has_capture(app, name)
+        if there and not went_back and not appdb.capture_current(app, t):
             appdb.install_capture(app, t)
             taken += _load_rows(site, app, t, rescan=True)
-        elif went_back or not appdb.has_capture(app, name):
+        elif went_back or not there:
             changed = appdb.kept_keys(app, t) if went_back else []
             appdb.install_capture(app, t, floor=since)
             appdb.set_owner(app, site.site_id, str(site.path.resolve()))
