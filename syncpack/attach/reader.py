@@ -1,7 +1,7 @@
 """Reading a capture's changed rows: in this process, or, for a large capture, in a child
 process on the other core.
 
-Reading is most of a large capture's time (the changes' grouping and join in SQLite, then a
+Reading is most of a large capture's time (finding the changed rows in SQLite, then a
 Python object per value and the record's packing), and nearly all of it holds the GIL: a
 second *thread* took the GIL back and forth with the store's inserts row by row, which made
 the pair slower than one thread.  A child process has its own interpreter, so it reads and
