@@ -280,6 +280,39 @@ def test_the_changed_rows_are_those_of_each_key_changed(tmp_path_factory, ops, c
         key=itemgetter(0))
 
 
+def test_a_capture_looks_up_the_keys_changed_whatever_the_statistics_say(tmp_path):
+    """The application may have run ANALYZE when its table was small and never again: the
+    capture must still look up each changed key, not scan the table (with an IN list, SQLite
+    chose a scan of the whole table on such statistics, for any number of changes)."""
+    conn = apsw.Connection(str(tmp_path / "app.db"))
+    conn.execute("CREATE TABLE t(id TEXT PRIMARY KEY, v)")
+    t = appdb.table_info(conn, "t")
+    with appdb.write_txn(conn):
+        appdb.install_capture(conn, t)
+    with conn:
+        conn.executemany("INSERT INTO t VALUES (?, 1)", [(f"k{i}",) for i in range(10)])
+        for i in range(3000):
+            conn.execute("UPDATE t SET v = ? WHERE id = ?", (i, f"k{i % 10}"))
+    conn.execute("ANALYZE")
+    statements: list[str] = []
+
+    def trace(_cursor, sql, _bindings):
+        statements.append(sql)
+        return True
+    conn.exec_trace = trace
+    with appdb.read_txn(conn):
+        upto = appdb.max_seq(conn)
+        got = [r for part in appdb.changed_records(conn, t, upto - 5, upto, 100) for r in part]
+    conn.exec_trace = None
+    assert len(got) == 5
+    reads = [sql for sql in statements if sql.startswith("SELECT") and '"t"' in sql]
+    assert reads
+    for sql in reads:
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, ("t", upto - 5, upto))]
+        assert not any(step.startswith("SCAN t") for step in plan), plan
+    conn.close()
+
+
 def _ops(origin: bytes, lo: int, hlc: int, first_seq: int, colls, keys, values, replaced):
     return [Op(origin, lo + 1 + i, hlc, first_seq + i, c, k, v, r)
             for i, (c, k, v, r) in enumerate(zip(colls, keys, values, replaced))]
