@@ -5,6 +5,10 @@ the one-by-one ones give."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from operator import itemgetter
 from pathlib import Path
 
@@ -173,6 +177,61 @@ def test_the_reader_process_is_not_used_on_another_snapshot(tmp_path):
         list(e.changes())
     e.close()
     assert e.proc is None
+    conn.close()
+
+
+_COMMIT_WAITING = r"""
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)
+c.execute("BEGIN IMMEDIATE")
+c.execute("INSERT INTO items(id) VALUES ('late')")
+t0 = time.monotonic()
+c.execute("COMMIT")
+print(time.monotonic() - t0)
+"""
+
+
+_LOCKED_OUT = r"""
+import sqlite3, sys, time
+probe = sqlite3.connect(sys.argv[1], timeout=0)
+while True:
+    try:
+        probe.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+    except sqlite3.OperationalError:
+        break
+    time.sleep(0.02)
+"""
+
+
+def test_the_reader_process_declines_at_once_when_an_application_commit_waits(tmp_path):
+    """With a rollback journal, an application's COMMIT that waits for the capture's read
+    lock to end keeps every new reader out: the reader process must decline at once (the
+    caller reads the rows itself and ends its read), not wait for the lock while the caller
+    waits for it, until the application's COMMIT fails on its busy timeout."""
+    db = tmp_path / "a.db"
+    app(db, SCHEMA)
+    conn = appdb.open_app(db)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    t = appdb.table_info(conn, "items")
+    with appdb.write_txn(conn):
+        appdb.install_capture(conn, t)
+    app(db, [f"INSERT INTO items(id) VALUES ('k{i}')" for i in range(3)])
+    with appdb.read_txn(conn):
+        upto, schema = appdb.max_seq(conn), appdb.schema_version(conn)
+        writer = subprocess.Popen([sys.executable, "-c", _COMMIT_WAITING, str(db)],
+                                  stdout=subprocess.PIPE, text=True)
+        # until its COMMIT holds the PENDING lock (seen from another process: SQLite grants a
+        # connection of this one the read lock this one already holds)
+        subprocess.run([sys.executable, "-c", _LOCKED_OUT, str(db)], check=True, timeout=30)
+        t0 = time.monotonic()
+        e = reader.Elsewhere(str(db), [t], 0, upto, schema)
+        took = time.monotonic() - t0
+        assert not e
+        e.close()
+        assert writer.poll() is None        # still waiting for our read
+    out, _ = writer.communicate(timeout=60)
+    assert writer.returncode == 0 and float(out) < 25
+    assert took < 10
     conn.close()
 
 
@@ -366,9 +425,6 @@ def test_encode_columns_refuses_what_encode_block_refuses():
 
 def test_bench_capture_smoke(tmp_path):
     """tools/bench_capture.py runs end to end at a tiny size and reports every figure."""
-    import json
-    import subprocess
-    import sys
     tool = Path(__file__).resolve().parent.parent / "tools" / "bench_capture.py"
     r = subprocess.run([sys.executable, str(tool), "--rows", "500", "--repeat", "1", "--json",
                         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600)

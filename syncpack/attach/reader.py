@@ -37,6 +37,11 @@ CAPTURE_CHUNK = 10_000
 # A capture of at least this many changes is read by a child process: its start (an
 # interpreter and these imports, 0.14-0.45 s of wall time measured) is then a small part.
 ELSEWHERE_AT = 100_000
+# How long the child waits for a lock on the application's file before it declines (and
+# the rows are read here).  Short: with a rollback journal, an application's COMMIT waiting
+# for the caller's read lock to end keeps every new reader out, the child included, while
+# the caller waits for the child; the application's busy timeout ran out first.
+CHILD_WAIT_MS = 250
 
 
 def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
@@ -127,11 +132,18 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
     of each table, ``[]`` after each table; ``{"error": text}`` if reading failed."""
     req = child.read_frame(inp)
     gc.disable()        # none of what is made here is cyclic; the collector only walks it
-    app = appdb.open_app(Path(req["path"]))
+    try:
+        app = appdb.open_app(Path(req["path"]), wait_ms=CHILD_WAIT_MS)
+    except AttachError:     # locked, or gone: the caller reads the rows itself
+        child.write_frame(out, {"ok": False})
+        return
     appdb.sort_beside(app)
     try:
         with appdb.read_txn(app):
-            same = child.file_as_left(app, req, __file__)
+            try:
+                same = child.file_as_left(app, req, __file__)
+            except AttachError:
+                same = False
             child.write_frame(out, {"ok": same})
             out.flush()
             if not same:

@@ -260,12 +260,14 @@ def integer_key_warning(table: str, pk: list[str], affinities: dict[str, str],
 def untyped_key_warning(table: str, pk: list[str], affinities: dict[str, str]
                         ) -> str | None:
     """A warning when ``table`` is keyed by one column without a type (or BLOB): it may hold
-    the integer 1 and the text '1' as two rows, which share the record key 1."""
+    the integer 1 and the text '1' as two rows, which share the record key 1, or the
+    integer 1 and the real 1.0 as one row, under two record keys."""
     if len(pk) == 1 and affinities.get(pk[0]) == "BLOB":
         return (f"key column {pk[0]} of table {table} has no type affinity (no declared "
                 f"type, or BLOB): the integer 1 and the text '1' would be two rows there but "
-                f"one record key, shown as a conflict; declare it TEXT or INTEGER, unless it "
-                f"only ever holds blobs (docs/attach.md, 'What it needs')")
+                f"one record key, shown as a conflict, and 1 and 1.0 one row but two record "
+                f"keys; declare it TEXT or INTEGER, unless it only ever holds blobs "
+                f"(docs/attach.md, 'What it needs')")
     return None
 
 

@@ -169,8 +169,9 @@ def is_other_file(path: Path) -> bool:
     return bool(magic) and magic != SQLITE_MAGIC
 
 
-def open_app(path: Path) -> Connection:
-    """Open the application's database for capture and apply; never creates the file."""
+def open_app(path: Path, wait_ms: int = BUSY_TIMEOUT_MS) -> Connection:
+    """Open the application's database for capture and apply; never creates the file.
+    ``wait_ms``: how long a statement waits for another connection's lock."""
     try:
         magic = _magic(path)
     except FileNotFoundError:
@@ -189,7 +190,7 @@ def open_app(path: Path) -> Connection:
     try:
         conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
         conn.cursor_factory = _AppCursor
-        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        conn.set_busy_timeout(wait_ms)
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
     except AttachError:
