@@ -372,6 +372,49 @@ def test_a_capture_looks_up_the_keys_changed_whatever_the_statistics_say(tmp_pat
     conn.close()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 50_000), st.integers(1, 1 << 26), st.integers(1, 64),
+       st.lists(st.tuples(st.integers(0, 50_000), st.integers(0, 1 << 30)), max_size=30))
+def test_a_part_holds_about_the_byte_budget_and_grows_by_at_most_four(most, budget, first,
+                                                                        seen):
+    """rows.PartSizer: a part is 1..most rows; after a part of rows of p bytes each, the next
+    is at most budget // p rows (but one) and at most four times the one before."""
+    sizer = rows.PartSizer(most, budget, first)
+    assert 1 <= sizer.rows() <= min(first, most) or sizer.rows() == 1
+    for n, nbytes in seen:
+        before = sizer.rows()
+        sizer.saw(n, nbytes)
+        after = sizer.rows()
+        assert 1 <= after <= most
+        if n:
+            assert after <= max(1, 4 * before)
+            assert after <= max(1, budget // max(1, nbytes // n))
+        else:
+            assert after == before
+
+
+def test_a_capture_of_large_rows_reads_them_a_few_at_a_time(tmp_path):
+    """Rows of 1 MiB each are read and handed on in parts of about the byte budget, not of
+    CAPTURE_CHUNK rows held at once (1,500 such rows took a capture to 3.2 GB); small rows
+    still come in parts of CAPTURE_CHUNK."""
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE photos(id TEXT PRIMARY KEY, img BLOB)"])
+    conn = appdb.open_app(db)
+    t = appdb.table_info(conn, "photos")
+    with appdb.write_txn(conn):
+        appdb.install_capture(conn, t)
+    app(db, [f"INSERT INTO photos VALUES ('p{i}', randomblob(1048576))" for i in range(60)])
+    with appdb.read_txn(conn):
+        parts = [len(raws) for _keys, raws in reader.changes(conn, t, 0, appdb.max_seq(conn))]
+    conn.close()
+    assert sum(parts) == 60
+    assert max(parts) <= reader.CAPTURE_BYTES // (1 << 20) + 1, parts
+    small = rows.PartSizer(reader.CAPTURE_CHUNK, reader.CAPTURE_BYTES)
+    for _ in range(8):
+        small.saw(small.rows(), small.rows() * 100)
+    assert small.rows() == reader.CAPTURE_CHUNK
+
+
 def _ops(origin: bytes, lo: int, hlc: int, first_seq: int, colls, keys, values, replaced):
     return [Op(origin, lo + 1 + i, hlc, first_seq + i, c, k, v, r)
             for i, (c, k, v, r) in enumerate(zip(colls, keys, values, replaced))]

@@ -845,8 +845,7 @@ def _went_back(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
         return raw is not None and rows.same_row(codec.shown_value(v.value),
                                                  codec.decode_value(raw), defaults)
 
-    for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
-        items = _keyed_records(t, part)
+    for items in _scanned(app, t):
         seen.update(k for k, _r in items)
         current = attached.versions_for(conn, name, [k for k, _r in items if k not in pending])
         for key, raw in items:
@@ -882,6 +881,17 @@ def _load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bo
         return _load_rows_in(site, tx, app, t, rescan)
 
 
+def _scanned(app: appdb.Connection, t: appdb.TableInfo) -> Iterator[list[tuple[str, bytes]]]:
+    """(record key, record) of every row of ``t``, in parts of about
+    :data:`reader.CAPTURE_BYTES` (rows.PartSizer), so memory stays flat in the rows and in
+    their sizes."""
+    sizer = rows.PartSizer(CAPTURE_CHUNK, reader.CAPTURE_BYTES)
+    for part in rows.chunks(appdb.scan(app, t), sizer.rows):
+        items = _keyed_records(t, part)
+        sizer.saw(len(items), sum(len(r) for _k, r in items))
+        yield items
+
+
 def _keyed_records(t: appdb.TableInfo, part: list[tuple]) -> list[tuple[str, bytes]]:
     """(record key, record) of rows of ``t`` as :func:`appdb.scan` gives them."""
     single = len(t.pk) == 1
@@ -909,8 +919,7 @@ def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     left = None if rescan else attached.detached_rows(conn, name, path, _file_id(Path(path)))
     as_left: list[tuple[str, str, bytes]] = []
     defaults = appdb.constant_defaults(app, t) if rescan else None
-    for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
-        items = _keyed_records(t, part)
+    for items in _scanned(app, t):
         if rescan:
             seen_keys.update(k for k, _r in items)
             items = [(k, r) for k, r in items if k not in pending]
@@ -1476,8 +1485,7 @@ def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
     """(key, CSNs of the versions its row has seen, digest of the row's record) of each row
     of ``t`` as it is detached: what a capture would compare it with."""
     conn = site.conn
-    for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
-        items = _keyed_records(t, part)
+    for items in _scanned(app, t):
         keys = [k for k, _r in items]
         current = attached.versions_for(conn, t.name, keys)
         unseen = attached.unseen_for(conn, t.name, keys)
@@ -1749,7 +1757,9 @@ def check(site: Site) -> list[str]:
                 # Two passes in chunks, so memory stays flat in the table's rows: each row
                 # against its key's visible record, then each visible record's row found.
                 bad = []
-                for part in rows.chunks(appdb.scan(app, t), CAPTURE_CHUNK):
+                sizer = rows.PartSizer(CAPTURE_CHUNK, reader.CAPTURE_BYTES)
+                for part in rows.chunks(appdb.scan(app, t), sizer.rows):
+                    sizer.saw(len(part), rows.text_bytes(part))
                     recs = [dict(zip(t.columns, row)) for row in part]
                     keys = [rows.encode_key(tuple(r[c] for c in t.pk), single) for r in recs]
                     current = attached.versions_for(site.conn, name, keys)

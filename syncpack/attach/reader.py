@@ -32,8 +32,10 @@ from syncpack.format import codec
 from syncpack.pipeline import read_ahead
 from syncpack.store import appdb
 
-# Rows per part read and handed to the store.
+# Rows per part read and handed to the store, at most; and about how many bytes of records
+# (rows.PartSizer: a table of large rows is read a few rows at a time).
 CAPTURE_CHUNK = 10_000
+CAPTURE_BYTES = 16 * 1024 * 1024
 # A capture of at least this many changes is read by a child process: its start (an
 # interpreter and these imports, 0.14-0.45 s of wall time measured) is then a small part.
 ELSEWHERE_AT = 100_000
@@ -50,11 +52,13 @@ def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
     row present is its record, one absent is a delete (None)."""
     encode = row_encoder(t)
     npk = len(t.pk)
-    for part in appdb.changed_records(app, t, since, upto, CAPTURE_CHUNK):
+    sizer = rows.PartSizer(CAPTURE_CHUNK, CAPTURE_BYTES)
+    for part in appdb.changed_records(app, t, since, upto, sizer.rows):
         if not all(map(itemgetter(1), part)):
             part = gone_keys(part, npk)
         keys, raws = record_keys(part, npk), encode(part)
         check_sizes(t, keys, raws)
+        sizer.saw(len(raws), sum(map(len, filter(None, raws))))
         yield keys, raws
 
 

@@ -17,7 +17,7 @@ import json
 from math import isnan
 from itertools import chain, islice
 from operator import itemgetter, methodcaller
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from syncpack.format import codec
 
@@ -309,8 +309,37 @@ def fk_action_warning(table: str, actions: list[str]) -> str | None:
             f"the sites follow the schema where the application does not")
 
 
-def chunks(items: Iterable, n: int):
-    """Lists of ``n`` items in order (the last one shorter), taken by islice in C."""
+def chunks(items: Iterable, n: int | Callable[[], int]):
+    """Lists of ``n`` items in order (the last one shorter), taken by islice in C; ``n`` may
+    be a function, asked before each list (:meth:`PartSizer.rows`)."""
     it = iter(items)
-    while part := list(islice(it, n)):
+    size = n if callable(n) else (lambda: n)
+    while part := list(islice(it, size())):
         yield part
+
+
+def text_bytes(part: list[tuple]) -> int:
+    """The bytes of the TEXT and BLOB values of rows ``part`` (as characters for TEXT): about
+    what their records will hold."""
+    return sum(len(v) for row in part for v in row if isinstance(v, (str, bytes)))
+
+
+class PartSizer:
+    """How many rows the next part of a large read takes: at most ``most``, and about
+    ``budget`` bytes of records by the sizes seen so far.  The first part is small and each
+    may be at most four times the one before, so a table of large rows (a photo in each) is
+    read in parts of a few rows, not of ``most`` rows held at once (1,500 rows of 1 MiB took a
+    capture to 3.2 GB), while small rows reach ``most`` within a few parts."""
+
+    def __init__(self, most: int, budget: int, first: int = 16):
+        self.most, self.budget = most, budget
+        self.n = max(1, min(first, most))
+
+    def rows(self) -> int:
+        return self.n
+
+    def saw(self, rows: int, nbytes: int) -> None:
+        """A part of ``rows`` rows held ``nbytes`` bytes of records."""
+        if rows:
+            per_row = max(1, nbytes // rows)
+            self.n = max(1, min(self.most, self.n * 4, self.budget // per_row))

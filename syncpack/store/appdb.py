@@ -1100,15 +1100,16 @@ def _in_order(t: TableInfo) -> str:
     return " ORDER BY c.s" if self_ref or t.by_change else ""
 
 
-def changed_records(conn: Connection, t: TableInfo, since: int, upto: int, n: int
-                    ) -> Iterator[list[tuple]]:
-    """The keys of ``t`` changed in (since, upto], in lists of up to ``n`` rows laid out for
-    a bulk encoder as (the record key when SQLite can spell it, else None; present; the key
-    values...; then each column's name and value in ``t.columns`` order).  The record key
-    spelt here is an INTEGER key's decimal text or a TEXT key not starting with '['
-    (attach/rows.py: encode_key); the key values are there only when it is not (NULL
-    otherwise: a value fewer to convert per row); the interleaved names and values pack as a
-    msgpack array whose elements are exactly those of the row's map.
+def changed_records(conn: Connection, t: TableInfo, since: int, upto: int,
+                    n: int | Callable[[], int]) -> Iterator[list[tuple]]:
+    """The keys of ``t`` changed in (since, upto], in lists of up to ``n`` rows (or as
+    :func:`_parts` says) laid out for a bulk encoder as (the record key when SQLite can
+    spell it, else None; present; the key values...; then each column's name and value in
+    ``t.columns`` order).  The record key spelt here is an INTEGER key's decimal text or a
+    TEXT key not starting with '[' (attach/rows.py: encode_key); the key values are there
+    only when it is not (NULL otherwise: a value fewer to convert per row); the interleaved
+    names and values pack as a msgpack array whose elements are exactly those of the row's
+    map.
 
     The TEXT key values of a key no longer in the table come as ``'T'`` and their bytes in
     hex (never spelt as the record key): SQLite keeps any bytes as TEXT, and such a key may
@@ -1132,8 +1133,8 @@ def changed_records(conn: Connection, t: TableInfo, since: int, upto: int, n: in
     return _present_then_gone(conn, t, since, upto, n, pairs)
 
 
-def _present_then_gone(conn: Connection, t: TableInfo, since: int, upto: int, n: int,
-                       pairs: str) -> Iterator[list[tuple]]:
+def _present_then_gone(conn: Connection, t: TableInfo, since: int, upto: int,
+                       n: int | Callable[[], int], pairs: str) -> Iterator[list[tuple]]:
     """:func:`changed_records` of a table not ordered by change."""
     ts = [f"t.{q(c)}" for c in t.pk]
     key, kvals = _key_spelling(t, ts, "0")
@@ -1955,11 +1956,13 @@ def foreign_keys_ok(conn: Connection, tables: Iterable[str]) -> list[str]:
     return out
 
 
-def _parts(cur, n: int, table: str) -> Iterator[list[tuple]]:
-    """A cursor's rows of ``table`` in lists of up to ``n``."""
+def _parts(cur, n: int | Callable[[], int], table: str) -> Iterator[list[tuple]]:
+    """A cursor's rows of ``table`` in lists of up to ``n`` (or as many as ``n()`` says,
+    asked before each list)."""
+    size = n if callable(n) else (lambda: n)
     while True:
         try:
-            part = list(islice(cur, n))
+            part = list(islice(cur, size()))
         except UnicodeDecodeError:
             raise _not_utf8(table) from None
         except _FILE_ERRORS as e:
