@@ -202,9 +202,9 @@ def open_app(path: Path, wait_ms: int = BUSY_TIMEOUT_MS) -> Connection:
 
 def sort_beside(conn: Connection) -> None:
     """Let SQLite sort on helper threads for ``conn`` (a capture's reader process): grouping a
-    large backlog's changes by key sorts them all before the first row, while the capturing
-    process has nothing to do but wait (1M changes: 0.5 s to the first row, 0.3-0.4 s with
-    two threads)."""
+    large backlog's changes by key (a table ordered by change, or the keys gone) sorts them
+    all before the first row, while the capturing process has nothing to do but wait (1M
+    changes: 0.5 s to the first row, 0.3-0.4 s with two threads)."""
     conn.execute("PRAGMA threads=2")
 
 
@@ -1122,30 +1122,29 @@ def changed_records(conn: Connection, t: TableInfo, since: int, upto: int,
     fraction of what grouping them by key costs (a sort of every change row), and the keys
     gone are looked for only when the counts leave room for one (1M new rows read and
     encoded: 2.47 s against 2.80 s, the best of 8)."""
-    ks = [f"c.k{i}" for i in range(len(t.pk))]
-    pairs = ", ".join(f"'{c.replace(chr(39), chr(39) * 2)}', t.{q(c)}" for c in t.columns)
+    if not _in_order(t):
+        return _present_then_gone(conn, t, since, upto, n)
+    cs = [f"c.k{i}" for i in range(len(t.pk))]
     absent = f"t.{q(t.pk[0])} IS NULL"
-    if _in_order(t):
-        key, kvals = _key_spelling(t, ks, absent)
-        sql = (f"SELECT {key}, NOT {absent}, {kvals}, {pairs} FROM ({_changed_keys(t)}) c "
-               f"LEFT JOIN {q(t.name)} t ON {_same_key(t, ks)}{_in_order(t)}")
-        return _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
-    return _present_then_gone(conn, t, since, upto, n, pairs)
+    key, kvals = _key_spelling(t, cs, absent)
+    sql = (f"SELECT {key}, NOT {absent}, {kvals}, {_named_values(t, 't.')} FROM "
+           f"({_changed_keys(t)}) c LEFT JOIN {q(t.name)} t ON {_same_key(t, cs)}"
+           f"{_in_order(t)}")
+    return _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
 
 
 def _present_then_gone(conn: Connection, t: TableInfo, since: int, upto: int,
-                       n: int | Callable[[], int], pairs: str) -> Iterator[list[tuple]]:
+                       n: int | Callable[[], int]) -> Iterator[list[tuple]]:
     """:func:`changed_records` of a table not ordered by change."""
-    ts = [f"t.{q(c)}" for c in t.pk]
-    key, kvals = _key_spelling(t, ts, "0")
+    key, kvals = _key_spelling(t, [f"t.{q(c)}" for c in t.pk], "0")
     cs = [f"c.k{i}" for i in range(len(t.pk))]
     ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
     # CROSS JOIN: the changed keys are always the outer loop.  As an IN list they were as
     # fast, but with the application's statistics saying the table is small (ANALYZE run
     # early, never again) SQLite scanned the whole table for a single change.
-    sql = (f"SELECT {key}, 1, {kvals}, {pairs} FROM (SELECT DISTINCT {ks} FROM {CHANGES} "
-           f"WHERE seq > ?2 AND seq <= ?3 AND tbl = ?1) c CROSS JOIN {q(t.name)} t "
-           f"ON {_same_key(t, cs)}")
+    sql = (f"SELECT {key}, 1, {kvals}, {_named_values(t, 't.')} FROM (SELECT DISTINCT {ks} "
+           f"FROM {CHANGES} WHERE seq > ?2 AND seq <= ?3 AND tbl = ?1) c "
+           f"CROSS JOIN {q(t.name)} t ON {_same_key(t, cs)}")
     changed, maybe = conn.execute(
         f"SELECT count(*) FILTER (WHERE tbl = ?1), count(*) FILTER (WHERE tbl = "
         f"{MAYBE_SQL} || ?1) FROM {CHANGES} WHERE seq > ?2 AND seq <= ?3",
@@ -1157,10 +1156,16 @@ def _present_then_gone(conn: Connection, t: TableInfo, since: int, upto: int,
     if present == changed and not maybe:
         return      # as many rows present as changes: each was a key of its own, and is here
     key, kvals = _key_spelling(t, cs, "1")
-    nulls = ", ".join(f"'{c.replace(chr(39), chr(39) * 2)}', NULL" for c in t.columns)
-    sql = (f"SELECT {key}, 0, {kvals}, {nulls} FROM ({_changed_keys(t)}) c WHERE NOT EXISTS "
-           f"(SELECT 1 FROM {q(t.name)} t WHERE {_same_key(t, cs)})")
+    sql = (f"SELECT {key}, 0, {kvals}, {_named_values(t, None)} FROM ({_changed_keys(t)}) c "
+           f"WHERE NOT EXISTS (SELECT 1 FROM {q(t.name)} t WHERE {_same_key(t, cs)})")
     yield from _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
+
+
+def _named_values(t: TableInfo, row: str | None) -> str:
+    """SQL of each column's name (a literal) beside its value in ``row`` ('t.'), or beside
+    NULL when ``row`` is None: what a record's map packs from (:func:`changed_records`)."""
+    return ", ".join(f"'{c.replace(chr(39), chr(39) * 2)}', "
+                     f"{'NULL' if row is None else row + q(c)}" for c in t.columns)
 
 
 def _same_key(t: TableInfo, ks: list[str]) -> str:
