@@ -246,39 +246,60 @@ _sqlite_value = st.one_of(
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 20), st.data())
 def test_row_encoder_and_keys_equal_encode_value_and_encode_key(tmp_path_factory, ncols, data):
-    """Records packed from interleaved names and values, and keys spelt by SQLite, are the
-    bytes and strings codec.encode_value and rows.encode_key give (up to 20 columns: every
+    """Records packed from interleaved names and values, and keys spelt by SQLite or read in
+    bulk from the rows, are the bytes and strings codec.encode_value and rows.encode_key give (up to 20 columns: every
     msgpack header size a table can need below 65,536 columns)."""
     path = tmp_path_factory.mktemp("enc") / "app.db"
     cols = [f"c{i}" for i in range(ncols)]
     npk = data.draw(st.integers(1, min(2, ncols)))
+    # the key's columns anywhere in the table, in any order
+    pkcols = data.draw(st.permutations(cols))[:npk]
+    at = [cols.index(c) for c in pkcols]
     conn = apsw.Connection(str(path))
-    conn.execute(f"CREATE TABLE t({', '.join(cols)}, PRIMARY KEY({', '.join(cols[:npk])}))")
+    conn.execute(f"CREATE TABLE t({', '.join(cols)}, PRIMARY KEY({', '.join(pkcols)}))")
     t = appdb.table_info(conn, "t")
     with appdb.write_txn(conn):
         appdb.install_capture(conn, t)
     rows_in = data.draw(st.lists(st.tuples(*[_sqlite_value] * ncols), max_size=12,
-                                 unique_by=lambda r: tuple(map(repr, r[:npk]))))
-    if npk == 1:        # also the common keys SQLite spells: integers and plain text
-        rows_in += [(k,) + (None,) * (ncols - 1) for k in (7, -2 ** 63, "plain", "[not plain", "")]
+                                 unique_by=lambda r: tuple(repr(r[i]) for i in at)))
+    if npk == 1:        # also the common keys: integers and plain text
+        rows_in += [tuple(k if i == at[0] else None for i in range(ncols))
+                    for k in (7, -2 ** 63, "plain", "[not plain", "")]
     for r in rows_in:
         conn.execute(f"INSERT OR REPLACE INTO t VALUES ({', '.join('?' * ncols)})", r)
-    gone = rows_in[0][:npk] if rows_in else None
+    gone = tuple(rows_in[0][i] for i in at) if rows_in else None
     if gone is not None:
-        conn.execute(f"DELETE FROM t WHERE {' AND '.join(f'{c} IS ?' for c in cols[:npk])}",
+        conn.execute(f"DELETE FROM t WHERE {' AND '.join(f'{c} IS ?' for c in pkcols)}",
                      gone)
-    encode = reader.row_encoder(t)
     with appdb.read_txn(conn):
-        got = [r for part in appdb.changed_records(conn, t, 0, 1 << 62, 5)
-               for r in reader.gone_keys(part, npk)]
+        got = [kr for keys, raws in reader.changes(conn, t, 0, 1 << 62) for kr in zip(keys, raws)]
         want = list(appdb.changed_rows(conn, t, 0, 1 << 62))
     conn.close()
     # a table not ordered by change gives its rows present, then its keys gone: compared by key
     assert len(got) == len(want)
-    assert sorted(zip(reader.record_keys(got, npk), encode(got)), key=itemgetter(0)) == sorted(
+    assert sorted(got, key=itemgetter(0)) == sorted(
         ((rows.encode_key(k, npk == 1),
           None if r is None else codec.encode_value(dict(zip(cols, r)))) for _s, k, r in want),
         key=itemgetter(0))
+
+
+_key_value = st.one_of(
+    st.integers(-2 ** 63, 2 ** 63 - 1), st.floats(allow_nan=False), st.binary(max_size=6),
+    st.text(alphabet="[]\0ab", max_size=6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3), st.data())
+def test_keys_read_in_bulk_are_those_encode_key_spells(width, data):
+    """rows.keys_at spells the keys of a whole part at once (all TEXT, or all INTEGER, in
+    C): whatever the mix of types, and texts that start with '[' or hold one after NUL, each
+    key is what rows.encode_key gives its values."""
+    kinds = data.draw(st.sampled_from([_key_value, st.integers(-5, 5), st.text(alphabet="[\0a")]))
+    keys = data.draw(st.lists(st.tuples(*[kinds] * width), max_size=8))
+    at = [2 * i + 1 for i in range(width)]
+    part = [tuple(x for v in k for x in ("name", v)) for k in keys]
+    assert rows.keys_at(part, at) == [rows.encode_key(k, width == 1) for k in keys]
+    assert rows.keys_at([("c", "a\0[b")], [1]) == ["a\0[b"]
 
 
 _op = st.one_of(
@@ -328,12 +349,11 @@ def test_the_changed_rows_are_those_of_each_key_changed(tmp_path_factory, ops, c
     npk = len(t.pk)
     with appdb.read_txn(conn):
         upto = appdb.max_seq(conn)
-        got = [r for part in appdb.changed_records(conn, t, since, upto, 3)
-               for r in reader.gone_keys(part, npk)]
+        got = [kr for keys, raws in reader.changes(conn, t, since, upto)
+               for kr in zip(keys, raws)]
         want = list(appdb.changed_rows(conn, t, since, upto))
     conn.close()
-    encode = reader.row_encoder(t)
-    assert sorted(zip(reader.record_keys(got, npk), encode(got)), key=itemgetter(0)) == sorted(
+    assert sorted(got, key=itemgetter(0)) == sorted(
         ((rows.encode_key(k, npk == 1),
           None if r is None else codec.encode_value(dict(zip(t.columns, r)))) for _s, k, r in want),
         key=itemgetter(0))
@@ -361,7 +381,8 @@ def test_a_capture_looks_up_the_keys_changed_whatever_the_statistics_say(tmp_pat
     conn.exec_trace = trace
     with appdb.read_txn(conn):
         upto = appdb.max_seq(conn)
-        got = [r for part in appdb.changed_records(conn, t, upto - 5, upto, 100) for r in part]
+        got = [r for _named, part in appdb.changed_records(conn, t, upto - 5, upto, 100)
+               for r in part]
     conn.exec_trace = None
     assert len(got) == 5
     reads = [sql for sql in statements if sql.startswith("SELECT") and '"t"' in sql]

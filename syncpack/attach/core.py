@@ -886,20 +886,12 @@ def _scanned(app: appdb.Connection, t: appdb.TableInfo) -> Iterator[list[tuple[s
     :data:`reader.CAPTURE_BYTES` (rows.PartSizer), so memory stays flat in the rows and in
     their sizes."""
     sizer = rows.PartSizer(CAPTURE_CHUNK, reader.CAPTURE_BYTES)
-    for part in rows.chunks(appdb.scan(app, t), sizer.rows):
-        items = _keyed_records(t, part)
-        sizer.saw(len(items), sum(len(r) for _k, r in items))
-        yield items
-
-
-def _keyed_records(t: appdb.TableInfo, part: list[tuple]) -> list[tuple[str, bytes]]:
-    """(record key, record) of rows of ``t`` as :func:`appdb.scan` gives them."""
-    single = len(t.pk) == 1
-    key_at = [t.columns.index(c) for c in t.pk]
-    items = [(rows.encode_key(tuple(r[i] for i in key_at), single), _record(t, r))
-             for r in part]
-    reader.check_sizes(t, [k for k, _r in items], [r for _k, r in items])
-    return items
+    keyed_records = rows.named_keyed_records(t.columns, t.pk)
+    for part in rows.chunks(appdb.scan(app, t, named=True), sizer.rows):
+        keys, raws = keyed_records(part)
+        reader.check_sizes(t, keys, raws)
+        sizer.saw(len(raws), sum(map(len, raws)))
+        yield list(zip(keys, raws))
 
 
 def _load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,

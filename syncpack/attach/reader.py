@@ -50,13 +50,17 @@ def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
             ) -> Iterator[tuple[list[str], list[bytes | None]]]:
     """(record keys, records) of the keys of ``t`` changed in (since, upto], in chunks; a
     row present is its record, one absent is a delete (None)."""
+    keyed_records = rows.named_keyed_records(t.columns, t.pk)
     encode = row_encoder(t)
     npk = len(t.pk)
     sizer = rows.PartSizer(CAPTURE_CHUNK, CAPTURE_BYTES)
-    for part in appdb.changed_records(app, t, since, upto, sizer.rows):
-        if not all(map(itemgetter(1), part)):
-            part = gone_keys(part, npk)
-        keys, raws = record_keys(part, npk), encode(part)
+    for named, part in appdb.changed_records(app, t, since, upto, sizer.rows):
+        if named:
+            keys, raws = keyed_records(part)
+        else:
+            if not all(map(itemgetter(1), part)):
+                part = gone_keys(part, npk)
+            keys, raws = record_keys(part, npk), encode(part)
         check_sizes(t, keys, raws)
         sizer.saw(len(raws), sum(map(len, filter(None, raws))))
         yield keys, raws
@@ -96,20 +100,15 @@ def gone_keys(part: list[tuple], npk: int) -> list[tuple]:
 
 
 def row_encoder(t: appdb.TableInfo):
-    """Rows laid out as :func:`appdb.changed_records` gives them -> their records, as
-    ``codec.encode_value(dict(zip(t.columns, row)))`` would encode them (None for a row that
-    is absent), in C: the interleaved names and values pack as an array of 2n elements, whose
-    header is then swapped for the header of a map of n."""
-    m, start = len(t.columns), 2 + len(t.pk)
-    packer = codec.value_packer()
-    map_header = codec.map_header(m)
-    skip = len(codec.array_header(2 * m))
-    tail = itemgetter(slice(start, None))
-    body = itemgetter(slice(skip, None))
+    """Rows laid out as :func:`appdb.changed_records` gives those that may be absent -> their
+    records (None for a row that is absent), as ``codec.encode_value(dict(zip(t.columns,
+    row)))`` would encode them."""
+    records = rows.named_records(len(t.columns))
+    tail = itemgetter(slice(2 + len(t.pk), None))
     present = itemgetter(1)
 
     def encode(part: list[tuple]) -> list[bytes | None]:
-        raws = list(map(map_header.__add__, map(body, map(packer, map(tail, part)))))
+        raws = records(list(map(tail, part)))
         if not all(map(present, part)):
             raws = [r if p[1] else None for r, p in zip(raws, part)]
         return raws

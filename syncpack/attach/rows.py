@@ -36,6 +36,46 @@ def encode_key(values: tuple, single: bool | None = None) -> str:
                       ensure_ascii=False)
 
 
+def keys_at(part: list[tuple], at: list[int]) -> list[str]:
+    """The record keys (:func:`encode_key`) of rows whose primary key values sit at the
+    positions ``at`` (in key column order).  A single column of all TEXT that none starts
+    with '[', or of all INTEGER, is spelt in C, the common case; any other row by
+    encode_key."""
+    if len(at) > 1:
+        return [encode_key(v, False) for v in map(itemgetter(*at), part)]
+    vals = list(map(itemgetter(at[0]), part))
+    kinds = set(map(type, vals))
+    if kinds == {str}:
+        # Joined, one text in C says whether any starts with '[' (a key holding NUL before
+        # '[' is only looked at again, one by one).
+        joined = "\0".join(vals)
+        if not joined.startswith("[") and "\0[" not in joined:
+            return vals
+    elif kinds == {int}:
+        return list(map(str, vals))
+    return [encode_key((v,), True) for v in vals]
+
+
+def named_records(m: int) -> Callable[[list[tuple]], list[bytes]]:
+    """Rows laid out as each of ``m`` columns' name beside its value -> their records, as
+    ``codec.encode_value(dict(zip(names, values)))`` would encode them, in C: the
+    interleaved names and values pack as an array of 2m elements, whose header is then
+    swapped for the header of a map of m."""
+    packer = codec.value_packer()
+    body = itemgetter(slice(len(codec.array_header(2 * m)), None))
+    headed = codec.map_header(m).__add__
+    return lambda part: list(map(headed, map(body, map(packer, part))))
+
+
+def named_keyed_records(columns: list[str], pk: list[str]
+                        ) -> Callable[[list[tuple]], tuple[list[str], list[bytes]]]:
+    """Rows laid out as each column's name beside its value -> (their record keys, their
+    records): :func:`keys_at` and :func:`named_records` together."""
+    records = named_records(len(columns))
+    key_at = [2 * columns.index(c) + 1 for c in pk]
+    return lambda part: (keys_at(part, key_at), records(part))
+
+
 def oversized(raws: list[bytes | None], limit: int) -> int | None:
     """The position of the first record of ``raws`` longer than ``limit`` bytes, or None
     (the common case, found in C)."""

@@ -1101,15 +1101,17 @@ def _in_order(t: TableInfo) -> str:
 
 
 def changed_records(conn: Connection, t: TableInfo, since: int, upto: int,
-                    n: int | Callable[[], int]) -> Iterator[list[tuple]]:
+                    n: int | Callable[[], int]) -> Iterator[tuple[bool, list[tuple]]]:
     """The keys of ``t`` changed in (since, upto], in lists of up to ``n`` rows (or as
-    :func:`_parts` says) laid out for a bulk encoder as (the record key when SQLite can
-    spell it, else None; present; the key values...; then each column's name and value in
-    ``t.columns`` order).  The record key spelt here is an INTEGER key's decimal text or a
-    TEXT key not starting with '[' (attach/rows.py: encode_key); the key values are there
-    only when it is not (NULL otherwise: a value fewer to convert per row); the interleaved
-    names and values pack as a msgpack array whose elements are exactly those of the row's
-    map.
+    :func:`_parts` says), each list with how its rows are laid out: ``(True, rows)`` when
+    every row is present and is only each column's name beside its value, in ``t.columns``
+    order (the interleaved names and values pack as a msgpack array whose elements are
+    exactly those of the row's map); ``(False, rows)`` when a row may be absent, each then
+    laid out as (the record key when SQLite can spell it, else None; present; the key
+    values...; then the names and values as above).  The record key spelt there is an
+    INTEGER key's decimal text or a TEXT key not starting with '[' (attach/rows.py:
+    encode_key); the key values are there only when it is not (NULL otherwise: a value fewer
+    to convert per row).
 
     The TEXT key values of a key no longer in the table come as ``'T'`` and their bytes in
     hex (never spelt as the record key): SQLite keeps any bytes as TEXT, and such a key may
@@ -1130,19 +1132,24 @@ def changed_records(conn: Connection, t: TableInfo, since: int, upto: int,
     sql = (f"SELECT {key}, NOT {absent}, {kvals}, {_named_values(t, 't.')} FROM "
            f"({_changed_keys(t)}) c LEFT JOIN {q(t.name)} t ON {_same_key(t, cs)}"
            f"{_in_order(t)}")
-    return _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
+    return _tagged(False, _parts(conn.execute(sql, (t.name, since, upto)), n, t.name))
+
+
+def _tagged(tag: bool, parts: Iterator[list[tuple]]) -> Iterator[tuple[bool, list[tuple]]]:
+    return ((tag, part) for part in parts)
 
 
 def _present_then_gone(conn: Connection, t: TableInfo, since: int, upto: int,
-                       n: int | Callable[[], int]) -> Iterator[list[tuple]]:
+                       n: int | Callable[[], int]) -> Iterator[tuple[bool, list[tuple]]]:
     """:func:`changed_records` of a table not ordered by change."""
-    key, kvals = _key_spelling(t, [f"t.{q(c)}" for c in t.pk], "0")
     cs = [f"c.k{i}" for i in range(len(t.pk))]
     ks = ", ".join(f"k{i}" for i in range(len(t.pk)))
     # CROSS JOIN: the changed keys are always the outer loop.  As an IN list they were as
     # fast, but with the application's statistics saying the table is small (ANALYZE run
-    # early, never again) SQLite scanned the whole table for a single change.
-    sql = (f"SELECT {key}, 1, {kvals}, {_named_values(t, 't.')} FROM (SELECT DISTINCT {ks} "
+    # early, never again) SQLite scanned the whole table for a single change.  Only the
+    # names and values: the record key is read from the key's values in Python (a key
+    # spelt here too was a third more of the reader's time).
+    sql = (f"SELECT {_named_values(t, 't.')} FROM (SELECT DISTINCT {ks} "
            f"FROM {CHANGES} WHERE seq > ?2 AND seq <= ?3 AND tbl = ?1) c "
            f"CROSS JOIN {q(t.name)} t ON {_same_key(t, cs)}")
     changed, maybe = conn.execute(
@@ -1152,18 +1159,19 @@ def _present_then_gone(conn: Connection, t: TableInfo, since: int, upto: int,
     present = 0
     for part in _parts(conn.execute(sql, (t.name, since, upto)), n, t.name):
         present += len(part)
-        yield part
+        yield True, part
     if present == changed and not maybe:
         return      # as many rows present as changes: each was a key of its own, and is here
     key, kvals = _key_spelling(t, cs, "1")
     sql = (f"SELECT {key}, 0, {kvals}, {_named_values(t, None)} FROM ({_changed_keys(t)}) c "
            f"WHERE NOT EXISTS (SELECT 1 FROM {q(t.name)} t WHERE {_same_key(t, cs)})")
-    yield from _parts(conn.execute(sql, (t.name, since, upto)), n, t.name)
+    yield from _tagged(False, _parts(conn.execute(sql, (t.name, since, upto)), n, t.name))
 
 
 def _named_values(t: TableInfo, row: str | None) -> str:
-    """SQL of each column's name (a literal) beside its value in ``row`` ('t.'), or beside
-    NULL when ``row`` is None: what a record's map packs from (:func:`changed_records`)."""
+    """SQL of each column's name (a literal) beside its value in ``row`` ('t.', or '' for the
+    table itself), or beside NULL when ``row`` is None: what a record's map packs from
+    (:func:`changed_records`)."""
     return ", ".join(f"'{c.replace(chr(39), chr(39) * 2)}', "
                      f"{'NULL' if row is None else row + q(c)}" for c in t.columns)
 
@@ -1278,9 +1286,10 @@ def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
                         (t.name, MAYBE + t.name)).fetchall()
 
 
-def scan(conn: Connection, t: TableInfo) -> Iterator[tuple]:
-    """Every row of ``t`` (columns in ``t.columns`` order)."""
-    cols = ", ".join(q(c) for c in t.columns)
+def scan(conn: Connection, t: TableInfo, named: bool = False) -> Iterator[tuple]:
+    """Every row of ``t`` (columns in ``t.columns`` order; or, if ``named``, each column's
+    name beside its value, as :func:`changed_records` gives a row present)."""
+    cols = _named_values(t, "") if named else ", ".join(q(c) for c in t.columns)
     try:
         yield from _whole_table(conn, cols, t.name)
     except UnicodeDecodeError:
