@@ -1152,14 +1152,16 @@ def _present_then_gone(conn: Connection, t: TableInfo, since: int, upto: int,
     sql = (f"SELECT {_named_values(t, 't.')} FROM (SELECT DISTINCT {ks} "
            f"FROM {CHANGES} WHERE seq > ?2 AND seq <= ?3 AND tbl = ?1) c "
            f"CROSS JOIN {q(t.name)} t ON {_same_key(t, cs)}")
-    changed, maybe = conn.execute(
-        f"SELECT count(*) FILTER (WHERE tbl = ?1), count(*) FILTER (WHERE tbl = "
-        f"{MAYBE_SQL} || ?1) FROM {CHANGES} WHERE seq > ?2 AND seq <= ?3",
-        (t.name, since, upto)).fetchone()
     present = 0
     for part in _parts(conn.execute(sql, (t.name, since, upto)), n, t.name):
         present += len(part)
         yield True, part
+    # Counted after the rows (the caller's snapshot holds, so the counts are those of the
+    # same changes): before them, the count of 1M changes kept the first rows back.
+    changed, maybe = conn.execute(
+        f"SELECT count(*) FILTER (WHERE tbl = ?1), count(*) FILTER (WHERE tbl = "
+        f"{MAYBE_SQL} || ?1) FROM {CHANGES} WHERE seq > ?2 AND seq <= ?3",
+        (t.name, since, upto)).fetchone()
     if present == changed and not maybe:
         return      # as many rows present as changes: each was a key of its own, and is here
     key, kvals = _key_spelling(t, cs, "1")
