@@ -1750,10 +1750,11 @@ def check(site: Site) -> list[str]:
                 # against its key's visible record, then each visible record's row found.
                 bad = []
                 sizer = rows.PartSizer(CAPTURE_CHUNK, reader.CAPTURE_BYTES)
+                key_at = [t.columns.index(c) for c in t.pk]
                 for part in rows.chunks(appdb.scan(app, t), sizer.rows):
                     sizer.saw(len(part), rows.text_bytes(part))
                     recs = [dict(zip(t.columns, row)) for row in part]
-                    keys = [rows.encode_key(tuple(r[c] for c in t.pk), single) for r in recs]
+                    keys = rows.keys_at(part, key_at)
                     current = attached.versions_for(site.conn, name, keys)
                     for key, rec in zip(keys, recs):
                         if key in skip:
