@@ -1558,7 +1558,6 @@ def main() -> None:
     # 'systemctl stop', a shutdown, 'kill': stopped as by Ctrl-C, so a batch round logs its
     # end and rewrites its metrics, and every command says what it kept
     signal.signal(signal.SIGTERM, _terminated)
-    db.tune_process()
     cli(prog_name="syncpack")
 
 

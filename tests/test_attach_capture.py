@@ -180,6 +180,45 @@ def test_the_reader_process_is_not_used_on_another_snapshot(tmp_path):
     conn.close()
 
 
+_RANDOM_ROWS = r"""
+import random, sqlite3, sys
+c = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)
+rnd = random.Random(int(sys.argv[3]))
+c.execute("BEGIN")
+c.executemany("INSERT INTO items(id, t) VALUES (?, ?)",
+              ((f"{rnd.random():.15f}", "x" * 300) for _ in range(int(sys.argv[2]))))
+c.execute("COMMIT")
+"""
+
+
+def test_a_capture_into_a_large_store_whose_statements_journal_many_pages_succeeds(tmp_path):
+    """A capture of rows of random keys into a store already large: each insert of 10,000
+    rows changes thousands of the store's pages, which SQLite journals for that statement.
+    With the journal kept in memory up to 16 MiB (SQLITE_CONFIG_STMTJRNL_SPILL), this SQLite
+    failed as it spilled ('database or disk is full', with the disk nearly empty), at every
+    retry: the backlog could never be captured.  Through the command, in processes of its
+    own, as an administrator runs it."""
+    sites = make_family(tmp_path, names=("a",))
+    db = tmp_path / "a.db"
+    app(db, SCHEMA)
+    sp(sites["a"], "attach", db, "--table", "items")
+
+    def command(*args):
+        return subprocess.run([sys.executable, "-m", "syncpack", "--site", str(sites["a"]),
+                               *map(str, args)], capture_output=True, text=True)
+
+    for rows_, seed in ((120_000, 1), (20_000, 2)):
+        subprocess.run([sys.executable, "-c", _RANDOM_ROWS, str(db), str(rows_), str(seed)],
+                       check=True)
+        r = command("capture")
+        assert r.returncode == 0, r.stderr
+    r = command("--json", "attached")
+    assert r.returncode == 0, r.stderr
+    [t] = [t for t in json.loads(r.stdout)["tables"] if t["table"] == "items"]
+    assert (t["rows"], t["pending"]) == (140_000, 0)
+    assert command("fsck").returncode == 0
+
+
 _COMMIT_WAITING = r"""
 import sqlite3, sys, time
 c = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)

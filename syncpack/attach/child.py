@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from syncpack.format import codec
-from syncpack.store import appdb, db
+from syncpack.store import appdb
 
 _LEN = struct.Struct(">I")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -104,7 +104,6 @@ def file_as_left(app: appdb.Connection, req: dict, module_file: str) -> bool:
 def run(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:
     """A child's main: ``serve(its stdin, its stdout)``; the parent gone is an exit, not a
     traceback."""
-    db.tune_process()
     try:
         serve(sys.stdin.buffer, sys.stdout.buffer)
     except BrokenPipeError:

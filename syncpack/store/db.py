@@ -44,25 +44,6 @@ def carray(items: tuple) -> object:
     return apsw.carray(items)
 
 
-# SQLite keeps a statement journal (the pages a statement changes, as they were, so that it
-# can undo that statement alone) while a statement that may fail part-way writes inside a
-# larger transaction, and by default writes it to a temporary file once past 64 KiB.  The
-# bulk inserts of an import or a capture are such statements (their split of packed rows calls
-# functions, which SQLite counts as able to fail): a 1M-op import wrote 161 MB to /var/tmp
-# beside its 200 MB of WAL.  Journals up to this size stay in memory; a statement that changes
-# more pages than that (a huge DELETE) still spills to disk, so memory stays bounded.
-STATEMENT_JOURNAL_IN_MEMORY = 16 * 1024 * 1024
-
-
-def tune_process() -> None:
-    """Process-wide SQLite settings (:data:`STATEMENT_JOURNAL_IN_MEMORY`) for a process of
-    ours, called before it opens any connection: the command's and its helper processes'
-    entry points.  Not for the library API, whose host process may use SQLite itself."""
-    apsw.shutdown()     # config is only accepted while SQLite is not initialised
-    apsw.config(apsw.SQLITE_CONFIG_STMTJRNL_SPILL, STATEMENT_JOURNAL_IN_MEMORY)
-    apsw.initialize()
-
-
 # Another process holding the write lock is waited for this long before BusyError.
 BUSY_TIMEOUT_MS = 30_000
 
