@@ -241,6 +241,7 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
                 continue
             current = attached.versions_for(conn, name, keys) if used[name] else {}
             unseen = attached.unseen_for(conn, name, keys) if any_pending else {}
+            replaced = chain.replaced_of_many(conn, set().union(*unseen.values()))
             bk: list[str] = []
             br: list[bytes | None] = []
             bv: list[bytes] = []
@@ -254,14 +255,14 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
                 u = unseen.get(key, ())
                 bk.append(key)
                 br.append(raw)
-                bv.append(b"".join(_shown(conn, vs, u)))
+                bv.append(b"".join(_shown(vs, u, replaced)))
             tx.write_columns(name, bk, br, bv)
             written += len(bk)
     return written
 
 
-def _shown(conn, vs: list[tuple[bytes, bytes | None]], unseen: set[bytes] | tuple
-           ) -> list[bytes]:
+def _shown(vs: list[tuple[bytes, bytes | None]], unseen: set[bytes] | tuple,
+           replaced: dict[bytes, list[bytes]]) -> list[bytes]:
     """The CSNs of the versions a row shows, which a capture of it supersedes: the key's
     surviving versions but those not yet written into the table (``unseen``: arrived, waiting
     for a column or a clash), and, beneath those, the versions they replaced, which the row
@@ -273,7 +274,7 @@ def _shown(conn, vs: list[tuple[bytes, bytes | None]], unseen: set[bytes] | tupl
         return shown
     known = set(shown) | set(unseen)    # each unseen version's own replaced are looked at
     for c in unseen:
-        for r in chain.replaced_of(conn, c):
+        for r in replaced.get(c, ()):
             if r not in known:
                 known.add(r)
                 shown.append(r)
