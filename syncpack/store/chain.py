@@ -199,24 +199,10 @@ def replaced_of_many(conn, csns: Iterable[bytes]) -> dict[bytes, list[bytes]]:
         wanted.setdefault(csn_origin(c), {})[csn_hlc(c), csn_seq(c)] = c
     out: dict[bytes, list[bytes]] = {}
     for origin, ids in wanted.items():
-        hlcs = sorted({h for h, _s in ids})
-        low, high = hlcs[0], hlcs[-1]
-        for hlc, seq, replaced in conn.execute(
-                "SELECT hlc, seq, replaced FROM changelog WHERE origin=? AND hlc>=? AND hlc<=?",
-                (origin, low, high)):
+        for hlc, seq, _epoch, replaced in _held_near(conn, origin, ids):
             c = ids.get((hlc, seq))
-            if c is not None:
+            if c is not None and c not in out:
                 out[c] = split_csns(replaced)
-        rows = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hlc_first<=? AND "
-                            f"hlc_last>=? ORDER BY lo", (origin, high, low)).fetchall()
-        for b in map(_stored, rows):
-            i = bisect_left(hlcs, b.hlc_first)
-            if i == len(hlcs) or hlcs[i] > b.hlc_last:
-                continue        # no op asked for falls in this block's clock range
-            for op in blocks.decode_ops(block_bytes(conn, b)):
-                c = ids.get((op.hlc, op.seq))
-                if c is not None and c not in out:
-                    out[c] = split_csns(op.replaced)
     return out
 
 
@@ -258,23 +244,29 @@ def epochs_of(conn, ops: Iterable[tuple[int, bytes, int]]) -> dict[tuple[int, by
         wanted.setdefault(origin, set()).add((hlc, seq))
     out: dict[tuple[int, bytes, int], int] = {}
     for origin, ids in wanted.items():
-        hlcs = sorted({h for h, _s in ids})
-        low, high = hlcs[0], hlcs[-1]
-        for epoch, hlc, seq in conn.execute(
-                "SELECT epoch, hlc, seq FROM changelog WHERE origin=? AND hlc>=? AND hlc<=?",
-                (origin, low, high)):
+        for hlc, seq, epoch, _replaced in _held_near(conn, origin, ids):
             if (hlc, seq) in ids:
-                out[hlc, origin, seq] = epoch
-        rows = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hlc_first<=? AND "
-                            f"hlc_last>=? ORDER BY lo", (origin, high, low)).fetchall()
-        for b in map(_stored, rows):
-            i = bisect_left(hlcs, b.hlc_first)
-            if i == len(hlcs) or hlcs[i] > b.hlc_last:
-                continue        # no op asked for falls in this block's clock range
-            for op in blocks.decode_ops(block_bytes(conn, b)):
-                if (op.hlc, op.seq) in ids:
-                    out.setdefault((op.hlc, origin, op.seq), op.epoch)
+                out.setdefault((hlc, origin, seq), epoch)
     return out
+
+
+def _held_near(conn, origin: bytes, ids: Iterable[tuple[int, int]]
+               ) -> Iterator[tuple[int, int, int, bytes]]:
+    """(hlc, seq, epoch, replaced) of the ops of ``origin`` we hold that may be among ``ids``
+    (their (hlc, seq)): the changelog's within their clocks, then those of each block whose
+    clock range holds one of them, each block decoded once."""
+    hlcs = sorted({h for h, _s in ids})
+    low, high = hlcs[0], hlcs[-1]
+    yield from conn.execute("SELECT hlc, seq, epoch, replaced FROM changelog WHERE origin=? "
+                            "AND hlc>=? AND hlc<=?", (origin, low, high))
+    rows = conn.execute(f"SELECT {_COLS} FROM blocks WHERE origin=? AND hlc_first<=? AND "
+                        f"hlc_last>=? ORDER BY lo", (origin, high, low)).fetchall()
+    for b in map(_stored, rows):
+        i = bisect_left(hlcs, b.hlc_first)
+        if i == len(hlcs) or hlcs[i] > b.hlc_last:
+            continue        # no op asked for falls in this block's clock range
+        for op in blocks.decode_ops(block_bytes(conn, b)):
+            yield op.hlc, op.seq, op.epoch, op.replaced
 
 
 def _changelog_epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
