@@ -391,7 +391,8 @@ def test_a_batch_that_cannot_reach_the_writer_process_ends_it_without_a_hang(tmp
     child's input: the child rolls back and exits, and waiting for answers raises instead
     of waiting forever."""
     import threading
-    from syncpack.attach import child, writer
+    from syncpack import children
+    from syncpack.attach import writer
     db = tmp_path / "a.db"
     app(db, SCHEMA[:1])
     conn = appdb.open_app(db)
@@ -408,12 +409,12 @@ def test_a_batch_that_cannot_reach_the_writer_process_ends_it_without_a_hang(tmp
     def wait_for_answers():
         try:
             outcome.append(w.refused(wait=True))
-        except child.ChildEnded as e:
+        except children.ChildEnded as e:
             outcome.append(e)
     waiter = threading.Thread(target=wait_for_answers, daemon=True)
     waiter.start()
     waiter.join(30)
-    assert outcome and isinstance(outcome[0], child.ChildEnded), outcome
+    assert outcome and isinstance(outcome[0], children.ChildEnded), outcome
     w.close()
     assert table(db, "items") == []         # rolled back
     conn.close()

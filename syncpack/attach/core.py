@@ -33,7 +33,8 @@ from itertools import chain as joined, compress, repeat
 from pathlib import Path
 from typing import Iterator
 
-from syncpack.attach import child, reader, rows, schema, shapes, writer
+from syncpack import children
+from syncpack.attach import reader, rows, schema, shapes, writer
 from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageError, arg
 from syncpack.format import blocks, codec
 from syncpack.format.csn import csn_origin, csn_origins, split_csns
@@ -622,7 +623,7 @@ class DirectApply:
             return []
         try:
             return self.child.refused(wait)
-        except child.ChildEnded:
+        except children.ChildEnded:
             self.child_lost = True
             return []
 
@@ -651,7 +652,7 @@ class DirectApply:
                 return later + list(zip(repeat(name), keys, csns))
             try:
                 self.child.put(name, keys, raws, csns)
-            except child.ChildEnded:
+            except children.ChildEnded:
                 self.child_lost = True
                 return later + list(zip(repeat(name), keys, csns))
             self._mark(name, csns)
@@ -738,7 +739,7 @@ class DirectApply:
             noted = ok and _intend(self.site, None, self.token, {}, {}, written)
             token = self.token if self.marks or noted else None
             return (self.child.end(ok, token) and ok), written
-        except child.ChildEnded:
+        except children.ChildEnded:
             return False, {}
 
     def _pending_to_child(self) -> dict[str, list[str]]:

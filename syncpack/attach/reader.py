@@ -26,6 +26,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from syncpack import children
 from syncpack.attach import child, rows
 from syncpack.errors import AttachError
 from syncpack.format import codec
@@ -133,12 +134,12 @@ def record_keys(part: list[tuple], npk: int) -> list[str]:
 def _serve(inp: BinaryIO, out: BinaryIO) -> None:
     """The child's side: one request, then ``{"ok": bool}`` and, if ok, one frame per part
     of each table, ``[]`` after each table; ``{"error": text}`` if reading failed."""
-    req = child.read_frame(inp)
+    req = children.read_frame(inp)
     gc.disable()        # none of what is made here is cyclic; the collector only walks it
     try:
         app = appdb.open_app(Path(req["path"]), wait_ms=CHILD_WAIT_MS)
     except AttachError:     # locked, or gone: the caller reads the rows itself
-        child.write_frame(out, {"ok": False})
+        children.write_frame(out, {"ok": False})
         return
     appdb.sort_beside(app)
     try:
@@ -147,7 +148,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                 same = child.file_as_left(app, req, __file__)
             except AttachError:
                 same = False
-            child.write_frame(out, {"ok": same})
+            children.write_frame(out, {"ok": same})
             out.flush()
             if not same:
                 return
@@ -156,20 +157,20 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                     t = appdb.TableInfo(name, "", columns, pk, {}, False, [], parents,
                                         by_change=by_change)
                     for keys, raws in changes(app, t, req["since"], req["upto"]):
-                        child.write_frame(out, [keys, raws])
-                    child.write_frame(out, [])
+                        children.write_frame(out, [keys, raws])
+                    children.write_frame(out, [])
             except AttachError as e:    # told to the capturing process, which raises it
-                child.write_frame(out, {"error": str(e), "hint": e.hint})
+                children.write_frame(out, {"error": str(e), "hint": e.hint})
             except Exception as e:
-                child.write_frame(out, {"error": f"reading the application's changes failed: "
-                                            f"{type(e).__name__}: {e}", "hint": None})
+                children.write_frame(out, {"error": f"reading the application's changes "
+                                               f"failed: {type(e).__name__}: {e}", "hint": None})
             out.flush()
     finally:
         app.close()
 
 
 def main() -> None:
-    child.run(_serve)
+    children.run(_serve)
 
 
 class Elsewhere:
@@ -180,7 +181,7 @@ class Elsewhere:
     def __init__(self, path: str, tables: list[appdb.TableInfo], since: int, upto: int,
                  schema: int):
         self._frames: Iterator | None = None
-        self.proc: subprocess.Popen | None = child.start("reader", {
+        self.proc: subprocess.Popen | None = children.start("syncpack.attach.reader", {
             "path": str(path), "since": since, "upto": upto, "schema": schema,
             "module": __file__,
             "tables": [(t.name, t.columns, t.pk, t.parents, t.by_change) for t in tables]},
@@ -190,7 +191,7 @@ class Elsewhere:
             return
         # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
         # the child is never held back by a full pipe while this process inserts.
-        self._frames = read_ahead(child.frames(self.proc.stdout), depth=4,
+        self._frames = read_ahead(children.frames(self.proc.stdout), depth=4,
                                   name="syncpack-capture-pipe")
 
     def __bool__(self) -> bool:
@@ -219,4 +220,4 @@ class Elsewhere:
         if self._frames is not None:
             self._frames.close()
             self._frames = None
-        child.stop(p)
+        children.stop(p)

@@ -31,6 +31,7 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
+from syncpack import children
 from syncpack.attach import child, rows
 from syncpack.format import codec
 from syncpack.store import appdb
@@ -128,7 +129,7 @@ def delete_batch(w: appdb.Writer, keys: list[str]) -> list[int]:
 
 
 def _serve(inp: BinaryIO, out: BinaryIO) -> None:
-    req = child.read_frame(inp)
+    req = children.read_frame(inp)
     gc.disable()        # nothing made here is cyclic; the collector would only walk it
     app = appdb.open_app(Path(req["path"]))
     try:
@@ -140,13 +141,13 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
             if same:
                 infos = {n: appdb.table_info(app, n) for n in req["tables"]}
                 same = all(infos.values())
-            child.write_frame(out, {"ok": same})
+            children.write_frame(out, {"ok": same})
             out.flush()
             if not same:
                 return
             writers = {n: appdb.Writer(app, t) for n, t in infos.items()}
             paused: set[str] = set()
-            for frame in child.frames(inp):
+            for frame in children.frames(inp):
                 if frame[0] == "end":
                     commit = frame[1] is True
                     if commit:
@@ -155,19 +156,19 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                         if frame[2] is not None:
                             appdb.note_applied(app, frame[2])
                     appdb.end_write(app, commit)
-                    child.write_frame(out, {"done": commit})
+                    children.write_frame(out, {"done": commit})
                     out.flush()
                     return
                 if frame[0] == "delete":
                     _op, name, keys = frame
-                    child.write_frame(out, delete_batch(writers[name], keys))
+                    children.write_frame(out, delete_batch(writers[name], keys))
                     out.flush()
                     continue
                 _op, name, keys, raws = frame
-                child.write_frame(out, sorted(write_batch(
+                children.write_frame(out, sorted(write_batch(
                     writers[name], keys, raws, paused=paused, pause_at=req["pause_at"])))
                 out.flush()
-        except child.ChildEnded:        # the importing process went away: roll back
+        except children.ChildEnded:        # the importing process went away: roll back
             return
         finally:
             appdb.end_write(app, False)     # nothing, after a commit
@@ -176,7 +177,7 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 
 def main() -> None:
-    child.run(_serve)
+    children.run(_serve)
 
 
 class Elsewhere:
@@ -186,24 +187,24 @@ class Elsewhere:
 
     :meth:`put` sends a batch and returns at once; :meth:`refused` gives the batches' rows the
     child did not write, as its answers arrive; :meth:`end` commits or rolls back.  Any of
-    them raises :class:`child.ChildEnded` once the child is gone."""
+    them raises :class:`children.ChildEnded` once the child is gone."""
 
     def __init__(self, path: str, tables: list[str], replicated: list[str], upto: int,
                  schema: int, pause_at: int):
         self.ok = False
         self._sent: deque[list] = deque()
-        self._inbox: child.Inbox | None = None
-        self._outbox: child.Outbox | None = None
+        self._inbox: children.Inbox | None = None
+        self._outbox: children.Outbox | None = None
         self._ended = False
-        self.proc: subprocess.Popen | None = child.start("writer", {
+        self.proc: subprocess.Popen | None = children.start("syncpack.attach.writer", {
             "path": str(path), "tables": tables, "replicated": replicated, "upto": upto,
             "schema": schema,
             "module": __file__, "pause_at": pause_at}, more_input=True)
         self.ok = self.proc is not None
         if not self.ok:
             return
-        self._inbox = child.Inbox(self.proc.stdout, "syncpack-apply-answers")
-        self._outbox = child.Outbox(self.proc.stdin, "syncpack-apply-rows", depth=8)
+        self._inbox = children.Inbox(self.proc.stdout, "syncpack-apply-answers")
+        self._outbox = children.Outbox(self.proc.stdin, "syncpack-apply-rows", depth=8)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -228,7 +229,7 @@ class Elsewhere:
                 break
             table, keys, csns = self._sent.popleft()
             if not isinstance(answer, list):
-                raise child.ChildEnded("the process writing the application's rows failed")
+                raise children.ChildEnded("the process writing the application's rows failed")
             out += [(table, keys[i], csns[i]) for i in answer]
         return out
 
@@ -254,10 +255,10 @@ class Elsewhere:
         if self._outbox is not None:
             try:
                 self._outbox.close()
-            except child.ChildEnded:
+            except children.ChildEnded:
                 pass
             self._outbox = None
-        child.stop(p)
+        children.stop(p)
         if self._inbox is not None:
             self._inbox.join()
             self._inbox = None
