@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import run
-from syncpack.admin import inspection
+from syncpack.admin import inspection, loading
 from syncpack.site import Site
 from syncpack.store import chain
 
@@ -202,7 +202,7 @@ def test_a_load_in_many_batches_leaves_what_one_put_at_a_time_leaves(tmp_path, m
     """A load cut into replication transactions looks up only the keys a collection may hold
     (a range probe per batch): keys below, among and above those held, and a key written
     again in a later batch, are superseded exactly as by puts one at a time."""
-    monkeypatch.setattr(inspection, "LOAD_TXN_OPS", 3)
+    monkeypatch.setattr(loading, "LOAD_TXN_OPS", 3)
     a, b = tmp_path / "a", tmp_path / "b"
     for p in (a, b):
         Site.init_family(p, "fam", "s", "lww").close()
@@ -254,7 +254,7 @@ def test_a_load_of_new_keys_as_columns_leaves_what_puts_leave(tmp_path_factory, 
                          for c, k, v in rows))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(chain, "SEAL_AT_COMMIT", 2)
-        mp.setattr(inspection, "LOAD_TXN_OPS", batch)
+        mp.setattr(loading, "LOAD_TXN_OPS", batch)
         with Site.open(a) as s:
             assert inspection.load(s, f)["loaded"] == len(rows)
     with Site.open(b) as s:
@@ -273,10 +273,14 @@ def test_a_load_of_new_keys_as_columns_leaves_what_puts_leave(tmp_path_factory, 
     assert run("fsck", site=a).code == 0
 
 
-def test_a_bad_line_after_batches_were_written_loads_nothing(tmp_path, monkeypatch):
-    """Batches are written as the file is read: a bad line after some of them rolls the whole
-    file back (one store transaction), and the site is as it was."""
-    monkeypatch.setattr(inspection, "LOAD_TXN_OPS", 3)
+@pytest.mark.parametrize("parser", ["here", "child"])
+def test_a_bad_line_after_batches_were_written_loads_nothing(tmp_path, monkeypatch, parser):
+    """Batches are written as the file is read (parsed here, or by the child process of a
+    large file): a bad line after some of them rolls the whole file back (one store
+    transaction), and the site is as it was."""
+    if parser == "child":
+        monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
+    monkeypatch.setattr(loading, "LOAD_TXN_OPS", 3)
     monkeypatch.setattr(chain, "SEAL_AT_COMMIT", 2)
     p = tmp_path / "a"
     Site.init_family(p, "fam", "a").close()

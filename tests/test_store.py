@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import run
+from syncpack import children
+from syncpack.admin import loading
 from syncpack.format import codec
 from syncpack.format.csn import pack_csn
 from syncpack.errors import SiteError, UsageError
@@ -149,7 +151,13 @@ GOOD = '{"collection": "parts", "key": "p9", "value": 9}'
     ('{"collection": "parts", "key": "", "value": 1}', "non-empty"),
     ('{"collection": "parts", "key": "\\ud800", "value": 1}', "UTF-8"),
 ])
-def test_load_rejects_a_bad_line_and_leaves_the_store_untouched(site_dir, tmp_path, bad, why):
+@pytest.mark.parametrize("parser", ["here", "child"])
+def test_load_rejects_a_bad_line_and_leaves_the_store_untouched(site_dir, tmp_path, bad, why,
+                                                                parser, monkeypatch):
+    """In this process or in the child process that parses a large file (forced here), the
+    same line is refused with the same words, and nothing is loaded."""
+    if parser == "child":
+        monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
     f = tmp_path / "in.jsonl"
     f.write_text("\n".join([GOOD, '{"collection": "parts", "key": "p0", "delete": true}', "",
                             bad, GOOD]) + "\n")
@@ -166,12 +174,20 @@ def test_load_rejects_a_bad_line_and_leaves_the_store_untouched(site_dir, tmp_pa
         assert s.get("parts", "p0") == {"n": 0}
 
 
-def test_load_applies_a_good_file_in_one_transaction(site_dir, tmp_path):
+@pytest.mark.parametrize("parser", ["here", "child"])
+def test_load_applies_a_good_file_in_one_transaction(site_dir, tmp_path, parser, monkeypatch):
+    spawned = []
+    if parser == "child":
+        monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
+        real_spawn = children.spawn
+        monkeypatch.setattr(children, "spawn", lambda m: spawned.append(m) or real_spawn(m))
     f = tmp_path / "in.jsonl"
     f.write_text(GOOD + '\n{"collection": "parts", "key": "p0", "delete": true}\n'
                  '{"collection": "other", "key": "k", "value": [1, {"a": null}]}\n')
     n0 = changelog_count(site_dir)
-    assert run("load", f, site=site_dir).code == 0
+    r = run("load", f, site=site_dir, json_mode=True)
+    assert r.code == 0 and r.json == {"loaded": 3, "puts": 2, "deletes": 1}, r
+    assert spawned == (["syncpack.admin.loading"] if parser == "child" else [])
     with Site.open(site_dir) as s:
         rows = s.conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? ORDER BY epoch "
                               "LIMIT -1 OFFSET ?", (s.site_id, n0)).fetchall()
@@ -180,6 +196,73 @@ def test_load_applies_a_good_file_in_one_transaction(site_dir, tmp_path):
         assert s.get("parts", "p9") == 9
         assert s.get("parts", "p0", None) is None
         assert s.get("other", "k") == [1, {"a": None}]
+
+
+separated = st.lists(st.tuples(st.text("ab{}é😀 ", max_size=6),
+                                st.sampled_from(["\n", "\r", "\r\n", "\x0b", "\x85", "\u2028"])),
+                      max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pieces=separated, tail=st.text("ab\r", max_size=3), piece=st.integers(1, 7))
+def test_a_load_file_read_a_piece_at_a_time_has_the_lines_of_the_whole_text(
+        tmp_path_factory, pieces, tail, piece):
+    """A piece may end inside a line, between '\r' and '\n', or inside a character's UTF-8
+    bytes; the lines are still those of the whole text, so line numbers in errors hold."""
+    text = "".join(a + b for a, b in pieces) + tail
+    f = tmp_path_factory.mktemp("lines") / "in.jsonl"
+    f.write_bytes(text.encode())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loading, "READ_CHARS", piece)
+        assert list(loading.lines_of(f)) == text.splitlines()
+
+
+@pytest.mark.parametrize("parser", ["here", "child"])
+def test_load_of_a_file_that_is_not_utf8_changes_nothing(site_dir, tmp_path, parser,
+                                                         monkeypatch):
+    if parser == "child":
+        monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
+        monkeypatch.setattr(loading, "READ_CHARS", 64)     # the bad byte is in a later piece
+    f = tmp_path / "in.jsonl"
+    f.write_bytes((GOOD + "\n") .encode() * 20 + b'{"collection": "parts", "key": "\xff"}\n')
+    with Site.open(site_dir) as s:
+        before = s.digest()
+    r = run("load", f, site=site_dir)
+    assert r.code == 1 and f"error: {f}: cannot read" in r.err and "Traceback" not in r.err, r
+    with Site.open(site_dir) as s:
+        assert s.digest() == before
+
+
+def test_a_load_whose_parsing_process_is_killed_loads_nothing(site_dir, tmp_path,
+                                                              monkeypatch):
+    """The child parsing the file dies after its first batch was written (kill -9): the load
+    fails with one line, its transaction rolled back, and a second load of the file works."""
+    import signal
+    monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
+    monkeypatch.setattr(loading, "LOAD_TXN_OPS", 10)
+    real = loading.Elsewhere.batches
+
+    def batches(self):
+        for i, b in enumerate(real(self)):
+            if i == 1:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            yield b
+    monkeypatch.setattr(loading.Elsewhere, "batches", batches)
+    f = tmp_path / "in.jsonl"
+    f.write_text("".join(f'{{"collection": "c", "key": "k{i:05d}", "value": {i}}}\n'
+                         for i in range(20_000)))
+    with Site.open(site_dir) as s:
+        before = s.digest()
+    r = run("load", f, site=site_dir)
+    assert r.code == 1 and "ended early" in r.err and "Traceback" not in r.err, r
+    with Site.open(site_dir) as s:
+        assert s.digest() == before
+    monkeypatch.setattr(loading.Elsewhere, "batches", real)
+    assert run("load", f, site=site_dir).code == 0
+    with Site.open(site_dir) as s:
+        assert s.get("c", "k19999") == 19999
+    assert run("fsck", site=site_dir).code == 0
 
 
 # --- fsck ---------------------------------------------------------------------------------------

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from json.scanner import make_scanner
 from itertools import chain as concat, groupby
 from operator import itemgetter
 from pathlib import Path
 from typing import Iterator
 
-from syncpack.admin import writes
+from syncpack.admin import loading, writes
 from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
@@ -22,14 +20,13 @@ from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, pack_csn, split_csns
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
-from syncpack.errors import (InvalidValueError, LoadError, PacketError, SyncpackError,
+from syncpack.errors import (InvalidValueError, PacketError, SyncpackError,
                              UsageError)
-from syncpack.site import MAX_NAME_CHARS, TABLES, Site, check_collection, check_key
+from syncpack.site import TABLES, Site
 from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
 from syncpack.progress import expect
-from syncpack.format.values import MAX_DEPTH, json_value_encoder
 
 
 def commit_marker(site: Site) -> tuple:
@@ -154,43 +151,30 @@ def digest(site: Site) -> dict:
             "vector": site.named({o: e for o, e in site.vector().items() if e})}
 
 
-# A load commits in one store transaction, and travels as replication transactions of at most
-# this many changes or bytes: each becomes one block, which an importer decodes whole.
-LOAD_TXN_OPS = 100_000
-LOAD_TXN_BYTES = 32 * 1024 * 1024
-
-
 def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     """JSON lines, all in one store transaction; a bad line rejects the whole file."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise LoadError(f"{p}: no such file", hint="check the path; nothing was loaded") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise LoadError(f"{p}: cannot read ({e})",
-                        hint="a load file is UTF-8 JSON lines, readable by this user") from None
     # Every object made here is acyclic; the cyclic collector would otherwise walk the growing
     # heap again and again (a third of a load's CPU time at 200,000 records).
     with blocks.gc_paused():
-        return _load_lines(site, p, lines, progress)
+        records, parts = loading.parsed(p, getattr(progress, "expect", None) is not None)
+        try:
+            return _load_batches(site, parts, records, progress)
+        finally:
+            parts.close()       # a child still parsing is stopped
 
 
-_JSON_SCAN = make_scanner(json.JSONDecoder())
-
-
-def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
-    if getattr(progress, "expect", None) is not None:
-        expect(progress, sum(1 for line in lines if line and not line.isspace()))
+def _load_batches(site: Site, parts, records: int, progress) -> dict:
+    expect(progress, records)
     counts = {"loaded": 0, "deletes": 0}
-    # Each batch is parsed just before it is written, so only one batch of encoded rows is
-    # held (a 1M-record load peaked at 743 MB holding them all, 486 MB so); a bad line rolls
-    # the store transaction, all of the file, back.  (Parsing on a second thread gained
-    # nothing: the writer gives up the GIL at every row SQLite inserts, and waits for it.)
+    # Each batch is parsed just before it is written (by a child process, for a large file,
+    # while this one writes the one before), so only a batch or two of encoded rows is held
+    # (a 1M-record load peaked at 743 MB holding them all, 486 MB so); a bad line rolls the
+    # store transaction, all of the file, back.
     collections: set[str] = set()
     tables: dict[str, bool] = {}     # collection -> whether it is a table of the family
     with site.transaction() as tx:
-        for i, batch in enumerate(_load_batches(p, lines, counts)):
+        for i, (batch, deletes) in enumerate(parts):
             if i:
                 tx.split()
             for name in set(map(itemgetter(0), batch)):
@@ -202,83 +186,13 @@ def _load_lines(site: Site, p: Path, lines: list[str], progress) -> dict:
                     (k, codec.decode_value(raw)) for c, k, raw in batch if c == name and raw])
             tx.write_rows(batch)
             collections.update(map(itemgetter(0), batch))
+            counts["loaded"] += len(batch)
+            counts["deletes"] += deletes
             if progress:
                 progress(len(batch))
     writes.into_attached(site, collections)     # as a put does
     return {"loaded": counts["loaded"], "puts": counts["loaded"] - counts["deletes"],
             "deletes": counts["deletes"]}
-
-
-def _load_batches(p: Path, lines: list[str], counts: dict
-                  ) -> Iterator[list[tuple[str, str, bytes | None]]]:
-    """The file's records, checked and encoded, in batches of one replication transaction
-    (one block): at most LOAD_TXN_OPS records or LOAD_TXN_BYTES of keys and values."""
-    rows: list[tuple[str, str, bytes | None]] = []
-    append = rows.append
-    size = 0
-    scan = _JSON_SCAN
-    encode = json_value_encoder()
-    collections: set[str] = set()
-    for n, line in enumerate(lines, 1):
-        if not line or line.isspace():
-            continue
-        try:
-            # json.loads's own C scanner without its Python wrapper (half its time); any line
-            # it does not take whole goes through json.loads, for the same result or error
-            try:
-                d, end = scan(line, 0)
-            except StopIteration:
-                end = -1
-            if end < 0 or (end != len(line) and not line[end:].isspace()):
-                d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise LoadError(f"{p} line {n}: not valid JSON ({e.msg})",
-                            hint="nothing was loaded; fix the line and load the file again") from None
-        except RecursionError:      # the parser's own limit, below the one of a value
-            raise LoadError(f"{p} line {n}: nested more than {MAX_DEPTH} levels deep",
-                            hint="nothing was loaded; fix the line and load the file again") from None
-        try:
-            if type(d) is not dict:
-                raise ValueError("each line must be a JSON object")
-            coll, key = d.get("collection"), d.get("key")
-            if type(coll) is not str or type(key) is not str:
-                raise ValueError("needs string fields 'collection' and 'key'")
-            if coll not in collections:
-                check_collection(coll)
-                collections.add(coll)
-            if not key or len(key) > MAX_NAME_CHARS or not key.isascii():
-                check_key(key)      # the rule of a put (the common key needs no more)
-            if len(d) == 3 and "value" in d:
-                # NaN or Infinity (json.loads takes them) and unencodable values are refused
-                # with their line
-                raw = encode(d["value"])
-                if len(raw) > codec.MAX_VALUE_BYTES:
-                    raise ValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes "
-                                     f"encoded (this one is {len(raw)})")
-                append((coll, key, raw))
-                size += len(key) + len(raw)
-            elif d.get("delete") is True:
-                if "value" in d:
-                    raise ValueError("a line has either 'value' or 'delete': true, not both")
-                append((coll, key, None))
-                size += len(key)
-                counts["deletes"] += 1
-            elif "value" in d:
-                extra = set(d) - {"collection", "key", "value"}
-                raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
-            else:
-                raise ValueError("needs 'value' or 'delete': true")
-        except (ValueError, SyncpackError) as e:
-            raise LoadError(f"{p} line {n}: {e}",
-                            hint="nothing was loaded; fix the line and load the file again") from None
-        if len(rows) >= LOAD_TXN_OPS or size >= LOAD_TXN_BYTES:
-            counts["loaded"] += len(rows)
-            yield rows
-            rows, size = [], 0
-            append = rows.append
-    if rows:
-        counts["loaded"] += len(rows)
-        yield rows
 
 
 def fsck(site: Site) -> dict:

@@ -1,0 +1,272 @@
+"""Reading a load file: its JSON lines checked and encoded, in batches of one replication
+transaction each, here or, for a large file, in a child process on the other core.
+
+Parsing and encoding is most of a large load's time (1M records: about 3 s of a 5.8 s load,
+against about 2 s for the store's inserts and sealing), and all of it holds the GIL: a thread
+would only take turns with the store's writer.  A child process (syncpack/children.py) has
+an interpreter of its own, so it parses batch N+1 while this process writes batch N; what
+crosses the pipe is one msgpack frame per batch, its columns ``[collections, keys, values,
+deletes]``.  The child runs the same :func:`batches` as this process would, so a bad line is
+refused with the same message; it only reads, and if either process dies the store's
+transaction rolls back as after any failed load.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from itertools import chain
+from json.scanner import make_scanner
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+from syncpack import children
+from syncpack.errors import LoadError, SyncpackError
+from syncpack.format import codec
+from syncpack.format.values import MAX_DEPTH, json_value_encoder
+from syncpack.pipeline import read_ahead
+from syncpack.site import MAX_NAME_CHARS, check_collection, check_key
+
+# A load commits in one store transaction, and travels as replication transactions of at most
+# this many changes or bytes: each becomes one block, which an importer decodes whole.
+LOAD_TXN_OPS = 100_000
+LOAD_TXN_BYTES = 32 * 1024 * 1024
+# A file of at least this many bytes is parsed by a child process: its start (an interpreter
+# and the imports, 0.15-0.3 s of wall time) is then a small part of the load.
+ELSEWHERE_AT = 8 * 1024 * 1024
+
+Row = tuple[str, str, bytes | None]
+
+
+# Read this many characters at a time: the first batch is parsed while the rest is unread.
+READ_CHARS = 4 * 1024 * 1024
+
+
+def lines_of(p: Path) -> Iterator[str]:
+    """The file's lines, as ``str.splitlines`` gives them for the whole text, read a piece at
+    a time; :class:`LoadError` if the file cannot be read as UTF-8 text (where it fails)."""
+    try:
+        f = open(p, encoding="utf-8", newline="")
+    except FileNotFoundError:
+        raise LoadError(f"{p}: no such file", hint="check the path; nothing was loaded") from None
+    except OSError as e:
+        raise _unreadable(p, e) from None
+    with f:
+        carry = ""
+        while True:
+            try:
+                piece = f.read(READ_CHARS)
+            except (OSError, UnicodeDecodeError) as e:
+                raise _unreadable(p, e) from None
+            if not piece:
+                break
+            text = carry + piece
+            # Cut after the last '\n': no line break runs past it ('\r\n' ends there), so the
+            # lines before and after the cut are those of the whole text.
+            cut = text.rfind("\n") + 1
+            carry = text[cut:]
+            yield from text[:cut].splitlines()
+        if carry:
+            yield from carry.splitlines()
+
+
+def _unreadable(p: Path, e: Exception) -> LoadError:
+    return LoadError(f"{p}: cannot read ({e})",
+                     hint="a load file is UTF-8 JSON lines, readable by this user")
+
+
+def records_in(p: Path) -> int:
+    """How many records the file holds (blank lines are none), for a progress bar."""
+    return sum(1 for line in lines_of(p) if line and not line.isspace())
+
+
+_JSON_SCAN = make_scanner(json.JSONDecoder())
+
+
+def batches(p: Path, lines: Iterable[str], ops: int = 0, size_limit: int = 0
+            ) -> Iterator[tuple[list[Row], int]]:
+    """The file's records, checked and encoded, in batches of one replication transaction
+    (one block): at most ``ops`` records (LOAD_TXN_OPS) or ``size_limit`` bytes of keys and
+    values (LOAD_TXN_BYTES); each batch with how many of its records are deletes.  A bad line
+    is :class:`LoadError`, naming it."""
+    ops = ops or LOAD_TXN_OPS
+    size_limit = size_limit or LOAD_TXN_BYTES
+    rows: list[Row] = []
+    append = rows.append
+    size = deletes = 0
+    scan = _JSON_SCAN
+    encode = json_value_encoder()
+    collections: set[str] = set()
+    for n, line in enumerate(lines, 1):
+        if not line or line.isspace():
+            continue
+        try:
+            # json.loads's own C scanner without its Python wrapper (half its time); any line
+            # it does not take whole goes through json.loads, for the same result or error
+            try:
+                d, end = scan(line, 0)
+            except StopIteration:
+                end = -1
+            if end < 0 or (end != len(line) and not line[end:].isspace()):
+                d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LoadError(f"{p} line {n}: not valid JSON ({e.msg})",
+                            hint="nothing was loaded; fix the line and load the file again") from None
+        except RecursionError:      # the parser's own limit, below the one of a value
+            raise LoadError(f"{p} line {n}: nested more than {MAX_DEPTH} levels deep",
+                            hint="nothing was loaded; fix the line and load the file again") from None
+        try:
+            if type(d) is not dict:
+                raise ValueError("each line must be a JSON object")
+            coll, key = d.get("collection"), d.get("key")
+            if type(coll) is not str or type(key) is not str:
+                raise ValueError("needs string fields 'collection' and 'key'")
+            if coll not in collections:
+                check_collection(coll)
+                collections.add(coll)
+            if not key or len(key) > MAX_NAME_CHARS or not key.isascii():
+                check_key(key)      # the rule of a put (the common key needs no more)
+            if len(d) == 3 and "value" in d:
+                # NaN or Infinity (json.loads takes them) and unencodable values are refused
+                # with their line
+                raw = encode(d["value"])
+                if len(raw) > codec.MAX_VALUE_BYTES:
+                    raise ValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes "
+                                     f"encoded (this one is {len(raw)})")
+                append((coll, key, raw))
+                size += len(key) + len(raw)
+            elif d.get("delete") is True:
+                if "value" in d:
+                    raise ValueError("a line has either 'value' or 'delete': true, not both")
+                append((coll, key, None))
+                size += len(key)
+                deletes += 1
+            elif "value" in d:
+                extra = set(d) - {"collection", "key", "value"}
+                raise ValueError(f"unexpected field(s): {', '.join(sorted(extra))}")
+            else:
+                raise ValueError("needs 'value' or 'delete': true")
+        except (ValueError, SyncpackError) as e:
+            raise LoadError(f"{p} line {n}: {e}",
+                            hint="nothing was loaded; fix the line and load the file again") from None
+        if len(rows) >= ops or size >= size_limit:
+            yield rows, deletes
+            rows, size, deletes = [], 0, 0
+            append = rows.append
+    if rows:
+        yield rows, deletes
+
+
+def parsed(p: Path, count: bool) -> tuple[int, Iterator[tuple[list[Row], int]]]:
+    """(how many records the file holds if ``count``, else 0; its :func:`batches`): read by a
+    child process for a large file (the caller must exhaust or close the batches, which
+    stops the child), else here.  Counting reads the file once more, first."""
+    try:
+        large = p.stat().st_size >= ELSEWHERE_AT
+    except OSError:
+        large = False       # lines_of says what is wrong with it
+    if large:
+        child = Elsewhere(p, count)
+        if child:
+            return child.records, child.batches()
+    return (records_in(p) if count else 0), batches(p, lines_of(p))
+
+
+# --- the child process ---------------------------------------------------------------------------
+
+def _serve(inp: BinaryIO, out: BinaryIO) -> None:
+    """The child's side: one request; then ``{"ok": true, "records": n}`` and one frame per
+    batch, ``[]`` after the last; or ``{"ok": false}`` (another file of code: the caller
+    parses the file itself), or ``{"error", "hint"}`` (the file, or a line of it, is refused,
+    as the caller would have refused it)."""
+    req = children.read_frame(inp)
+    gc.disable()        # none of what is made here is cyclic; the collector only walks it
+    if req.get("module") != __file__:
+        children.write_frame(out, {"ok": False})
+        return
+    p = Path(req["path"])
+    try:
+        lines = lines_of(p)
+        first = next(lines, None)   # the file opened, and its first piece read
+        children.write_frame(out, {"ok": True,
+                                   "records": records_in(p) if req["count"] else 0})
+        out.flush()
+        if first is not None:
+            lines = chain((first,), lines)
+        for rows, deletes in batches(p, lines, req["ops"], req["bytes"]):
+            colls, keys, raws = zip(*rows)
+            children.write_frame(out, [colls, keys, raws, deletes])
+        children.write_frame(out, [])
+    except LoadError as e:      # told to the loading process, which raises it
+        children.write_frame(out, {"error": str(e), "hint": e.hint})
+    out.flush()
+
+
+def main() -> None:
+    children.run(_serve)
+
+
+class Elsewhere:
+    """A child process parsing the load file ``p``: :attr:`records` and :meth:`batches`.
+    Falsy when it could not start or serve (then parse here)."""
+
+    def __init__(self, p: Path, count: bool):
+        self.p = p
+        self.records = 0
+        self._frames: Iterator | None = None
+        self.proc = children.spawn("syncpack.admin.loading")
+        self.ok = False
+        if self.proc is None:
+            return
+        try:
+            children.write_frame(self.proc.stdin, {
+                "path": os.fspath(p), "module": __file__, "ops": LOAD_TXN_OPS,
+                "bytes": LOAD_TXN_BYTES, "count": count})
+            self.proc.stdin.close()
+            answer = children.read_frame(self.proc.stdout)
+        except (OSError, EOFError, ValueError):
+            answer = None
+        if isinstance(answer, dict) and "error" in answer:
+            self.close()
+            raise LoadError(str(answer["error"]), hint=answer.get("hint"))
+        if not (isinstance(answer, dict) and answer.get("ok") is True):
+            self.close()
+            return
+        self.ok = True
+        self.records = int(answer.get("records", 0))
+        # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
+        # the child is never held back by a full pipe while this process writes.
+        self._frames = read_ahead(children.frames(self.proc.stdout), depth=2,
+                                  name="syncpack-load-pipe")
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def batches(self) -> Iterator[tuple[list[Row], int]]:
+        """The child's batches, as :func:`batches` gives them; the child is stopped when
+        they end, or when the caller stops taking them."""
+        try:
+            while True:
+                try:
+                    frame = next(self._frames)
+                except (EOFError, StopIteration):
+                    raise LoadError(f"{self.p}: the process reading the file ended early",
+                                    hint="nothing was loaded; run the command again") from None
+                if isinstance(frame, dict):
+                    raise LoadError(str(frame.get("error")), hint=frame.get("hint"))
+                if not frame:
+                    return
+                colls, keys, raws, deletes = frame
+                yield list(zip(colls, keys, raws)), deletes
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        p, self.proc = self.proc, None
+        if p is not None and p.poll() is None:
+            p.kill()        # then the thread reading its pipe sees the end and stops
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
+        children.stop(p)
