@@ -93,7 +93,15 @@ def test_bench_cli_smoke(tmp_path):
     assert g["packets"] == 1 and g["ops"] >= 1000
     for what in ("export", "import"):
         assert g[what]["peak_rss_mb"] > g["idle_peak_rss_mb"] > 0, what
+    assert_machine_told(res["machine"])
     assert list(tmp_path.iterdir()) == []       # the temporary sites are removed
+
+
+def assert_machine_told(m: dict) -> None:
+    """How loaded the machine was is reported beside the figures (tools/machine.py)."""
+    assert m["cpus"] >= 1 and len(m["load_average"]) == 2 and m["seconds"] > 0
+    if Path("/proc/stat").exists():
+        assert 0 <= m["others_cpu_share"] <= 1 and 0 <= m["steal_share"] <= 1
 
 
 def test_bench_attach_smoke(tmp_path):
@@ -113,6 +121,7 @@ def test_bench_attach_smoke(tmp_path):
         assert p[k] > 0, k
     assert set(res["targets"]) == {"bulk_write_ratio", "single_write_ratio",
                                    "capture_rows_per_s", "import_vs_changeset_apply"}
+    assert_machine_told(res["machine"])
     assert list(tmp_path.iterdir()) == []
 
 

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import machine
+
 SYNCPACK = str(Path(sys.executable).with_name("syncpack"))
 DDL = "CREATE TABLE items(id TEXT PRIMARY KEY, n INTEGER, r REAL, s TEXT, b BLOB)"
 TARGETS = {
@@ -210,6 +212,7 @@ def main() -> int:
     ap.add_argument("--dir", help="where to work (default: a new temporary directory)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(dir=a.dir))
+    watch = machine.Watch()
     try:
         res: dict = {"app_writes": app_overhead(root, a.bulk, a.single, a.repeat)}
         runs = [pipeline(root, a.rows) for _ in range(a.repeat)]
@@ -235,6 +238,7 @@ def main() -> int:
                           for k, (op, lim) in TARGETS.items()}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    res["machine"] = watch.report()
     if a.json:
         print(json.dumps(res, indent=2))
     else:
@@ -258,6 +262,7 @@ def main() -> int:
         for k, t in res["targets"].items():
             print(f"  {k}: {t['value']:.3f} (target {t['target']}): "
                   f"{'met' if t['met'] else 'NOT met'}")
+        print(machine.describe(res["machine"]))
     return 0
 
 

@@ -67,6 +67,8 @@ sys.path.insert(0, str(ROOT))
 
 from syncpack.site import Site  # noqa: E402
 
+import machine  # noqa: E402  (tools/machine.py, beside this file)
+
 COLLECTION = "bench"
 REPEATED = ("syncpack" * 7)[:50]
 API_SLICE = 1_000                # small run: API and plain transactions alternate in these
@@ -476,7 +478,7 @@ def main() -> int:
         compileall.compile_dir(str(ROOT / "syncpack"), quiet=1)
     rnd = random.Random(a.seed)
     bulk, small, big = [], [], []
-    load0 = os.getloadavg()[0]
+    watch = machine.Watch()
     for i in range(a.runs):
         if a.bulk_ops:
             with tempfile.TemporaryDirectory(dir=a.dir) as t:
@@ -492,7 +494,8 @@ def main() -> int:
                             f"disk (packet, peer and its WAL), {free / 1e9:.0f} GB free"})
                 continue
             big.append(big_run(Path(t), gb, a.big_value_kb, rnd))
-    res: dict = {"runs": a.runs, "load_average": [load0, os.getloadavg()[0]],
+    seen = watch.report()
+    res: dict = {"runs": a.runs, "load_average": seen["load_average"], "machine": seen,
                  "bytecode": not a.no_bytecode,
                  "cpus": os.cpu_count(), "ratios": {}}
     if bulk:
@@ -517,9 +520,9 @@ def main() -> int:
         print(json.dumps(res, indent=2))
         return 0
     r = res["ratios"]
-    print(f"medians of {a.runs} run(s); load average {load0:.2f} -> {os.getloadavg()[0]:.2f} "
-          f"({os.cpu_count()} cpus); syncpack "
+    print(f"medians of {a.runs} run(s); syncpack "
           + ("from source in every command" if a.no_bytecode else "bytecode compiled first"))
+    print(machine.describe(res["machine"]))
     if bulk or small:
         print(f"{'figure':44} {'ratio':>8}  {'syncpack':>24}  {'baseline':>24}  target")
     if bulk:
