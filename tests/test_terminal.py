@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Family, run
+from syncpack.admin import loading
 
 BIG = 150_000      # ops in one transaction: its apply takes long enough to be watched
 
@@ -266,11 +267,19 @@ def test_scrub_resync_and_log_export_show_bars(world, tmp_path):
     assert run("fsck", site=boston).code == 0
 
 
-def test_ctrl_c_during_a_load_rolls_back_its_one_transaction(world, tmp_path):
+@pytest.mark.parametrize("parser", ["here", "child"])
+def test_ctrl_c_during_a_load_rolls_back_its_one_transaction(world, tmp_path, parser):
+    """A file of 6 MB is parsed by the loading process itself; one of 18 MB by a child
+    process (admin/loading.py), which the Ctrl-C reaches too."""
     before = state(copy_site(world, "boston", tmp_path / "ref"))
     lines = tmp_path / "load.jsonl"
-    lines.write_text("".join(f'{{"collection": "c", "key": "k{i}", "value": {{"n": {i}}}}}\n'
-                             for i in range(BIG)))
+    if parser == "here":
+        lines.write_text("".join(f'{{"collection":"c","key":"k{i}","value":{i}}}\n'
+                                 for i in range(BIG)))
+    else:
+        lines.write_text("".join(f'{{"collection": "c", "key": "k{i}", "value": {{"n": {i}, '
+                                 f'"pad": "{"x" * 60}"}}}}\n' for i in range(BIG)))
+    assert (lines.stat().st_size >= loading.ELSEWHERE_AT) == (parser == "child")
     boston, code, out, err = interrupted(
         world, "boston", tmp_path, lambda site: ["--site", site, "load", lines],
         lambda err: any(0 < n < BIG for _p, n, _t in bars(err, "load")))

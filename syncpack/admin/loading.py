@@ -53,7 +53,7 @@ def lines_of(p: Path) -> Iterator[str]:
     except OSError as e:
         raise _unreadable(p, e) from None
     with f:
-        carry = ""
+        held: list[str] = []    # read, and after the last '\n' read so far
         while True:
             try:
                 piece = f.read(READ_CHARS)
@@ -61,14 +61,19 @@ def lines_of(p: Path) -> Iterator[str]:
                 raise _unreadable(p, e) from None
             if not piece:
                 break
-            text = carry + piece
             # Cut after the last '\n': no line break runs past it ('\r\n' ends there), so the
-            # lines before and after the cut are those of the whole text.
-            cut = text.rfind("\n") + 1
-            carry = text[cut:]
-            yield from text[:cut].splitlines()
-        if carry:
-            yield from carry.splitlines()
+            # lines before and after the cut are those of the whole text.  A piece without
+            # one is only held (joined once a '\n' comes: a long line costs its length).
+            cut = piece.rfind("\n") + 1
+            if not cut:
+                held.append(piece)
+                continue
+            text = "".join(held) + piece[:cut] if held else piece[:cut]
+            held = [piece[cut:]]
+            yield from text.splitlines()
+        tail = "".join(held)
+        if tail:
+            yield from tail.splitlines()
 
 
 def _unreadable(p: Path, e: Exception) -> LoadError:
