@@ -74,9 +74,17 @@ def start(module: str, request: dict, more_input: bool) -> subprocess.Popen | No
     """:func:`spawn` of ``module`` given ``request`` (and, unless ``more_input``, nothing
     after it), if it answers that it serves (``{"ok": true}``); None otherwise, the child
     stopped: the caller then does the work itself."""
+    return started(module, request, more_input)[0]
+
+
+def started(module: str, request: dict, more_input: bool
+            ) -> tuple[subprocess.Popen | None, dict | None]:
+    """:func:`start`, with the child's first answer (None if there was none): a child may
+    answer why it does not serve (an error its caller should raise, not work around)."""
     proc = spawn(module)
     if proc is None:
-        return None
+        return None, None
+    answer = None
     try:
         write_frame(proc.stdin, request)
         if more_input:
@@ -85,11 +93,11 @@ def start(module: str, request: dict, more_input: bool) -> subprocess.Popen | No
             proc.stdin.close()
         answer = read_frame(proc.stdout)
         if isinstance(answer, dict) and answer.get("ok") is True:
-            return proc
+            return proc, answer
     except (OSError, EOFError, ValueError):
         pass
     stop(proc)
-    return None
+    return None, answer if isinstance(answer, dict) else None
 
 
 def run(serve: Callable[[BinaryIO, BinaryIO], None]) -> None:

@@ -205,6 +205,10 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
         children.write_frame(out, [])
     except LoadError as e:      # told to the loading process, which raises it
         children.write_frame(out, {"error": str(e), "hint": e.hint})
+    except Exception as e:
+        children.write_frame(out, {"error": f"{p}: parsing the file failed: "
+                                            f"{type(e).__name__}: {e}",
+                                   "hint": "nothing was loaded; run the command again"})
     out.flush()
 
 
@@ -218,28 +222,16 @@ class Elsewhere:
 
     def __init__(self, p: Path, count: bool):
         self.p = p
-        self.records = 0
         self._frames: Iterator | None = None
-        self.proc = children.spawn("syncpack.admin.loading")
-        self.ok = False
-        if self.proc is None:
-            return
-        try:
-            children.write_frame(self.proc.stdin, {
-                "path": os.fspath(p), "module": __file__, "ops": LOAD_TXN_OPS,
-                "bytes": LOAD_TXN_BYTES, "count": count})
-            self.proc.stdin.close()
-            answer = children.read_frame(self.proc.stdout)
-        except (OSError, EOFError, ValueError):
-            answer = None
-        if isinstance(answer, dict) and "error" in answer:
-            self.close()
+        self.proc, answer = children.started("syncpack.admin.loading", {
+            "path": os.fspath(p), "module": __file__, "ops": LOAD_TXN_OPS,
+            "bytes": LOAD_TXN_BYTES, "count": count}, more_input=False)
+        if answer is not None and "error" in answer:    # the file cannot be read
             raise LoadError(str(answer["error"]), hint=answer.get("hint"))
-        if not (isinstance(answer, dict) and answer.get("ok") is True):
-            self.close()
+        self.ok = self.proc is not None
+        self.records = int(answer.get("records", 0)) if self.ok else 0
+        if not self.ok:
             return
-        self.ok = True
-        self.records = int(answer.get("records", 0))
         # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
         # the child is never held back by a full pipe while this process writes.
         self._frames = read_ahead(children.frames(self.proc.stdout), depth=2,
