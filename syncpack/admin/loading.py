@@ -44,8 +44,10 @@ READ_CHARS = 4 * 1024 * 1024
 
 
 def lines_of(p: Path) -> Iterator[str]:
-    """The file's lines, as ``str.splitlines`` gives them for the whole text, read a piece at
-    a time; :class:`LoadError` if the file cannot be read as UTF-8 text (where it fails)."""
+    """The file's lines, read a piece at a time: each ends at a '\n' (a '\r' before it is
+    JSON's whitespace, so a file with Windows line ends loads too).  Only '\n': JSON text may
+    hold U+2028, U+2029 and U+0085 unescaped inside a string, which ``str.splitlines`` would
+    cut.  :class:`LoadError` if the file cannot be read as UTF-8 text (where it fails)."""
     try:
         f = open(p, encoding="utf-8", newline="")
     except FileNotFoundError:
@@ -61,19 +63,20 @@ def lines_of(p: Path) -> Iterator[str]:
                 raise _unreadable(p, e) from None
             if not piece:
                 break
-            # Cut after the last '\n': no line break runs past it ('\r\n' ends there), so the
-            # lines before and after the cut are those of the whole text.  A piece without
-            # one is only held (joined once a '\n' comes: a long line costs its length).
+            # A piece without a '\n' is only held, and joined once one comes (a long line
+            # costs its length, not its square).
             cut = piece.rfind("\n") + 1
             if not cut:
                 held.append(piece)
                 continue
             text = "".join(held) + piece[:cut] if held else piece[:cut]
             held = [piece[cut:]]
-            yield from text.splitlines()
+            lines = text.split("\n")
+            lines.pop()     # the '' after the last '\n'
+            yield from lines
         tail = "".join(held)
         if tail:
-            yield from tail.splitlines()
+            yield tail
 
 
 def _unreadable(p: Path, e: Exception) -> LoadError:
