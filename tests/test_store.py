@@ -255,6 +255,19 @@ def test_load_of_a_file_that_is_not_utf8_changes_nothing(site_dir, tmp_path, par
         assert s.digest() == before
 
 
+@pytest.mark.parametrize("parser", ["here", "child"])
+def test_load_of_a_file_not_utf8_from_its_first_byte_is_refused_in_one_line(
+        site_dir, tmp_path, parser, monkeypatch):
+    """The child's first answer says the file cannot be read: the same error as here."""
+    if parser == "child":
+        monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
+    f = tmp_path / "in.jsonl"
+    f.write_bytes(b"\xff\xfe" + (GOOD + "\n").encode())
+    r = run("load", f, site=site_dir)
+    assert r.code == 1 and r.err.startswith(f"error: {f}: cannot read"), r
+    assert "Traceback" not in r.err and len(r.err.splitlines()) == 2, r.err
+
+
 def test_a_load_whose_parsing_process_is_killed_loads_nothing(site_dir, tmp_path,
                                                               monkeypatch):
     """The child parsing the file dies after its first batch was written (kill -9): the load
