@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from syncpack.format import codec
+from syncpack.pipeline import read_ahead
 
 _LEN = struct.Struct(">I")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
@@ -122,6 +123,42 @@ def stop(proc: subprocess.Popen | None) -> None:
             f.close()
         except OSError:     # a request the child never read
             pass
+
+
+class Sending:
+    """A started child that only sends: its frames, read ahead by a thread of their own up to
+    ``depth`` (the GIL is free while it waits on the pipe), so the child is never held back
+    by a full pipe while this process writes what it sent.  A dict frame is the child's
+    error, ``[]`` the end of a run of frames."""
+
+    def __init__(self, proc: subprocess.Popen, depth: int, name: str):
+        self.proc: subprocess.Popen | None = proc
+        self._frames: Iterator | None = read_ahead(frames(proc.stdout), depth=depth,
+                                                   name=name)
+
+    def run(self, error: Callable[[str, str | None], Exception], ended: str) -> Iterator[list]:
+        """The frames up to the next ``[]``; a dict frame raises ``error(its text, its
+        hint)``, and output that ends first raises ``error(ended, None)``."""
+        while True:
+            try:
+                frame = next(self._frames)
+            except (EOFError, StopIteration):
+                raise error(ended, None) from None
+            if isinstance(frame, dict):
+                raise error(str(frame.get("error")), frame.get("hint"))
+            if not frame:
+                return
+            yield frame
+
+    def close(self) -> None:
+        """Stop the child if it is still running (an error on our side), and wait for it."""
+        p, self.proc = self.proc, None
+        if p is not None and p.poll() is None:
+            p.kill()        # then the thread reading its pipe sees the end and stops
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
+        stop(p)
 
 
 class Outbox:

@@ -176,7 +176,7 @@ def test_the_reader_process_is_not_used_on_another_snapshot(tmp_path):
     with pytest.raises(core.AttachError, match="reading the application's changes failed"):
         list(e.changes())
     e.close()
-    assert e.proc is None
+    assert e.child.proc is None       # waited for
     conn.close()
 
 

@@ -280,8 +280,8 @@ def test_a_load_whose_parsing_process_is_killed_loads_nothing(site_dir, tmp_path
     def batches(self):
         for i, b in enumerate(real(self)):
             if i == 1:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                os.kill(self.child.proc.pid, signal.SIGKILL)
+                self.child.proc.wait()
             yield b
     monkeypatch.setattr(loading.Elsewhere, "batches", batches)
     f = tmp_path / "in.jsonl"

@@ -25,7 +25,6 @@ from syncpack import children
 from syncpack.errors import LoadError, SyncpackError
 from syncpack.format import codec
 from syncpack.format.values import MAX_DEPTH, json_value_encoder
-from syncpack.pipeline import read_ahead
 from syncpack.site import MAX_NAME_CHARS, check_collection, check_key
 
 # A load commits in one store transaction, and travels as replication transactions of at most
@@ -225,48 +224,28 @@ class Elsewhere:
 
     def __init__(self, p: Path, count: bool):
         self.p = p
-        self._frames: Iterator | None = None
-        self.proc, answer = children.started("syncpack.admin.loading", {
+        proc, answer = children.started("syncpack.admin.loading", {
             "path": os.fspath(p), "module": __file__, "ops": LOAD_TXN_OPS,
             "bytes": LOAD_TXN_BYTES, "count": count}, more_input=False)
         if answer is not None and "error" in answer:    # the file cannot be read
             raise LoadError(str(answer["error"]), hint=answer.get("hint"))
-        self.ok = self.proc is not None
-        self.records = int(answer.get("records", 0)) if self.ok else 0
-        if not self.ok:
-            return
-        # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
-        # the child is never held back by a full pipe while this process writes.
-        self._frames = read_ahead(children.frames(self.proc.stdout), depth=2,
-                                  name="syncpack-load-pipe")
+        self.records = int(answer.get("records", 0)) if proc is not None else 0
+        self.child = (children.Sending(proc, depth=2, name="syncpack-load-pipe")
+                       if proc is not None else None)
 
     def __bool__(self) -> bool:
-        return self.ok
+        return self.child is not None
 
     def batches(self) -> Iterator[tuple[list[Row], int]]:
         """The child's batches, as :func:`batches` gives them; the child is stopped when
         they end, or when the caller stops taking them."""
         try:
-            while True:
-                try:
-                    frame = next(self._frames)
-                except (EOFError, StopIteration):
-                    raise LoadError(f"{self.p}: the process reading the file ended early",
-                                    hint="nothing was loaded; run the command again") from None
-                if isinstance(frame, dict):
-                    raise LoadError(str(frame.get("error")), hint=frame.get("hint"))
-                if not frame:
-                    return
-                colls, keys, raws, deletes = frame
+            for colls, keys, raws, deletes in self.child.run(
+                    _load_error, f"{self.p}: the process reading the file ended early"):
                 yield list(zip(colls, keys, raws)), deletes
         finally:
-            self.close()
+            self.child.close()
 
-    def close(self) -> None:
-        p, self.proc = self.proc, None
-        if p is not None and p.poll() is None:
-            p.kill()        # then the thread reading its pipe sees the end and stops
-        if self._frames is not None:
-            self._frames.close()
-            self._frames = None
-        children.stop(p)
+
+def _load_error(text: str, hint: str | None) -> LoadError:
+    return LoadError(text, hint=hint or "nothing was loaded; run the command again")

@@ -21,7 +21,6 @@ The child runs :func:`main`: a request on stdin, frames on stdout.
 from __future__ import annotations
 
 import gc
-import subprocess
 from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -30,7 +29,6 @@ from syncpack import children
 from syncpack.attach import child, rows
 from syncpack.errors import AttachError
 from syncpack.format import codec
-from syncpack.pipeline import read_ahead
 from syncpack.store import appdb
 
 # Rows per part read and handed to the store, at most; and about how many bytes of records
@@ -180,44 +178,24 @@ class Elsewhere:
 
     def __init__(self, path: str, tables: list[appdb.TableInfo], since: int, upto: int,
                  schema: int):
-        self._frames: Iterator | None = None
-        self.proc: subprocess.Popen | None = children.start("syncpack.attach.reader", {
+        proc = children.start("syncpack.attach.reader", {
             "path": str(path), "since": since, "upto": upto, "schema": schema,
             "module": __file__,
             "tables": [(t.name, t.columns, t.pk, t.parents, t.by_change) for t in tables]},
             more_input=False)
-        self.ok = self.proc is not None
-        if not self.ok:
-            return
-        # Frames are read ahead by a thread (the GIL is free while it waits on the pipe), so
-        # the child is never held back by a full pipe while this process inserts.
-        self._frames = read_ahead(children.frames(self.proc.stdout), depth=4,
-                                  name="syncpack-capture-pipe")
+        self.child = (children.Sending(proc, depth=4, name="syncpack-capture-pipe")
+                       if proc is not None else None)
 
     def __bool__(self) -> bool:
-        return self.ok
+        return self.child is not None
 
     def changes(self) -> Iterator[tuple[list[str], list[bytes | None]]]:
         """The next table's (record keys, records), in parts."""
-        frames = self._frames
-        while True:
-            try:
-                frame = next(frames)
-            except (EOFError, StopIteration):
-                raise AttachError("the process reading the application's changes ended "
-                                  "early") from None
-            if isinstance(frame, dict):
-                raise AttachError(str(frame.get("error")), hint=frame.get("hint"))
-            if not frame:
-                return
+        for frame in self.child.run(AttachError, "the process reading the application's "
+                                                  "changes ended early"):
             yield frame[0], frame[1]
 
     def close(self) -> None:
         """Stop the child if it is still running (an error on our side), and wait for it."""
-        p, self.proc = self.proc, None
-        if p is not None and p.poll() is None:
-            p.kill()        # then the thread reading its pipe sees the end and stops
-        if self._frames is not None:
-            self._frames.close()
-            self._frames = None
-        children.stop(p)
+        if self.child is not None:
+            self.child.close()
