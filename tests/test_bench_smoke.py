@@ -100,6 +100,7 @@ def test_bench_cli_smoke(tmp_path):
 def assert_machine_told(m: dict) -> None:
     """How loaded the machine was is reported beside the figures (tools/machine.py)."""
     assert m["cpus"] >= 1 and len(m["load_average"]) == 2 and m["seconds"] > 0
+    assert len(m["calibration_ms"]) == 2 and min(m["calibration_ms"]) > 0
     if Path("/proc/stat").exists():
         assert 0 <= m["others_cpu_share"] <= 1 and 0 <= m["steal_share"] <= 1
 

@@ -5,6 +5,12 @@ machine's host can take CPU time away unseen by the load average ("steal").  ``W
 reads the kernel's CPU counters (/proc/stat) and this process's and its children's CPU time
 at the start and at the end, and says what share of the CPUs went to other processes and
 to the host in between.  Where /proc/stat is missing, only the load average is told.
+
+Neither shows a host whose other guests share this machine's physical cores (the same work
+then simply takes longer, CPU time included: on the development machine a capture's CPU time
+moved from 4.2 s to 5.3 s between two quiet hours).  So ``Watch`` also times a fixed piece of
+CPU-bound Python at the start and at the end (``calibration_ms``): on the same machine, a
+larger number is a slower CPU, and figures taken then are slower by about as much.
 """
 
 from __future__ import annotations
@@ -31,6 +37,18 @@ def _cpu_counters() -> tuple[float, float, float] | None:
     return busy / hz, steal / hz, (busy + idle + iowait + steal) / hz
 
 
+def calibration_ms() -> float:
+    """Wall milliseconds of a fixed piece of CPU-bound Python (the best of three)."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        d: dict = {}
+        for i in range(300_000):
+            d[i % 1000] = d.get(i % 1000, 0) + i * i
+        best = min(best, time.perf_counter() - t)
+    return best * 1000
+
+
 def _own_cpu() -> float:
     """CPU seconds of this process and of the children it has waited for."""
     s = resource.getrusage(resource.RUSAGE_SELF)
@@ -43,16 +61,18 @@ class Watch:
 
     def __init__(self):
         self.load0 = os.getloadavg()[0]
+        self.calibration0 = calibration_ms()
         self.t0 = time.perf_counter()
         self.cpu0 = _cpu_counters()
         self.own0 = _own_cpu()
 
     def report(self) -> dict:
-        """``cpus``, ``load_average`` [start, end], ``seconds``, and where /proc/stat is
-        read: ``others_cpu_share`` (what other processes used, a share of all the CPUs'
-        time) and ``steal_share`` (what the host took away)."""
+        """``cpus``, ``load_average`` and ``calibration_ms`` [start, end], ``seconds``, and
+        where /proc/stat is read, ``others_cpu_share`` (what other processes used, a share of
+        all the CPUs' time) and ``steal_share`` (what the host took away)."""
         out = {"cpus": os.cpu_count(), "load_average": [self.load0, os.getloadavg()[0]],
-               "seconds": time.perf_counter() - self.t0}
+               "seconds": time.perf_counter() - self.t0,
+               "calibration_ms": [self.calibration0, calibration_ms()]}
         cpu1 = _cpu_counters()
         if self.cpu0 is not None and cpu1 is not None:
             busy, steal, total = (b - a for a, b in zip(self.cpu0, cpu1))
@@ -66,7 +86,8 @@ class Watch:
 def describe(r: dict) -> str:
     """One line of :meth:`Watch.report`."""
     s = (f"machine: {r['cpus']} CPUs, load average {r['load_average'][0]:.2f} -> "
-         f"{r['load_average'][1]:.2f}")
+         f"{r['load_average'][1]:.2f}, a fixed Python task {r['calibration_ms'][0]:.0f} -> "
+         f"{r['calibration_ms'][1]:.0f} ms")
     if "others_cpu_share" in r:
         s += (f"; other processes used {r['others_cpu_share']:.0%} of the CPUs' time, the "
               f"host took {r['steal_share']:.1%} (steal)")
