@@ -217,7 +217,7 @@ def test_a_load_file_read_a_piece_at_a_time_has_its_lines_whole(
     if whole[-1] == "":
         whole.pop()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loading, "READ_CHARS", piece)
+        mp.setattr(loading, "READ_BYTES", piece)
         assert list(loading.lines_of(f)) == whole
 
 
@@ -239,33 +239,48 @@ def test_load_takes_json_text_that_str_splitlines_would_cut(site_dir, tmp_path, 
         assert s.get("parts", "u") == value and s.get("parts", "p9") == 9
 
 
+NOT_UTF8 = [
+    # (the file's bytes, the error's start after the path); a GOOD line is 48 bytes and '\n'
+    (b"\xff\xfe" + (GOOD + "\n").encode(), " line 1: not UTF-8 text (byte 0xff at offset 0 "),
+    ((GOOD + "\n").encode() * 20 + b'{"collection": "parts", "key": "\xc3("}\n',
+     " line 21: not UTF-8 text (byte 0xc3 at offset 1012 "),
+    # the first bad line is the one told, whatever is wrong with it
+    ((GOOD + "\n{oops\n").encode() + b"\xff\n", " line 2: not valid JSON"),
+    ((GOOD + "\n").encode() + b"\xff\n{oops\n", " line 2: not UTF-8 text (byte 0xff at offset 49 "),
+]
+
+
 @pytest.mark.parametrize("parser", ["here", "child"])
-def test_load_of_a_file_that_is_not_utf8_changes_nothing(site_dir, tmp_path, parser,
-                                                         monkeypatch):
+@pytest.mark.parametrize("data, said", NOT_UTF8)
+def test_load_of_a_file_that_is_not_utf8_names_the_line_and_changes_nothing(
+        site_dir, tmp_path, parser, data, said, monkeypatch):
+    """Parsed here or by the child, read in pieces that cut the file anywhere (17 bytes
+    here), the same line and byte offset are told, and nothing is loaded."""
     if parser == "child":
         monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
-        monkeypatch.setattr(loading, "READ_CHARS", 64)     # the bad byte is in a later piece
+    monkeypatch.setattr(loading, "READ_BYTES", 17)
     f = tmp_path / "in.jsonl"
-    f.write_bytes((GOOD + "\n") .encode() * 20 + b'{"collection": "parts", "key": "\xff"}\n')
+    f.write_bytes(data)
     with Site.open(site_dir) as s:
         before = s.digest()
     r = run("load", f, site=site_dir)
-    assert r.code == 1 and f"error: {f}: cannot read" in r.err and "Traceback" not in r.err, r
+    assert r.code == 1 and r.err.startswith(f"error: {f}{said}"), r
+    assert "Traceback" not in r.err and len(r.err.splitlines()) == 2, r.err
+    assert "nothing was loaded" in r.err
     with Site.open(site_dir) as s:
         assert s.digest() == before
 
 
 @pytest.mark.parametrize("parser", ["here", "child"])
-def test_load_of_a_file_not_utf8_from_its_first_byte_is_refused_in_one_line(
-        site_dir, tmp_path, parser, monkeypatch):
-    """The child's first answer says the file cannot be read: the same error as here."""
+def test_load_skips_a_byte_order_mark(site_dir, tmp_path, parser, monkeypatch):
+    """Windows tools may start UTF-8 text with a byte order mark; JSON readers may skip it."""
     if parser == "child":
         monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
     f = tmp_path / "in.jsonl"
-    f.write_bytes(b"\xff\xfe" + (GOOD + "\n").encode())
-    r = run("load", f, site=site_dir)
-    assert r.code == 1 and r.err.startswith(f"error: {f}: cannot read"), r
-    assert "Traceback" not in r.err and len(r.err.splitlines()) == 2, r.err
+    f.write_bytes(b"\xef\xbb\xbf" + (GOOD + "\r\n").encode())
+    assert run("load", f, site=site_dir).code == 0
+    with Site.open(site_dir) as s:
+        assert s.get("parts", "p9") == 9
 
 
 def test_a_load_whose_parsing_process_is_killed_loads_nothing(site_dir, tmp_path,

@@ -13,6 +13,7 @@ transaction rolls back as after any failed load.
 
 from __future__ import annotations
 
+import codecs
 import gc
 import json
 import os
@@ -38,48 +39,70 @@ ELSEWHERE_AT = 8 * 1024 * 1024
 Row = tuple[str, str, bytes | None]
 
 
-# Read this many characters at a time: the first batch is parsed while the rest is unread.
-READ_CHARS = 4 * 1024 * 1024
+# Read this many bytes at a time: the first batch is parsed while the rest is unread.
+READ_BYTES = 4 * 1024 * 1024
+_NOT_UTF8_HINT = ("a load file is UTF-8 JSON lines; convert it (for instance iconv -f LATIN1 "
+                  "-t UTF-8) and load it again; nothing was loaded")
 
 
 def lines_of(p: Path) -> Iterator[str]:
     """The file's lines, read a piece at a time: each ends at a '\n' (a '\r' before it is
     JSON's whitespace, so a file with Windows line ends loads too).  Only '\n': JSON text may
     hold U+2028, U+2029 and U+0085 unescaped inside a string, which ``str.splitlines`` would
-    cut.  :class:`LoadError` if the file cannot be read as UTF-8 text (where it fails)."""
+    cut.  A byte order mark at the start is skipped.  Bytes that are not UTF-8 are
+    :class:`LoadError` naming their line and offset, raised once the lines before them are
+    given (so the first bad line of a file is the one told, whatever is wrong with it)."""
     try:
-        f = open(p, encoding="utf-8", newline="")
+        f = open(p, "rb")
     except FileNotFoundError:
         raise LoadError(f"{p}: no such file", hint="check the path; nothing was loaded") from None
     except OSError as e:
         raise _unreadable(p, e) from None
+    decode = codecs.getincrementaldecoder("utf-8-sig")().decode
+    held: list[str] = []    # read, and after the last '\n' read so far
+    at = newlines = 0       # bytes and '\n's read before this piece
     with f:
-        held: list[str] = []    # read, and after the last '\n' read so far
         while True:
             try:
-                piece = f.read(READ_CHARS)
-            except (OSError, UnicodeDecodeError) as e:
+                raw = f.read(READ_BYTES)
+            except OSError as e:
                 raise _unreadable(p, e) from None
-            if not piece:
-                break
+            bad = None
+            try:
+                piece = decode(raw, not raw)
+            except UnicodeDecodeError as e:
+                # e.object: the bytes this call decoded, a suffix of those read so far
+                good = e.object[:e.start]
+                piece = good.decode("utf-8")
+                piece = piece[:piece.rfind("\n") + 1]      # the bad byte's line is not given
+                line = newlines + good.count(b"\n") + 1
+                offset = at + len(raw) - len(e.object) + e.start
+                bad = LoadError(f"{p} line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} "
+                                f"at offset {offset} of the file)", hint=_NOT_UTF8_HINT)
+            at += len(raw)
+            newlines += raw.count(b"\n")
             # A piece without a '\n' is only held, and joined once one comes (a long line
             # costs its length, not its square).
             cut = piece.rfind("\n") + 1
-            if not cut:
+            if cut:
+                text = "".join(held) + piece[:cut] if held else piece[:cut]
+                held = [piece[cut:]]
+                lines = text.split("\n")
+                lines.pop()     # the '' after the last '\n'
+                yield from lines
+            elif piece:
                 held.append(piece)
-                continue
-            text = "".join(held) + piece[:cut] if held else piece[:cut]
-            held = [piece[cut:]]
-            lines = text.split("\n")
-            lines.pop()     # the '' after the last '\n'
-            yield from lines
+            if bad is not None:
+                raise bad
+            if not raw:
+                break
         tail = "".join(held)
         if tail:
             yield tail
 
 
-def _unreadable(p: Path, e: Exception) -> LoadError:
-    return LoadError(f"{p}: cannot read ({e})",
+def _unreadable(p: Path, e: OSError) -> LoadError:
+    return LoadError(f"{p}: cannot read ({e.strerror or e})",
                      hint="a load file is UTF-8 JSON lines, readable by this user")
 
 
