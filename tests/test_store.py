@@ -283,6 +283,28 @@ def test_load_skips_a_byte_order_mark(site_dir, tmp_path, parser, monkeypatch):
         assert s.get("parts", "p9") == 9
 
 
+def test_a_load_that_fails_before_its_first_batch_stops_its_parsing_process(
+        site_dir, tmp_path, monkeypatch):
+    """The child is stopped even when no batch was ever taken from it (the store refused
+    the transaction, say): it must not wait on a full pipe for as long as the caller lives."""
+    from syncpack.admin import inspection
+    monkeypatch.setattr(loading, "ELSEWHERE_AT", 0)
+    procs = []
+    real_spawn = children.spawn
+    monkeypatch.setattr(children, "spawn", lambda m: procs.append(real_spawn(m)) or procs[-1])
+
+    def refused(*a, **k):
+        raise RuntimeError("refused")
+    f = tmp_path / "in.jsonl"
+    f.write_text("".join(f'{{"collection": "c", "key": "k{i}", "value": {i}}}\n'
+                         for i in range(50_000)))
+    with Site.open(site_dir) as s:
+        monkeypatch.setattr(s, "transaction", refused)
+        with pytest.raises(RuntimeError):
+            inspection.load(s, f)
+    assert len(procs) == 1 and procs[0].poll() is not None
+
+
 def test_a_load_whose_parsing_process_is_killed_loads_nothing(site_dir, tmp_path,
                                                               monkeypatch):
     """The child parsing the file dies after its first batch was written (kill -9): the load

@@ -159,7 +159,7 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     with blocks.gc_paused():
         records, parts = loading.parsed(p, getattr(progress, "expect", None) is not None)
         try:
-            return _load_batches(site, parts, records, progress)
+            return _load_batches(site, iter(parts), records, progress)
         finally:
             parts.close()       # a child still parsing is stopped
 

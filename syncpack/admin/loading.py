@@ -188,10 +188,10 @@ def batches(p: Path, lines: Iterable[str], ops: int = 0, size_limit: int = 0
         yield rows, deletes
 
 
-def parsed(p: Path, count: bool) -> tuple[int, Iterator[tuple[list[Row], int]]]:
-    """(how many records the file holds if ``count``, else 0; its :func:`batches`): read by a
-    child process for a large file (the caller must exhaust or close the batches, which
-    stops the child), else here.  Counting reads the file once more, first."""
+def parsed(p: Path, count: bool) -> tuple[int, Iterable[tuple[list[Row], int]]]:
+    """(how many records the file holds if ``count``, else 0; its :func:`batches`, to be
+    taken once and closed): read by a child process for a large file (closing them stops
+    it), else here.  Counting reads the file once more, first."""
     try:
         large = p.stat().st_size >= ELSEWHERE_AT
     except OSError:
@@ -199,7 +199,7 @@ def parsed(p: Path, count: bool) -> tuple[int, Iterator[tuple[list[Row], int]]]:
     if large:
         child = Elsewhere(p, count)
         if child:
-            return child.records, child.batches()
+            return child.records, child
     return (records_in(p) if count else 0), batches(p, lines_of(p))
 
 
@@ -258,6 +258,15 @@ class Elsewhere:
 
     def __bool__(self) -> bool:
         return self.child is not None
+
+    def __iter__(self) -> Iterator[tuple[list[Row], int]]:
+        return self.batches()
+
+    def close(self) -> None:
+        """Stop the child, whether or not its batches were taken (a load that fails before
+        its first batch must not leave it waiting on a full pipe)."""
+        if self.child is not None:
+            self.child.close()
 
     def batches(self) -> Iterator[tuple[list[Row], int]]:
         """The child's batches, as :func:`batches` gives them; the child is stopped when
