@@ -131,7 +131,7 @@ def _end_with_parent() -> None:
     except (OSError, AttributeError):
         return
     if str(os.getppid()) != sys.argv[1]:    # the parent was gone before the call took hold
-        os._exit(1)
+        sys.exit(1)
 
 
 def stop(proc: subprocess.Popen | None) -> None:
