@@ -159,14 +159,14 @@ def load(site: Site, path: str | os.PathLike, progress=None) -> dict:
     with blocks.gc_paused():
         records, parts = loading.parsed(p, getattr(progress, "expect", None) is not None)
         try:
-            return _load_batches(site, iter(parts), records, progress)
+            return _load_batches(site, parts, records, progress)
         finally:
             parts.close()       # a child still parsing is stopped
 
 
 def _load_batches(site: Site, parts, records: int, progress) -> dict:
     expect(progress, records)
-    counts = {"loaded": 0, "deletes": 0}
+    loaded = deleted = 0
     # Each batch is parsed just before it is written (by a child process, for a large file,
     # while this one writes the one before), so only a batch or two of encoded rows is held
     # (a 1M-record load peaked at 743 MB holding them all, 486 MB so); a bad line rolls the
@@ -186,13 +186,12 @@ def _load_batches(site: Site, parts, records: int, progress) -> dict:
                     (k, codec.decode_value(raw)) for c, k, raw in batch if c == name and raw])
             tx.write_rows(batch)
             collections.update(map(itemgetter(0), batch))
-            counts["loaded"] += len(batch)
-            counts["deletes"] += deletes
+            loaded += len(batch)
+            deleted += deletes
             if progress:
                 progress(len(batch))
     writes.into_attached(site, collections)     # as a put does
-    return {"loaded": counts["loaded"], "puts": counts["loaded"] - counts["deletes"],
-            "deletes": counts["deletes"]}
+    return {"loaded": loaded, "puts": loaded - deleted, "deletes": deleted}
 
 
 def fsck(site: Site) -> dict:
