@@ -338,21 +338,30 @@ def _json_text(doc: Any, **kw) -> str:
     """``doc`` as strict JSON.  A REAL of an attached table may be infinite or NaN (and a
     member may sign such a value anywhere); JSON has no such numbers, and Python's spelling
     of them (bare ``Infinity``) makes the whole document unreadable to a strict parser
-    (jq): they show tagged, as ``{"$real": "Infinity"}``, like a BLOB's ``$blob``."""
+    (jq): they show tagged, as ``{"$real": "Infinity"}``, like a BLOB's ``$blob``.  A map
+    key JSON cannot have (a member may sign a map keyed by bytes) shows as the JSON text of
+    its tagged form, ``'{"$blob": "69"}'``."""
     try:
         return json.dumps(doc, allow_nan=False, default=_not_json, **kw)
-    except ValueError:
-        return json.dumps(_tagged_reals(doc), allow_nan=False, default=_not_json, **kw)
+    except (ValueError, TypeError):
+        return json.dumps(_as_json(doc), allow_nan=False, default=_not_json, **kw)
 
 
-def _tagged_reals(v: Any) -> Any:
+def _as_json(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return {"$real": "NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity"}
     if isinstance(v, dict):
-        return {k: _tagged_reals(x) for k, x in v.items()}
+        return {_json_key(k): _as_json(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_tagged_reals(x) for x in v]
+        return [_as_json(x) for x in v]
     return v
+
+
+def _json_key(k: Any) -> Any:
+    if k is None or isinstance(k, (str, int, bool)) or \
+            isinstance(k, float) and math.isfinite(k):
+        return k
+    return json.dumps(_as_json(k), allow_nan=False, default=_not_json)
 
 
 def _not_json(value: Any) -> Any:
