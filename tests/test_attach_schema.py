@@ -690,3 +690,80 @@ def test_concatenations_and_commas_are_counted_outside_quotes_and_comments(piece
     assert sqltext.concatenations(text) == sqltext.concatenations(bare)
     assert sqltext.concatenations(bare) == sum(len(r) // 2 for r in re.findall(r"\|+", bare))
     assert len(sqltext.split_top_level(text)) == len(sqltext.split_top_level(bare))
+
+
+@pytest.mark.parametrize("cols", [5, [["id"], {"a": 1}]], ids=["a-number", "not-names"])
+def test_a_definition_whose_columns_are_no_names_stops_no_later_schema_change(three, cols):
+    """A member's definition whose columns are not a list of names: once the application
+    at a site holding it added a column, every command there (capture, status, export,
+    import) failed with an internal error, for good, and a corrected definition could not
+    get in either."""
+    root, sites, dbs = three
+    with Site.open(sites["a"]) as site:
+        d = site.get(TABLES, "items")
+        d["columns"] = cols
+        with site.transaction(_system=True) as tx:
+            tx.write_raw(TABLES, "items", codec.encode_value(d))
+    export_to(root, sites, "a", ["b"])
+    app(dbs["b"], ["ALTER TABLE items ADD COLUMN note TEXT",
+                   "INSERT INTO items VALUES ('b7', 7, 'q', 'n')"])
+    for command in (["capture"], ["status"], ["fsck"]):
+        sp(sites["b"], *command)
+    exchange(root, sites)
+    converged(sites, dbs)
+    assert [c[0] for c in columns(dbs["a"], "items")][-1] == "note"
+
+
+@pytest.mark.parametrize("text", [
+    "x INTEGER NOT NULL",                          # SQLite adds it to an empty table
+    "x INTEGER DEFAULT 0 CHECK (x > 0)",
+    "x TEXT DEFAULT 'o1' REFERENCES other(id)",    # a parent row some site may lack
+    "x TEXT DEFAULT 's' REFERENCES secrets(id)",
+])
+def test_an_added_column_that_would_refuse_the_old_releases_rows_is_refused(three, text):
+    """A schema op whose column a row written without it would break: added to a table
+    with no rows (where SQLite takes a NOT NULL column without a default), it made every
+    insert of the application's release that does not know the column fail, at that site
+    and at every site that created the table later."""
+    root, sites, dbs = three
+    app(dbs["b"], ["CREATE TABLE secrets(id TEXT PRIMARY KEY)", "INSERT INTO secrets "
+                   "VALUES ('s')", "DELETE FROM items"])
+    sp(sites["b"], "capture")
+    with Site.open(sites["a"]) as site:
+        d = site.get(TABLES, "items")
+        d["added"] = [{"column": "x", "def": text}]
+        with site.transaction(_system=True) as tx:
+            tx.write_raw(TABLES, "items", codec.encode_value(d))
+    before = schema_text(dbs["b"])
+    export_to(root, sites, "a", ["b"])
+    r = run("--json", "capture", site=sites["b"])
+    assert r.code == 0 and "was refused" in r.json["refused"][0], r
+    assert schema_text(dbs["b"]) == before
+    app(dbs["b"], ["PRAGMA foreign_keys = ON", "INSERT INTO items VALUES ('b7', 7, 'q')",
+                   "DELETE FROM secrets"])
+    exchange(root, sites)
+    converged(sites, dbs)
+
+
+def test_a_new_table_referring_to_a_table_not_attached_here_is_not_created(three):
+    """A member's new table whose foreign key refers to a table the application keeps to
+    itself here: created and filled unasked, its rows kept the application from deleting its
+    own row (FOREIGN KEY constraint failed).  An administrator may still attach it."""
+    root, sites, dbs = three
+    app(dbs["b"], ["CREATE TABLE secrets(id TEXT PRIMARY KEY)",
+                   "INSERT INTO secrets VALUES ('s')"])
+    with Site.open(sites["a"]) as site, site.transaction(_system=True) as tx:
+        tx.write_raw(TABLES, "evil", codec.encode_value({
+            "pk": ["id"], "columns": ["id", "v"],
+            "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, v REFERENCES secrets(id))"}))
+        tx.put("evil", "e1", {"id": "e1", "v": "s"})
+    export_to(root, sites, "a", ["b"])
+    r = run("--json", "capture", site=sites["b"])
+    assert r.code == 0 and any("not created here" in w and "not attached here" in w
+                               for w in r.json["refused"]), r
+    assert "evil" not in [n for _t, n, _s in schema_text(dbs["b"])]
+    app(dbs["b"], ["PRAGMA foreign_keys = ON", "DELETE FROM secrets",
+                   "INSERT INTO secrets VALUES ('s')"])
+    sp(sites["b"], "attach", dbs["b"], "--table", "evil")
+    sp(sites["b"], "capture")
+    assert table(dbs["b"], "evil") == [("e1", "text", "s", "text")]

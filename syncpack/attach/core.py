@@ -136,7 +136,8 @@ def _create_again(site: Site, app: appdb.Connection, name: str) -> appdb.TableIn
         return None
     try:
         with appdb.write_txn(app):
-            appdb.create_table(app, name, d["create_sql"])
+            # checked as it was the first time, which this attach already passed
+            appdb.create_table(app, name, d["create_sql"], replicated=None)
             t = appdb.table_info(app, name)
             if t is not None:
                 appdb.install_capture(app, t, floor=attached.attachment(site.conn)[1])
@@ -1095,7 +1096,7 @@ def _follow_new_tables(site: Site) -> list[str]:
                 if _check_table(site, app, name, attached.tables(site.conn)) is not None:
                     continue
                 try:
-                    _attach_locked(site, app, path, [name], False)
+                    _attach_locked(site, app, path, [name], False, unasked=True)
                     why.pop(name, None)
                 except AttachError as e:
                     # A definition this database refuses (it is a peer's text): the records
@@ -1306,7 +1307,10 @@ def _check_created(app: appdb.Connection, t: appdb.TableInfo | None, name: str,
 
 
 def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[str],
-                   all_tables: bool) -> dict:
+                   all_tables: bool, unasked: bool = False) -> dict:
+    """``unasked``: a table of the family created here because a peer attached it, which may
+    refer only to tables attached here: its rows, a peer's word, must not pin rows the
+    application keeps to itself (an administrator's attach may)."""
     current = attached.tables(site.conn)
     skipped = []
     if all_tables:
@@ -1351,7 +1355,8 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                                 for n, d in missing.items()}):
             created.add(n)
             d = missing[n]
-            appdb.create_table(app, n, d["create_sql"])
+            appdb.create_table(app, n, d["create_sql"],
+                               replicated=[*current, *names] if unasked else None)
             _check_created(app, appdb.table_info(app, n), n, d)
         new = {n: appdb.table_info(app, n) for n in names}
         odd_types = {n: rows.type_warning(n, new[n].affinity,

@@ -98,7 +98,7 @@ def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[s
     schema ops, in one store transaction (ahead of the rows the next capture writes)."""
     prev = definitions(site, t.name)
     known = {op["column"] for op in shapes.ops_of(prev)}
-    family_cols = set().union(*(d.get("columns", []) for d in prev)) if prev else set()
+    family_cols = shapes.columns_of(prev)
     ops = []
     # Several ADD COLUMNs since the last capture sit one after another in the new CREATE
     # TABLE text, each as the application wrote it (CHECK, COLLATE, REFERENCES and all)

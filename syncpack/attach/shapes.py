@@ -113,6 +113,16 @@ def ops_of(definitions: list[Any]) -> list[dict]:
     return out
 
 
+def columns_of(definitions: list[Any]) -> set[str]:
+    """The columns named by any of the surviving versions of a table's definition."""
+    out: set[str] = set()
+    for d in definitions:
+        cols = d.get("columns") if isinstance(d, dict) else None
+        if isinstance(cols, list):
+            out |= {c for c in cols if isinstance(c, str)}
+    return out
+
+
 def dropped_of(definitions: list[Any]) -> set[str]:
     """Columns a refresh somewhere in the family accepted as dropped: values of them in older
     records are left out, not waited for."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Iterator
 
 import apsw
 
@@ -570,7 +570,7 @@ def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
     read by making it in a private in-memory database; None if it makes no such table."""
     mem = apsw.Connection(":memory:")
     try:
-        create_table(mem, name, sql)
+        create_table(mem, name, sql, replicated=None)     # nothing here to refer to
         t = table_info(mem, name)
         return None if t is None else dict(t.affinity)
     except (AttachError, apsw.Error):
@@ -673,14 +673,17 @@ def _computed(conn: Connection, table: str) -> str | None:
     return None
 
 
-def create_table(conn: Connection, name: str, sql: str) -> None:
+def create_table(conn: Connection, name: str, sql: str, *,
+                 replicated: Collection[str] | None) -> None:
     """Create a table from the definition that travelled with its records: one CREATE TABLE
     statement of that name and nothing else (the text comes from a peer), computing little at
     a write (:data:`PEER_FUNCTIONS`), whose foreign keys refer to no table of SQLite's or
-    syncpack's."""
+    syncpack's, and, unless ``replicated`` is None (an administrator's attach, a private
+    in-memory copy), only to tables in ``replicated``."""
     _run_definition(conn, name, sql)
     why = _foreign_keys_unusable(conn, name) or _too_wide(conn, name) or \
-        _references_ours(conn, name) or _computed(conn, name)
+        _references_ours(conn, name) or _computed(conn, name) or \
+        (_refers_elsewhere(conn, name, replicated) if replicated is not None else None)
     if why:
         raise AttachError(f"cannot create table {name!r} from the peers' definition: {why}",
                           hint=OWN_SCHEMA_HINT)
@@ -734,6 +737,20 @@ def _references_ours(conn: Connection, table: str) -> str | None:
     for row in conn.execute(f"PRAGMA foreign_key_list({q(table)})").fetchall():
         if row[2].lower().startswith(_NEVER_REFERENCED):
             return f"a foreign key refers to table {row[2]!r}, which is not the application's"
+    return None
+
+
+def _refers_elsewhere(conn: Connection, table: str, replicated: Collection[str]) -> str | None:
+    """Why a foreign key of ``table`` (made from a peer's text) may not stand here: it refers
+    to a table that is not replicated here (nor ``table`` itself).  Such a table's rows are
+    each site's own, and a peer's row referring to one of them would keep the application
+    from deleting or changing it."""
+    ok = {n.lower() for n in replicated} | {table.lower()}
+    for row in conn.execute(f"PRAGMA foreign_key_list({q(table)})").fetchall():
+        if row[2].lower() not in ok:
+            return (f"a foreign key refers to table {row[2]!r}, which is not attached here (its "
+                    f"rows are this site's own, and the peers' rows referring to them would "
+                    f"keep the application from changing them; attach it too)")
     return None
 
 
@@ -1869,9 +1886,11 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
     """Add ``column`` to ``table`` from a peer's column definition; the caller holds the write
     lock.  The text is the peers': it must define that column alone, computing little at a
     write and naming no other column (a CHECK on the table's other columns refused the
-    application's own writes) nor a table of SQLite's or syncpack's, and it must add exactly
-    that column to exactly that table and change nothing else (checked after running it
-    inside a savepoint, rolled back otherwise).  Returns why it was refused, or None."""
+    application's own writes) nor a table of SQLite's or syncpack's; a row written without
+    the column (by a release that does not know it yet) must pass its constraints; and it
+    must add exactly that column to exactly that
+    table and change nothing else (checked after running it inside a savepoint, rolled back
+    otherwise).  Returns why it was refused, or None."""
     why = _too_long(definition) or _column_alone(definition, table)
     if why:
         return (f"the peers' definition of column {column} of table {table} "
@@ -1914,7 +1933,8 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
 def _column_alone(definition: str, table: str) -> str | None:
     """Why a peer's column definition may not be added to ``table``: made alone as the one
     column of a private in-memory table, it must compile under :func:`_peers_text` (where
-    naming another column fails) and compute little into a row (:func:`_computed`)."""
+    naming another column fails), compute little into a row (:func:`_computed`), and take
+    a row written without it (:func:`_refuses_old`)."""
     mem = apsw.Connection(":memory:")
     try:
         with _peers_text(mem) as refused:
@@ -1926,9 +1946,29 @@ def _column_alone(definition: str, table: str) -> str | None:
                 if "no such column" in str(e):
                     return "it refers to other columns of the table"
                 return f"SQLite refused it ({e})"
-        return _references_ours(mem, table) or _computed(mem, table)
+        return _references_ours(mem, table) or _computed(mem, table) or \
+            _refuses_old(mem, table)
     finally:
         mem.close()
+
+
+def _refuses_old(mem: Connection, table: str) -> str | None:
+    """Why the one column of ``table`` (a private in-memory table made from a peer's column
+    definition) would refuse the rows of a release that does not know it: its default (what
+    such a row holds) must pass its NOT NULL and CHECK constraints, and be NULL if it refers
+    to another table (its parent row may be missing at any site).  SQLite adds a NOT NULL
+    column without a default to an empty table, and that table then refused every insert
+    of the application's old release."""
+    try:
+        (value,) = mem.execute(f"INSERT INTO {q(table)} DEFAULT VALUES RETURNING *").fetchone()
+    except apsw.ConstraintError as e:
+        return f"a row written without the column would break it ({e})"
+    except (apsw.Error, ValueError) as e:
+        return f"SQLite refused a row written without the column ({e})"
+    if value is not None and mem.execute(f"PRAGMA foreign_key_list({q(table)})").fetchone():
+        return (f"a row written without the column would refer to {value!r} in another "
+                f"table, which may be missing there; refer to a parent with a NULL default")
+    return None
 
 
 def _others(conn: Connection, table: str) -> list[tuple]:
