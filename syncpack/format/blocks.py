@@ -510,7 +510,7 @@ def encode_columns(family: bytes, origin: bytes, prev_hash: bytes, lo: int, hlc:
         raise BlockEncodeError(f"a block holds 1..{MAX_BLOCK_OPS} ops, not {n}")
     hi = lo + n
     if lo < 0 or hi >= HLC_LIMIT or not 0 <= hlc < HLC_LIMIT:
-        raise BlockEncodeError(f"epochs and clocks must lie in 0..2^63-1")
+        raise BlockEncodeError("epochs and clocks must lie in 0..2^63-1")
     if lo == 0 and prev_hash != ZERO_HASH:
         raise BlockEncodeError("the block holding epoch 1 has no predecessor: prev_hash 0")
     if not 0 <= first_seq <= lo or first_seq + n > SEQ_LIMIT:
