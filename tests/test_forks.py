@@ -31,12 +31,18 @@ def drop(fam: Family, name: str) -> None:
     shutil.rmtree(fam.sites.pop(name))
 
 
-def rounds(fam: Family, names: list[str], n: int = 3) -> None:
+def rounds(fam: Family, names: list[str], n: int = 3, max_size: str | None = None) -> None:
     for _ in range(n):
         for a in names:
             for b in names:
                 if a != b:
-                    out, _pk = cli_export(fam, a, b)
+                    if max_size is None:
+                        out, _pk = cli_export(fam, a, b)
+                    else:
+                        out = fam.medium()
+                        r = run("export", "--out", out, "--to", b, "--max-size", max_size,
+                                site=fam.path(a), json_mode=True)
+                        assert r.code == 0, r
                     run("import", out, site=fam.path(b), json_mode=True)
 
 
@@ -164,6 +170,31 @@ def test_a_careless_restore_heals_by_ordinary_rounds_keeping_the_careless_write(
             assert s.get("t", "careless") == "written after the copy came back"
             assert s.get("t", "b1") == "after the backup"
             assert s.get("t", "b0") == "before the backup"
+
+
+def test_a_careless_restore_heals_on_the_smallest_medium(family):
+    """At --max-size 64K the evidence had no room in any packet header (1/256 of the size,
+    less than one pair): the peers refused the restored site's packets for good, and it never
+    learnt it had forked."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    fam.full_exchange(1)
+    copy = backup(fam, "B")
+    for i in range(30):
+        fam.put("B", "t", f"lost{i}", "x" * 200)
+    rounds(fam, ["B", "C"], 1, "64K")
+    put_back(fam, "B", copy)                 # no 'syncpack restore'
+    fam.put("B", "t", "careless", "written after the copy came back")
+    rounds(fam, ["A", "B", "C"], 4, "64K")
+    for name in ("A", "B", "C"):
+        assert status(fam, name)["state"] == "normal", status(fam, name)
+        assert [f["state"] for f in forks_at(fam, name)] == ["healed"], forks_at(fam, name)
+    assert_converged(fam)
+    with fam.open("A") as s:
+        assert s.get("t", "careless") == "written after the copy came back"
+        assert s.get("t", "lost29") == "x" * 200
 
 
 def test_a_resync_snapshot_for_a_carelessly_restored_site_is_refused_and_rounds_heal_it(family):

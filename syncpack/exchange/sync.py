@@ -67,8 +67,12 @@ MIN_ACK_BUDGET = 4 * 1024
 # again as parts.  A small family's header takes a few hundred bytes; a larger one's may not
 # leave this much, and then the export names the --max-size that would do.
 RESEAL_HEADROOM = 4 * 1024
-# Fork evidence, heads and 'kept' take at most this fraction of a packet's --max-size.
+# Fork evidence, heads and 'kept' take at most this fraction of a packet's --max-size, and
+# at least FORK_ROOM_MIN bytes: a pair of evidence (2 x 188 bytes) must fit the smallest
+# medium (64K), or a fork found there never reaches the members that must refuse it (the
+# forked site included, which then never heals).  Well within RESEAL_HEADROOM.
 FORK_ROOM_DIVISOR = 256
+FORK_ROOM_MIN = 1024
 
 
 # --- export -----------------------------------------------------------------------------------
@@ -193,8 +197,8 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
     cannot be served (below our changelog floor, or a roster name that cannot be a path)
     raises, or with ``failed`` is left out and its error collected, so one peer does not stop
     the packets for the others.  ``sign`` signs our acknowledgement for the header.  What the
-    header says of forks takes at most 1/256 of ``max_size`` (advisory: it must never be what
-    keeps a block from fitting a packet)."""
+    header says of forks takes at most 1/256 of ``max_size``, and at least FORK_ROOM_MIN bytes
+    (advisory: it must never be what keeps a block from fitting a packet)."""
     vec = site.vector()
     floor = site.floors()
     seeded = exports.seeded_epochs(site.conn)
@@ -236,7 +240,8 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         sent, acked = matrix(site, peer)
         unconfirmed = any(e > acked.get(o, 0) for o, e in sent.items())
         kept, evidence, heads = forks.for_header(
-            site, peer, None if max_size is None else max_size // FORK_ROOM_DIVISOR)
+            site, peer,
+            None if max_size is None else max(max_size // FORK_ROOM_DIVISOR, FORK_ROOM_MIN))
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering) and \
                 not heads and not fork_store.news_for(site.conn, peer):
             continue
