@@ -9,8 +9,11 @@ it; everything a user would check goes through the ``syncpack`` command."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
+
+from syncpack.format import blocks
 
 from conftest import Family, run
 from test_recovery import (assert_converged, assert_no_epoch_reuse, backup, cli_export,
@@ -195,6 +198,45 @@ def test_a_careless_restore_heals_on_the_smallest_medium(family):
     with fam.open("A") as s:
         assert s.get("t", "careless") == "written after the copy came back"
         assert s.get("t", "lost29") == "x" * 200
+
+
+def test_a_second_history_under_the_very_same_clock_converges_everywhere(family):
+    """A member signs another version of its epoch with the same clock and seq (the same
+    CSN, another value) for one peer.  The fork was found and healed, yet the member's own
+    site kept its value in the records while its changelog held the family's version: the
+    family split (the member's fsck failing) while every site said 'healed'."""
+    import msgpack
+    from packetkit import ops_of, rebuild, reblock, sign_key
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    fam.full_exchange(2)
+    fam.put("C", "t", "k", "honest")
+    to_a, packets = cli_export(fam, "C", "A")
+    cli_import(fam, "A", to_a)
+    _out, packets = cli_export(fam, "C", "B")
+    path = Path(packets[0]["path"])
+    raw = path.read_bytes()
+    key = sign_key(fam.path("C"))
+    body = reblock(raw, [o._replace(value=msgpack.packb("forged")) for o in ops_of(raw)], key)
+    h_len = blocks.HEADER_LEN
+
+    def edit(h):    # the header's newest block of C is the forged one
+        h["heads"] = [body[:h_len] if hd[6:14] == body[6:14] else hd for hd in h.get("heads", [])]
+
+    path.write_bytes(rebuild(raw, key, edit=edit, body=body))
+    cli_import(fam, "B", path.parent.parent.parent)
+    rounds(fam, ["A", "B"], 1)
+    rounds(fam, ["A", "B", "C"], 4)
+    for name in ("A", "B", "C"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["healed"], forks_at(fam, name)
+    assert_converged(fam)
+    values = set()
+    for name in ("A", "B", "C"):
+        with fam.open(name) as s:
+            values.add(s.get("t", "k"))
+    assert len(values) == 1, values
 
 
 def test_a_resync_snapshot_for_a_carelessly_restored_site_is_refused_and_rounds_heal_it(family):

@@ -727,12 +727,22 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
 
 def _unstash(site: Site, op: Op) -> bool:
     """One of our own set-aside ops came back from a peer, inside our own signed block (which
-    is now kept): it is genuine, and its effect on the records is already here."""
-    epoch = stash.epoch_of(site.conn, op.origin, op.hlc, op.seq)
-    if epoch is None:
+    is now kept): it is genuine, and its effect on the records is already here.  Returns
+    False when ``op`` is none of them, to be applied as any other.
+
+    An op under the very CSN of one set aside that is not that op (a member that signed
+    another version of our epoch with our key and our clock, which the family kept) takes
+    its place: ours is undone and dropped, and the family's applies (matched by CSN alone,
+    ours stayed in the records while the changelog held the family's)."""
+    mine = stash.op_of(site.conn, op.origin, op.hlc, op.seq)
+    if mine is None:
         return False
-    stash.drop(site.conn, op.origin, epoch)
-    return True
+    stash.drop(site.conn, op.origin, mine.epoch)
+    if (mine.collection, mine.key, mine.value, mine.replaced) == \
+            (op.collection, op.key, op.value, op.replaced):
+        return True
+    fork_store.undo_ops(site.conn, [mine])
+    return False
 
 
 def is_known(site: Site, h: Header) -> bool:

@@ -133,17 +133,23 @@ def revert_from(conn, origin: bytes, epoch: int) -> int:
     cut = row[0]
     ops = list(chain.iter_ops(conn, origin, cut, (1 << 63) - 1))
     conn.execute("DELETE FROM blocks WHERE origin=? AND hi>?", (origin, cut))
+    undo_ops(conn, ops)
+    conn.execute("UPDATE vector SET epoch=min(epoch, ?) WHERE origin=?", (cut, origin))
+    return cut
+
+
+def undo_ops(conn, ops: list) -> None:
+    """Undo the effect of ``ops`` (newest last) on the records: their versions go, and the
+    versions they replaced come back where we still hold the ops that wrote them."""
     for op in reversed(ops):
         conn.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
-                     (op.collection, op.key, pack_csn(op.hlc, origin, op.seq)))
+                     (op.collection, op.key, pack_csn(op.hlc, op.origin, op.seq)))
         for r in split_csns(op.replaced):
             back = _op_by_csn(conn, r)
             if back is not None and not _replaces(conn, op.collection, op.key, r):
                 conn.execute("INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?)",
                              (op.collection, op.key, r,
                               fields.record_of(conn, op.collection, op.key, r, back.value)))
-    conn.execute("UPDATE vector SET epoch=min(epoch, ?) WHERE origin=?", (cut, origin))
-    return cut
 
 
 def news_for(conn, peer: bytes) -> bool:

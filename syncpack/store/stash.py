@@ -28,6 +28,13 @@ def epoch_of(conn, origin: bytes, hlc: int, seq: int) -> int | None:
     return row[0] if row else None
 
 
+def op_of(conn, origin: bytes, hlc: int, seq: int) -> Op | None:
+    """The op (origin, hlc, seq) as it is set aside, if it is."""
+    row = conn.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM "
+                       "stash WHERE origin=? AND hlc=? AND seq=?", (origin, hlc, seq)).fetchone()
+    return Op(*row) if row else None
+
+
 def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
     """(hlc, seq) of the op set aside under ``epoch``, if any."""
     row = conn.execute("SELECT hlc, seq FROM stash WHERE origin=? AND epoch=?",
