@@ -853,3 +853,25 @@ def test_an_export_to_this_site_itself_says_what_to_do(family):
     line = refused(r, "a is this site")
     assert line and "hint: 'syncpack lsepoch' lists the peers" in r.err, r
     assert not (family.root / "o").exists()
+
+
+def test_a_file_size_limit_is_told_as_such_not_as_a_damaged_store(tmp_path):
+    """Under a file-size limit (``ulimit -f``, a quota) a sound store was reported 'not a
+    readable syncpack store' with the hint to restore a backup, which would lose what it
+    holds; the disk and the limits are what to check."""
+    import resource
+    site = tmp_path / "A"
+    assert syncpack_proc("-q", "init", site, "--family", "fam", "--site", "A").returncode == 0
+    for i in range(200):
+        assert run("put", "c", f"k{i}", json.dumps("x" * 400), site=site).code == 0
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, 20 * 1024))
+
+    r = subprocess.run([sys.executable, "-m", "syncpack", "--site", str(site), "status"],
+                       capture_output=True, text=True, timeout=60, preexec_fn=limited,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 1, r
+    assert "could not be read or written" in r.stderr and "ulimit -f" in r.stderr, r.stderr
+    assert "restore the site directory from a backup" not in r.stderr, r.stderr
+    assert syncpack_proc("--site", site, "fsck").returncode == 0

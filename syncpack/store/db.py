@@ -404,8 +404,9 @@ def _statements(script: str) -> list[str]:
 
 def access_problem(e: BaseException) -> tuple[str, str] | None:
     """(what, hint) when ``e`` says the store may well be sound but this process cannot use
-    it now: another program holds it locked, or this user may not write it.  Neither is
-    damage, and restoring a backup (the hint for damage) would be the wrong thing to do."""
+    it now: another program holds it locked, this user may not write it, the disk is full or
+    failed a read or write.  None of these is known damage, and restoring a backup (the hint
+    for damage) would be the wrong thing to do first."""
     if isinstance(e, (apsw.BusyError, apsw.LockedError)):
         return ("the site store is locked by another program",
                 "a program other than syncpack (an sqlite3 shell, a backup tool) holds it "
@@ -414,6 +415,16 @@ def access_problem(e: BaseException) -> tuple[str, str] | None:
         return ("the site store cannot be written by this user",
                 "run syncpack as the account that owns the site directory, or give that "
                 "account write access to it (docs/operations.md)")
+    if isinstance(e, apsw.FullError):
+        return ("the disk holding the site store is full",
+                "free space on it, then run the command again (what failed was rolled back)")
+    if isinstance(e, apsw.IOError):
+        # a file-size limit (ulimit -f), a quota or a device gone: the store itself is
+        # usually sound, and a restore from a backup would lose what it holds
+        return ("the site store could not be read or written",
+                "check the disk and this process's limits (free space, a quota, a file-size "
+                "limit such as 'ulimit -f'), then run 'syncpack fsck'; restore from a backup "
+                "only if fsck fails")
     return None
 
 
