@@ -115,20 +115,21 @@ def ops_of(definitions: list[Any]) -> list[dict]:
 
 def columns_of(definitions: list[Any]) -> set[str]:
     """The columns named by any of the surviving versions of a table's definition."""
-    out: set[str] = set()
-    for d in definitions:
-        cols = d.get("columns") if isinstance(d, dict) else None
-        if isinstance(cols, list):
-            out |= {c for c in cols if isinstance(c, str)}
-    return out
+    return _names_in(definitions, "columns")
 
 
 def dropped_of(definitions: list[Any]) -> set[str]:
     """Columns a refresh somewhere in the family accepted as dropped: values of them in older
     records are left out, not waited for."""
+    return _names_in(definitions, "dropped")
+
+
+def _names_in(definitions: list[Any], field: str) -> set[str]:
+    """The names listed under ``field`` by any of the definitions (a peer's word: whatever is
+    not a list of names is nothing)."""
     out: set[str] = set()
     for d in definitions:
-        dropped = d.get("dropped") if isinstance(d, dict) else None
-        if isinstance(dropped, list):
-            out |= {c for c in dropped if isinstance(c, str)}
+        names = d.get(field) if isinstance(d, dict) else None
+        if isinstance(names, list):
+            out |= {c for c in names if isinstance(c, str)}
     return out
