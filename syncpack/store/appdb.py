@@ -1888,9 +1888,9 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
     write and naming no other column (a CHECK on the table's other columns refused the
     application's own writes) nor a table of SQLite's or syncpack's; a row written without
     the column (by a release that does not know it yet) must pass its constraints; and it
-    must add exactly that column to exactly that
-    table and change nothing else (checked after running it inside a savepoint, rolled back
-    otherwise).  Returns why it was refused, or None."""
+    must add exactly that column to exactly that table and change nothing else (checked
+    after running it inside a savepoint, rolled back otherwise).  Returns why it was
+    refused, or None."""
     why = _too_long(definition) or _column_alone(definition, table)
     if why:
         return (f"the peers' definition of column {column} of table {table} "

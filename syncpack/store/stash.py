@@ -21,13 +21,6 @@ def put(conn, ops: list) -> None:
     conn.executemany("INSERT OR REPLACE INTO stash VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ops)
 
 
-def epoch_of(conn, origin: bytes, hlc: int, seq: int) -> int | None:
-    """The epoch under which the op (origin, hlc, seq) is set aside, if it is."""
-    row = conn.execute("SELECT epoch FROM stash WHERE origin=? AND hlc=? AND seq=?",
-                       (origin, hlc, seq)).fetchone()
-    return row[0] if row else None
-
-
 def op_of(conn, origin: bytes, hlc: int, seq: int) -> Op | None:
     """The op (origin, hlc, seq) as it is set aside, if it is."""
     row = conn.execute("SELECT origin, epoch, hlc, seq, collection, key, value, replaced FROM "
