@@ -39,13 +39,7 @@ def rounds(fam: Family, names: list[str], n: int = 3, max_size: str | None = Non
         for a in names:
             for b in names:
                 if a != b:
-                    if max_size is None:
-                        out, _pk = cli_export(fam, a, b)
-                    else:
-                        out = fam.medium()
-                        r = run("export", "--out", out, "--to", b, "--max-size", max_size,
-                                site=fam.path(a), json_mode=True)
-                        assert r.code == 0, r
+                    out, _pk = cli_export(fam, a, b, max_size=max_size)
                     run("import", out, site=fam.path(b), json_mode=True)
 
 

@@ -118,10 +118,12 @@ def fsck_ok(fam: Family, name: str) -> bool:
     return r.code == 0
 
 
-def cli_export(fam: Family, name: str, *to: str) -> tuple[Path, list[dict]]:
+def cli_export(fam: Family, name: str, *to: str, max_size: str | None = None
+               ) -> tuple[Path, list[dict]]:
     out = fam.medium()
     args = ["export", "--out", out]
     args += [a for t in to for a in ("--to", t)] if to else ["--all"]
+    args += ["--max-size", max_size] if max_size else []
     r = run(*args, site=fam.path(name), json_mode=True)
     assert r.code == 0, r
     return out, r.json["packets"]
