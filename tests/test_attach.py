@@ -1168,7 +1168,7 @@ def test_an_infinite_real_shows_tagged_so_the_output_stays_strict_json(tmp_path)
 
 def test_a_bulk_apply_leaves_capture_in_place(tmp_path):
     # A batch this large is written with the table's triggers dropped inside the apply's own
-    # transaction (attach.core.PAUSE_CAPTURE_AT): afterwards they must be back, so the
+    # transaction (attach.capturing.PAUSE_CAPTURE_AT): afterwards they must be back, so the
     # application's next writes are captured and replicated.
     sites = make_family(tmp_path, ("a", "b"))
     dbs = {n: tmp_path / f"{n}.db" for n in sites}
@@ -2314,7 +2314,7 @@ def test_after_an_interrupted_snapshot_import_the_sites_own_rows_are_no_conflict
     command.  Every key of the snapshot had become news to the application again, and each
     change a conflict with the very version it changed (60-130 such conflicts in the crash
     probe).  A key the snapshot gives back as it was is no news."""
-    from syncpack.attach import core
+    from syncpack.attach import applying
     sites, dbs = two_attached(tmp_path)
     app(dbs["b"], [f"INSERT INTO items(id, i) VALUES ('b{i}', {i})" for i in range(20)])
     exchange(tmp_path, sites)
@@ -2326,7 +2326,7 @@ def test_after_an_interrupted_snapshot_import_the_sites_own_rows_are_no_conflict
     def stopped(self):          # the store committed, the application's file did not
         self.close()
         raise KeyboardInterrupt
-    monkeypatch.setattr(core.DirectApply, "finish", stopped)
+    monkeypatch.setattr(applying.DirectApply, "finish", stopped)
     assert run("import", snap, site=sites["b"]).code != 0
     monkeypatch.undo()
     app(dbs["b"], ["DELETE FROM items WHERE id = 'b3'", "UPDATE items SET i = 99 WHERE id = 'b4'"])
@@ -2349,9 +2349,9 @@ def test_rows_a_trigger_deletes_from_the_very_table_syncpack_writes_are_captured
     peers.  Only the row syncpack writes is quiet now; what the trigger deletes beside it is
     this site's change (with ``big``, a batch large enough that an ordinary table's capture
     triggers would be set aside while it is written)."""
-    from syncpack.attach import core
+    from syncpack.attach import capturing
     if big:
-        monkeypatch.setattr(core, "PAUSE_CAPTURE_AT", 1)
+        monkeypatch.setattr(capturing, "PAUSE_CAPTURE_AT", 1)
         monkeypatch.setattr(writer, "ELSEWHERE_AT", 1)
     sites = make_family(tmp_path, ("a", "b"))
     dbs = {n: tmp_path / f"{n}.db" for n in sites}

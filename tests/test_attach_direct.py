@@ -1,4 +1,4 @@
-"""An import writes attached rows straight into the application's table (attach/core.py
+"""An import writes attached rows straight into the application's table (attach/applying.py
 DirectApply): what happens when it does not get to commit them (issue 21, points 2 and 4).
 
 Each batch written leaves a mark of its CSNs in the store transaction that inserted it; the

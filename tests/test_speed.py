@@ -373,7 +373,7 @@ def test_an_import_loads_no_attach_code_and_no_key_file_formats(tmp_path):
     with fam.open("a") as s, s.transaction() as tx:
         tx.put("c", "k", 1)
     out = list(fam.export("a", "b"))
-    probe = _PROBE.format(heavy=("syncpack.attach.core", "syncpack.format.seal",
+    probe = _PROBE.format(heavy=("syncpack.attach.core", "syncpack.attach.applying", "syncpack.format.seal",
                                  "cryptography.hazmat.primitives.serialization",
                                  "syncpack.exchange.apply"))
     r = subprocess.run([sys.executable, "-c", probe, str(fam.path("b")), "import",

@@ -1,7 +1,7 @@
 """A large import's rows written into the application's tables by a child process, on the
 other core.
 
-An import into an attached table (attach/core.py, DirectApply) otherwise decodes every record
+An import into an attached table (attach/applying.py, DirectApply) otherwise decodes every record
 and binds every value on the interpreter that also verifies, decompresses and inserts the
 blocks into the store: for 1M rows about a third of the import's time, all of it holding the
 GIL.  Here the store's process sends each batch's records as they are (bytes, as signed) and
@@ -13,7 +13,7 @@ as before).  It takes over from the importing process, which captured and then c
 serves only if the file is as that process left it (the same highest change number and schema
 version: nothing was written between that commit and the child's BEGIN IMMEDIATE), else the
 caller writes the rows itself.  If either process dies, the child's transaction rolls back and
-the store's marks make the rows pending again (attach/core.py, _recover).
+the store's marks make the rows pending again (attach/applying.py, recover).
 
 The child runs :func:`main`.  Request ``{"path", "tables", "upto", "schema", "module",
 "pause_at"}``, answered ``{"ok": bool}``; then per ``["put", table, keys, records]`` the

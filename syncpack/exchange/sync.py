@@ -41,6 +41,7 @@ from syncpack.exchange.verify import (DEFAULT_SKEW_MS, JoinedPiecesPacket, OpenP
 # The attached-application code (and all it imports) loads only at a site that has one: an
 # import elsewhere starts without it.
 attach_core = OnFirstUse("syncpack.attach.core")
+attach_applying = OnFirstUse("syncpack.attach.applying")
 
 
 def _has_app(site: Site) -> bool:
@@ -587,7 +588,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             forks.end_retired(site)
         # rows of attached tables go into the application's tables as they arrive
         # (the headers' counts are the senders' word: they choose only how rows are written)
-        direct = attach_core.DirectApply(site, sum(
+        direct = attach_applying.DirectApply(site, sum(
             c.pk.header.count for c in [*cands, *(c for g in snaps.values() for c in g)])
         ) if _has_app(site) else None
         try:

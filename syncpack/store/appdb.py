@@ -1273,7 +1273,7 @@ def forget_changes(conn: Connection, upto: int, keep: Iterable[str] = ()) -> Non
             # against 0.5 s), and the number stays in the same transaction, so no reader sees
             # it gone.  The row names no key: in a copy of this file restored later, every
             # key in the change table is one changed after the copy's last capture
-            # (attach/core.py: _went_back).
+            # (attach/capturing.py: _went_back).
             conn.execute(f"DELETE FROM {CHANGES}")
             conn.execute(f"INSERT INTO {CHANGES}(seq, tbl) VALUES (?, '')", (last,))
             return

@@ -237,7 +237,7 @@ MIGRATIONS: list[str] = [
     # 10: an import writes an attached table's rows as they arrive, in an application
     # transaction that commits after the store's; each batch so written leaves the range of its
     # CSNs here, in the store transaction that inserted it, until the application's commit is
-    # known (syncpack/store/attached.py, attach/core.py DirectApply).
+    # known (syncpack/store/attached.py, attach/applying.py DirectApply).
     """
     CREATE TABLE attach_inflight(token BLOB NOT NULL, n INTEGER NOT NULL,
                                  collection TEXT NOT NULL, origin BLOB, lo BLOB NOT NULL,
