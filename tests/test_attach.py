@@ -597,6 +597,23 @@ def test_a_row_replace_removes_through_an_expression_or_partial_unique_index_is_
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
 
 
+def test_an_integer_key_written_beside_desc_is_told_it_may_hold_null(tmp_path):
+    """``id INTEGER PRIMARY KEY DESC`` is no alias of the rowid (SQLite's documented quirk):
+    the key may be NULL, and an application inserting a row without an id got one with a
+    NULL key, which is never replicated, without the warning a TEXT key gets.  The same key
+    declared apart, ``PRIMARY KEY(id DESC)``, is an alias, and needs no warning."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE quirk(id INTEGER PRIMARY KEY DESC, v)",
+             "CREATE TABLE alias(id INTEGER, v, PRIMARY KEY(id DESC))"])
+    r = sp(sites["a"], "attach", db, "--table", "quirk", "--table", "alias")
+    assert "column(s) id of table quirk allow NULL" in r.err, r
+    assert "table alias allow" not in r.err, r
+    app(db, ["INSERT INTO alias(v) VALUES ('numbered')"])
+    assert sp(sites["a"], "--json", "capture").json["captured"] == 1
+    assert run("fsck", site=sites["a"]).code == 0
+
+
 def test_one_file_is_attached_by_one_site(tmp_path):
     """A second site attaching the same file would take the changes the first has not
     captured yet: refused while the first attaches it; a copy, or the file once the first
@@ -2034,7 +2051,9 @@ def test_a_table_renamed_or_dropped_stops_only_itself_and_says_so(tmp_path, chan
     """One attached table renamed or dropped in the application: its capture stops, named by
     'attached', status and the metrics (the alert fires), while the other tables keep
     replicating both ways.  It failed every export and import of the site, and status
-    showed nothing wrong.  Renamed back, it carries on with what was written meanwhile."""
+    showed nothing wrong.  Renamed back, it carries on with what was written meanwhile, also
+    when the other tables were captured in between (those captures moved the number it reads
+    from past the renamed table's changes, which then never reached the peers)."""
     sites, dbs = two_attached(tmp_path, ("items", "counters"))
     app(dbs["a"], ["INSERT INTO counters VALUES (1, 'one')"])
     exchange(tmp_path, sites, rounds=1)
@@ -2055,9 +2074,12 @@ def test_a_table_renamed_or_dropped_stops_only_itself_and_says_so(tmp_path, chan
     assert r.code == 1 and "gone" in r.err and "--refresh" not in r.err, r
     if change.startswith("ALTER"):
         app(dbs["a"], ["INSERT INTO counters_old VALUES (2, 'two')",
-                       "ALTER TABLE counters_old RENAME TO counters"])
+                       "UPDATE counters_old SET v = 'uno' WHERE id = 1"])
+        app(dbs["a"], ["INSERT INTO items(id, i) VALUES ('meanwhile', 3)"])
+        assert run("capture", site=sites["a"]).code == 1        # items only
+        app(dbs["a"], ["ALTER TABLE counters_old RENAME TO counters"])
         exchange(tmp_path, sites, rounds=2)
-        assert [r[0] for r in table(dbs["b"], "counters")] == [1, 2]
+        assert [r[:3:2] for r in table(dbs["b"], "counters")] == [(1, "uno"), (2, "two")]
         assert_converged(sites, dbs, ("items", "counters"))
     else:
         sp(sites["a"], "detach", dbs["a"], "--table", "counters")

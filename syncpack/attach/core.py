@@ -96,11 +96,7 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
                             attached.set_stopped(conn, name, _gone_why(name, path))
                     continue
                 raise AttachError(_gone_why(name, path), hint=_gone_hint(path, name))
-            if _is_gone_why(stopped.get(name), name):
-                # back (renamed back): its changes meanwhile were kept in the change table
-                with site.write_txn() as conn:
-                    attached.set_stopped(conn, name, None)
-            infos[name] = t
+            infos[name] = t     # one back from being gone is taken back by sync_app
         if unfinished:
             with site.write_txn() as conn:
                 attached.end_creating(conn, unfinished)
@@ -204,9 +200,12 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
                 # The bulk of a capture under a read snapshot: the application keeps writing
                 # (in WAL mode); the write lock is held only for what came in meanwhile and
                 # for writing peers' records.
+                back = [n for n, why in attached.stopped(site.conn).items()
+                        if n in infos and _is_gone_why(why, n)]
                 with appdb.read_txn(app):
-                    infos = schema.review(site, app, infos)
-                    early = capturing.take_changes(site, app, infos)
+                    infos = schema.review(site, app, infos, back)
+                    early = sum(_take_back(site, app, infos[n]) for n in back if n in infos)
+                    early += capturing.take_changes(site, app, infos)
                     idle = _idle(site, app, infos)
                 if idle:
                     # nothing to write: a write committed for nothing would still end the
@@ -223,6 +222,20 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
         if wait:
             raise
         return None
+
+
+def _take_back(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
+    """A table that was gone from the file (renamed away, then back) is here again, as it was
+    recorded.  Its change rows were kept while it was gone (``forget_taken`` leaves a stopped
+    table's), but a capture reads only numbers above what the store captured, and the other
+    tables' captures moved that on: its changes meanwhile are taken as a refresh takes them,
+    and its capture resumes only in the same store commit as the last of them, so a crash in
+    between takes them again (finding nothing new).  Returns the changes taken."""
+    taken = _capture_stopped(site, app, t)
+    with site.transaction() as tx:
+        taken += capturing.load_rows_in(site, tx, app, t, rescan=True)
+        attached.set_stopped(site.conn, t.name, None)
+    return taken
 
 
 def _follow_new_tables(site: Site) -> list[str]:
@@ -637,18 +650,18 @@ def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
             yield key, shown, capturing.digest(raw)
 
 
-def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> None:
+def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
     """The keys of ``t`` changed while its capture was stopped and still waiting for peers'
     records: each current row (or its absence) becomes a local op concurrent with the
     versions the application has not seen, as capture makes it.  (The other changed keys are
-    found by the refresh's comparison of the whole table.)"""
+    found by the refresh's comparison of the whole table.)  Returns the ops written."""
     conn = site.conn
     pending = set(attached.pending_keys(conn, t.name))
     single = len(t.pk) == 1
     keys = {rows.encode_key(k, single): k for k in appdb.kept_keys(app, t)}
     keys = {k: v for k, v in keys.items() if k in pending}
     if not keys:
-        return
+        return 0
     current = attached.versions_for(conn, t.name, list(keys))
     unseen = attached.unseen_for(conn, t.name, list(keys))
     batch = []
@@ -664,6 +677,7 @@ def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> N
         attached.begin_capturing(conn)
         tx.write_many(t.name, batch)
         attached.end_capturing(conn)
+    return len(batch)
 
 
 def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = None) -> dict:

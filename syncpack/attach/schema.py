@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterable
 
 from syncpack.attach import shapes
 from syncpack.format import codec
@@ -65,16 +66,19 @@ def with_dropped(site: Site, t: appdb.TableInfo) -> appdb.TableInfo:
     return dataclasses.replace(t, dropped=frozenset(shapes.dropped_of(definitions(site, t.name))))
 
 
-def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]
-           ) -> dict[str, appdb.TableInfo]:
+def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
+           back: Iterable[str] = ()) -> dict[str, appdb.TableInfo]:
     """The tables to capture and apply now, each as it is in the caller's transaction on
-    ``app``; publishes added columns, stops tables changed unsafely (see the module)."""
+    ``app``; publishes added columns, stops tables changed unsafely (see the module).  A
+    table in ``back`` was stopped for being gone from the file and is there again: it is
+    reviewed like the others (the caller resumes its capture if it is live)."""
     recorded = attached.shapes(site.conn)
     defs_sql = {n: d["create_sql"] for n, d in attached.tables(site.conn).items()}
     live: dict[str, appdb.TableInfo] = {}
+    back = set(back)
     for name, t0 in infos.items():
         old, stopped = recorded.get(name, (None, None))
-        if stopped:
+        if stopped and name not in back:
             continue
         t = appdb.table_info(app, name) or t0
         new = shape_of(t)

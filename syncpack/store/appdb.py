@@ -462,8 +462,17 @@ def constant_defaults(conn: Connection, t: TableInfo) -> dict[str, object]:
 
 def rowid_alias(conn: Connection, t: TableInfo) -> bool:
     """``t`` is keyed by its rowid (one column declared INTEGER PRIMARY KEY)."""
-    return len(t.pk) == 1 and "WITHOUT ROWID" not in t.create_sql.upper() and \
-        (conn.column_metadata("main", t.name, t.pk[0])[0] or "").upper() == "INTEGER"
+    return len(t.pk) == 1 and _keyed_by_rowid(conn, t.name, t.pk[0])
+
+
+def _keyed_by_rowid(conn: Connection, table: str, column: str) -> bool:
+    """``column`` of ``table`` is an alias of its rowid.  Declared INTEGER is not enough:
+    ``INTEGER PRIMARY KEY DESC`` written beside the column is an ordinary key (SQLite's
+    documented quirk) and may hold NULL or text, as may the key of a WITHOUT ROWID table;
+    SQLite gives either an index of its own, which an alias never has."""
+    if (conn.column_metadata("main", table, column)[0] or "").upper() != "INTEGER":
+        return False
+    return not any(r[3] == "pk" for r in conn.execute(f"PRAGMA index_list({q(table)})"))
 
 
 def key_collations(conn: Connection, t: TableInfo) -> list[tuple[str, str]]:
@@ -492,7 +501,7 @@ def nullable_key(conn: Connection, table: str) -> list[str]:
     a WITHOUT ROWID table)."""
     key = sorted((r for r in conn.execute(f"PRAGMA table_xinfo({q(table)})") if r[5]),
                  key=lambda r: r[5])
-    if len(key) == 1 and (key[0][2] or "").upper() == "INTEGER":
+    if len(key) == 1 and _keyed_by_rowid(conn, table, key[0][1]):
         return []
     return [r[1] for r in key if not r[3]]
 
