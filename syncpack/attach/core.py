@@ -408,6 +408,10 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         return None
     if t.virtual:
         return f"table {name} is a virtual table; only ordinary tables can be replicated"
+    owner = appdb.shadow_of(app, name)
+    if owner is not None:
+        return (f"table {name} holds the data of virtual table {owner}, which alone may write "
+                f"it; only ordinary tables can be replicated")
     if not t.pk:
         return f"table {name} has no declared PRIMARY KEY; a replicated row needs a key"
     if len(t.columns) > appdb.MAX_COLUMNS:

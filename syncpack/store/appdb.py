@@ -318,6 +318,18 @@ def user_tables(conn: Connection) -> tuple[list[str], list[str]]:
     return plain, virtual
 
 
+def shadow_of(conn: Connection, table: str) -> str | None:
+    """The virtual table whose shadow table ``table`` is (the module keeps its data there, and
+    a row written by anyone else breaks its index), or None."""
+    if conn.execute("SELECT 1 FROM pragma_table_list WHERE schema = 'main' AND name = ? "
+                    "AND type = 'shadow'", (table,)).fetchone() is None:
+        return None
+    owners = [n for (n,) in conn.execute(
+        "SELECT name FROM pragma_table_list WHERE schema = 'main' AND type = 'virtual'")
+        if table.startswith(n + "_")]
+    return max(owners, key=len, default="?")
+
+
 def _affinity(decl: str) -> str:
     # SQLite's rules (datatype3.html §3.1), in their order.
     d = (decl or "").upper()
