@@ -767,3 +767,27 @@ def test_a_new_table_referring_to_a_table_not_attached_here_is_not_created(three
     sp(sites["b"], "attach", dbs["b"], "--table", "evil")
     sp(sites["b"], "capture")
     assert table(dbs["b"], "evil") == [("e1", "text", "s", "text")]
+
+
+def test_a_column_added_past_the_most_an_attached_table_may_have_stops_its_capture(tmp_path):
+    """attach refuses a table of more than 900 columns, but an application's ADD COLUMN took
+    an attached table of 900 to 901: its capture went on, every peer refused the new
+    definition, and the rows then waited at each of them for good, with no word at the
+    origin.  The capture of that table now stops there, saying why, and a refresh refuses it
+    as attach does."""
+    sites = make_family(tmp_path, ("a", "b"))
+    cols = ", ".join(f"c{i}" for i in range(899))
+    dbs = attached_everywhere(tmp_path, sites, f"CREATE TABLE wide(id TEXT PRIMARY KEY, {cols})",
+                              ["INSERT INTO wide(id, c0) VALUES ('w', 1)"], "wide")
+    app(dbs["a"], ["ALTER TABLE wide ADD COLUMN c899 TEXT DEFAULT 'd'",
+                   "UPDATE wide SET c899 = 'new', c0 = 2 WHERE id = 'w'"])
+    r = run("capture", site=sites["a"])
+    assert r.code == 1 and "wide has 901 columns, more than the 900" in r.err, r
+    r = run("attach", dbs["a"], "--refresh", "--table", "wide", site=sites["a"])
+    assert r.code == 1 and "wide has 901 columns" in r.err, r
+    app(dbs["a"], ["ALTER TABLE wide DROP COLUMN c899"])
+    sp(sites["a"], "attach", dbs["a"], "--refresh", "--table", "wide")
+    exchange(tmp_path, sites, rounds=2)
+    assert table(dbs["b"], "wide")[0][2:4] == (2, "integer")
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0

@@ -415,8 +415,7 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     if not t.pk:
         return f"table {name} has no declared PRIMARY KEY; a replicated row needs a key"
     if len(t.columns) > appdb.MAX_COLUMNS:
-        return (f"table {name} has {len(t.columns)} columns, more than the "
-                f"{appdb.MAX_COLUMNS} an attached table may have")
+        return schema.too_wide(t)
     collated = _collated_key(app, t)
     if collated:
         return collated
@@ -700,6 +699,8 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
         with _open_attached(site) as (app, infos):
             problems = [f"table {n} has no declared PRIMARY KEY" for n in names
                         if not infos[n].pk]
+            problems += [schema.too_wide(infos[n]) for n in names
+                         if len(infos[n].columns) > appdb.MAX_COLUMNS]
             if problems:
                 raise AttachError("; ".join(problems) + "; nothing was refreshed")
             with appdb.write_txn(app):

@@ -86,6 +86,10 @@ def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
             live[name] = with_dropped(site, t)
             continue
         adds, problems = ([], []) if old is None else shapes.compare(old, new)
+        if len(t.columns) > appdb.MAX_COLUMNS:
+            # attach refuses such a table; peers would refuse its definition, and its rows
+            # would wait there for good
+            problems = [*problems, too_wide(t)]
         if problems:
             with site.write_txn() as conn:
                 attached.set_stopped(conn, name, f"capture of table {name} stopped: "
@@ -94,6 +98,11 @@ def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
         _publish(site, app, t, adds, defs_sql.get(name, ""), new)
         live[name] = with_dropped(site, t)
     return live
+
+
+def too_wide(t: appdb.TableInfo) -> str:
+    return (f"table {t.name} has {len(t.columns)} columns, more than the "
+            f"{appdb.MAX_COLUMNS} an attached table may have")
 
 
 def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[str],
