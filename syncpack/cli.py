@@ -1545,7 +1545,7 @@ def keyinfo(obj: Ctx):
       syncpack --site boston keyinfo
     """
     s = obj.open(require_joined=False)
-    ident = keys.read_public_file(keys.public_path(s.path))
+    ident = keys.read_own_public(s.path)
     doc = {"site": s.name, "site_id": s.site_id.hex(), "family": s.family_name or None,
            "family_id": s.family_id.hex() if s.family_id else None,
            "signing_key_fingerprint": keys.fingerprint(ident.ed25519),

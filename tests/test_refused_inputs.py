@@ -855,6 +855,29 @@ def test_an_export_to_this_site_itself_says_what_to_do(family):
     assert not (family.root / "o").exists()
 
 
+@pytest.mark.parametrize("damage", ["garbage", "public", "gone"])
+def test_a_damaged_key_file_says_which_and_sends_to_the_backup(family, damage):
+    """A site's own key file damaged or gone: one line naming the file, and the hint to
+    restore the keys directory.  A damaged signing key printed the cryptography library's
+    words (with its web page) and no hint; a lost public key file, no hint."""
+    a = family.init("a")
+    family.add("b", via="a")
+    family.put("a", "parts", "p1", {"qty": 1})
+    if damage == "garbage":
+        (a / "keys" / keys.SIGN_KEY).write_bytes(os.urandom(10))
+        r = run("export", "--to", "b", "--out", family.root / "o", "--create-out", site=a)
+        line = refused(r, "signing key", "damaged")
+    elif damage == "public":      # a key of the wrong kind where the signing key belongs
+        (a / "keys" / keys.SIGN_KEY).write_bytes((a / "keys" / keys.BOX_KEY).read_bytes())
+        r = run("export", "--to", "b", "--out", family.root / "o", "--create-out", site=a)
+        line = refused(r, "is not an Ed25519 key")
+    else:
+        (a / "keys" / keys.PUBLIC_FILE).unlink()
+        r = run("keyinfo", site=a)
+        line = refused(r, "site.pub does not exist")
+    assert "http" not in line and "hint: restore the site's keys directory" in r.err, r
+
+
 def test_a_file_size_limit_is_told_as_such_not_as_a_damaged_store(tmp_path):
     """Under a file-size limit (``ulimit -f``, a quota) a sound store was reported 'not a
     readable syncpack store' with the hint to restore a backup, which would lose what it

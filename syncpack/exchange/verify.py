@@ -212,7 +212,7 @@ def verify(site: Site, pk: OpenPacket, *, now_ms: int | None = None,
         for m in h.roster:
             check_site_name(m["name"], PacketBodyError)
         mine = roster.get(site.site_id)
-        me = keys.read_public_file(keys.public_path(site.path))
+        me = keys.read_own_public(site.path)
         if mine is None or mine["ed25519"] != me.ed25519 or mine["name"] != site.name:
             raise PacketSignatureError("snapshot's roster does not hold this site's public key",
                                        hint="the snapshot was made for another key pair")

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -78,18 +78,31 @@ def public_path(site_dir: Path) -> Path:
     return site_dir / KEY_DIR / PUBLIC_FILE
 
 
+_RESTORE_KEYS = "restore the site's keys directory from its backup"
+
+
 def _load_private(site_dir: Path, name: str, kind: type, what: str):
     p = site_dir / KEY_DIR / name
     try:
         k = _serialization().load_pem_private_key(p.read_bytes(), password=None)
     except FileNotFoundError:
-        raise SiteError(f"{what} key {p} is missing",
-                        hint="restore the site's keys directory from its backup") from None
-    except (ValueError, TypeError) as e:
-        raise SiteError(f"{what} key {p} cannot be read: {e}") from None
+        raise SiteError(f"{what} key {p} is missing", hint=_RESTORE_KEYS) from None
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        # the library's own words name its internals and a web page, not the file's problem
+        raise SiteError(f"{what} key {p} is damaged: it is not a private key file",
+                        hint=_RESTORE_KEYS) from None
     if not isinstance(k, kind):
-        raise SiteError(f"{p} is not an {kind.__name__.removesuffix('PrivateKey')} key")
+        raise SiteError(f"{p} is not an {kind.__name__.removesuffix('PrivateKey')} key",
+                        hint=_RESTORE_KEYS)
     return k
+
+
+def read_own_public(site_dir: Path) -> PublicIdentity:
+    """This site's own public key file, which a site needs and never gets from anyone."""
+    try:
+        return read_public_file(public_path(site_dir))
+    except UsageError as e:
+        raise SiteError(e.message, hint=_RESTORE_KEYS) from None
 
 
 def load_signing_key(site_dir: Path) -> Ed25519PrivateKey:
