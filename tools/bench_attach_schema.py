@@ -48,7 +48,7 @@ def main() -> None:
         from syncpack.site import Site
         site = Site.open(site_dir)
         real = (schema.review, schema.follow)
-        off = (lambda _s, _a, infos: infos, lambda _s, _a, infos, _r: (infos, []))
+        off = (lambda _s, _a, infos, _back=(): infos, lambda _s, _a, infos, _r: (infos, []))
         times: dict[str, list[float]] = {"with_review": [], "without_review": []}
         k = 0
         for i in range(args.repeat * 2):
