@@ -23,7 +23,7 @@ import click
 from syncpack.outcome import error_outcome
 from syncpack.store import db
 from .version import VERSION
-from .errors import RecordNotFound, SyncpackError, arg
+from .errors import OutputError, RecordNotFound, SyncpackError, arg
 from .lazy import OnFirstUse
 from .replicated import PRIORITY_MAX, PRIORITY_MIN
 from .site import Site
@@ -147,9 +147,9 @@ class Ctx:
     def emit(self, doc: dict, human: str | None = None) -> None:
         """The JSON document on stdout in --json mode, else the human text on stdout."""
         if self.json:
-            click.echo(_json_text(doc, indent=2))
+            _out(_json_text(doc, indent=2))
         elif human is not None and human != "" and not self.quiet:
-            click.echo(escaped(human))
+            _out(escaped(human))
 
     def warn(self, text: str) -> None:
         """A warning is a diagnostic: stderr (also beside --json), not when quiet."""
@@ -166,7 +166,7 @@ class Ctx:
         """More of the human result (a summary line, the next step to take): stdout, not in
         --json mode (stdout holds the document) and not when quiet."""
         if not self.quiet and not self.json:
-            click.echo(escaped(text))
+            _out(escaped(text))
 
     @contextmanager
     def progress(self, label: str, unit: str = "ops") -> Iterator[_Bar | None]:
@@ -248,9 +248,52 @@ def echo_error(message: str, hint: str | None = None) -> None:
         click.echo(f"hint: {printable(hint)}", err=True)
 
 
+def _out(text: str) -> None:
+    """A result on stdout; a write that fails (a full disk; not a reader gone, which ends
+    the command quietly) is the command's error, told on stderr."""
+    try:
+        click.echo(text)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        _stdout_to_devnull()
+        raise OutputError(f"the output could not be written: {e.strerror or e}") from None
+    if _reader_gone():
+        raise BrokenPipeError
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it ('syncpack ls | head -1').  A write
+    the reader cut short comes back short with no error from Python's buffered layer, and
+    the command ended 0, as if the listing were whole; a script is told by exit 141."""
+    import select
+    import stat
+    try:
+        if not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            return False
+        p = select.poll()
+        p.register(sys.stdout.fileno(), 0)
+        return any(ev & select.POLLERR for _fd, ev in p.poll(0))
+    except (OSError, ValueError, AttributeError):     # no file (a test's capture)
+        return False
+
+
+def _stdout_to_devnull() -> None:
+    """What Python still holds for stdout goes nowhere (flushed at exit into a closed pipe
+    or a full disk, it would fail again, with a traceback)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):   # stdout no file (a test's capture): nothing to flush
+        pass
+
+
 def fail(ctx_obj: Ctx | None, message: str, hint: str | None, code: int = 1):
     if ctx_obj is not None and ctx_obj.json:
-        click.echo(json.dumps({"error": message, "hint": hint}))
+        try:
+            click.echo(json.dumps({"error": message, "hint": hint}))
+        except OSError:     # stdout is what failed: stderr still tells
+            _stdout_to_devnull()
     echo_error(message, hint)
     sys.exit(code)
 
@@ -297,13 +340,8 @@ def _json_first(args: list[str]) -> list[str]:
 
 
 def _output_gone() -> None:
-    """Exit 141 (128 + SIGPIPE) without a word; what Python still holds for stdout goes
-    nowhere (flushed at exit into the closed pipe, it would raise again)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):   # stdout no file (a test's capture): nothing to flush
-        pass
+    """Exit 141 (128 + SIGPIPE) without a word."""
+    _stdout_to_devnull()
     sys.exit(141)
 
 
@@ -703,7 +741,7 @@ def fsck(obj: Ctx):
         problems = doc["problems"]
         if not obj.json:
             for p in problems:
-                click.echo(printable(p))
+                _out(printable(p))
         more = (f" (and {len(problems) - 1} more problem(s), listed on stdout)"
                 if len(problems) > 1 else "")
         echo_error(f"fsck: {problems[0]}{more}", doc["hint"])
@@ -1008,7 +1046,7 @@ def status(obj: Ctx, fmt):
     doc = inspection.status(s)
     if fmt == "prometheus":
         if not obj.quiet:
-            click.echo(metrics.render(doc), nl=False)
+            _out(metrics.render(doc).removesuffix("\n"))
         return
     lines = [f"site {doc['site']} ({doc['state']}), family {printable(doc['family'])}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]

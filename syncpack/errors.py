@@ -219,6 +219,12 @@ class BatchLockedError(SyncpackError):
                     "catches up (if rounds keep overlapping, schedule them further apart)")
 
 
+class OutputError(SyncpackError):
+    """The command's result could not be written where its output goes (a full disk)."""
+    default_hint = ("what the command did stands; free space where its output goes, or send "
+                    "the output elsewhere, and run a command that shows it again (status, ls)")
+
+
 class MetricsWriteError(SyncpackError):
     """A batch round could not write its metrics file."""
 

@@ -259,6 +259,43 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
         assert p.returncode == 141 and p.stderr == "", (args, p)
 
 
+def test_a_reader_that_stops_early_gets_141_and_a_full_disk_one_error(tmp_path):
+    """'syncpack ls | head -1' over a long listing: the reader takes the first bytes and
+    closes the pipe, and Python's buffered write came back short without an error, so the
+    command ended 0, as if the listing were whole.  A full disk under the output
+    (/dev/full) printed two chained tracebacks with --json, and no hint without."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = shutil.which("syncpack", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("needs the syncpack script of this venv")
+    site = tmp_path / "a"
+    assert run("init", site, "--family", "f", "--site", "a").code == 0
+    lines = tmp_path / "r.jsonl"
+    lines.write_text("".join(f'{{"collection": "c", "key": "k{i}", "value": {i}}}\n'
+                             for i in range(20_000)))
+    assert run("load", lines, site=site).code == 0
+    for args in (["ls", "c"], ["--json", "ls", "c"]):
+        p = subprocess.Popen([exe, "--site", str(site), *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        p.stdout.read(100)
+        p.stdout.close()        # the reader has what it wanted
+        assert p.wait(timeout=60) == 141 and p.stderr.read() == b"", args
+    whole = subprocess.run([exe, "--site", str(site), "ls", "c"], capture_output=True, text=True)
+    assert whole.returncode == 0 and len(whole.stdout.splitlines()) == 20_000
+    if not Path("/dev/full").exists():
+        return
+    for args in (["--json", "status"], ["status"], ["ls", "c"]):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([exe, "--site", str(site), *args], stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=60)
+        assert p.returncode == 1, (args, p)
+        assert p.stderr.splitlines()[0] == ("error: the output could not be written: No space "
+                                            "left on device"), (args, p.stderr)
+        assert "Traceback" not in p.stderr and "hint: " in p.stderr, (args, p.stderr)
+
+
 def test_json_may_follow_the_command(tmp_path):
     """'syncpack status --json' as 'syncpack --json status', for every command; after '--'
     it is an argument like any other."""
