@@ -17,6 +17,11 @@ def arg(value: object) -> str:
     return shlex.quote(os.fspath(value) if isinstance(value, os.PathLike) else str(value))
 
 
+# What to do when this process may not read or write a file: the file is not at fault.
+ACCESS_HINT = ("run syncpack as the account that owns the site and its media, or give that "
+               "account access")
+
+
 class SyncpackError(Exception):
     """Base class: a message, an optional hint, a stable exit code."""
 

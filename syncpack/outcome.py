@@ -5,7 +5,9 @@ else is a bug or an interrupt, which each caller reports in its own way."""
 
 from __future__ import annotations
 
-from syncpack.errors import SyncpackError
+import errno
+
+from syncpack.errors import ACCESS_HINT, SyncpackError
 from syncpack.store.db import DatabaseError, access_problem
 
 STORE_HINT = "check the disk and run 'syncpack fsck'; restore from a backup if it fails"
@@ -22,5 +24,23 @@ def error_outcome(e: BaseException) -> tuple[str, str | None, int] | None:
             return f"{access[0]} ({e})", access[1], 1
         return f"the site store cannot be used: {e}", STORE_HINT, 1
     if isinstance(e, OSError):
-        return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), None, 1
+        return (f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+                _OS_HINTS.get(e.errno), 1)
     return None
+
+
+# The operating system's refusals, each with what to do about it (what failed changed
+# nothing: every command writes its files whole or not at all).
+_OS_HINTS = {
+    errno.EACCES: ACCESS_HINT,
+    errno.EPERM: ACCESS_HINT,
+    errno.EROFS: "the file system is mounted read-only; remount it writable, or use another "
+                 "place",
+    errno.ENOSPC: "free space on that disk (or use another), then run the command again",
+    errno.EDQUOT: "this account's disk quota is used up; free space, then run the command again",
+    errno.EEXIST: "name a path that does not exist yet, or move the one there away",
+    errno.ENOTDIR: "a part of that path is a file, not a directory; check the path",
+    errno.EISDIR: "that path is a directory; name a file",
+    errno.ENAMETOOLONG: "use a shorter path (or shorter names along it)",
+    errno.ENOENT: "check the path (does its directory exist?)",
+}

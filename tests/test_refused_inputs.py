@@ -855,6 +855,29 @@ def test_an_export_to_this_site_itself_says_what_to_do(family):
     assert not (family.root / "o").exists()
 
 
+def test_the_systems_refusals_each_say_what_to_do(family, tmp_path):
+    """An error of the operating system's was its words alone (`File exists: PATH`, `Not a
+    directory`, `File name too long`, `Permission denied`): now each has the hint for it.
+    Permissions are checked in the translation itself, since a test run as root is never
+    refused."""
+    from syncpack.outcome import error_outcome
+    a = family.init("a")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = [(("init", afile / "sub", "--family", "f", "--site", "x"), "Not a directory",
+              "a part of that path is a file"),
+             (("log", "export", afile), "File exists", "name a path that does not exist yet"),
+             (("export", "--all", "--out", tmp_path / ("x" * 300), "--create-out"),
+              "File name too long", "use a shorter path")]
+    for args, words, hint in cases:
+        r = run(*args, site=a)
+        refused(r, words)
+        assert f"hint: {hint}" in r.err, (args, r)
+    message, hint, code = error_outcome(PermissionError(13, "Permission denied", "k/sign.key"))
+    assert (message, code) == ("Permission denied: k/sign.key", 1)
+    assert hint.startswith("run syncpack as the account that owns the site"), hint
+
+
 @pytest.mark.parametrize("damage", ["garbage", "public", "gone"])
 def test_a_damaged_key_file_says_which_and_sends_to_the_backup(family, damage):
     """A site's own key file damaged or gone: one line naming the file, and the hint to

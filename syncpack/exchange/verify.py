@@ -22,9 +22,9 @@ from syncpack.format import blocks, codec, keys
 from syncpack.store import chain
 from syncpack.format.codec import Envelope, Header
 from syncpack.format.csn import hlc_from_ms
-from syncpack.errors import (ClockSkewError, PacketBodyError, PacketFamilyError, PacketFormatError,
-                     PacketPolicyError, PacketRecipientError, PacketSenderError,
-                     PacketSignatureError)
+from syncpack.errors import (ACCESS_HINT, ClockSkewError, PacketBodyError, PacketFamilyError,
+                             PacketFormatError, PacketPolicyError, PacketRecipientError,
+                             PacketSenderError, PacketSignatureError)
 from syncpack.format.names import check_site_name
 from syncpack.site import Site, wall_ms
 
@@ -92,6 +92,10 @@ def open_packet(path: str | os.PathLike) -> OpenPacket:
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; the fstat below refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except PermissionError as e:
+        # the file may well be sound: a fresh copy would meet the same permissions
+        raise PacketFormatError(f"cannot read: {e.strerror}",
+                                hint=f"give this user read access to it ({ACCESS_HINT})") from None
     except OSError as e:
         raise PacketFormatError(f"cannot read: {e.strerror}") from None
     try:

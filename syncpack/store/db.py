@@ -25,7 +25,7 @@ from typing import Iterator
 
 import apsw
 
-from syncpack.errors import SiteError
+from syncpack.errors import ACCESS_HINT, SiteError
 
 Connection = apsw.Connection
 # Every failure the driver reports (corrupt or foreign file, I/O, busy, misuse): the stdlib's
@@ -434,6 +434,10 @@ def open_existing(db_path: Path) -> Connection:
     try:
         with open(db_path, "rb") as f:
             magic = f.read(16)
+    except PermissionError as e:
+        # the file is likely sound: restoring a backup over it would lose what it holds
+        raise SiteError(f"{db_path} cannot be read by this user ({e.strerror})",
+                        hint=ACCESS_HINT) from None
     except OSError as e:
         raise SiteError(f"{db_path} cannot be read ({e.strerror})", hint=hint) from None
     if magic != b"SQLite format 3\0":
