@@ -210,7 +210,7 @@ def test_resolve_pick_site_and_delete_against_edit(tmp_path):
         # qty was in conflict: b's side; bin only a changed: stays
         assert _get(fam, s) == {"qty": 5, "bin": "C", "name": "bolt"}
     bad = run("conflicts", "resolve", "parts", "p-1", "--field", "qty", site=fam.path("a"))
-    assert bad.code == 1 and "Traceback" not in bad.err
+    assert bad.code == 2 and "Traceback" not in bad.err     # malformed, as documented
     # A delete concurrent with a field change is a whole-record conflict, listed as today.
     assert run("delete", "parts", "p-1", site=fam.path("a")).code == 0
     run("put", "parts", "p-1", json.dumps({"qty": 6, "bin": "C", "name": "bolt"}),
@@ -318,10 +318,16 @@ def test_lww_conflicts_show_the_fields_that_differ_and_resolve_per_field(tmp_pat
     for f in c["fields"]:
         assert sorted(x["site"] for x in f["values"]) == ["a", "b"]
         assert sum(x["winner"] for x in f["values"]) == 1
+    # a misspelt field settled the conflict with the visible value, as if asked
     for args, msg in ((["--field", "qty=nobody"], "nobody"), (["--field", "=a"], "FIELD=SITE"),
-                      (["--pick", "a", "--value", "1"], "--value"), ([], "--value")):
+                      (["--pick", "a", "--value", "1"], "--value"), ([], "--value"),
+                      (["--field", "qyt=a"], "no surviving version of inv/k has a field 'qyt'")):
         r = run("conflicts", "resolve", "inv", "k", *args, site=fam.path("a"))
         assert r.code != 0 and msg in r.err, (args, r)
+    assert len(run("conflicts", site=fam.path("a"), json_mode=True).json["conflicts"]) == 1
+    # malformed is a usage error also for a key in no conflict
+    r = run("conflicts", "resolve", "inv", "none", "--field", "qty", site=fam.path("a"))
+    assert r.code == 2 and "FIELD=SITE" in r.err, r
     r = run("conflicts", "resolve", "inv", "k", "--pick", "b", "--field", "bin=a",
             site=fam.path("a"), json_mode=True)
     assert r.code == 0 and r.json["value"] == {"qty": 2, "bin": "A", "same": 0}, r

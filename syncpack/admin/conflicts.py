@@ -129,6 +129,12 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
             not has_value and pick_version is None and not field_picks:
         raise UsageError("give --value JSON, or --pick VERSION|SITE and/or --field FIELD=SITE",
                          hint="'syncpack conflicts COLLECTION' lists the surviving versions")
+    for fp in field_picks:      # malformed is a usage error whatever the key's state
+        f, sep, who = fp.partition("=")
+        if not sep or not f or not who:
+            raise InvalidValueError(f"--field {fp!r}: expected FIELD=SITE",
+                                    hint="for example: --field qty=boston (see "
+                                         "'syncpack conflicts' for the fields)")
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
@@ -177,12 +183,15 @@ def _chosen(site: Site, collection: str, key: str, vs: list[Version], pick_versi
                 raw = mine[-1].value
     if field_picks:
         picks = {}
+        held = set().union(*(fields.to_fields(v.value) or {} for v in vs if v.value is not None),
+                           m.conflicts if m is not None and m.fields is not None else ())
         for fp in field_picks:
-            f, sep, who = fp.partition("=")
-            if not sep or not f or not who:
-                raise InvalidValueError(f"--field {fp!r}: expected FIELD=SITE",
-                                        hint="for example: --field qty=boston (see "
-                                             "'syncpack conflicts' for the fields)")
+            f, _sep, who = fp.partition("=")
+            if f not in held:
+                # a misspelt field settled the conflict with the visible value, unasked
+                raise UsageError(f"no surviving version of {collection}/{key} has a field "
+                                 f"{f!r}; nothing was changed",
+                                 hint="'syncpack conflicts' shows the fields that differ")
             picks[f] = _pick_site(site, collection, key, who)
         if raw is None or fields.to_fields(raw) is None:
             raise UsageError(f"{collection}/{key}: the chosen value is not a JSON object, so it "
