@@ -618,6 +618,34 @@ def test_an_integer_key_written_beside_desc_is_told_it_may_hold_null(tmp_path):
     assert run("fsck", site=sites["a"]).code == 0
 
 
+def test_a_row_written_with_a_null_key_is_told_and_never_taken(tmp_path):
+    """A row written with NULL in a key column after attach is no record.  fsck called it a
+    row that 'differs from the visible record' and sent the administrator to 'attach
+    --refresh', which took it as a record (attach itself refuses such rows): every peer then
+    listed it as a clash for good, and fsck stayed red.  fsck now says what it is and how to
+    mend it, and the refresh leaves it alone."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE comp(a TEXT, b INTEGER, v, "
+                              "PRIMARY KEY(a, b))", ["INSERT INTO comp VALUES ('x', 1, 'ok')"],
+                              "comp")
+    app(dbs["a"], ["INSERT INTO comp VALUES ('x', NULL, 'keyless')"])
+    exchange(tmp_path, sites, rounds=1)
+    r = run("fsck", site=sites["a"])
+    assert r.code == 1 and "1 row(s) with NULL in the primary key, which are never " \
+        "replicated" in r.err, r
+    assert "--refresh" not in r.err and "give each row with NULL in a key column a key" \
+        in r.err, r
+    sp(sites["a"], "attach", dbs["a"], "--refresh")
+    assert [x["key"] for x in run("--json", "ls", "comp", site=sites["a"]).json["records"]] \
+        == ['["x",1]']
+    app(dbs["a"], ["UPDATE comp SET b = 2 WHERE b IS NULL"])      # the application mends it
+    exchange(tmp_path, sites, rounds=2)
+    assert table(dbs["b"], "comp") == table(dbs["a"], "comp") and len(table(dbs["b"], "comp")) == 2
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+
+
 def test_one_file_is_attached_by_one_site(tmp_path):
     """A second site attaching the same file would take the changes the first has not
     captured yet: refused while the first attaches it; a copy, or the file once the first

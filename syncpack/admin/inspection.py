@@ -232,7 +232,7 @@ def fsck(site: Site) -> dict:
     if in_app and not problems:
         # The store is sound and only the application's file differs from it: a backup of the
         # store would not help; taking the rows as they are does.
-        hint = attach_core.check_hint(site)
+        hint = attach_core.check_hint(site, in_app)
     else:
         hint = "restore the site from a backup, or re-seed it with a snapshot"
     problems += in_app

@@ -835,10 +835,19 @@ def _check_rows(name: str, pk: list[str], columns: list[str],
                      f"leave it out; its columns: {', '.join(columns)}")
 
 
-def check_hint(site: Site) -> str:
-    """What to do when fsck finds only attached tables unlike the records (rows written where
-    the capture could not see them): take the tables' rows as they are, as this site's
-    changes, which then travel to the peers."""
+# fsck's words for rows no key names, which no capture, refresh or apply ever touches.
+NOT_REPLICATED = ", which are never replicated"
+_GIVE_A_KEY = ("give each row with NULL in a key column a key, or delete it, and declare the "
+               "key columns NOT NULL (docs/attach.md, 'Keys that are never NULL')")
+
+
+def check_hint(site: Site, problems: list[str]) -> str:
+    """What to do when fsck finds only attached tables unlike the records (``problems``: rows
+    written where the capture could not see them): take the tables' rows as they are, as
+    this site's changes, which then travel to the peers; a row with no whole key is no
+    record, and only the application can give it one."""
+    if all(p.endswith(NOT_REPLICATED) for p in problems):
+        return _GIVE_A_KEY
     path, captured = attached.attachment(site.conn)
     try:
         app = appdb.open_app(Path(path))
@@ -858,8 +867,11 @@ def check_hint(site: Site) -> str:
         return ("run 'syncpack capture' (or any export, import or status): it writes the "
                 "newer records into the restored file again, and a row the application "
                 "changed since the restore becomes a conflict (docs/attach.md)")
-    return (f"'syncpack attach {arg(path)} --refresh' takes the attached tables' rows as they "
+    hint = (f"'syncpack attach {arg(path)} --refresh' takes the attached tables' rows as they "
             f"are, as this site's changes (docs/attach.md)")
+    if any(p.endswith(NOT_REPLICATED) for p in problems):
+        hint += "; and " + _GIVE_A_KEY
+    return hint
 
 
 def clash_list(site: Site, collection: str | None = None) -> list[tuple[str, str, str]]:
@@ -949,6 +961,10 @@ def check(site: Site) -> list[str]:
                                     f"visible record")
                 if len(bad) > 10:
                     problems.append(f"attached table {name}: ... and {len(bad) - 10} more rows")
+                keyless = appdb.null_key_rows(app, name, appdb.nullable_key(app, name))
+                if keyless:
+                    problems.append(f"attached table {name}: {keyless} row(s) with NULL in "
+                                    f"the primary key{NOT_REPLICATED}")
     finally:
         ctx.__exit__(None, None, None)
     return problems

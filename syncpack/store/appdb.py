@@ -1327,11 +1327,15 @@ def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
 
 
 def scan(conn: Connection, t: TableInfo, named: bool = False) -> Iterator[tuple]:
-    """Every row of ``t`` (columns in ``t.columns`` order; or, if ``named``, each column's
-    name beside its value, as :func:`changed_records` gives a row present)."""
+    """Every row of ``t`` that has a whole key (columns in ``t.columns`` order; or, if
+    ``named``, each column's name beside its value, as :func:`changed_records` gives a row
+    present).  A row with NULL in a key column is no record, and is never replicated
+    (:func:`null_key_rows` counts them)."""
     cols = _named_values(t, "") if named else ", ".join(q(c) for c in t.columns)
+    nullable = nullable_key(conn, t.name)
+    where = " AND ".join(f"{q(c)} IS NOT NULL" for c in nullable)
     try:
-        yield from _whole_table(conn, cols, t.name)
+        yield from _whole_table(conn, cols, t.name, where)
     except UnicodeDecodeError:
         raise _not_utf8(t.name) from None
     except _FILE_ERRORS as e:
@@ -1342,14 +1346,15 @@ def count_rows(conn: Connection, table: str) -> int:
     return _whole_table(conn, "count(*)", table).fetchone()[0]
 
 
-def _whole_table(conn: Connection, what: str, table: str):
-    """A cursor on ``SELECT what FROM table``: by an index if SQLite picks one (it counts by
-    the smallest), else, when that index needs the application's collation, by the table
-    itself, which needs none."""
+def _whole_table(conn: Connection, what: str, table: str, where: str = ""):
+    """A cursor on ``SELECT what FROM table [WHERE where]``: by an index if SQLite picks one
+    (it counts by the smallest), else, when that index needs the application's collation,
+    by the table itself, which needs none."""
+    cond = f" WHERE {where}" if where else ""
     try:
-        return conn.execute(f"SELECT {what} FROM {q(table)}")
+        return conn.execute(f"SELECT {what} FROM {q(table)}{cond}")
     except ApplicationOnlyError:
-        return conn.execute(f"SELECT {what} FROM {q(table)} NOT INDEXED")
+        return conn.execute(f"SELECT {what} FROM {q(table)} NOT INDEXED{cond}")
 
 
 _SQLITE_TYPES = (type(None), int, float, str, bytes)
