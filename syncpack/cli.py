@@ -23,7 +23,7 @@ import click
 from syncpack.outcome import error_outcome
 from syncpack.store import db
 from .version import VERSION
-from .errors import OutputError, RecordNotFound, SyncpackError, arg
+from .errors import OutputError, RecordNotFound, SyncpackError, UsageError, arg
 from .lazy import OnFirstUse
 from .replicated import PRIORITY_MAX, PRIORITY_MIN
 from .site import Site
@@ -95,12 +95,29 @@ def _utf8_path(value: str) -> str | None:
 
 class _Path(click.Path):
     """click.Path for a path that is not UTF-8 refused as a usage error (exit 2) before
-    anything is made, where it failed part-way through (a half-made site directory)."""
+    anything is made, where it failed part-way through (a half-made site directory).
+
+    A path of the wrong kind (a directory where a file is named) is input rejected, as a
+    missing one is: exit 1 with ``error:`` and ``hint:`` (and the JSON error document), not
+    click's usage text; an unreadable one is the command's to report, as for a file found
+    in a directory."""
+
+    def __init__(self, file_okay: bool = True, dir_okay: bool = True):
+        super().__init__(file_okay=True, dir_okay=True, readable=False)
+        self.want_file, self.want_dir = file_okay, dir_okay
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and (why := _utf8_path(value)):
             self.fail(why, param, ctx)
-        return super().convert(value, param, ctx)
+        value = super().convert(value, param, ctx)
+        if not self.want_dir and os.path.isdir(value):
+            raise UsageError(f"{printable(value)} is a directory; a file is needed here",
+                             hint="name the file itself")
+        if not self.want_file and os.path.exists(value) and not os.path.isdir(value):
+            raise UsageError(f"{printable(value)} is a file; a directory is needed here",
+                             hint="name a directory (or a path that does not exist yet, where "
+                                  "one is made)")
+        return value
 
 
 def printable(text: object) -> str:
