@@ -961,11 +961,15 @@ def lspacket(obj: Ctx, paths):
       syncpack lspacket /media/usb
     """
     s = None
-    try:
-        if obj.site_given or Path(obj.site_dir, "syncpack.db").exists():
+    if obj.site_given:
+        # named (a typo, a medium not mounted): said, as every command says it, not taken
+        # for no site at all
+        s = obj.open(require_joined=False)
+    elif Path(obj.site_dir, "syncpack.db").exists():
+        try:
             s = obj.open(require_joined=False)
-    except SyncpackError:
-        s = None
+        except SyncpackError:
+            s = None
     doc = inspection.lspacket(list(paths), s)
     human = []
     for p in doc["packets"]:

@@ -264,6 +264,30 @@ def test_fifo_in_an_import_directory_is_skipped(ab_packets):
     assert r.returncode == 0 and r.stdout.count("update a -> b") == 1, r
 
 
+def test_a_packet_cut_to_nothing_in_an_inbox_is_rejected_not_skipped(ab_packets):
+    """A stick pulled out mid-copy often leaves a packet's name on 0 bytes.  It was left out
+    as 'not a packet', exit 0, so a -q round from cron never said it; a file cut after its
+    magic was rejected.  A file with a packet's name is now rejected either way."""
+    fam, pkts = ab_packets
+    pkts[0].write_bytes(b"")
+    r = run("import", pkts[0].parent, site=fam.path("b"))
+    line = refused(r, "0 bytes, too small to be a packet")
+    assert pkts[0].name in line and "hint: " in r.err, r
+    (pkts[0].parent / "notes.txt").write_text("")          # other files are still left alone
+    pkts[0].unlink()
+    assert run("import", pkts[0].parent, site=fam.path("b")).code == 0
+
+
+def test_lspacket_with_a_site_that_is_none_says_so(ab_packets, tmp_path):
+    """'lspacket --site snafran' (a typo) described the packet as if no site were given,
+    'signature unchecked', exit 0, then advised to run with --site DIR."""
+    fam, pkts = ab_packets
+    r = run("lspacket", pkts[0], site=tmp_path / "snafran")
+    refused(r, "snafran")
+    r = run("lspacket", pkts[0], site=fam.path("b"))
+    assert r.code == 0 and "signature valid" in r.out, r
+
+
 @pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "device"])
 @pytest.mark.parametrize("cmd", ["import", "lspacket", "mkreplica-import"])
 def test_fifo_named_on_the_command_line_is_rejected_quickly(ab_packets, tmp_path, cmd, kind):
