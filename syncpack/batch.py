@@ -92,7 +92,10 @@ The lock is released by the kernel when the process ends, however it ends, so a 
 never leaves a stale lock; that is also why cron lines need no ``flock(1)`` wrapper.
 
 The log gets one line per action, each ``<UTC timestamp> <site> <action>: <what happened>``,
-appended with ``O_APPEND`` so concurrent writers never interleave within a line.
+appended with ``O_APPEND`` so concurrent writers never interleave within a line.  A round
+interrupted (Ctrl-C, SIGTERM) ends its log with ``round: ABORTED: interrupted; ...`` saying
+what the store kept of the import under way (its packets commit one by one), which its
+metrics count as applied too.
 
 Metrics
 -------
@@ -442,6 +445,22 @@ class _Round:
         self.outboxes: list[dict] = []
         self.scrub: dict | None = None
         self.errors: list[dict] = []
+        # The import under way, whose packets commit one by one: what an interruption kept.
+        self.importing: sync.ImportResult | None = None
+
+    def interrupted(self) -> str:
+        """What an interruption kept of the import under way, read from the store (a packet
+        may have committed just before the interrupt), and counted as applied; or the plain
+        rule when no import was under way."""
+        if self.importing is None:
+            return "the action in progress was rolled back"
+        done = sync.committed_since(self.site, self.importing)
+        self.imported["applied"] += [p for p, _n in done]
+        self.imported["ops_applied"] += sum(n for _p, n in done)
+        kept = (f"{len(done)} packet(s) of the import in progress were applied and kept "
+                f"({sum(n for _p, n in done):,} op(s))" if done else
+                "no packet of the import in progress was applied")
+        return f"{kept}; the packet being applied was rolled back whole"
 
     def fail(self, action: str, target: str, message: str, hint: str | None) -> None:
         self.errors.append({"action": action, "target": target, "error": message, "hint": hint})
@@ -465,7 +484,9 @@ class _Round:
             else:
                 self.log.line("import", f"{spec.path}: absent, nothing to import")
             return
-        res = sync.import_packets(self.site, [spec.path], progress=self.progress)
+        res = self.importing = sync.ImportResult()
+        sync.import_packets(self.site, [spec.path], progress=self.progress, result=res)
+        self.importing = None
         removed: list[str] = []
         if spec.remove_after_import:
             # import_packets has returned: every packet it applied is committed.
@@ -556,8 +577,11 @@ class _Round:
 
 
 def run_batch(config_path: str | os.PathLike,
-              progress: Callable[[int], None] | None = None) -> dict:
+              progress: Callable[[int], None] | None = None,
+              interrupted: dict | None = None) -> dict:
     """Run one round as configured in ``config_path``; returns the summary (module docstring).
+    An interrupted round says in its log and its metrics what it kept, and in
+    ``interrupted["kept"]`` for the caller to tell.
 
     Raises :class:`BatchConfigError` for a bad configuration (nothing done) and
     :class:`BatchLockedError` when another round holds the site (nothing done).  Failures of
@@ -590,7 +614,13 @@ def run_batch(config_path: str | os.PathLike,
                 try:
                     rnd.run()
                 except BaseException as e:  # a bug or an interrupt: say so in the log, re-raise
-                    log.line("round", f"ABORTED: {type(e).__name__}: {e}")
+                    if isinstance(e, KeyboardInterrupt):
+                        kept = rnd.interrupted()
+                        if interrupted is not None:
+                            interrupted["kept"] = kept
+                        log.line("round", f"ABORTED: interrupted; {kept}")
+                    else:
+                        log.line("round", f"ABORTED: {type(e).__name__}: {e}")
                     if cfg.metrics is not None:
                         try:   # best effort: the alert should see the round fail
                             write_metrics(cfg.metrics, site,

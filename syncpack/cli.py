@@ -1393,11 +1393,14 @@ def batch(obj: Ctx, config):
       out = "/mnt/media"
       to = "all"
     """
-    obj.on_interrupt("actions that finished before it were kept (see the batch log); the one "
-                     "in progress was rolled back", "the next round carries on")
+    told: dict = {}
+    obj.on_interrupt(lambda: ("actions that finished before it were kept (see the batch log); "
+                              + told.get("kept", "the one in progress was rolled back"),
+                              "the next round carries on (packets applied are skipped as "
+                              "duplicates)"))
     with obj.progress("batch") as tick:
         from syncpack import batch as batch_mod     # only here: every other command starts faster
-        doc = batch_mod.run_batch(config, progress=tick)
+        doc = batch_mod.run_batch(config, progress=tick, interrupted=told)
     with _no_interrupt():       # the round has ended (its log says so): report it whole
         if obj.json:
             obj.emit(doc)

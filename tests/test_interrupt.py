@@ -229,3 +229,40 @@ def test_a_ctrl_c_inside_a_finaliser_still_stops_the_command(guarded):
         assert r.stdout.strip() == "stopped" and r.stderr == "", r
     else:
         assert r.stdout.strip() == "went on" and "Exception ignored" in r.stderr, r
+
+
+def test_an_interrupted_batch_round_says_what_its_import_kept(family, tmp_path, monkeypatch):
+    """Ctrl-C while a batch round imports: the round said 'the one in progress was rolled
+    back', its log 'ABORTED: KeyboardInterrupt' and its metrics applied=0, while the packets
+    the import had committed stayed applied (the next round counted them as duplicates).
+    All three now say what the store kept."""
+    from conftest import run
+    from syncpack.exchange import sync
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for p in _two_packets(family):
+        shutil.copy(p, inbox / p.name)
+    b = family.path("b")
+    cfg = tmp_path / "b.toml"
+    prom = tmp_path / "b.prom"
+    cfg.write_text(f'site = "{b}"\nmetrics = "{prom}"\n[[import]]\npath = "{inbox}"\n')
+    real = sync.apply_packet
+    calls = []
+
+    def second_is_interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(sync, "apply_packet", second_is_interrupted)
+    r = run("batch", cfg)
+    assert r.code == 130, r
+    assert f"1 packet(s) of the import in progress were applied and kept ({FIRST:,} op(s))" \
+        in r.err, r
+    log = (b / "batch.log").read_text().splitlines()[-1]
+    assert "ABORTED: interrupted; 1 packet(s) of the import in progress were applied" in log, log
+    assert re.search(r'result="applied"[^\n]* 1\b', prom.read_text()), prom.read_text()
+    monkeypatch.undo()
+    again = run("--json", "batch", cfg)
+    assert again.code == 0 and len(again.json["imported"]["duplicates"]) == 1, again
+    assert _state(b)[0] == 2
