@@ -407,3 +407,18 @@ def test_a_retired_name_is_told_as_never_reused(ab, tmp_path):
             "--out", tmp_path / "usb", "--create-out", site=a)
     assert r.code != 0 and "retired" in r.err and "another name" in r.err, r
     assert "resync" not in r.err
+
+
+def test_a_name_that_differs_from_a_members_only_in_case_is_refused(ab, tmp_path):
+    """'boston' and 'Boston' both joined a family; on a stick formatted FAT32 or exFAT their
+    packet directories are one, so packets for one overwrote packets for the other."""
+    a = ab.path("a")
+    pub = tmp_path / "B"
+    assert run("keygen", pub, "--site", "B").code == 0
+    before = run("--json", "lsepoch", site=a).json
+    r = run("mkreplica", "export", "--site", "B", "--pubkey", pub / "keys" / "site.pub",
+            "--out", tmp_path / "usb", "--create-out", site=a)
+    assert r.code == 1 and "differs from member 'b' only in case" in r.err, r
+    assert "hint: give the new site another name" in r.err, r
+    assert run("--json", "lsepoch", site=a).json == before
+    assert not (tmp_path / "usb").exists() or not any((tmp_path / "usb").rglob("*.spk"))

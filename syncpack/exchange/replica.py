@@ -127,6 +127,14 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
                          hint="to re-seed an existing member use 'syncpack resync'")
     if any(m.site_id == ident.site_id for m in roster.values()):
         raise UsageError("a member with that site id already exists; run keygen again")
+    alike = [n for n in roster if n.casefold() == name.casefold()]
+    if alike:
+        # media formatted FAT32 or exFAT (most sticks) see one directory for both names:
+        # packets for one would overwrite packets for the other
+        raise UsageError(f"{name!r} differs from member {alike[0]!r} only in case, and "
+                         f"packet directories on most removable media ignore case",
+                         hint="give the new site another name ('syncpack keygen DIR "
+                              "--site NEWNAME')")
     seal = ident.x25519 if (encrypt or site.requires_sealing()) else None
 
     def add_member():
