@@ -902,6 +902,21 @@ def test_the_systems_refusals_each_say_what_to_do(family, tmp_path):
     assert hint.startswith("run syncpack as the account that owns the site"), hint
 
 
+def test_refusals_of_what_cannot_be_done_here_say_what_to_do_instead(family, tmp_path):
+    """A missing --pubkey file, a resync to this site itself and a retirement of this site
+    itself were one error line with no hint."""
+    a = family.init("a")
+    cases = [(("mkreplica", "export", "--site", "n", "--pubkey", tmp_path / "none.pub", "--out",
+               tmp_path, "--create-out"), "does not exist", "keys/site.pub"),
+             (("resync", "--to", "a", "--out", tmp_path), "another member", "--to naming"),
+             (("rmreplica", "a"), "cannot retire itself", "rmreplica NAME")]
+    for args, words, hint in cases:
+        r = run(*args, site=a)
+        refused(r, words)
+        hints = [x for x in r.err.splitlines() if x.startswith("hint: ")]
+        assert len(hints) == 1 and hint in hints[0], (args, r)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "public", "gone"])
 def test_a_damaged_key_file_says_which_and_sends_to_the_backup(family, damage):
     """A site's own key file damaged or gone: one line naming the file, and the hint to

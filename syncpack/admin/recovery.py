@@ -360,7 +360,8 @@ def _tombstones(site: Site, acked: dict[bytes, int], vec: dict[bytes, int],
 def rmreplica(site: Site, name: str) -> dict:
     m = site.member_named(name)
     if m.site_id == site.site_id:
-        raise UsageError("a site cannot retire itself; run rmreplica at another member")
+        raise UsageError("a site cannot retire itself; run rmreplica at another member",
+                         hint="at another member: 'syncpack --site OTHER rmreplica NAME'")
     m.retired = True
     with site.transaction(_system=True) as tx:
         tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))

@@ -157,7 +157,9 @@ def resync_export(site: Site, peer: str, out_dir: str | os.PathLike,
     """A hard resync: a snapshot for a member whose needs fall below our changelog floor."""
     m = site.member_named(peer)
     if m.site_id == site.site_id:
-        raise UsageError("resync sends a snapshot to another member")
+        raise UsageError("resync sends a snapshot to another member",
+                         hint="run it at a member that holds the data, with --to naming this "
+                              "site; 'syncpack lsepoch' lists the members")
     attach_core.sync_app(site)
     with site.lock():
         seal = site.seal_key(m.site_id, encrypt)

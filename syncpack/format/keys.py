@@ -134,7 +134,9 @@ def read_public_file(path: Path) -> PublicIdentity:
         if len(ident.site_id) != 8 or len(ident.ed25519) != 32 or len(ident.x25519) != 32:
             raise ValueError("wrong key or id length")
     except FileNotFoundError:
-        raise UsageError(f"public key file {path} does not exist") from None
+        raise UsageError(f"public key file {path} does not exist",
+                         hint="pass the site.pub that 'syncpack keygen' made in the new site's "
+                              "keys directory (DIR/keys/site.pub)") from None
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not a syncpack public key file ({e})",
                          hint="use the file 'syncpack keygen' printed") from None
