@@ -1542,6 +1542,29 @@ def test_put_and_delete_of_an_attached_table_reach_the_table_at_once(tmp_path):
     sp(sites["a"], "fsck")
 
 
+def test_a_put_that_a_rowid_key_or_a_generated_column_refuses_writes_nothing(tmp_path):
+    """Into an INTEGER PRIMARY KEY, a text key was written to the store and sent to every
+    peer, then refused by the table ('datatype mismatch'): a clash at every site.  A value
+    naming a generated column was refused as naming a column the table 'has no'; a table
+    named in another case, as if no such table existed."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE t(id INTEGER PRIMARY KEY, v, g AS (v || 'x'))"])
+    r = run("attach", db, "--table", "T", site=sites["a"])
+    assert r.code == 1 and "did you mean t?" in r.err, r
+    sp(sites["a"], "attach", db, "--table", "t")
+    for key, value, said in (
+            ("abc", '{"id": "abc", "v": 1}', "INTEGER PRIMARY KEY, which holds only integers"),
+            ("8", '{"id": 8, "v": 1, "g": "1x"}', "column 'g' of attached table t is generated")):
+        r = run("put", "t", key, value, site=sites["a"])
+        assert r.code == 1 and said in r.err and "nothing was written" in r.err, r
+        assert run("get", "t", key, site=sites["a"]).code == 1
+    sp(sites["a"], "put", "t", "8", '{"id": 8, "v": 1}')
+    assert table(db, "t") == [(8, "integer", 1, "integer")]      # g is computed, not listed
+    assert run("--json", "conflicts", site=sites["a"]).json["conflicts"] == []
+    sp(sites["a"], "fsck")
+
+
 def test_a_key_an_integer_primary_key_cannot_hold_is_a_clash_not_a_stopped_import(tmp_path):
     """A peer's table keyed by TEXT (attach only warns of that) sends a key an INTEGER
     PRIMARY KEY here cannot hold: SQLite's 'datatype mismatch' stopped every import and

@@ -30,7 +30,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from syncpack.attach import applying, capturing, reader, rows, schema, shapes, writer
 from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageError, arg
@@ -404,6 +404,12 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         if appdb.is_view(app, name):
             return f"{name} is a view; only ordinary tables can be replicated"
         if d is None:
+            plain, _virtual = appdb.user_tables(app)
+            alike = [n for n in plain if n.casefold() == name.casefold()]
+            if alike:
+                # the table's own spelling names the collection at every site
+                return (f"no table {name} in the database (names are matched exactly: did you "
+                        f"mean {alike[0]}?)")
             return f"no table {name} in the database{_NO_SUCH_TABLE_END}"
         return None
     if t.virtual:
@@ -788,7 +794,18 @@ def check_values(site: Site, collection: str, records: list[tuple[str, object]])
     7, and the sites would disagree)."""
     here = attached.tables(site.conn).get(collection)
     if here is not None:
-        _check_rows(collection, here["pk"], here["columns"], records)
+        rowid = appdb.declared_rowid_key(collection, here["create_sql"])
+        _check_rows(collection, here["pk"], here["columns"], records, rowid is not None,
+                    lambda: appdb.declared_generated(collection, here["create_sql"]))
+        odd = [(k, v[rowid]) for k, v in records if isinstance(v, dict) and rowid in v
+               and (not isinstance(v[rowid], int) or isinstance(v[rowid], bool))]
+        if odd:
+            raise AttachError(
+                f"the value for key {odd[0][0]!r} is not a row of attached table "
+                f"{collection}: its key column {rowid} is an INTEGER PRIMARY KEY, which holds "
+                f"only integers, and {json.dumps(odd[0][1])} is none; nothing was written",
+                hint=f"use an integer key, e.g. syncpack put {arg(collection)} 7 "
+                     f"'{{\"{rowid}\": 7, ...}}'")
     shape = attached.shapes(site.conn).get(collection, (None, None))[0]
     if shape is not None:
         affinity = dict(map(tuple, shape["columns"]))
@@ -809,7 +826,8 @@ def check_values(site: Site, collection: str, records: list[tuple[str, object]])
 
 
 def _check_rows(name: str, pk: list[str], columns: list[str],
-                records: list[tuple[str, object]]) -> None:
+                records: list[tuple[str, object]], integer_key: bool = False,
+                generated: Callable[[], set[str]] = set) -> None:
     """:func:`check_values`'s refusal of records that are no row of table ``name``."""
     puts = [(k, v) for k, v in records if v is not None]
     refused = rows.refused_records([v for _k, v in puts], [k for k, _v in puts], pk)
@@ -819,7 +837,8 @@ def _check_rows(name: str, pk: list[str], columns: list[str],
         plural = "s" if len(pk) > 1 else ""
         why = ("it is not an object of the table's columns" if refused[at] == rows.NOT_A_ROW
                else f"its key column{plural} {', '.join(pk)} must hold the key")
-        example = (f"{{{json.dumps(pk[0])}: {json.dumps(key)}, ...}}" if len(pk) == 1 else
+        shown = int(key) if integer_key and key.lstrip("-").isdigit() else key
+        example = (f"{{{json.dumps(pk[0])}: {json.dumps(shown)}, ...}}" if len(pk) == 1 else
                    "{" + ", ".join(f"{json.dumps(c)}: ..." for c in pk) + ", ...}")
         raise AttachError(
             f"the value for key {key!r} is not a row of attached table {name}: {why}; "
@@ -827,6 +846,11 @@ def _check_rows(name: str, pk: list[str], columns: list[str],
     known = set(columns)
     for key, value in puts:
         extra = [c for c in value if c not in known]
+        if extra and extra[0] in generated():
+            raise AttachError(
+                f"column {extra[0]!r} of attached table {name} is generated (SQLite computes "
+                f"it from the others); the record for key {key!r} names it; nothing was "
+                f"written", hint=f"leave it out; the columns a row gives: {', '.join(columns)}")
         if extra:
             raise AttachError(
                 f"attached table {name} has no column {extra[0]!r} (the record for key "

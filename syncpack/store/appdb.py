@@ -589,11 +589,35 @@ def as_stored(affinity: dict[str, str], rows: list[dict]) -> list[dict]:
 def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
     """Column -> affinity of the table that ``sql`` (a peer's CREATE TABLE text) would make,
     read by making it in a private in-memory database; None if it makes no such table."""
+    made = _declared(name, sql)
+    return None if made is None else made[0]
+
+
+def declared_rowid_key(name: str, sql: str) -> str | None:
+    """The column of the table ``sql`` would make that is an alias of its rowid (it holds
+    integers only), or None."""
+    made = _declared(name, sql)
+    return None if made is None else made[1]
+
+
+def declared_generated(name: str, sql: str) -> set[str]:
+    """The generated columns of the table ``sql`` would make (SQLite computes them; a row
+    never gives them)."""
+    made = _declared(name, sql)
+    return set() if made is None else made[2]
+
+
+def _declared(name: str, sql: str) -> tuple[dict[str, str], str | None, set[str]] | None:
     mem = apsw.Connection(":memory:")
     try:
-        create_table(mem, name, sql, replicated=None)     # nothing here to refer to
+        # held to what a member's word may do, but read only: a table this database would
+        # refuse to create (a generated column) still says how it stores values
+        _run_definition(mem, name, sql)
         t = table_info(mem, name)
-        return None if t is None else dict(t.affinity)
+        if t is None:
+            return None
+        generated = {r[1] for r in mem.execute(f"PRAGMA table_xinfo({q(name)})") if r[6]}
+        return dict(t.affinity), t.pk[0] if rowid_alias(mem, t) else None, generated
     except (AttachError, apsw.Error):
         return None
     finally:
