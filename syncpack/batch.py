@@ -591,7 +591,10 @@ def run_batch(config_path: str | os.PathLike,
     try:
         site = Site.open(cfg.site)
     except SiteError as e:
-        raise BatchConfigError(f"batch config {cfg.path}: site: {e.message}", hint=e.hint) \
+        # the site's own hint (--site, SYNCPACK_SITE) is no way to name a round's site
+        hint = (e.hint if e.hint and "--site" not in e.hint else
+                f"set 'site' in {cfg.path} to the site's directory (an absolute path)")
+        raise BatchConfigError(f"batch config {cfg.path}: site: {e.message}", hint=hint) \
             from None
     try:
         log_path = cfg.log or site.path / DEFAULT_LOG_NAME

@@ -465,6 +465,7 @@ def test_config_errors_are_one_line_errors(family, text, expect):
     assert r.err.startswith(f"error: batch config {cfg}: "), r
     assert expect in r.err, r
     assert "\nhint: " in r.err, r         # every error a person can act on has one
+    assert "--site" not in r.err and "SYNCPACK_SITE" not in r.err, r    # no way to name it
     assert r.out == ""
     assert not (family.path("boston") / "batch.log").exists()   # nothing was done
     rj = run("--json", "batch", cfg)
