@@ -769,6 +769,26 @@ def test_a_new_table_referring_to_a_table_not_attached_here_is_not_created(three
     assert table(dbs["b"], "evil") == [("e1", "text", "s", "text")]
 
 
+def test_a_peers_table_named_as_one_of_the_applications_but_for_case_is_left_alone(three):
+    """A member attached 'Notes'; this application has its own 'notes' (SQLite's names ignore
+    case).  Every capture here tried to create 'Notes', failed ('already exists'), and said
+    so with a hint that could not help.  It is a table the application has: left alone,
+    'available', without a word."""
+    root, sites, dbs = three
+    app(dbs["b"], ["CREATE TABLE notes(id TEXT PRIMARY KEY, mine TEXT)",
+                   "INSERT INTO notes VALUES ('n', 'private')"])
+    app(dbs["a"], ["CREATE TABLE Notes(id TEXT PRIMARY KEY, text TEXT)",
+                   "INSERT INTO Notes VALUES ('x', 'shared')"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "Notes")
+    export_to(root, sites, "a", ["b"])
+    for _ in range(2):
+        r = run("--json", "capture", site=sites["b"])
+        assert r.code == 0 and r.json["refused"] == [], r
+        assert "warning" not in r.err, r
+    assert table(dbs["b"], "notes") == [("n", "text", "private", "text")]
+    assert run("fsck", site=sites["b"]).code == 0
+
+
 def test_a_column_added_past_the_most_an_attached_table_may_have_stops_its_capture(tmp_path):
     """attach refuses a table of more than 900 columns, but an application's ADD COLUMN took
     an attached table of 900 to 901: its capture went on, every peer refused the new

@@ -254,10 +254,14 @@ def _follow_new_tables(site: Site) -> list[str]:
     try:
         # Again while a round creates one: a table whose foreign keys refer to another new
         # table is refused until that one exists (its inserts would all fail before).
+        # SQLite's names ignore case: a peer's 'Items' beside this application's 'items'
+        # is a table the application has (creating it failed at every capture)
+        plain, virtual = appdb.user_tables(app)
+        taken = {n.casefold() for n in [*plain, *virtual]}
         while names:
             refused = []
             for name in names:
-                if appdb.table_info(app, name) is not None:
+                if name.casefold() in taken or appdb.table_info(app, name) is not None:
                     continue
                 if _check_table(site, app, name, attached.tables(site.conn)) is not None:
                     continue
