@@ -546,7 +546,7 @@ def mkreplica():
               help="Directory (e.g. a mounted USB stick) to write the packet(s) into.")
 @click.option("--priority", type=PRIORITY, default=0, show_default=True,
               help="The new site's priority under the 'priority' conflict policy.")
-@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
+@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G/T "
               "(default just under 4G).")
 @click.option("--encrypt", is_flag=True, help="Seal the snapshot to the new site's X25519 key.")
 @_create_out_option
@@ -775,7 +775,7 @@ def fsck(obj: Ctx):
 @click.option("--all", "all_peers", is_flag=True, help="Export to every other member.")
 @click.option("--out", required=True, type=_Path(file_okay=False),
               help="Directory to write packets into (layout: OUT/<to>/<from>/<seq>-<part>.spk).")
-@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
+@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G/T "
               "(default just under 4G, so packets fit FAT32).")
 @click.option("--engine", type=click.Choice(["local", "spark"]), default="local",
               show_default=True, help="'spark' builds the peers' packets in parallel with "
@@ -1325,7 +1325,7 @@ def scrub(obj: Ctx, dry_run, min_age):
 @click.option("--to", "peer", type=TEXT, required=True, metavar="PEER", help="Member to re-seed.")
 @click.option("--out", required=True, type=_Path(file_okay=False),
               help="Directory (e.g. a mounted USB stick) to write the snapshot packet(s) into.")
-@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G "
+@click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G/T "
               "(default just under 4G, so packets fit FAT32).")
 @click.option("--encrypt", is_flag=True, help="Seal the snapshot to the peer's X25519 key.")
 @_create_out_option

@@ -43,7 +43,7 @@ def parse_size(text: str) -> int:
     try:
         n = int(float(t) * mult)
     except (ValueError, OverflowError):     # 'inf' and 'nan' read as floats
-        raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M or G)") from None
+        raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M, G or T)") from None
     if n > MAX_MAX_SIZE:
         raise ValueError(f"--max-size must be at most 1024T ({MAX_MAX_SIZE} bytes), not {text!r}")
     if n < MIN_MAX_SIZE:
