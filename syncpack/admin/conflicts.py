@@ -258,7 +258,10 @@ def create_collection(site: Site, name: str, policy: str) -> dict:
     if versions.collection_exists(site.conn, name, COLLECTIONS):
         raise UsageError(f"collection {name!r} already exists (policy "
                          f"{site.policy_of(name)})",
-                         hint="the policy is chosen when a collection is first written")
+                         hint="a collection's policy is set by 'collection create' before its "
+                              "first record (else it is the family's default) and never "
+                              "changes, so that every site decides its conflicts alike; put "
+                              "the records in a new collection created with the policy")
     with site.transaction() as tx:
         tx.set_policy(name, policy)
     return {"collection": name, "policy": policy}
