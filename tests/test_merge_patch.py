@@ -373,8 +373,8 @@ def test_patches_that_cannot_be_rebuilt_are_refused_and_apply_nothing(tmp_path):
         (Op(O2, 1, 20, 0, "parts", "k", _patch({}, {"qty": 2}), b""), PatchError, "not one"),
         (Op(O2, 1, 20, 0, "parts", "k", _patch({}, {"qty": 2}), x.csn * 2), PatchError,
          "not one"),
-        (Op(O2, 1, 20, 0, "plain", "k", _patch({}, {"qty": 2}), b""), PatchError,
-         "not under the merge policy"),
+        (Op(O2, 1, 20, 0, "plain", "k", _patch({}, {"qty": 2}), b"\x42" * 20),
+         PatchBaseError, "not under the merge policy"),
         (Op(O2, 1, 20, 0, "parts", "t", _patch({}, {"qty": 2}), tomb.csn), PatchError,
          "not a record"),
         (Op(O2, 1, 20, 0, "parts", "k", msgpack.packb(msgpack.ExtType(values.PATCH_EXT, b"\x07")),
@@ -432,3 +432,29 @@ def test_malformed_field_history_in_a_snapshot_is_refused(value):
         fields.parse_history(json.dumps(["c", "k"]), b"\x01" * 20, value)
     ok = codec.packb(["c", "k", None, codec.packb({"f": b"\x02" * 20}), b"\x03" * 20])
     assert fields.parse_history(json.dumps(["c", "k"]), b"\x01" * 20, ok)[0] == "c"
+
+
+def test_patches_of_a_site_that_created_the_collection_under_merge_apply_where_another_won(
+        tmp_path):
+    """a creates 'parts' under merge and updates a large record (its second write travels as
+    a patch); b creates 'parts' under lww concurrently, with the later clock, so lww wins
+    everywhere.  b refused a's packet whole ('not under the merge policy here'), on every
+    round, for good: a's changes after it never arrived.  The patch is rebuilt from its base,
+    which b holds, and both sites converge with a clean fsck."""
+    fam = Family(tmp_path)
+    fam.init("a")
+    fam.add("b", via="a")
+    big = "z" * 500
+    with fam.open("a") as s, s.transaction() as tx:
+        tx.set_policy("parts", "merge")
+    for qty in (1, 2):
+        with fam.open("a") as s, s.transaction() as tx:
+            tx.put("parts", "p1", {"qty": qty, "big": big})
+    with fam.open("b") as s, s.transaction() as tx:
+        tx.set_policy("parts", "lww")
+    fam.full_exchange(rounds=3)
+    assert fam.digest("a") == fam.digest("b")
+    for n in ("a", "b"):
+        assert run("get", "parts", "p1", site=fam.path(n), json_mode=True).json["value"] == \
+            {"qty": 2, "big": big}
+        assert run("fsck", site=fam.path(n)).code == 0

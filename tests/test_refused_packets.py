@@ -910,9 +910,9 @@ def _forge_patch(family, raw: bytes, **change) -> bytes:
 
 
 PATCH_CASES = {
-    "patch in a collection not under merge": (
-        lambda held, op: dict(collection="plain", replaced=held[("plain", "k")]),
-        "not under the merge policy"),
+    "patch in a collection not under merge, over a base not held": (
+        lambda held, op: dict(collection="plain", replaced=bytes(7) + b"\x01" + b"\x42" * 8
+                              + bytes(4)), "not under the merge policy"),
     "patch over a deleted record": (
         lambda held, op: dict(key="t", replaced=held[("parts", "t")]), "not a record of fields"),
     "patch naming a base that does not exist": (
@@ -925,6 +925,22 @@ PATCH_CASES = {
         lambda held, op: dict(value=msgpack.packb(msgpack.ExtType(values.PATCH_EXT, b"\x01\x92"))),
         "malformed patch"),
 }
+
+
+def test_a_patch_in_a_collection_not_under_merge_is_rebuilt_from_its_base(patched, tmp_path):
+    """A patch is a shorter spelling of a whole record: where its base is held it is rebuilt,
+    whatever the policy here (a member that wrote under 'merge' while another created the
+    collection under 'lww' had its packets refused at every site, for good).  Nothing is
+    gained by a lie here: the member could have sent the whole record."""
+    family, raw, held = patched
+    [op] = [o for o in ops_of(raw) if o.collection == "parts"]
+    spelt = write(tmp_path, "patch.spk",
+                  _forge_patch(family, raw, collection="plain", replaced=held[("plain", "k")]))
+    r = run("import", spelt, site=family.path("b"))
+    assert r.code == 0, r
+    with family.open("b") as s:
+        assert s.get("plain", "k") == {"qty": 2, "bin": "A1", "note": "x" * 200}
+    assert run("fsck", site=family.path("b")).code == 0
 
 
 @pytest.mark.parametrize("case", sorted(PATCH_CASES))

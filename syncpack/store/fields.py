@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 
 from syncpack.errors import PatchBaseError, PatchError
 from syncpack.format import codec, values
-from syncpack.format.csn import CSN_LEN, split_csns
+from syncpack.format.csn import CSN_LEN, pack_csn, split_csns
 from syncpack.rules.conflict import Version
 from syncpack.rules.merge import FieldVersion, Merged, merge, own_stamps, stamp_write
 
@@ -182,9 +182,10 @@ def full_value(conn, collection: str, key: str, raw: bytes | None, replaced: byt
     if not values.claims_patch(raw):
         return raw
     where = f"a change of {collection}/{key}"
-    if not merge_policy:
-        raise PatchError(f"{where} sends only some fields, but {collection!r} is not under "
-                         f"the merge policy here; refused")
+    # Rebuilt from its base whatever the policy here: a site that wrote under 'merge' while
+    # another created the collection under another policy (concurrently, or before the
+    # create arrived) sends patches, and refusing them stopped its packets at every site
+    # for good.  Only the base must be here.
     try:
         setf, removed = values.read_patch(raw)
     except values.PatchFormatError as e:
@@ -194,8 +195,11 @@ def full_value(conn, collection: str, key: str, raw: bytes | None, replaced: byt
                          f" versions it is based on, not one; refused")
     held, base_raw = _held_value(conn, collection, key, replaced)
     if not held:
+        policy = "" if merge_policy else (f" ({collection!r} is not under the merge policy "
+                                           f"here, which keeps the versions patches need)")
         raise PatchBaseError(f"{where} sends only the fields it changed, over version "
-                             f"{replaced.hex()}, which this site does not hold; refused")
+                             f"{replaced.hex()}, which this site does not hold{policy}; "
+                             f"refused")
     base = to_fields(base_raw)
     if base is None:
         raise PatchError(f"{where} sends only some fields, over a version that is not a "
@@ -204,15 +208,20 @@ def full_value(conn, collection: str, key: str, raw: bytes | None, replaced: byt
 
 
 def full_values(conn, ops) -> Iterable:
-    """``ops`` with each patch replaced by the record it writes (for a replay of the changelog:
-    every base is held here once the change was applied; one that is not stays a patch)."""
+    """``ops`` with each patch replaced by the record it writes (for a replay of the
+    changelog): the record kept when it was applied, while its version is held; else the one
+    rebuilt from its base (under 'merge' every base stays held); else it stays a patch (the
+    replay differs and says so, if the version survives)."""
     for op in ops:
         if values.claims_patch(op.value):
+            held, full = _held_value(conn, op.collection, op.key,
+                                     pack_csn(op.hlc, op.origin, op.seq))
             try:
-                op = type(op)(*op[:6], full_value(conn, op.collection, op.key, op.value,
-                                                  op.replaced, True), op.replaced)
+                if not held:
+                    full = full_value(conn, op.collection, op.key, op.value, op.replaced, True)
+                op = type(op)(*op[:6], full, op.replaced)
             except PatchError:
-                pass    # left as it is, the replay differs and says so
+                pass
         yield op
 
 
