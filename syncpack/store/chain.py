@@ -229,6 +229,17 @@ def epoch_of(conn, hlc: int, origin: bytes, seq: int) -> int | None:
         b = _stored(r)
         if b.hlc_last == hlc and b.last_seq == seq:
             return b.hi
+        if b.hlc_first == b.hlc_last:
+            # One transaction, or a part of one (a block's clocks rise from one transaction
+            # to the next): its seqs count up to last_seq, one per epoch, so no decoding.  A
+            # large transaction sealed in parts for a small medium shares one clock over
+            # hundreds of blocks, and each look-up decoded them all (a 300-op import: 37 s).
+            first = b.last_seq - (b.hi - b.lo) + 1
+            if first <= seq <= b.last_seq:
+                return b.hi - (b.last_seq - seq)
+            continue
+        if b.hlc_last == hlc and seq > b.last_seq:
+            continue
         e = _block_epochs(conn, b).get((hlc, seq))
         if e is not None:
             return e
