@@ -367,3 +367,26 @@ def test_stamps_do_not_depend_on_the_arrival_order(tmp_path, order):
             results[site] = (s.get("parts", "k"), s.digest())
     assert results["a"][0] == {"qty": 2, "bin": "B", "n": 5}
     assert results["a"] == results["b"]
+
+
+def test_resolving_a_field_from_a_site_that_never_set_it_is_refused(tmp_path):
+    """Base {qty: 0, bin: 'A'}; a sets qty 1, b sets qty 2, c sets only bin.  'resolve
+    --field qty=c' exited 0 and kept b's qty, settling the key everywhere otherwise than
+    asked: c's version holds no qty of its own.  Refused, naming the sites that set it."""
+    fam = Family(tmp_path)
+    _three(fam)
+    run("put", "parts", "p-1", json.dumps({"qty": 0, "bin": "A"}), site=fam.path("a"))
+    fam.full_exchange(rounds=1)
+    for s, value in (("a", {"qty": 1, "bin": "A"}), ("b", {"qty": 2, "bin": "A"}),
+                     ("c", {"qty": 0, "bin": "C"})):
+        run("put", "parts", "p-1", json.dumps(value), site=fam.path(s))
+    fam.full_exchange(rounds=1)
+    r = run("conflicts", "resolve", "parts", "p-1", "--field", "qty=c", site=fam.path("a"))
+    assert r.code == 1 and "site c holds no value of its own for field 'qty'" in r.err, r
+    assert "hint: pick one of the sites that set it: a, b" in r.err, r
+    assert len(run("conflicts", site=fam.path("a"), json_mode=True).json["conflicts"]) == 1
+    r = run("conflicts", "resolve", "parts", "p-1", "--field", "qty=a", site=fam.path("a"))
+    assert r.code == 0, r
+    fam.full_exchange(rounds=1)
+    for s in SITES:
+        assert _get(fam, s) == {"qty": 1, "bin": "C"}

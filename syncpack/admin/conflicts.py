@@ -197,6 +197,15 @@ def _chosen(site: Site, collection: str, key: str, vs: list[Version], pick_versi
             raise UsageError(f"{collection}/{key}: the chosen value is not a JSON object, so it "
                              f"has no fields to pick", hint="use --pick or --value")
         if m is not None and m.fields is not None:
+            for f, sid in picks.items():
+                holders = {csn_origin(st) for st in (m.conflicts.get(f) or {})}
+                if f in m.conflicts and sid not in holders:
+                    # the key was settled, everywhere, otherwise than asked
+                    names = ", ".join(sorted(site.name_of(o) for o in holders))
+                    raise UsageError(f"site {site.name_of(sid)} holds no value of its own for "
+                                     f"field {f!r} of {collection}/{key} (its version keeps "
+                                     f"the value it was based on); nothing was changed",
+                                     hint=f"pick one of the sites that set it: {names}")
             raw = _with_fields(raw, m, picks)
         else:
             cur = fields.to_fields(raw)

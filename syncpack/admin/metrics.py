@@ -37,7 +37,8 @@ FAMILIES: list[tuple[str, str, str]] = [
     ("syncpack_parked_packets", "gauge",
      "Packets kept at the site that wait for earlier packets before they can apply."),
     ("syncpack_conflicts", "gauge",
-     "Keys with more than one surviving version (concurrent writes to resolve)."),
+     "Keys that 'syncpack conflicts' lists: concurrent writes to resolve, and records the local "
+     "schema refused or that wait for a column."),
     ("syncpack_forks_open", "gauge",
      "Members frozen here because they signed two histories (open fork evidence)."),
     ("syncpack_fork", "gauge",
