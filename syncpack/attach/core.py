@@ -30,7 +30,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from syncpack.attach import applying, capturing, reader, rows, schema, shapes, writer
 from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageError, arg
@@ -538,9 +538,9 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                                replicated=[*current, *names] if unasked else None)
             _check_created(app, appdb.table_info(app, n), n, d)
         new = {n: appdb.table_info(app, n) for n in names}
-        odd_types = {n: rows.type_warning(n, new[n].affinity,
-                                          appdb.declared_affinities(n, d["create_sql"]))
-                     for n in names if (d := _definition(site, n)) is not None}
+        odd_types = {n: rows.type_warning(n, new[n].affinity, made and made.affinity)
+                     for n in names if (d := _definition(site, n)) is not None
+                     for made in [appdb.declared(n, d["create_sql"])]}
         for t in new.values():
             appdb.install_capture(app, t)
         appdb.set_owner(app, site.site_id, str(site.path.resolve()))
@@ -798,9 +798,10 @@ def check_values(site: Site, collection: str, records: list[tuple[str, object]])
     7, and the sites would disagree)."""
     here = attached.tables(site.conn).get(collection)
     if here is not None:
-        rowid = appdb.declared_rowid_key(collection, here["create_sql"])
+        made = appdb.declared(collection, here["create_sql"])
+        rowid = made and made.rowid_key
         _check_rows(collection, here["pk"], here["columns"], records, rowid is not None,
-                    lambda: appdb.declared_generated(collection, here["create_sql"]))
+                    made.generated if made else frozenset())
         odd = [(k, v[rowid]) for k, v in records if isinstance(v, dict) and rowid in v
                and (not isinstance(v[rowid], int) or isinstance(v[rowid], bool))]
         if odd:
@@ -816,8 +817,9 @@ def check_values(site: Site, collection: str, records: list[tuple[str, object]])
     else:
         # not attached here, but a peer's table: its definition says how it stores values
         d = _definition(site, collection) if not collection.startswith(SYS_PREFIX) else None
-        affinity = appdb.declared_affinities(collection, d["create_sql"]) \
+        made = appdb.declared(collection, d["create_sql"]) \
             if isinstance(d, dict) and isinstance(d.get("create_sql"), str) else None
+        affinity = made and made.affinity
         if not affinity:
             return
     found = writer.conversions(affinity, [v for _k, v in records if isinstance(v, dict)])
@@ -831,7 +833,7 @@ def check_values(site: Site, collection: str, records: list[tuple[str, object]])
 
 def _check_rows(name: str, pk: list[str], columns: list[str],
                 records: list[tuple[str, object]], integer_key: bool = False,
-                generated: Callable[[], set[str]] = set) -> None:
+                generated: frozenset[str] = frozenset()) -> None:
     """:func:`check_values`'s refusal of records that are no row of table ``name``."""
     puts = [(k, v) for k, v in records if v is not None]
     refused = rows.refused_records([v for _k, v in puts], [k for k, _v in puts], pk)
@@ -850,7 +852,7 @@ def _check_rows(name: str, pk: list[str], columns: list[str],
     known = set(columns)
     for key, value in puts:
         extra = [c for c in value if c not in known]
-        if extra and extra[0] in generated():
+        if extra and extra[0] in generated:
             raise AttachError(
                 f"column {extra[0]!r} of attached table {name} is generated (SQLite computes "
                 f"it from the others); the record for key {key!r} names it; nothing was "

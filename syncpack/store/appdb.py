@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import itemgetter
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Iterator, NamedTuple
 
 import apsw
 
@@ -586,28 +586,16 @@ def as_stored(affinity: dict[str, str], rows: list[dict]) -> list[dict]:
         mem.close()
 
 
-def declared_affinities(name: str, sql: str) -> dict[str, str] | None:
-    """Column -> affinity of the table that ``sql`` (a peer's CREATE TABLE text) would make,
-    read by making it in a private in-memory database; None if it makes no such table."""
-    made = _declared(name, sql)
-    return None if made is None else made[0]
+class Declared(NamedTuple):
+    """What a table definition says of how the table stores a row."""
+    affinity: dict[str, str]        # column -> type affinity
+    rowid_key: str | None           # the key column that is an alias of the rowid (integers)
+    generated: frozenset[str]       # columns SQLite computes, which a row never gives
 
 
-def declared_rowid_key(name: str, sql: str) -> str | None:
-    """The column of the table ``sql`` would make that is an alias of its rowid (it holds
-    integers only), or None."""
-    made = _declared(name, sql)
-    return None if made is None else made[1]
-
-
-def declared_generated(name: str, sql: str) -> set[str]:
-    """The generated columns of the table ``sql`` would make (SQLite computes them; a row
-    never gives them)."""
-    made = _declared(name, sql)
-    return set() if made is None else made[2]
-
-
-def _declared(name: str, sql: str) -> tuple[dict[str, str], str | None, set[str]] | None:
+def declared(name: str, sql: str) -> Declared | None:
+    """How the table that ``sql`` (a CREATE TABLE text, maybe a peer's) would make stores a
+    row, read by making it in a private in-memory database; None if it makes no such table."""
     mem = apsw.Connection(":memory:")
     try:
         # held to what a member's word may do, but read only: a table this database would
@@ -616,8 +604,9 @@ def _declared(name: str, sql: str) -> tuple[dict[str, str], str | None, set[str]
         t = table_info(mem, name)
         if t is None:
             return None
-        generated = {r[1] for r in mem.execute(f"PRAGMA table_xinfo({q(name)})") if r[6]}
-        return dict(t.affinity), t.pk[0] if rowid_alias(mem, t) else None, generated
+        generated = frozenset(r[1] for r in mem.execute(f"PRAGMA table_xinfo({q(name)})")
+                              if r[6])
+        return Declared(dict(t.affinity), t.pk[0] if rowid_alias(mem, t) else None, generated)
     except (AttachError, apsw.Error):
         return None
     finally:
