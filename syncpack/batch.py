@@ -485,7 +485,13 @@ class _Round:
                 self.log.line("import", f"{spec.path}: absent, nothing to import")
             return
         res = self.importing = sync.ImportResult()
-        sync.import_packets(self.site, [spec.path], progress=self.progress, result=res)
+        try:
+            sync.import_packets(self.site, [spec.path], progress=self.progress, result=res)
+        except Exception:
+            # failed, not interrupted: no longer the import in progress (an interrupt is a
+            # BaseException, and the round's report reads this after it)
+            self.importing = None
+            raise
         self.importing = None
         removed: list[str] = []
         if spec.remove_after_import:
