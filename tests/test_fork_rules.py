@@ -118,3 +118,16 @@ def test_the_same_place_with_other_ops_is_always_a_proof(prefix, tail):
     assert forks.fork_epoch(facts(x), facts(y)) == e0
     assert forks.fork_epoch(facts(y), facts(x)) == e0
     assert forks.winner(facts(x), facts(y)) == forks.winner(facts(y), facts(x))
+
+
+@given(st.lists(st.tuples(st.integers(1, 50), st.binary(min_size=1, max_size=4),
+                          st.binary(min_size=1, max_size=4)), min_size=1, max_size=6),
+       st.randoms())
+def test_the_deciding_evidence_is_the_lowest_fork_whatever_order_it_was_learnt_in(pieces, rnd):
+    """Sites learn pieces of evidence against one origin in different orders: they must all
+    end its fork with the same one, the first place the histories part."""
+    shuffled = list(pieces)
+    rnd.shuffle(shuffled)
+    chosen = forks.deciding(shuffled)
+    assert chosen == forks.deciding(pieces)
+    assert chosen in pieces and chosen[0] == min(p[0] for p in pieces)

@@ -553,3 +553,37 @@ def test_a_fork_over_a_large_transaction_heals_without_reading_a_block_per_op(fa
     assert_converged(fam)
     with fam.open("A") as s:
         assert len({s.get("t", f"k{i}") for i in range(n)}) == 1
+
+
+def test_a_retired_member_forked_at_two_blocks_ends_with_one_whole_history_everywhere(
+        tmp_path):
+    """C and its copy each sign two blocks, so sites find two pieces of evidence (epochs 1
+    and 2), and each piece's lower hash may lie in a different history.  Deciding each piece
+    alone kept one history's epoch 1 and the other's epoch 2 (a chain C never signed) and
+    left the sites unequal, each saying 'ended'.  The lowest piece decides for all."""
+    from conftest import Family
+    for attempt in range(16):
+        fam = three_sites(Family(tmp_path / f"try{attempt}"))
+        c2 = twin(fam, "C")
+        for i in range(2):
+            for who, tag, to in (("C", "one", "A"), (c2, "two", "B")):
+                fam.put(who, "t", f"k{i}", f"{tag}-{i}")
+                out, _ = cli_export(fam, who, to)
+                cli_import(fam, to, out)
+        drop(fam, c2)
+        rounds(fam, ["A", "B"], 1)
+        fs = forks_at(fam, "A")
+        assert sorted(f["epoch"] for f in fs) == [1, 2], fs
+        lower_held = {min(f["blocks"], key=lambda b: b["hash"])["held_here"] for f in fs}
+        if len(lower_held) == 2:        # the two pieces' winners lie in different histories
+            break
+    else:
+        pytest.fail("no schedule gave pieces of evidence with winners in different histories")
+    assert run("rmreplica", "C", site=fam.path("B")).code == 0
+    rounds(fam, ["A", "B"], 3)
+    for name in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["ended", "ended"]
+    assert_converged(fam, ["A", "B"])
+    with fam.open("A") as s:
+        tags = {s.get("t", f"k{i}").split("-")[0] for i in range(2)}
+    assert len(tags) == 1, tags

@@ -244,23 +244,51 @@ def for_header(site: Site, peer: bytes, room: int | None = None
 
 
 def end_retired(site: Site) -> int:
-    """Forks of members retired since: one history is kept everywhere.  A site holding the
+    """Forks of members retired since: one history is kept everywhere, the winner of the
+    deciding piece of evidence (:func:`syncpack.rules.forks.deciding`).  A site holding the
     other one reverts the origin's ops from the fork on (they come back, the kept version,
     from any peer that holds it).  Returns how many forks ended."""
     retired = {o for o, m in site.members_by_id(include_retired=True).items() if m.retired}
-    n = 0
+    by_origin: dict[bytes, list[store.Fork]] = {}
     for f in store.all_forks(site.conn):
-        if f.origin not in retired or f.state == store.ENDED:
+        if f.origin in retired:
+            by_origin.setdefault(f.origin, []).append(f)
+    n = 0
+    for origin, fs in by_origin.items():
+        fs = [f for f in fs if f.state != store.HEALED]     # settled by the origin itself
+        fresh = [f for f in fs if f.state == store.OPEN]
+        if not fresh:
             continue
-        a = blocks.read_block_header(f.a, site.family_id, header_only=True)
-        b = blocks.read_block_header(f.b, site.family_id, header_only=True)
-        keep = rules.winner(facts(a), facts(b))
-        lose = b if keep.block_hash == a.block_hash else a
-        held = store.headers_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
-        if bytes(lose.raw[:blocks.HEADER_LEN]) in held:
-            store.revert_from(site.conn, f.origin, f.epoch)
+        epoch, a_raw, b_raw = rules.deciding([(f.epoch, f.a, f.b) for f in fs])
+        a = blocks.read_block_header(a_raw, site.family_id, header_only=True)
+        b = blocks.read_block_header(b_raw, site.family_id, header_only=True)
+        won = rules.winner(facts(a), facts(b))
+        keep, lose = (a_raw, b_raw) if won.block_hash == a.block_hash else (b_raw, a_raw)
+        held = store.headers_overlapping(site.conn, origin, epoch - 1, epoch)
+        if lose in held or (held and keep not in held and _against(site, held, keep)):
+            store.revert_from(site.conn, origin, epoch)
             site.invalidate()
-        _lose(site, f, f.a if keep.block_hash == a.block_hash else f.b)
-        store.set_state(site.conn, f, store.ENDED)
-        n += 1
+        _lose_only(site, lose, {h for f in fs for h in (f.a, f.b)})
+        for f in fresh:
+            store.set_state(site.conn, f, store.ENDED)
+        n += len(fresh)
     return n
+
+
+def _against(site: Site, held: list[bytes], keep: bytes) -> bool:
+    """Whether a block we hold is proved to be of another history than ``keep`` (the same
+    history sealed in other parts never is)."""
+    k = facts(blocks.read_block_header(keep, site.family_id, header_only=True))
+    return any(rules.fork_epoch(facts(blocks.read_block_header(h, site.family_id,
+                                                               header_only=True)), k)
+               is not None for h in held)
+
+
+def _lose_only(site: Site, lose: bytes, evidence: set[bytes]) -> None:
+    """``lose`` is the one version, of the blocks in ``evidence``, never to apply: a decision
+    taken before on a later piece (the deciding one had not arrived yet) named another, which
+    may be of the kept history."""
+    have = [bytes(h) for h in codec.unpackb(site.meta("fork_lost"))] \
+        if site.meta("fork_lost") else []
+    have = [h for h in have if h not in evidence]
+    site.set_meta("fork_lost", codec.packb(([lose] + have)[:MAX_LOST]))

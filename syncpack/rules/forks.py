@@ -54,6 +54,17 @@ def canonical(a: bytes, b: bytes) -> tuple[bytes, bytes]:
     return (a, b) if a <= b else (b, a)
 
 
+def deciding(evidence: list[tuple[int, bytes, bytes]]) -> tuple[int, bytes, bytes]:
+    """Of several pieces of evidence ``(fork epoch, a, b)`` against one retired origin, the
+    one whose :func:`winner` every site keeps: the lowest fork epoch (ties by bytes).  The
+    histories part there; a piece at a later epoch compares blocks after that point, and its
+    own winner may lie in the other history, so deciding each piece alone could keep the
+    start of one history and the rest of the other (a chain the origin never signed whole,
+    a transaction cut in two).  Sites that learn the pieces in different orders decide again
+    when a lower one arrives, and end with the same choice."""
+    return min(evidence)
+
+
 def winner(a: HeaderFacts, b: HeaderFacts) -> HeaderFacts:
     """The history every site keeps when a fork is ended by retiring its member: a
     deterministic choice that needs nothing but the evidence (the lower block hash)."""
