@@ -719,12 +719,15 @@ def test_a_definition_whose_columns_are_no_names_stops_no_later_schema_change(th
     "x INTEGER DEFAULT 0 CHECK (x > 0)",
     "x TEXT DEFAULT 'o1' REFERENCES other(id)",    # a parent row some site may lack
     "x TEXT DEFAULT 's' REFERENCES secrets(id)",
+    "x TEXT REFERENCES secrets(id)",               # a table b keeps to itself
 ])
 def test_an_added_column_that_would_refuse_the_old_releases_rows_is_refused(three, text):
     """A schema op whose column a row written without it would break: added to a table
     with no rows (where SQLite takes a NOT NULL column without a default), it made every
     insert of the application's release that does not know the column fail, at that site
-    and at every site that created the table later."""
+    and at every site that created the table later.  One referring to a table not attached
+    at b, as a peer's new table may not: the peers' rows would keep b's application from
+    deleting its own rows."""
     root, sites, dbs = three
     app(dbs["b"], ["CREATE TABLE secrets(id TEXT PRIMARY KEY)", "INSERT INTO secrets "
                    "VALUES ('s')", "DELETE FROM items"])
@@ -811,3 +814,18 @@ def test_a_column_added_past_the_most_an_attached_table_may_have_stops_its_captu
     assert table(dbs["b"], "wide")[0][2:4] == (2, "integer")
     for n in sites:
         assert run("fsck", site=sites[n]).code == 0
+
+
+def test_an_added_column_referring_to_a_table_attached_everywhere_is_followed(three):
+    """The rule above refuses a reference to a table a site keeps to itself, not one to a
+    table every site replicates."""
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN o TEXT REFERENCES other(id)",
+                   "INSERT INTO items VALUES ('a5', 5, 'q', 'a1')"])
+    exchange(root, sites)
+    converged(sites, dbs)
+    for n in ("b", "c"):
+        assert [c[0] for c in columns(dbs[n], "items")][-1] == "o"
+        with sqlite3.connect(dbs[n]) as c:
+            assert c.execute("SELECT `table` FROM pragma_foreign_key_list('items')"
+                             ).fetchall() == [("other",)]

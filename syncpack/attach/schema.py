@@ -148,7 +148,7 @@ def follow(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
             continue
         changed = False
         for op in todo:
-            why = appdb.add_column(app, name, op["column"], op["def"])
+            why = appdb.add_column(app, name, op["column"], op["def"], replicated=infos)
             if why:
                 refused.append(why)
                 break       # later ops may depend on this column's place: wait for a fix

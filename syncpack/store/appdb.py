@@ -1921,16 +1921,18 @@ def column_sql(conn: Connection, table: str, column: str) -> str:
     raise KeyError(column)
 
 
-def add_column(conn: Connection, table: str, column: str, definition: str) -> str | None:
+def add_column(conn: Connection, table: str, column: str, definition: str,
+               replicated: Collection[str]) -> str | None:
     """Add ``column`` to ``table`` from a peer's column definition; the caller holds the write
     lock.  The text is the peers': it must define that column alone, computing little at a
     write and naming no other column (a CHECK on the table's other columns refused the
     application's own writes) nor a table of SQLite's or syncpack's; a row written without
-    the column (by a release that does not know it yet) must pass its constraints; and it
+    the column (by a release that does not know it yet) must pass its constraints; its
+    foreign key may refer only to tables in ``replicated`` (as a peer's new table's); and it
     must add exactly that column to exactly that table and change nothing else (checked
     after running it inside a savepoint, rolled back otherwise).  Returns why it was
     refused, or None."""
-    why = _too_long(definition) or _column_alone(definition, table)
+    why = _too_long(definition) or _column_alone(definition, table, replicated)
     if why:
         return (f"the peers' definition of column {column} of table {table} "
                 f"({definition[:200]!r}) was refused: {why}")
@@ -1969,11 +1971,12 @@ def add_column(conn: Connection, table: str, column: str, definition: str) -> st
                                      f"{table} ({definition!r}) was refused: {why}")
 
 
-def _column_alone(definition: str, table: str) -> str | None:
+def _column_alone(definition: str, table: str, replicated: Collection[str]) -> str | None:
     """Why a peer's column definition may not be added to ``table``: made alone as the one
     column of a private in-memory table, it must compile under :func:`_peers_text` (where
-    naming another column fails), compute little into a row (:func:`_computed`), and take
-    a row written without it (:func:`_refuses_old`)."""
+    naming another column fails), compute little into a row (:func:`_computed`), refer to
+    no table outside ``replicated`` (:func:`_refers_elsewhere`), and take a row written
+    without it (:func:`_refuses_old`)."""
     mem = apsw.Connection(":memory:")
     try:
         with _peers_text(mem) as refused:
@@ -1986,7 +1989,7 @@ def _column_alone(definition: str, table: str) -> str | None:
                     return "it refers to other columns of the table"
                 return f"SQLite refused it ({e})"
         return _references_ours(mem, table) or _computed(mem, table) or \
-            _refuses_old(mem, table)
+            _refers_elsewhere(mem, table, replicated) or _refuses_old(mem, table)
     finally:
         mem.close()
 
