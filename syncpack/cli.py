@@ -1071,6 +1071,16 @@ def status(obj: Ctx, fmt):
         return
     lines = [f"site {doc['site']} ({doc['state']}), family {printable(doc['family'])}, "
              f"{doc['changelog_ops']} changelog ops, {doc['conflicts']} conflict(s)"]
+    for r in doc["retired"]:
+        by = ", ".join(map(printable, r["by"]))
+        if r["site"] == doc["site"]:
+            lines.append(f"retired: this site, by a write of {by}; members that know refuse "
+                         f"its packets. If that was not meant, run 'syncpack rmreplica "
+                         f"{printable(r['site'])} --undo' at another member")
+        else:
+            lines.append(f"retired: {printable(r['site'])}, by a write of {by}; its packets "
+                         f"are refused (undo: 'syncpack rmreplica {printable(r['site'])} "
+                         f"--undo')")
     if doc["peers"]:
         lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}  "
                      f"{'last sent (UTC)':17}  last received (UTC)")
@@ -1352,15 +1362,27 @@ def resync(obj: Ctx, peer, out, max_size, encrypt, create_out):
 
 @cli.command()
 @click.argument("name", type=TEXT)
+@click.option("--undo", is_flag=True,
+              help="Reinstate NAME instead: a retirement made by mistake, or written by a "
+                   "member that lied; its packets are accepted again.")
 @click.pass_obj
-def rmreplica(obj: Ctx, name):
+def rmreplica(obj: Ctx, name, undo):
     """Retire member NAME: its packets are refused and trimming stops waiting for it.
+
+    A retirement is a replicated write like any other; '--undo' is another, which
+    reinstates the member wherever it arrives.  'status' lists retired members and who
+    retired each.
 
     \b
     Example:
       syncpack --site boston rmreplica bangalore
+      syncpack --site boston rmreplica bangalore --undo
     """
     s = obj.open()
+    if undo:
+        doc = recovery.reinstate(s, name)
+        obj.emit(doc, f"{name} reinstated in family {s.family_name!r}")
+        return
     doc = recovery.rmreplica(s, name)
     obj.emit(doc, f"{name} retired from family {s.family_name!r}")
 

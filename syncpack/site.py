@@ -255,7 +255,12 @@ class Site:
     def member_named(self, name: str) -> Member:
         """The current member called ``name``; :class:`UsageError` if there is none."""
         m = self.roster().get(name)
-        if m is None or m.retired:
+        if m is not None and m.retired:
+            raise UsageError(f"{name} was retired from family {self.family_name!r}: nothing is "
+                             f"sent to it and its packets are refused",
+                             hint=f"'syncpack status' says who retired it; to reinstate it: "
+                                  f"'syncpack rmreplica {name} --undo'")
+        if m is None:
             known = ", ".join(sorted(n for n, x in self.roster().items() if not x.retired))
             raise UsageError(f"no member named {name!r} in family {self.family_name!r}",
                              hint=f"members: {known}")

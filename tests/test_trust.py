@@ -501,3 +501,33 @@ def test_a_malformed_system_entry_is_refused_before_it_can_stop_other_sites(
     err = refused(family, "A", pb, tmp_path)
     assert "malformed or unknown" in err, err
     assert run("status", site=family.path("A")).code == 0
+
+
+def test_a_member_that_retires_an_honest_one_is_seen_and_undone(family):
+    """C retires B and tells only A: A refuses B's packets and sends it nothing from then on,
+    and nothing could undo a retirement.  Now every site that knows lists whom C retired,
+    exporting to B says why not, and 'rmreplica B --undo' at A reinstates B everywhere."""
+    fam = three(family)
+    assert run("rmreplica", "B", site=fam.path("C")).code == 0      # the lie, signed by C
+    fam.sync("C", "A")
+    fam.put("B", "t", "k", "from B")
+    r = run("import", *fam.export("B", "A"), site=fam.path("A"))
+    assert r.code == 1 and "has been retired" in r.err, r
+    assert status(fam, "A")["retired"] == [{"site": "B", "by": ["C"]}]
+    r = run("status", site=fam.path("A"))
+    assert "retired: B, by a write of C" in r.out and "rmreplica B --undo" in r.out, r.out
+    r = run("status", "--format", "prometheus", site=fam.path("A"))
+    assert 'syncpack_retired_members{site="A"} 1' in r.out, r.out
+    r = run("export", "--to", "B", "--out", fam.medium(), site=fam.path("A"))
+    assert r.code == 1 and "B was retired" in r.err and "rmreplica B --undo" in r.err, r
+    assert status(fam, "B")["retired"] == []
+
+    r = run("rmreplica", "B", "--undo", site=fam.path("A"), json_mode=True)
+    assert r.code == 0 and r.json == {"site": "B", "retired": False}, r
+    r = run("rmreplica", "B", "--undo", site=fam.path("A"))
+    assert r.code == 1 and "is not retired" in r.err, r
+    family.full_exchange(2)
+    assert all(status(fam, n)["retired"] == [] for n in ("A", "B", "C"))
+    assert_converged(fam)
+    with fam.open("C") as s:
+        assert s.get("t", "k") == "from B"

@@ -129,8 +129,9 @@ def status(site: Site) -> dict:
     # parts of a transaction too large for one block, held until its last part arrives
     incomplete = [{"origin": site.name_of(o), "epochs": [lo + 1, hi], "parts": n}
                   for o, (lo, hi, n) in sorted(chain.incomplete(site.conn).items())]
-    from syncpack.admin.recovery import recovery_status
+    from syncpack.admin.recovery import recovery_status, retired_members
     return {"site": site.name, "family": site.family_name, "state": site.state,
+            "retired": retired_members(site),
             "recovery": recovery_status(site), "peers": peers, "parked": parked,
             "incomplete_transactions": incomplete, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec),

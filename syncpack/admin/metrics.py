@@ -32,6 +32,11 @@ FAMILIES: list[tuple[str, str, str]] = [
     ("syncpack_recovering", "gauge",
      "1 while the site is recovering after a restore from backup (local writes refused), "
      "else 0."),
+    ("syncpack_retired", "gauge",
+     "1 if a member's write retired this site (its packets are refused where that is known; "
+     "'syncpack status' says who), else 0."),
+    ("syncpack_retired_members", "gauge",
+     "Members retired from the family ('syncpack status' says who retired each)."),
     ("syncpack_changelog_ops", "gauge",
      "Ops held in the site's changelog (what scrub can trim once every member acknowledged)."),
     ("syncpack_parked_packets", "gauge",
@@ -136,6 +141,9 @@ def samples(status: dict, batch: BatchRound | None = None) \
     out["syncpack_site_info"].append(({**site, "family": status.get("family") or ""}, 1))
     if "state" in status:   # absent when a batch round could not read the store
         out["syncpack_recovering"].append((site, int(status["state"] == "recovering")))
+        retired = [r["site"] for r in status.get("retired", [])]
+        out["syncpack_retired"].append((site, int(status["site"] in retired)))
+        out["syncpack_retired_members"].append((site, len(retired)))
         out["syncpack_changelog_ops"].append((site, status["changelog_ops"]))
         out["syncpack_parked_packets"].append((site, len(status["parked"])))
         out["syncpack_conflicts"].append((site, status["conflicts"]))

@@ -366,3 +366,31 @@ def rmreplica(site: Site, name: str) -> dict:
     with site.transaction(_system=True) as tx:
         tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
     return {"site": name, "retired": True}
+
+
+def reinstate(site: Site, name: str) -> dict:
+    """Undo a retirement (a mistaken one, or one a lying member wrote): a replicated write,
+    as the retirement was; members that hear of it accept the site's packets again."""
+    m = site.roster().get(name)
+    if m is None:
+        raise UsageError(f"no member named {name!r} in family {site.family_name!r}",
+                         hint="members, retired ones too: " + ", ".join(sorted(site.roster())))
+    if not m.retired:
+        raise UsageError(f"{name} is not retired; nothing to undo")
+    m.retired = False
+    with site.transaction(_system=True) as tx:
+        tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
+    return {"site": name, "retired": False}
+
+
+def retired_members(site: Site) -> list[dict]:
+    """Each retired member and the members whose writes retired it: a member may retire
+    another by a lie, and the family should see who did it and whom (the site retired
+    hears of it only from its peers' silence, since they neither send it packets nor take
+    its own)."""
+    out = []
+    for name, m in sorted(site.roster().items()):
+        if m.retired:
+            writers = {csn_origin(v.csn) for v in versions.of_key(site.conn, ROSTER, name)}
+            out.append({"site": name, "by": sorted(site.name_of(o) for o in writers)})
+    return out
