@@ -401,16 +401,17 @@ class Site:
 
     # -- op application (shared by local writes, imports and fsck's replay) --------------------
 
-    def apply_version(self, op: Op, csn: bytes) -> None:
+    def apply_version(self, op: Op, csn: bytes) -> bool:
         """Make ``op`` a surviving version of its key unless a known write superseded it, and
-        drop the versions it superseded."""
+        drop the versions it superseded.  Returns whether one of those is not here yet (it
+        is remembered, and dropped when it arrives)."""
         merge = self.policy_of(op.collection) == "merge"
         full = fields.full_value(self.conn, op.collection, op.key, op.value, op.replaced, merge)
         if full is not op.value:    # a patch: what every reader sees is the record it makes
             op = Op(*op[:6], full, op.replaced)
         if merge:
             fields.note_write(self.conn, op.collection, op.key, csn, op.value, op.replaced)
-        versions.apply_version(self.conn, op, csn)
+        return versions.apply_version(self.conn, op, csn)
 
     def signer(self) -> Callable[[bytes], bytes]:
         """This site's Ed25519 signing function (read from its key file once)."""

@@ -387,34 +387,46 @@ class _Applier:
                 streams.append(cols.ops())
             elif not info.more:
                 whole.append((info, info.lo - cols.first_seq))
-        n = 0
+        # A whole transaction takes its place among the other ops in CSN order (its parts
+        # share one clock): a later write in the packet that replaced one of its rows must
+        # find that row, or the row would survive beside the write that replaced it.
+        whole.sort(key=lambda w: (w[0].hlc_last, w[0].origin))
+        n, later = 0, deque(whole)
         for op in heapq.merge(*streams, key=lambda op: (op.hlc, op.origin, op.seq)):
+            while later and (later[0][0].hlc_last, later[0][0].origin) < (op.hlc, op.origin):
+                n += self._whole(*later.popleft())
             n += self._op(op)
-        for info, start in whole:
-            # new to this site though their epochs may be below the vector: the vector
-            # counts parts held, the records only transactions applied.  Streamed, in
-            # batches (a transaction of millions of ops is never held whole); a missing part
-            # is found by the count and rolls the packet back.
-            done = self._whole_as_columns(info.origin, start, info.hi)
-            if done is not None:
-                n += done
-                continue
-            got = 0
-            for op in chain.iter_ops(self.site.conn, info.origin, start, info.hi):
-                if got == 0 and op.seq != 0:
-                    break
-                got += 1
-                n += self._fresh(op)
-                if len(self.rows) >= APPLY_BATCH:
-                    self.flush()
-            if got != info.hi - start:
-                raise PacketBodyError(
-                    f"last part of a transaction of {self.site.name_of(info.origin)} "
-                    f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts",
-                    hint="this site no longer holds them (restored from a backup?); ask "
-                         "a peer for a snapshot with 'syncpack resync --to THIS_SITE'")
+        while later:
+            n += self._whole(*later.popleft())
         self.flush()
         self._count(n)
+
+    def _whole(self, info: blocks.BlockInfo, start: int) -> int:
+        """The transaction whose last part is ``info`` (epochs ``(start, info.hi]``), new to
+        this site though its epochs may be below the vector: the vector counts parts held,
+        the records only transactions applied.  Streamed, in batches (a transaction of
+        millions of ops is never held whole); a missing part is found by the count and rolls
+        the packet back."""
+        self.flush()
+        done = self._whole_as_columns(info.origin, start, info.hi)
+        if done is not None:
+            return done
+        got = n = 0
+        for op in chain.iter_ops(self.site.conn, info.origin, start, info.hi):
+            if got == 0 and op.seq != 0:
+                break
+            got += 1
+            n += self._fresh(op)
+            if len(self.rows) >= APPLY_BATCH:
+                self.flush()
+        if got != info.hi - start:
+            raise PacketBodyError(
+                f"last part of a transaction of {self.site.name_of(info.origin)} "
+                f"(epochs {start + 1}..{info.hi}) arrived without its earlier parts",
+                hint="this site no longer holds them (restored from a backup?); ask "
+                     "a peer for a snapshot with 'syncpack resync --to THIS_SITE'")
+        self.flush()
+        return n
 
     def _whole_as_columns(self, origin: bytes, start: int, hi: int) -> int | None:
         """A transaction's parts, stored one block each, applied part by part as columns
@@ -526,7 +538,9 @@ class _Applier:
         elif op.replaced or self.superseded_any or self.stashed_any or \
                 values.claims_patch(op.value):
             self.flush()     # the slow path reads versions and the changelog
-            site.apply_version(op, op.csn)
+            if site.apply_version(op, op.csn):
+                self.superseded_any = True      # the version it replaced may come later
+
         else:
             self.rows.append((op.collection, op.key, op.csn, op.value))
         return 1

@@ -266,31 +266,40 @@ def replace_many(conn, gone: Iterable[tuple[str, str]],
     conn.executemany("INSERT INTO versions VALUES (?, ?, ?, ?)", rows)
 
 
-def _op_known(conn, csn: bytes) -> bool:
+def _op_applied(conn, csn: bytes) -> bool:
     hlc, origin, seq = csn_hlc(csn), csn_origin(csn), csn_seq(csn)
     # An op trimmed from the changelog was applied before; it can never arrive again.
-    return chain.epoch_of(conn, hlc, origin, seq) is not None
+    e = chain.epoch_of(conn, hlc, origin, seq)
+    if e is None:
+        return False
+    # held in a part of a transaction whose last part has not come: applied with it, later
+    part = chain.incomplete(conn).get(origin)
+    return part is None or not part[0] < e <= part[1]
 
 
-def apply_version(conn, op: Op, csn: bytes) -> None:
+def apply_version(conn, op: Op, csn: bytes) -> bool:
     """Make ``op`` a surviving version of its key unless a known write superseded it, and
-    drop the versions it superseded."""
+    drop the versions it superseded.  Returns whether one of those was remembered as
+    superseded (not here yet: it is dropped when it arrives)."""
+    noted = False
     if op.replaced:
         for r in split_csns(op.replaced):
             conn.execute("DELETE FROM versions WHERE collection=? AND key=? AND csn=?",
                          (op.collection, op.key, r))
             n = conn.changes()
-            if n == 0 and not _op_known(conn, r):
+            if n == 0 and not _op_applied(conn, r):
                 # Keyed by the key too: an op can only supersede versions of its own key,
                 # whatever CSNs it lists (a member listing another key's must not hide it).
                 conn.execute("INSERT OR IGNORE INTO superseded VALUES (?, ?, ?)",
                              (op.collection, op.key, r))
+                noted = True
     conn.execute("DELETE FROM superseded WHERE collection=? AND key=? AND csn=?",
                  (op.collection, op.key, csn))
     if conn.changes():
-        return
+        return noted
     conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
                  (op.collection, op.key, csn, op.value))
+    return noted
 
 
 # The packed (key | 0xff | CSN) pairs whose version is not held.
@@ -332,7 +341,7 @@ def remove_replaced(conn, collection: str, pairs: list[tuple[str, bytes]]) -> bo
     conn.executemany(delete, rows)
     noted = False
     for k, c in absent:
-        if not _op_known(conn, c):
+        if not _op_applied(conn, c):
             conn.execute("INSERT OR IGNORE INTO superseded VALUES (?, ?, ?)", (collection, k, c))
             noted = True
     return noted
