@@ -2044,8 +2044,13 @@ def test_an_edit_of_a_row_whose_peer_record_waits_merges_with_it(tmp_path):
         assert all(c.get("constraint") for c in listed), (n, listed)
         assert run("--json", "get", "items", "k1", site=sites[n]).json["value"] == {
             "id": "k1", "qty": 50, "bin": "x", "ref": "p1"}, n
+    # b's own table 'parent' is b's alone: the peers' column referring to it is not added
+    # unasked (their rows would pin b's rows); b's release adds it, as a's did
     app(dbs["b"], ["CREATE TABLE parent(id TEXT PRIMARY KEY NOT NULL)",
                    "INSERT INTO parent VALUES ('p1')"])
+    r = run("--json", "capture", site=sites["b"])
+    assert "which is not attached here" in " ".join(r.json["refused"]), r
+    app(dbs["b"], ["ALTER TABLE items ADD COLUMN ref TEXT REFERENCES parent(id)"])
     exchange(tmp_path, sites, rounds=2)
     assert_converged(sites, dbs, ("items",))
     assert [(r[0], r[2], r[6]) for r in table(dbs["b"], "items")] == [("k1", 50, "p1"),
