@@ -471,7 +471,7 @@ class _Round:
         try:
             fn()
         except (SyncpackError, db.DatabaseError, OSError) as e:
-            message, hint, _code = error_outcome(e)
+            message, hint, _code = error_outcome(e, self.site.path)
             self.fail(action, target, message, hint)
 
     def do_import(self, spec: ImportSpec) -> None:

@@ -331,7 +331,7 @@ class Group(click.Group):
             # work is done and nobody reads on; end quietly, as a program killed by SIGPIPE.
             _output_gone()
         except (SyncpackError, db.DatabaseError, OSError) as e:
-            fail(ctx.obj, *error_outcome(e))
+            fail(ctx.obj, *error_outcome(e, getattr(ctx.obj, "site_dir", None)))
         except KeyboardInterrupt:
             # A second Ctrl-C must not cut the report short; the work is already stopped.
             signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -339,6 +339,32 @@ def test_a_store_another_program_holds_locked_is_told_as_that_not_as_damage(a, m
     assert run("put", "parts", "k", "1", site=a).code == 0
 
 
+def test_a_store_held_by_a_long_syncpack_command_is_told_as_that(a, monkeypatch):
+    """A put while an import at the site writes a large packet: past its wait, the error
+    blamed 'a program other than syncpack' and said to close it.  It names the syncpack
+    command holding the store now (the site lock tells), and to run the put again later."""
+    import subprocess
+    import sys
+    from syncpack.store import db
+    monkeypatch.setattr(db, "BUSY_TIMEOUT_MS", 200)
+    # an importer's hold: the site lock, and a write transaction on the store
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sqlite3, sys; f = open(sys.argv[1] + '/lock', "
+         "'a'); fcntl.flock(f, fcntl.LOCK_EX); c = sqlite3.connect(sys.argv[1] + "
+         "'/syncpack.db', isolation_level=None); c.execute('BEGIN IMMEDIATE'); "
+         "print('locked', flush=True); sys.stdin.read()", str(a)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        r = run("put", "parts", "k", "1", site=a)
+    finally:
+        holder.communicate("")
+    assert r.code == 1, r
+    assert r.err.startswith("error: another syncpack command at this site"), r
+    assert "run it again when that command ends" in r.err and "close it" not in r.err
+    assert run("put", "parts", "k", "1", site=a).code == 0
+
+
 def test_a_store_this_user_may_not_write_is_told_as_that_not_as_damage():
     """(Run as root, the suite cannot make a directory it may not write: the error the
     driver raises for one is told directly.)"""

@@ -402,12 +402,16 @@ def _statements(script: str) -> list[str]:
     return out
 
 
+# SQLite's "database is locked": another connection holds what this one waited for.
+BusyErrors = (apsw.BusyError, apsw.LockedError)
+
+
 def access_problem(e: BaseException) -> tuple[str, str] | None:
     """(what, hint) when ``e`` says the store may well be sound but this process cannot use
     it now: another program holds it locked, this user may not write it, the disk is full or
     failed a read or write.  None of these is known damage, and restoring a backup (the hint
     for damage) would be the wrong thing to do first."""
-    if isinstance(e, (apsw.BusyError, apsw.LockedError)):
+    if isinstance(e, BusyErrors):
         return ("the site store is locked by another program",
                 "a program other than syncpack (an sqlite3 shell, a backup tool) holds it "
                 "open for writing; close it, then run the command again")
