@@ -514,6 +514,9 @@ class _Round:
                                     f"{_ranges_text(p['waiting_for'])}")
         for r in res.rejected:
             self.log.line("import", f"REJECTED {r['path']}: {r['error']}")
+        for g in res.forgotten:
+            self.log.line("import", f"FORGOTTEN parked {g['path']}: its kept copy "
+                                    f"{g['parked_file']} is gone; its ops come again")
         for f in res.forks:
             self.fail("import", f["path"], f"fork: {f['origin']} signed two histories of its "
                       f"epoch {f['epoch']}; that range was not applied",

@@ -901,6 +901,11 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
         obj.emit(res.to_json())
     for r in res.rejected:
         echo_error(f"{r['path']}: {r['error']}", r.get("hint"))
+    for g in res.forgotten:
+        obj.warn(f"the kept copy of a packet parked here ({printable(g['path'])}, from "
+                 f"{printable(g['from'])}) is gone: {printable(g['parked_file'])} (a backup "
+                 f"restored without the site's parked/ directory?); forgotten, its ops come "
+                 f"again from a peer in the next rounds")
     for f in res.forks:
         echo_error(f"{f['path']}: fork: {f['origin']} signed two histories of its epoch "
                    f"{f['epoch']}; that range was not applied, the evidence is kept and "

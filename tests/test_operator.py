@@ -448,3 +448,28 @@ def test_a_name_that_differs_from_a_members_only_in_case_is_refused(ab, tmp_path
     assert "hint: give the new site another name" in r.err, r
     assert run("--json", "lsepoch", site=a).json == before
     assert not (tmp_path / "usb").exists() or not any((tmp_path / "usb").rglob("*.spk"))
+
+
+def test_a_parked_packet_whose_kept_copy_is_gone_is_forgotten_with_a_warning(family):
+    """A site restored from a backup taken without SITE/parked/ (as the documented backup
+    once said): the next import failed, naming the packet's path on the medium, with the
+    hint for a damaged file.  The parked entry is forgotten with a warning instead, and the
+    packet's ops come again in the next round."""
+    family.init("a")
+    family.add("b", via="a")
+    b = family.path("b")
+    family.put("a", "t", "k1", 1)
+    first = family.export("a", "b")
+    family.put("a", "t", "k2", 2)
+    second = family.export("a", "b")
+    r = run("--json", "import", *second, site=b)
+    assert r.code == 0 and r.json["parked"], r
+    for f in (b / "parked").iterdir():
+        f.unlink()
+    r = run("import", *first, site=b)
+    assert r.code == 0, r
+    assert "warning: the kept copy of a packet parked here" in r.err and "forgotten" in r.err
+    assert run("--json", "status", site=b).json["parked"] == []
+    family.full_exchange(2)     # b's packets tell a what it holds; a sends the rest again
+    assert family.digest("a") == family.digest("b")
+    assert run("fsck", site=b).code == 0

@@ -401,12 +401,16 @@ class ImportResult:
     ignored: list[str] = field(default_factory=list)
     # Forks this import found: an origin signed two histories (docs/design.md §3.10).
     forks: list[dict] = field(default_factory=list)
+    # Parked packets whose kept copy was gone (a site restored without SITE/parked/):
+    # forgotten, since their ops come again from a peer.
+    forgotten: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
                 "skipped": self.skipped, "ignored": self.ignored,
-                "incomplete_transactions": self.incomplete, "forks": self.forks}
+                "incomplete_transactions": self.incomplete, "forks": self.forks,
+                "forgotten_parked": self.forgotten}
 
 
 @dataclass
@@ -667,6 +671,13 @@ def _parked_candidates(site: Site, res: ImportResult, opened: list, check) -> li
     for sender, pid, fname, shown in exports.parked_rows(site.conn):
         f = site.parked_dir() / fname
         c = None
+        if not f.exists():
+            # Not damage: the kept copy is gone (a backup restored without the parked
+            # directory).  The packet's ops are not held, so a peer sends them again.
+            res.forgotten.append({"path": shown or str(f), "parked_file": str(f),
+                                  "from": site.name_of(sender)})
+            exports.forget_parked(site.conn, sender, pid)
+            continue
         try:
             pk = open_packet(f)
             c = _Candidate(pk, shown or str(f), parked_file=f)
