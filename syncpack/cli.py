@@ -741,8 +741,9 @@ def digest(obj: Ctx):
 def fsck(obj: Ctx):
     """Check the store's invariants; exit 1 on any violation.
 
-    Checks: each origin's changelog is contiguous, the vector equals the changelog's highest
-    epochs, and the record state equals a replay of the changelog.
+    Checks: SQLite's integrity check; each origin's changelog is contiguous; the vector
+    equals the changelog's highest epochs; the clock is not behind any CSN; the record state
+    equals a replay of the changelog; and each attached table equals the visible records.
 
     \b
     Example:
@@ -1303,7 +1304,7 @@ def restore(obj: Ctx, finish):
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
-@click.option("--min-age", "min_age", default="0", metavar="SECONDS",
+@click.option("--min-age", "min_age", default="0", metavar="AGE",
               help="Keep ops younger than this (s, or with m/h/d), acknowledged or not.")
 @click.pass_obj
 def scrub(obj: Ctx, dry_run, min_age):

@@ -203,7 +203,7 @@ class MediumFullError(ExportError):
 class SparkUnavailableError(ExportError):
     """The Spark engine cannot run here: pyspark or Java is missing, or Spark did not start."""
 
-    default_hint = "install pyspark ('pip install syncpack[spark]') and Java 17+, or use --engine local"
+    default_hint = "install pyspark ('pip install pyspark') and Java 17+, or use --engine local"
 
 
 class LockedError(SyncpackError):

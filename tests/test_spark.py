@@ -394,6 +394,16 @@ def test_a_cluster_master_needs_a_staging_location():
     assert "docs/cluster.md" in e.value.hint
 
 
+def test_a_cluster_master_without_staging_is_refused_before_spark_starts(family, tmp_path,
+                                                                        monkeypatch):
+    """Checked only once the session had started: against a master that did not answer, the
+    administrator waited about 80 s for 'Spark did not start' instead."""
+    family.init("hub")
+    monkeypatch.setattr(spark_job, "_SessionStarter", lambda *a: pytest.fail("started"))
+    with family.open("hub") as s, pytest.raises(UsageError, match="needs --staging"):
+        spark_job.export_spark(s, tmp_path, all_peers=True, master="spark://nowhere:7077")
+
+
 # --- below the floor ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

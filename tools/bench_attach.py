@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of attached application databases (issue 21, docs/attach.md).
+"""Benchmark of attached application databases (docs/attach.md).
 
 Measures, each figure the median of --repeat runs (3 by default), ratios within one run:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What noticing schema changes costs a capture (issue 22 item 2, docs/attach.md "Schema changes").
+"""What noticing schema changes costs a capture (docs/attach.md "Schema changes").
 
 In one process, a site with --tables attached tables; the application commits one row into one
 of them, then the site captures (``attach.core.sync_app``: review, capture, follow, apply).

@@ -3,7 +3,7 @@
 SQLite's session patchset, on the same ops.  (The format 1 op stream it was first compared
 with is no longer written; formats/BLOCKS.md section 7 keeps the figures of that run.)
 
-Workloads (as in the issue):
+Workloads:
 
 * ``bulk``: ``--ops`` puts (default 1,000,000) in transactions of 10,000; values are msgpack
   strings of 100 characters (50 random hex + 50 repeated), keys ``key000000000``..., one
@@ -90,7 +90,7 @@ WORDS = ("alpha beta gamma delta order customer shipped pending invoice total am
 
 def records_workload(n: int, txn_ops: int = 100) -> list[Op]:
     """Text-like values (JSON-ish order records), to check that the zstd setting chosen on the
-    issue's half-random values does not hurt ordinary data."""
+    half-random values does not hurt ordinary data."""
     rnd = random.Random(SEED)
     ops, hlc = [], 0
     for i in range(n):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of one attached table's capture alone (issue 21, docs/attach.md "Speed").
+"""Benchmark of one attached table's capture alone (docs/attach.md "Speed").
 
 Builds, once, what ``tools/bench_attach.py`` builds for its pipeline (a site with one attached
 table of five columns, --rows rows written by the application in transactions of 100k), then

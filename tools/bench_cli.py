@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Blocks issue's figures, measured the way a user meets them: through the `syncpack`
+"""The packet figures, measured the way a user meets them: through the `syncpack`
 command (process start included), beside SQLite's session extension in the same run.
 
 Two workloads, each exported by a hub to one peer (p0) and imported there:
@@ -34,7 +34,7 @@ as the floor.  The hub is removed after the export, so the disk holds at most th
 peer and the peer's write-ahead log (under 6x the packet); a size that does not fit the free
 disk is skipped with a note.
 
-    python tools/bench_cli.py                       # the issue's sizes, one run
+    python tools/bench_cli.py                       # the default sizes, one run
     python tools/bench_cli.py --runs 3              # medians of three
     python tools/bench_cli.py --bulk-ops 0 --small-ops 0 --big-gb 1 2 4   # peak RSS only
     python tools/bench_cli.py --bulk-ops 20000 --small-ops 2000 --peers 2   # a smoke run
@@ -453,7 +453,7 @@ def main() -> int:
                     help="relay recipients besides p0 (8; 0 skips the relay)")
     ap.add_argument("--runs", type=int, default=1,
                     help="runs of each workload; every figure is their median (default 1; "
-                         "the issue's targets are medians of 3)")
+                         "the targets are medians of 3)")
     ap.add_argument("--seed", type=int, default=13,
                     help="seed of the generated records (the same seed, the same data)")
     ap.add_argument("--big-gb", type=float, nargs="*", default=[],

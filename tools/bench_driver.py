@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Store driver benchmark (issue 13, "consider apsw as the store's driver, and measure"): the
+"""Store driver benchmark (whether apsw should be the store's driver, measured): the
 import path's own inserts through the stdlib ``sqlite3`` module and through ``apsw``, beside a
 session changeset apply of the same rows, all in one run.
 

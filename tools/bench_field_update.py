@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Packet bytes of one-field updates (issue 22): how much a change of one small field of a
+"""Packet bytes of one-field updates: how much a change of one small field of a
 ~1 KB JSON record costs on the medium, sent as a patch against sent whole.
 
 Two sites; ``--records`` records of about 1 KB each (20 fields of random text, so zstd cannot
@@ -8,7 +8,7 @@ shrink them much) written into two collections, ``parts`` under ``merge`` and ``
 origin, in ``parts`` (each op a patch: only the field it changed, formats/VALUES.md) and then in
 ``whole`` (each op the whole record, as every update travelled before patches), each update
 exported on its own.  Printed: packet bytes of the load and of both updates, per record, and
-``patch_to_whole``, the patch update's bytes over the whole-record update's (issue 22's target:
+``patch_to_whole``, the patch update's bytes over the whole-record update's (the target:
 <= 0.15).
 
     .venv/bin/python tools/bench_field_update.py                  # 1000 records

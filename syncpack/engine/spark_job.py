@@ -127,7 +127,7 @@ def _import_pyspark():
     except ImportError as e:
         raise SparkUnavailableError(
             f"the Spark engine needs pyspark, which is not installed here ({e})",
-            hint="pip install 'syncpack[spark]' (or: pip install pyspark), or use "
+            hint="pip install pyspark (in syncpack's own environment), or use "
                  "--engine local") from None
     return SparkContext, SparkSession
 
@@ -448,6 +448,10 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     put the bodies (a path or URI every executor can write and this process can read; by
     default a temporary directory here, which only a local master can use).  ``stats``, when
     given, is filled with timings and per-task figures."""
+    if staging is None and master and not master.startswith("local"):
+        # said before the planning and the session's start (a minute, against a master
+        # that does not answer); under spark-submit the master is known only once started
+        raise _staging_needed()
     strategy = strategy or os.environ.get("SYNCPACK_SPARK_STRATEGY") or "merge"
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown Spark strategy {strategy!r}; choose one of "
@@ -540,6 +544,14 @@ def _remove_outputs(out: Path, sender: str, plans: list[PeerPlan]) -> None:
                 f.unlink(missing_ok=True)
 
 
+def _staging_needed() -> UsageError:
+    return UsageError(
+        "the Spark engine needs --staging on a cluster: a location every executor can write "
+        "and this machine can read, where the packet bodies wait for the driver",
+        hint="e.g. --staging hdfs://namenode/tmp/syncpack, s3://, or a shared mount "
+             "(docs/cluster.md)")
+
+
 class _Staging:
     """This run's directory in the staging location: executors write the bodies there, the
     driver copies them onto the medium and removes the directory."""
@@ -549,11 +561,7 @@ class _Staging:
     def __init__(self, where: str | os.PathLike | None, local_master: bool):
         if where is None:
             if not local_master:
-                raise UsageError(
-                    "the Spark engine needs --staging on a cluster: a location every executor "
-                    "can write and this machine can read, where the packet bodies wait for "
-                    "the driver", hint="e.g. --staging hdfs://namenode/tmp/syncpack, s3://, "
-                                       "or a shared mount (docs/cluster.md)")
+                raise _staging_needed()
             self._tmp: str | None = tempfile.mkdtemp(prefix="syncpack-staging-")
             self.loc = parquet_log.LogLocation(self._tmp)
             self._base, self._run = self.loc, ""
