@@ -489,6 +489,9 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     assert r.code == 1 and "already has" in r.err, r
     r = run("attach", db, "--table", "items", site=s)
     assert r.code == 1 and "already attached" in r.err, r
+    # beside a table that could be attached: the hint says which --table to leave out
+    r = run("attach", db, "--table", "items", "--table", "counters", site=s)
+    assert r.code == 1 and "hint: leave out --table items" in r.err, r
     r = run("detach", other, site=s)
     assert r.code == 1 and "not attached" in r.err
     assert [t["table"] for t in run("--json", "attached", site=s).json["tables"]] == ["items"]

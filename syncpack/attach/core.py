@@ -503,12 +503,17 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             skipped.append(f"left out virtual tables and their shadow tables: "
                            f"{', '.join(virtual)}")
     names = list(dict.fromkeys(names))
-    problems = [p for p in (_check_table(site, app, n, current) for n in names) if p]
+    why = {n: _check_table(site, app, n, current) for n in names}
+    problems = [p for p in why.values() if p]
     appdb.skip_trigger_writes(app, [*current, *names])
     if problems:
         if all(n in current for n in names):
             hint = ("'syncpack attached' lists what is attached; 'attach DB --refresh' "
                     "accepts a changed definition")
+        elif all(n in current for n, p in why.items() if p):
+            again = [n for n in names if n in current]
+            hint = (f"leave out --table {' --table '.join(map(arg, again))}: attached already "
+                    f"('syncpack attached' lists what is)")
         elif any(p.endswith(_NO_SUCH_TABLE_END) for p in problems):
             hint = ("check the name ('sqlite3 DB .tables' lists them); a table another site "
                     "attached is created here once its packets are imported (its definition "
