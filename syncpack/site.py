@@ -469,8 +469,10 @@ class _TransactionScope:
         db.begin_write(site.conn)
         try:
             tx = self.tx = Transaction(site, self.system)
-            # read with the epoch and clock, under the write lock (Transaction.__init__)
-            if tx.recovering and not self.system:
+            # read with the epoch and clock, under the write lock (Transaction.__init__).
+            # syncpack's own writes too (a priority, a retirement, a family setting): any op
+            # made now takes an epoch the peers may hold with another op.
+            if tx.recovering:
                 raise RecoveringError(
                     f"site {site.name!r} is recovering from a restore and refuses local "
                     f"writes until its own ops have come back from its peers",

@@ -280,9 +280,18 @@ def _recovery_round(fam: Family, name: str) -> None:
 
 
 def _refuses_local_writes(fam: Family, name: str) -> None:
-    r = run("put", "t", "new", '"refused"', site=fam.path(name))
-    assert r.code == 1, r
-    assert "recovering" in r.err and "Traceback" not in r.err
+    """Every command that writes an op refuses, syncpack's own settings too: a priority, a
+    family setting or a retirement made while recovering took an epoch the peers held with
+    another op, and the family refused the site's packets for good."""
+    before = raw_vector(fam, name)
+    other = next(n for n in fam.sites if n != name)
+    for args in (("put", "t", "new", '"refused"'), ("priority", other, "7"),
+                 ("require-sealing", "on"), ("rmreplica", other),
+                 ("collection", "create", "fresh", "--policy", "lww")):
+        r = run(*args, site=fam.path(name))
+        assert r.code == 1, (args, r)
+        assert "recovering" in r.err and "Traceback" not in r.err, (args, r)
+    assert raw_vector(fam, name) == before
     with fam.open(name) as s:
         assert s.get("t", "new", None) is None
 
