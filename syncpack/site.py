@@ -783,6 +783,23 @@ class Transaction:
             epoch += k
         self._cols, self._cols_n, self._cols_bytes = [], 0, 0
 
+    def part(self) -> None:
+        """End a part of this transaction: what was written so far is sealed as one of its
+        parts (formats/BLOCKS.md section 4.2), and what follows continues it under the same
+        clock; a peer applies none of it until the last part is there.  For a writer whose one
+        transaction is larger than a block holds (``syncpack load``): it stays one at every
+        site, and its memory stays that of a part."""
+        site = self.site
+        if self._cols:
+            self._seal_part(more=True)
+        if self.ops:
+            if not self._parts:
+                site.seal_pending()     # our older unsealed ops come first in the chain
+            chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer(),
+                       more=True)
+            self._parts += 1
+            self.ops = []
+
     def split(self) -> None:
         """End this replication transaction and begin the next one inside the same store
         transaction: what was written so far travels as one unit, the rest as another (a

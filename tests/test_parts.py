@@ -30,11 +30,27 @@ def _packets(d: Path) -> list[Path]:
     return sorted(d.rglob("*.spk"))
 
 
-def test_big_transaction_travels_in_parts_applied_only_whole(family, tmp_path):
+@pytest.mark.parametrize("batch", [None, 700], ids=["one-batch", "load-batches"])
+def test_big_transaction_travels_in_parts_applied_only_whole(family, tmp_path, monkeypatch,
+                                                             batch):
+    """A load is one transaction at every site.  Loaded in batches (a large file), each batch
+    travelled as a transaction of its own: a peer that had the first packets showed the
+    first batches of the file."""
+    if batch:
+        from syncpack.admin import loading
+        monkeypatch.setattr(loading, "LOAD_TXN_OPS", batch)
     family.init("a")
     family.add("b", via="a")
-    a, b = family.path("a"), family.path("b")
+    family.add("c", via="a")
+    a, b, c = family.path("a"), family.path("b"), family.path("c")
     assert run("load", _load_file(tmp_path), site=a).code == 0
+    # c gets the packets in order: nothing shows until the last one is there
+    in_order = sorted(family.export("a", "c", max_size=64 * 1024))
+    for f in in_order[:-1]:
+        assert run("import", f, site=c).code == 0
+        assert run("get", "parts", "p-00000", site=c).code != 0, f
+    assert run("import", in_order[-1], site=c).code == 0
+    assert family.digest("a") == family.digest("c")
     usb = tmp_path / "usb"
     r = run("export", "--to", "b", "--create-out", "--out", usb, "--max-size", "64K", site=a,
             json_mode=True)

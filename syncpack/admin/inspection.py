@@ -177,7 +177,7 @@ def _load_batches(site: Site, parts, records: int, progress) -> dict:
     with site.transaction() as tx:
         for i, (batch, deletes) in enumerate(parts):
             if i:
-                tx.split()
+                tx.part()       # one transaction at every site, travelling in parts
             for name in set(map(itemgetter(0), batch)):
                 if name not in tables:
                     tables[name] = attached.family_table(site.conn, TABLES, name)

@@ -28,8 +28,9 @@ from syncpack.format import codec
 from syncpack.format.values import MAX_DEPTH, json_value_encoder
 from syncpack.site import MAX_NAME_CHARS, check_collection, check_key
 
-# A load commits in one store transaction, and travels as replication transactions of at most
-# this many changes or bytes: each becomes one block, which an importer decodes whole.
+# A load is one transaction, here and at every peer; it travels in parts of at most this many
+# changes or bytes: each part is one block, which an importer decodes whole, applying the
+# transaction when its last part is there.
 LOAD_TXN_OPS = 100_000
 LOAD_TXN_BYTES = 32 * 1024 * 1024
 # A file of at least this many bytes is parsed by a child process: its start (an interpreter

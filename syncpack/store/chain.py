@@ -459,11 +459,12 @@ def _or_empty(value: bytes | None) -> bytes:
 
 
 def seal(conn, family: bytes, origin: bytes, ops: list[Op], sign: Callable[[bytes], bytes],
-         max_block: int | None = None) -> list[StoredBlock]:
+         max_block: int | None = None, more: bool = False) -> list[StoredBlock]:
     """Seal our own ``ops`` (whole transactions, consecutive epochs continuing what we hold)
     into blocks and store them; chained to our block ending just below, else a chain root.
     ``max_block`` bounds a block's bytes where whole transactions allow (an export's
-    --max-size: packets are cut between blocks only)."""
+    --max-size: packets are cut between blocks only).  With ``more``, ``ops`` are a part of
+    one transaction that continues (formats/BLOCKS.md section 4.2)."""
     out: list[StoredBlock] = []
     prev = [expected_prev(conn, origin, ops[0].epoch - 1) if ops else None]
     raw_cap = BLOCK_RAW if max_block is None else max(1, min(BLOCK_RAW, max_block - 2048))
@@ -505,9 +506,9 @@ def seal(conn, family: bytes, origin: bytes, ops: list[Op], sign: Callable[[byte
                     part, size = [], 0
                 part.append(op)
                 size += ob
-            put(part, False)
+            put(part, more)
             return
-        put([op for t in txns for op in t], False)
+        put([op for t in txns for op in t], more)
 
     txns: list[list[Op]] = []
     n = size = 0
