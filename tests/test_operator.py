@@ -473,3 +473,22 @@ def test_a_parked_packet_whose_kept_copy_is_gone_is_forgotten_with_a_warning(fam
     family.full_exchange(2)     # b's packets tell a what it holds; a sends the rest again
     assert family.digest("a") == family.digest("b")
     assert run("fsck", site=b).code == 0
+
+
+def test_a_packet_ahead_of_the_one_adding_a_member_is_parked_not_refused(family):
+    """Packet 3 of a carries the first changes of h, whom packet 2 (not here yet) adds: it
+    was refused, saying h (by a raw id) 'was never a member' and a 'not a current member',
+    both false.  It is parked, and applies once packet 2 arrives."""
+    family.init("a")
+    family.add("b", via="a")
+    family.add("h", via="a")
+    second = family.export("a", "b")            # a's roster write: h joined
+    family.put("h", "t", "from-h", 1)
+    family.sync("h", "a")
+    third = family.export("a", "b")             # relays h's write
+    r = run("--json", "import", *third, site=family.path("b"))
+    assert r.code == 0 and r.json["rejected"] == [] and len(r.json["parked"]) == 1, r
+    r = run("--json", "import", *second, site=family.path("b"))
+    assert r.code == 0 and len(r.json["applied"]) == 2, r
+    assert json.loads(run("get", "t", "from-h", site=family.path("b")).out) == 1
+    assert run("fsck", site=family.path("b")).code == 0

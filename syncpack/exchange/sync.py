@@ -815,7 +815,12 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
             changed = True
         pending = still
     for c in [c for c in pending if (c.pk.header.sender, c.pk.header.packet_id) in unproven]:
-        reject(c, unproven[(c.pk.header.sender, c.pk.header.packet_id)])
+        h = c.pk.header
+        if h.seq > link(site, h.sender)["in_seq"] + 1:
+            # an earlier packet of its sender has not come: it may be the one that adds the
+            # member these changes come from (a roster write); parked, tried at each import
+            continue
+        reject(c, unproven[(h.sender, h.packet_id)])
         pending.remove(c)
     # a joined block that could not apply yet waits as its pieces
     pending = [p for c in pending for p in (c.pk.pieces if isinstance(c.pk, JoinedPiecesPacket)
@@ -829,6 +834,10 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
         gaps = planning.gaps(h.ranges, vec)
         if h.piece is not None and not gaps:
             gaps = dict(h.ranges)       # waits for the block's other pieces
+        if not gaps and (h.sender, h.packet_id) in unproven:
+            # waits for the roster entries of origins not known yet (an earlier packet)
+            known = site.members_by_id(include_retired=True)
+            gaps = {o: r for o, r in h.ranges.items() if o not in known}
         if not c.parked_file:
             park(site, c.pk, gaps, c.display)
         res.parked.append({"path": c.display, "waiting_for": {
