@@ -492,3 +492,21 @@ def test_a_packet_ahead_of_the_one_adding_a_member_is_parked_not_refused(family)
     assert r.code == 0 and len(r.json["applied"]) == 2, r
     assert json.loads(run("get", "t", "from-h", site=family.path("b")).out) == 1
     assert run("fsck", site=family.path("b")).code == 0
+
+
+def test_lspacket_calls_a_packet_whose_body_was_changed_invalid(family):
+    """The signature covers the body through its hash: lspacket said 'valid' of a packet
+    whose body had one bit flipped, which import then refused."""
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "t", "k", "a value long enough to fill a body")
+    (path,) = family.export("a", "b")
+    ls = run("--json", "lspacket", path, site=family.path("b"))
+    assert ls.json["packets"][0]["signature"] == "valid", ls
+    data = bytearray(path.read_bytes())
+    data[40] ^= 1       # in the body (from offset 9; the header and signature follow it)
+    path.write_bytes(bytes(data))
+    ls = run("--json", "lspacket", path, site=family.path("b"))
+    assert ls.json["packets"][0]["signature"] == "invalid", ls
+    r = run("import", path, site=family.path("b"))
+    assert r.code == 1 and "does not match the hash" in r.err, r

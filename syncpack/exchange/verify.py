@@ -264,7 +264,9 @@ def _verify_acks(site: Site, h: Header, sender: str, now_ms: int | None, skew_ms
 
 
 def signature_state(site: Site | None, pk: OpenPacket) -> str:
-    """For ``lspacket``: 'valid', 'invalid' or 'unchecked' (no key to check against)."""
+    """For ``lspacket``: 'valid', 'invalid' or 'unchecked' (no key to check against).  The
+    signature covers the body through its hash, so a body that does not match it is
+    'invalid' too (import refuses it)."""
     h = pk.header
     public = None
     if site is not None and site.joined and h.family == site.family_id:
@@ -275,7 +277,8 @@ def signature_state(site: Site | None, pk: OpenPacket) -> str:
         public = r["ed25519"] if r is not None else None
     if public is None:
         return "unchecked"
-    return "valid" if check_signature(pk, public) else "invalid"
+    return "valid" if check_signature(pk, public) and codec.body_hash_matches(pk.f, pk.env) \
+        else "invalid"
 
 
 # --- the blocks of an update packet ------------------------------------------------------------
