@@ -783,9 +783,10 @@ def fsck(obj: Ctx):
               "PySpark from the Parquet log (same bytes as 'local').")
 @click.option("--spark-master", "spark_master", metavar="URL", default="local[*]",
               show_default=True, help="Spark master for --engine spark.")
-@click.option("--log", "log_dir", metavar="DIR", help="Parquet log to read with --engine spark "
+@click.option("--log", "log_dir", metavar="DIR", type=TEXT,
+              help="Parquet log to read with --engine spark "
               "(default: the site's own log, brought up to date first).")
-@click.option("--staging", metavar="URI", help="Where --engine spark's executors put packet "
+@click.option("--staging", metavar="URI", type=TEXT, help="Where --engine spark's executors put packet "
               "bodies for this machine to finish: a path or URI every executor can write and "
               "this machine can read (needed on a cluster; default with a local master: a "
               "temporary directory).")
@@ -1135,7 +1136,7 @@ class _ConflictsGroup(Group):
 
     def parse_args(self, ctx, args):
         if args and not args[0].startswith("-") and args[0] not in self.commands:
-            ctx.meta["conflicts_collection"] = args[0]
+            ctx.meta["conflicts_collection"] = TEXT.convert(args[0], None, ctx)
             args = args[1:]
         return super().parse_args(ctx, args)
 
@@ -1472,7 +1473,7 @@ def log_group():
 
 
 @log_group.command("export")
-@click.argument("directory", metavar="[DIR]", required=False)
+@click.argument("directory", metavar="[DIR]", required=False, type=TEXT)
 @click.pass_obj
 def log_export(obj: Ctx, directory):
     """Append to the Parquet log at DIR (default SITE/log) the ops it does not hold yet.

@@ -827,7 +827,9 @@ def test_batch_removes_an_applied_packet_whose_name_holds_a_newline(ab_packets, 
     ("put", "p\udcff", "k", "1"), ("put", "p", "k\udcff", "1"), ("put", "p", "k", '"\udcff"'),
     ("get", "p\udcff", "k"), ("ls", "p\udcff"), ("delete", "p", "k\udcff"),
     ("collection", "create", "p\udcff", "--policy", "lww"), ("priority", "b\udcff", "1"),
-    ("export", "--to", "b\udcff", "--out", "usb")])
+    ("export", "--to", "b\udcff", "--out", "usb"), ("conflicts", "p\udcff"),
+    ("log", "export", "d\udcff"), ("export", "--all", "--out", ".", "--engine", "spark",
+                                    "--log", "d\udcff")])
 def test_names_that_are_not_utf8_are_usage_errors(family, args):
     """Bytes that are not UTF-8 on a command line reach Python as surrogate escapes, which no
     store or packet can hold: an internal error (a traceback with -v) before."""
