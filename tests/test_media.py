@@ -120,6 +120,10 @@ def test_export_all_still_serves_the_others_when_one_peer_needs_a_resync(family,
     assert run("import", out / "b", site=family.path("b")).code == 0
     with family.open("b") as s:
         assert s.get("col", "k2") == 2
+    # again with nothing new: c is still told (it was left out, having been told before)
+    r = run("export", "--all", "--create-out", "--out", tmp_path / "again",
+            site=family.path("a"), json_mode=True)
+    assert r.code == 1 and ("c", 0) in [(p["to"], p["ops"]) for p in r.json["packets"]], r
 
 
 def test_pieces_left_waiting_by_a_damaged_one_go_once_their_block_came_again(family, tmp_path):

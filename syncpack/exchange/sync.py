@@ -209,6 +209,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
     for peer in peers:
         name = site.name_of(peer)
         bel, reported = believed(site, peer)
+        needs_snapshot = False
         try:
             packet_dir(Path("."), site.name, name)      # the names must be able to be paths
             ranges = planning.plan_ranges(vec, peer, bel, reported, floor, seeded, site.site_id)
@@ -223,7 +224,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
             failed.append(err)
             # The peer still gets our vector and acknowledgements (no ops): it learns what we
             # hold, and a restored peer learns what only a snapshot can now bring it.
-            ranges = {}
+            ranges, needs_snapshot = {}, True
         except SyncpackError as err:
             err.peer = printable(name)
             if failed is None:
@@ -245,7 +246,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
             site, peer,
             None if max_size is None else max(max_size // FORK_ROOM_DIVISOR, FORK_ROOM_MIN))
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering) and \
-                not heads and not fork_store.news_for(site.conn, peer):
+                not heads and not fork_store.news_for(site.conn, peer) and not needs_snapshot:
             continue
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
                       advisory=[codec.FEATURE_FORKS] if heads or evidence or kept else [],
