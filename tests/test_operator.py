@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shlex
 from pathlib import Path
 
@@ -315,54 +314,51 @@ def test_the_python_api_is_documented_and_typed():
     assert missing == []
 
 
-def test_a_store_another_program_holds_locked_is_told_as_that_not_as_damage(a, monkeypatch):
-    """An sqlite3 shell left inside a write transaction on the store is not damage: the
-    message says who holds it and the hint is to close it, not to restore a backup."""
+def _put_while_held(a, monkeypatch, holder_code: str):
+    """A put while another process runs ``holder_code`` (given the site directory) until it
+    has printed 'locked'; its result, and a put after the holder ended."""
     import subprocess
     import sys
     from syncpack.store import db
     monkeypatch.setattr(db, "BUSY_TIMEOUT_MS", 200)
     # another process: SQLite's locks do not keep connections of one process apart
-    shell = subprocess.Popen(
-        [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], "
-         "isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); "
-         "sys.stdin.read()", str(Path(a) / "syncpack.db")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", holder_code, str(a)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert shell.stdout.readline() == "locked\n"
+        assert holder.stdout.readline() == "locked\n"
         r = run("put", "parts", "k", "1", site=a)
     finally:
-        shell.communicate("")
+        holder.communicate("")
+    return r, run("put", "parts", "k", "1", site=a)
+
+
+def test_a_store_another_program_holds_locked_is_told_as_that_not_as_damage(a, monkeypatch):
+    """An sqlite3 shell left inside a write transaction on the store is not damage: the
+    message says who holds it and the hint is to close it, not to restore a backup."""
+    r, after = _put_while_held(a, monkeypatch, (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1] + '/syncpack.db', "
+        "isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); "
+        "sys.stdin.read()"))
     assert r.code == 1, r
     assert r.err.startswith("error: the site store is locked by another program"), r
     assert "close it" in r.err and "restore" not in r.err
-    assert run("put", "parts", "k", "1", site=a).code == 0
+    assert after.code == 0
 
 
 def test_a_store_held_by_a_long_syncpack_command_is_told_as_that(a, monkeypatch):
     """A put while an import at the site writes a large packet: past its wait, the error
     blamed 'a program other than syncpack' and said to close it.  It names the syncpack
     command holding the store now (the site lock tells), and to run the put again later."""
-    import subprocess
-    import sys
-    from syncpack.store import db
-    monkeypatch.setattr(db, "BUSY_TIMEOUT_MS", 200)
     # an importer's hold: the site lock, and a write transaction on the store
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sqlite3, sys; f = open(sys.argv[1] + '/lock', "
-         "'a'); fcntl.flock(f, fcntl.LOCK_EX); c = sqlite3.connect(sys.argv[1] + "
-         "'/syncpack.db', isolation_level=None); c.execute('BEGIN IMMEDIATE'); "
-         "print('locked', flush=True); sys.stdin.read()", str(a)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "locked\n"
-        r = run("put", "parts", "k", "1", site=a)
-    finally:
-        holder.communicate("")
+    r, after = _put_while_held(a, monkeypatch, (
+        "import fcntl, sqlite3, sys; f = open(sys.argv[1] + '/lock', 'a'); "
+        "fcntl.flock(f, fcntl.LOCK_EX); c = sqlite3.connect(sys.argv[1] + '/syncpack.db', "
+        "isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); "
+        "sys.stdin.read()"))
     assert r.code == 1, r
     assert r.err.startswith("error: another syncpack command at this site"), r
     assert "run it again when that command ends" in r.err and "close it" not in r.err
-    assert run("put", "parts", "k", "1", site=a).code == 0
+    assert after.code == 0
 
 
 def test_a_store_this_user_may_not_write_is_told_as_that_not_as_damage():
