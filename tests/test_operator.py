@@ -369,6 +369,7 @@ def test_a_store_this_user_may_not_write_is_told_as_that_not_as_damage():
     msg, hint, code = error_outcome(apsw.ReadOnlyError("attempt to write a readonly database"))
     assert code == 1 and msg.startswith("the site store cannot be written by this user")
     assert "owns the site directory" in hint and "restore" not in hint
+    assert "-shm" in hint      # SQLite made them with a read-only store's mode: still 0444
     msg, hint, code = error_outcome(apsw.CorruptError("database disk image is malformed"))
     assert msg.startswith("the site store cannot be used") and "backup" in hint
 

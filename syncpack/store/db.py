@@ -418,7 +418,9 @@ def access_problem(e: BaseException) -> tuple[str, str] | None:
     if isinstance(e, (apsw.ReadOnlyError, apsw.PermissionsError, apsw.CantOpenError)):
         return ("the site store cannot be written by this user",
                 "run syncpack as the account that owns the site directory, or give that "
-                "account write access to it (docs/operations.md)")
+                "account write access to it and to the files in it, the store's -wal and "
+                "-shm files too, which SQLite makes with the store's mode "
+                "(docs/operations.md)")
     if isinstance(e, apsw.FullError):
         return ("the disk holding the site store is full",
                 "free space on it, then run the command again (what failed was rolled back)")
