@@ -507,3 +507,25 @@ def test_lspacket_calls_a_packet_whose_body_was_changed_invalid(family):
     assert ls.json["packets"][0]["signature"] == "invalid", ls
     r = run("import", path, site=family.path("b"))
     assert r.code == 1 and "does not match the hash" in r.err, r
+
+
+def test_an_import_directory_s_links_are_followed_and_a_dead_packet_link_is_told(family,
+                                                                                 tmp_path):
+    """In a directory, a '*.spk' link whose file is gone passed unseen (exit 0, no word), and
+    a linked subdirectory holding a packet was not searched ('no packets found').  The link
+    is searched, each directory once (a link back up does not loop), and the dead packet
+    link is refused as an unreadable packet."""
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "t", "k", 1)
+    (packet,) = family.export("a", "b")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "medium").symlink_to(packet.parent, target_is_directory=True)
+    (inbox / "up").symlink_to(inbox, target_is_directory=True)
+    r = run("--json", "import", inbox, site=family.path("b"))
+    assert r.code == 0 and len(r.json["applied"]) == 1, r
+    (inbox / "0000000009-0000.spk").symlink_to(tmp_path / "gone.spk")
+    r = run("--json", "import", inbox, site=family.path("b"))
+    assert r.code == 1 and [x["path"] for x in r.json["rejected"]] == [
+        str(inbox / "0000000009-0000.spk")], r

@@ -26,6 +26,7 @@ from syncpack.errors import (ACCESS_HINT, ClockSkewError, PacketBodyError, Packe
                              PacketFormatError, PacketPolicyError, PacketRecipientError,
                              PacketSenderError, PacketSignatureError)
 from syncpack.format.names import check_site_name
+from syncpack.exchange.packets import PACKET_SUFFIX
 from syncpack.site import Site, wall_ms
 
 DEFAULT_SKEW_MS = 24 * 3600 * 1000
@@ -117,10 +118,12 @@ def open_packet(path: str | os.PathLike) -> OpenPacket:
 
 
 def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bool]]:
-    """(file, named explicitly) pairs; directories are searched recursively.  In a directory,
-    hidden and temporary files and anything that is not a regular file are left alone; a path
-    named on the command line is returned whatever it is, for the caller to refuse.  So is a
-    directory that cannot be listed: packets in it must not pass unseen."""
+    """(file, named explicitly) pairs; directories are searched recursively, through links
+    to directories too (each directory once).  In a directory, hidden and temporary files and
+    anything that is not a regular file are left alone; a path named on the command line is
+    returned whatever it is, for the caller to refuse.  So is a directory that cannot be
+    listed, and a packet's name that leads nowhere (a link whose file is gone): packets there
+    must not pass unseen."""
     out: list[tuple[Path, bool]] = []
 
     def unlisted(e: OSError) -> None:
@@ -129,7 +132,13 @@ def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bo
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            for root, dirs, files in os.walk(p, onerror=unlisted):
+            seen: set[str] = set()
+            for root, dirs, files in os.walk(p, onerror=unlisted, followlinks=True):
+                real = os.path.realpath(root)
+                if real in seen:        # a link back to a directory already searched
+                    dirs[:] = []
+                    continue
+                seen.add(real)
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for fn in sorted(files):
                     if fn.startswith(".") or fn.endswith(".tmp"):
@@ -137,6 +146,8 @@ def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bo
                     f = Path(root) / fn
                     if is_regular(f):
                         out.append((f, False))
+                    elif fn.endswith(PACKET_SUFFIX) and not f.exists():
+                        out.append((f, True))
         else:
             out.append((p, True))
     return out
