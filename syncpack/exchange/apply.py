@@ -540,7 +540,6 @@ class _Applier:
             self.flush()     # the slow path reads versions and the changelog
             if site.apply_version(op, op.csn):
                 self.superseded_any = True      # the version it replaced may come later
-
         else:
             self.rows.append((op.collection, op.key, op.csn, op.value))
         return 1
