@@ -447,15 +447,28 @@ def _size(ctx, param, value):
         raise click.BadParameter(str(e))
 
 
+def _version(ctx, param, value):
+    """--version: with --json (which is read first, both being eager), one JSON document."""
+    if not value or ctx.resilient_parsing:
+        return
+    if ctx.params.get("as_json"):
+        click.echo(json.dumps({"version": VERSION}))
+    else:
+        click.echo(f"syncpack, version {VERSION}")
+    ctx.exit()
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--site", "site", metavar="DIR", type=_Path(),
               help="Site directory (default: $SYNCPACK_SITE, else the current directory).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (may "
+@click.option("--json", "as_json", is_flag=True, is_eager=True,
+              help="Print one JSON document on stdout (may "
               "also follow the command: 'syncpack status --json').")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success; errors still go "
               "to stderr, the exit code says how it went.")
 @click.option("-v", "--verbose", is_flag=True, help="More detail; tracebacks for internal errors.")
-@click.version_option(version=VERSION, prog_name="syncpack")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and exit.")
 @click.pass_context
 def cli(ctx, site, as_json, quiet, verbose):
     """Offline replication by signed, compressed update packets.

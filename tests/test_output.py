@@ -196,6 +196,10 @@ def test_one_version_number():
     assert "version" in project["dynamic"] and "version" not in project
     r = run("--version")
     assert r.code == 0 and r.out.strip() == f"syncpack, version {syncpack.__version__}", r
+    # --json means one JSON document on stdout, here too (it printed the text line)
+    for args in (("--json", "--version"), ("--version", "--json")):
+        r = run(*args)
+        assert r.code == 0 and json.loads(r.out) == {"version": syncpack.__version__}, r
     assert syncpack.__version__ == "0.3.0"
     assert "0.3.0" in (root / "docs" / "operations.md").read_text()
 
