@@ -799,10 +799,11 @@ def fsck(obj: Ctx):
 @click.option("--log", "log_dir", metavar="DIR", type=TEXT,
               help="Parquet log to read with --engine spark "
               "(default: the site's own log, brought up to date first).")
-@click.option("--staging", metavar="URI", type=TEXT, help="Where --engine spark's executors put packet "
-              "bodies for this machine to finish: a path or URI every executor can write and "
-              "this machine can read (needed on a cluster; default with a local master: a "
-              "temporary directory).")
+@click.option("--staging", metavar="URI", type=TEXT,
+              help="Where --engine spark's executors put packet bodies for this machine "
+                   "to finish: a path or URI every executor can write and this machine can "
+                   "read (needed on a cluster; default with a local master: a temporary "
+                   "directory).")
 @click.option("--encrypt", is_flag=True, help="Seal each packet to its recipient's X25519 key "
               "(always on when the family requires it).")
 @_create_out_option

@@ -789,14 +789,19 @@ class Transaction:
         clock; a peer applies none of it until the last part is there.  For a writer whose one
         transaction is larger than a block holds (``syncpack load``): it stays one at every
         site, and its memory stays that of a part."""
+        self._seal_held(more=True)
+
+    def _seal_held(self, more: bool) -> None:
+        """Seal what the transaction holds (columns, then ops written op by op after them) as
+        its next part, the last one unless ``more``."""
         site = self.site
         if self._cols:
-            self._seal_part(more=True)
+            self._seal_part(more=more or bool(self.ops))
         if self.ops:
             if not self._parts:
                 site.seal_pending()     # our older unsealed ops come first in the chain
             chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer(),
-                       more=True)
+                       more=more)
             self._parts += 1
             self.ops = []
 
@@ -815,10 +820,7 @@ class Transaction:
         if self._cols and not self._parts and self._cols_n < chain.SEAL_AT_COMMIT:
             self._settle_columns()      # small: to the changelog like any small transaction
         if self._cols or self._parts:
-            if self._cols:
-                self._seal_part(more=bool(self.ops))
-            if self.ops:                # op-wise writes after sealed parts: the last part
-                chain.seal(site.conn, site.family_id, site.site_id, self.ops, site.signer())
+            self._seal_held(more=False)     # the last part
             matrix.set_epoch(site.conn, site.site_id, self.epoch)
             site.set_meta("hlc", self.hlc)
             self.ops, self._parts = [], 0

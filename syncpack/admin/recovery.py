@@ -17,7 +17,7 @@ from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
 from syncpack.replicated import ROSTER
-from syncpack.site import Site, wall_ms
+from syncpack.site import Member, Site, wall_ms
 from syncpack.exchange.verify import resolved_acks
 
 NORMAL, RECOVERING = "normal", "recovering"
@@ -362,10 +362,7 @@ def rmreplica(site: Site, name: str) -> dict:
     if m.site_id == site.site_id:
         raise UsageError("a site cannot retire itself; run rmreplica at another member",
                          hint="at another member: 'syncpack --site OTHER rmreplica NAME'")
-    m.retired = True
-    with site.transaction(_system=True) as tx:
-        tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
-    return {"site": name, "retired": True}
+    return _set_retired(site, m, True)
 
 
 def reinstate(site: Site, name: str) -> dict:
@@ -377,10 +374,14 @@ def reinstate(site: Site, name: str) -> dict:
                          hint="members, retired ones too: " + ", ".join(sorted(site.roster())))
     if not m.retired:
         raise UsageError(f"{name} is not retired; nothing to undo")
-    m.retired = False
+    return _set_retired(site, m, False)
+
+
+def _set_retired(site: Site, m: Member, retired: bool) -> dict:
+    m.retired = retired
     with site.transaction(_system=True) as tx:
         tx.write_raw(ROSTER, m.name, codec.encode_value(m.to_value()))
-    return {"site": name, "retired": False}
+    return {"site": m.name, "retired": retired}
 
 
 def retired_members(site: Site) -> list[dict]:

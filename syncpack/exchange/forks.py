@@ -147,16 +147,24 @@ def lost_versions(site: Site) -> set[bytes]:
     origin said which version it kept; ended: the forked member was retired).  A peer that
     has not heard yet may still send one; it is never applied (it would be a history the
     family left, held here for good)."""
+    return set(_lost(site))
+
+
+def _lost(site: Site) -> list[bytes]:
     raw = site.meta("fork_lost")
-    return {bytes(h) for h in codec.unpackb(raw)} if raw else set()
+    return [bytes(h) for h in codec.unpackb(raw)] if raw else []
+
+
+def _remember_lost(site: Site, lose: bytes, instead_of: frozenset[bytes] = frozenset()
+                   ) -> None:
+    """Remember ``lose`` (newest first), forgetting ``instead_of``: blocks an earlier decision
+    named, which may be of the history kept now."""
+    have = [h for h in _lost(site) if h != lose and h not in instead_of]
+    site.set_meta("fork_lost", codec.packb(([lose] + have)[:MAX_LOST]))
 
 
 def _lose(site: Site, f: store.Fork, kept: bytes) -> None:
-    lose = f.b if kept == f.a else f.a
-    have = [bytes(h) for h in codec.unpackb(site.meta("fork_lost"))] \
-        if site.meta("fork_lost") else []
-    if lose not in have:
-        site.set_meta("fork_lost", codec.packb(([lose] + have)[:MAX_LOST]))
+    _remember_lost(site, f.b if kept == f.a else f.a)
 
 
 def frozen(site: Site) -> dict[bytes, int]:
@@ -251,11 +259,10 @@ def end_retired(site: Site) -> int:
     retired = {o for o, m in site.members_by_id(include_retired=True).items() if m.retired}
     by_origin: dict[bytes, list[store.Fork]] = {}
     for f in store.all_forks(site.conn):
-        if f.origin in retired:
+        if f.origin in retired and f.state != store.HEALED:     # healed: settled by the origin
             by_origin.setdefault(f.origin, []).append(f)
     n = 0
     for origin, fs in by_origin.items():
-        fs = [f for f in fs if f.state != store.HEALED]     # settled by the origin itself
         fresh = [f for f in fs if f.state == store.OPEN]
         if not fresh:
             continue
@@ -265,10 +272,10 @@ def end_retired(site: Site) -> int:
         won = rules.winner(facts(a), facts(b))
         keep, lose = (a_raw, b_raw) if won.block_hash == a.block_hash else (b_raw, a_raw)
         held = store.headers_overlapping(site.conn, origin, epoch - 1, epoch)
-        if lose in held or (held and keep not in held and _against(site, held, keep)):
+        if keep not in held and _against(site, held, keep):     # ``lose`` itself, say
             store.revert_from(site.conn, origin, epoch)
             site.invalidate()
-        _lose_only(site, lose, {h for f in fs for h in (f.a, f.b)})
+        _remember_lost(site, lose, frozenset(h for f in fs for h in (f.a, f.b)))
         for f in fresh:
             store.set_state(site.conn, f, store.ENDED)
         n += len(fresh)
@@ -282,13 +289,3 @@ def _against(site: Site, held: list[bytes], keep: bytes) -> bool:
     return any(rules.fork_epoch(facts(blocks.read_block_header(h, site.family_id,
                                                                header_only=True)), k)
                is not None for h in held)
-
-
-def _lose_only(site: Site, lose: bytes, evidence: set[bytes]) -> None:
-    """``lose`` is the one version, of the blocks in ``evidence``, never to apply: a decision
-    taken before on a later piece (the deciding one had not arrived yet) named another, which
-    may be of the kept history."""
-    have = [bytes(h) for h in codec.unpackb(site.meta("fork_lost"))] \
-        if site.meta("fork_lost") else []
-    have = [h for h in have if h not in evidence]
-    site.set_meta("fork_lost", codec.packb(([lose] + have)[:MAX_LOST]))
