@@ -865,9 +865,16 @@ def test_malformed_values_are_usage_errors_like_click_s_own(family):
     ORIGIN=EPOCH that is not one and a family without a name exited 1."""
     a = family.init("a")
     family.add("b", via="a")
-    for args in (("chepoch", "b", "a=-1"), ("chepoch", "b", "a=abc"), ("chepoch", "b", "a")):
+    for args in (("chepoch", "b", "a=-1"), ("chepoch", "b", "a=abc"), ("chepoch", "b", "a"),
+                 # what Python's int() would take but no administrator writes as an epoch
+                 ("chepoch", "b", "a=+1"), ("chepoch", "b", "a=\u0661"),
+                 ("chepoch", "b", "a=0_1"), ("chepoch", "b", "a= 1")):
         r = run(*args, site=a)
         assert r.code == 2 and "hint:" in r.err, (args, r)
+    out = family.root / "o"
+    for size in ("65_536K", "1e6", "\uff16\uff14K", "+64K", "64 K", "0x10000"):
+        r = run("export", "--to", "b", "--out", out, "--create-out", "--max-size", size, site=a)
+        assert r.code == 2 and "not a size" in r.err and not out.exists(), (size, r)
     r = run("init", family.root / "x", "--family", "", "--site", "x")
     assert r.code == 2 and "needs a name" in r.err and not (family.root / "x").exists(), r
 

@@ -67,13 +67,10 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
         if not sep:
             raise InvalidValueError(f"expected ORIGIN=EPOCH, got {s!r}",
                              hint="for example: syncpack chepoch sanfran boston=120")
-        try:
-            e = int(epoch)
-            if e < 0:
-                raise ValueError
-        except ValueError:
+        if not epoch.isascii() or not epoch.isdigit():    # int() also takes '+3', '1_0'
             raise InvalidValueError(f"epoch must be a whole number >= 0 in {s!r}",
-                             hint="for example: syncpack chepoch sanfran boston=120") from None
+                             hint="for example: syncpack chepoch sanfran boston=120")
+        e = int(epoch)
         o = (site.member_named(origin).site_id if origin in site.roster()
              else _origin_by_name(site, origin))
         held = site.vector().get(o, 0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
@@ -40,10 +41,11 @@ def parse_size(text: str) -> int:
         if t.endswith(suffix):
             t, mult = t[:-1], m
             break
-    try:
-        n = int(float(t) * mult)
-    except (ValueError, OverflowError):     # 'inf' and 'nan' read as floats
-        raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M, G or T)") from None
+    # ASCII digits only: Python's own parsing would also take '1e9', '65_536', '+3' and
+    # digits of other scripts, none of which an administrator means as a size
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", t, re.ASCII):
+        raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M, G or T)")
+    n = int(float(t) * mult) if "." in t else int(t) * mult
     if n > MAX_MAX_SIZE:
         raise ValueError(f"--max-size must be at most 1024T ({MAX_MAX_SIZE} bytes), not {text!r}")
     if n < MIN_MAX_SIZE:
