@@ -131,6 +131,10 @@ class Site:
         if not p.is_dir():
             raise SiteError(f"{p} is not a directory",
                             hint="pass --site DIR or set SYNCPACK_SITE to a site directory")
+        if db_path.exists() and not db_path.is_file():
+            raise SiteError(f"{db_path} is not a file",
+                            hint="a site's store is the file syncpack.db; something else took "
+                                 "its name: move it aside, then restore the store from a backup")
         if not db_path.is_file():
             raise SiteError(f"{p} is not a syncpack site (no {db.DB_NAME})",
                             hint="create one with 'syncpack init' or 'syncpack keygen', "

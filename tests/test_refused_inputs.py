@@ -969,3 +969,13 @@ def test_a_file_size_limit_is_told_as_such_not_as_a_damaged_store(tmp_path):
     assert "could not be read or written" in r.stderr and "ulimit -f" in r.stderr, r.stderr
     assert "restore the site directory from a backup" not in r.stderr, r.stderr
     assert syncpack_proc("--site", site, "fsck").returncode == 0
+
+
+def test_a_store_name_taken_by_a_directory_is_named_as_such(tmp_path):
+    """A directory where the store file should be is not "no syncpack.db": the message says
+    what is there, and the hint does not send the administrator to create a new site."""
+    site = tmp_path / "s"
+    (site / "syncpack.db").mkdir(parents=True)
+    r = run("status", site=site)
+    line = refused(r, "syncpack.db is not a file")
+    assert "syncpack init" not in r.err, (line, r)
