@@ -370,8 +370,8 @@ def _interrupt_note(obj: Ctx | None) -> tuple[str, str | None]:
         except Exception:   # the report must not fail; fall back to what always holds
             pass
     # Every command changes the store in one transaction at a time, and SQLite rolls back
-    # an unfinished one whole.
-    return "the change in progress was rolled back whole; nothing of it was kept", None
+    # an unfinished one whole; a command that only reads had none ("if any").
+    return "nothing was left half-done; a change in progress, if any, was rolled back whole", None
 
 
 def _json_value(text: str) -> Any:

@@ -59,7 +59,14 @@ def main() -> None:
         large_buffers_go_back()
         from syncpack.cli import main as run
     except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted while starting; nothing was done\n")
+        message = "interrupted while starting; nothing was done"
+        args = sys.argv[1:]
+        if "--json" in args[:args.index("--") if "--" in args else len(args)]:
+            # --json promises one document on stdout, an error's too
+            import json
+            sys.stdout.write(json.dumps({"error": message, "hint": None}) + "\n")
+            sys.stdout.flush()
+        sys.stderr.write(f"error: {message}\n")
         sys.stderr.flush()
         raise SystemExit(130) from None
     run()

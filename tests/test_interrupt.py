@@ -3,6 +3,7 @@ the exit code says whether the command was interrupted (130) or finished (0)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -82,9 +83,9 @@ def test_interrupted_import_reports_exactly_what_the_store_kept(family, tmp_path
         assert "Traceback" not in err, err
         if p.returncode == 130:
             assert "import:" not in out + err, (out, err)     # no summary of a finished run
-            m = re.search(r"interrupted; (?:no packet was applied|the change in progress was "
-                          r"rolled back whole; nothing of it was kept|(\d+) packet\(s\) applied "
-                          r"and kept \(([\d,]+) op\(s\)\))", err)
+            m = re.search(r"interrupted; (?:no packet was applied|nothing was left half-done; "
+                          r"a change in progress, if any, was rolled back whole|"
+                          r"(\d+) packet\(s\) applied and kept \(([\d,]+) op\(s\)\))", err)
             assert m, err
             said = int(m[1] or 0), int((m[2] or "0").replace(",", ""))
             assert said == (applied, ops), (said, applied, ops, err)
@@ -121,6 +122,11 @@ def test_ctrl_c_while_starting_is_one_line_and_exit_130():
     assert r.stdout == "" and "Traceback" not in r.stderr, r
     assert r.stderr.strip().splitlines() == [
         "error: interrupted while starting; nothing was done"], r
+    as_json = subprocess.run([sys.executable, "-c", _START_INTERRUPTED.replace(
+        '"--version"', '"status", "--json"')], capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 130, as_json
+    assert json.loads(as_json.stdout) == {
+        "error": "interrupted while starting; nothing was done", "hint": None}, as_json
     light = subprocess.run([sys.executable, "-c", "import sys, syncpack, syncpack.console; "
                             "print(sorted(m for m in sys.modules if m.startswith('syncpack')))"],
                            capture_output=True, text=True, timeout=60)
