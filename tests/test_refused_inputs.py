@@ -868,7 +868,10 @@ def test_malformed_values_are_usage_errors_like_click_s_own(family):
     for args in (("chepoch", "b", "a=-1"), ("chepoch", "b", "a=abc"), ("chepoch", "b", "a"),
                  # what Python's int() would take but no administrator writes as an epoch
                  ("chepoch", "b", "a=+1"), ("chepoch", "b", "a=\u0661"),
-                 ("chepoch", "b", "a=0_1"), ("chepoch", "b", "a= 1")):
+                 ("chepoch", "b", "a=0_1"), ("chepoch", "b", "a= 1"),
+                 # the same origin twice: the last one winning silently hides a typo
+                 ("chepoch", "b", "a=0", "a=0"),
+                 ("conflicts", "resolve", "c", "k", "--field", "x=a", "--field", "x=b")):
         r = run(*args, site=a)
         assert r.code == 2 and "hint:" in r.err, (args, r)
     out = family.root / "o"

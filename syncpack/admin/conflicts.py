@@ -129,12 +129,17 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
             not has_value and pick_version is None and not field_picks:
         raise UsageError("give --value JSON, or --pick VERSION|SITE and/or --field FIELD=SITE",
                          hint="'syncpack conflicts COLLECTION' lists the surviving versions")
+    seen: set[str] = set()
     for fp in field_picks:      # malformed is a usage error whatever the key's state
         f, sep, who = fp.partition("=")
         if not sep or not f or not who:
             raise InvalidValueError(f"--field {fp!r}: expected FIELD=SITE",
                                     hint="for example: --field qty=boston (see "
                                          "'syncpack conflicts' for the fields)")
+        if f in seen:       # which of two sites was meant cannot be guessed
+            raise InvalidValueError(f"--field {f!r} is given twice",
+                                    hint="give each field once: --field FIELD=SITE")
+        seen.add(f)
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",

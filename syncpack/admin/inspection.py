@@ -62,6 +62,7 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
         raise UsageError("chepoch corrects what we believe a peer holds; name another site",
                          hint="'syncpack lsepoch' lists the peers")
     changes = {}
+    given: set[str] = set()
     for s in settings:
         origin, sep, epoch = s.partition("=")
         if not sep:
@@ -71,6 +72,10 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
             raise InvalidValueError(f"epoch must be a whole number >= 0 in {s!r}",
                              hint="for example: syncpack chepoch sanfran boston=120")
         e = int(epoch)
+        if origin in given:     # which of the two was meant cannot be guessed
+            raise InvalidValueError(f"{origin} is given twice",
+                                    hint="give each origin once: ORIGIN=EPOCH")
+        given.add(origin)
         o = (site.member_named(origin).site_id if origin in site.roster()
              else _origin_by_name(site, origin))
         held = site.vector().get(o, 0)
