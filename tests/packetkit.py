@@ -116,3 +116,16 @@ def apply_raises(site: Path, path: Path, cls):
         finally:
             pk.close()
     return ei.value
+
+
+def snapshot_records(raw: bytes) -> list[list]:
+    """The ``[collection, key, csn, value]`` records of an unsealed snapshot part."""
+    import zstandard
+    _prefix, body, _h, _v = parts_of(raw)
+    data = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+    return list(msgpack.Unpacker(io.BytesIO(data), raw=False, strict_map_key=False))
+
+
+def snapshot_body(records: list[list]) -> bytes:
+    import zstandard
+    return zstandard.ZstdCompressor(level=3).compress(b"".join(map(codec.packb, records)))

@@ -81,6 +81,17 @@ def test_a_snapshot_is_accepted_only_if_every_later_op_is_still_held(snap, vecto
         assert snap.get(o, 0) < vector[o] and floors.get(o, 0) > snap.get(o, 0)
 
 
+@given(vectors, vectors, vectors, st.sets(st.sampled_from(ORIGINS)))
+def test_a_snapshot_claim_is_believed_only_as_far_as_held_or_signed_by_its_origin(
+        claimed, held, proven, exempt):
+    o = planning.unproven_claim(claimed, held, proven, exempt)
+    unproven = sorted(x for x, e in claimed.items()
+                      if x not in exempt and e > max(held.get(x, 0), proven.get(x, 0)))
+    assert o == (unproven[0] if unproven else None)
+    # raising the proof of every origin to its claim always makes the snapshot acceptable
+    assert planning.unproven_claim(claimed, held, {**proven, **claimed}, exempt) is None
+
+
 @settings(max_examples=300)
 @given(st.integers(0, 100), st.integers(0, 100), st.integers(0, 100), st.booleans(),
        st.booleans())

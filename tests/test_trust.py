@@ -10,13 +10,15 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import run
 from test_recovery import (assert_converged, assert_no_epoch_reuse, raw_vector, site_id, status,
                            three_sites as three)
-from packetkit import rebuild, sign_key, state, write
+from packetkit import (rebuild, sign_key, snapshot_body, snapshot_records, state,
+                       write)
 from syncpack.format import blocks, codec
 from syncpack.store import chain
 from syncpack.site import ROSTER, Member, Site
@@ -531,3 +533,129 @@ def test_a_member_that_retires_an_honest_one_is_seen_and_undone(family):
     assert_converged(fam)
     with fam.open("C") as s:
         assert s.get("t", "k") == "from B"
+
+
+# --- snapshots: what the sender's word covers -----------------------------------------------
+
+def _one_snapshot(out) -> Path:
+    [p] = list(Path(out).rglob("*.spk"))
+    return p
+
+
+def test_a_seeding_snapshot_whose_header_and_records_name_other_keys_is_refused(family, tmp_path):
+    """An outsider with no member key signs a new site's snapshot with its own key, which it
+    names as the sender's in the header's roster, and leaves the records' roster (from which
+    the new site shows the sender's fingerprint) as it was: the operator would be shown the
+    real sender's fingerprint under a forged snapshot.  Refused, the new site not joined; the
+    genuine snapshot still seeds it."""
+    family.init("A")
+    n = tmp_path / "N"
+    assert run("keygen", n, "--site", "N").code == 0
+    assert run("keygen", tmp_path / "X", "--site", "X").code == 0
+    out = family.medium()
+    assert run("mkreplica", "export", "--site", "N", "--pubkey", n / "keys" / "site.pub",
+               "--out", out, site=family.path("A")).code == 0
+    genuine = _one_snapshot(out)
+    raw = genuine.read_bytes()
+    outsider = sign_key(tmp_path / "X")
+    from syncpack.format import keys
+    forged_key = keys.read_own_public(tmp_path / "X").ed25519
+
+    def as_outsider(h):
+        for m in h["roster"]:
+            if m[0] == "A":
+                m[2] = forged_key
+    recs = snapshot_records(raw)
+    for r in recs:
+        if r[0] == "t":
+            r[3] = codec.encode_value("forged")
+    bad = write(tmp_path, "forged.spk", rebuild(raw, outsider, as_outsider,
+                                                body=snapshot_body(recs)))
+    err = one_error(run("mkreplica", "import", bad, site=n))
+    assert "another roster than its signed header" in err, err
+    assert run("status", site=n).code != 0          # still not joined
+    r = run("mkreplica", "import", genuine, site=n)
+    assert r.code == 0, r
+    a_key = run("keyinfo", site=family.path("A")).out
+    fingerprint = next(w for w in a_key.split() if w.count(":") > 4)
+    assert fingerprint in r.out + r.err, (r, a_key)
+
+
+def test_a_snapshot_giving_one_site_id_to_two_members_is_refused(family, tmp_path):
+    """A member that makes a new site's snapshot names, in both rosters, an extra member
+    holding another member's site id with its own key: the new site would check that
+    member's packets with the wrong key.  Refused, nothing joined."""
+    three(family)
+    n = tmp_path / "N"
+    assert run("keygen", n, "--site", "N").code == 0
+    out = family.medium()
+    assert run("mkreplica", "export", "--site", "N", "--pubkey", n / "keys" / "site.pub",
+               "--out", out, site=family.path("A")).code == 0
+    raw = _one_snapshot(out).read_bytes()
+    b = site_id(family, "B")
+    recs = snapshot_records(raw)
+    [mine] = [r for r in recs if r[0] == ROSTER and r[1] == "A"]
+    mallory = Member.from_value("mallory", codec.decode_value(mine[3]))
+    mallory = Member("mallory", b, mallory.ed25519, mallory.x25519, 0, {}, False)
+    recs.append([ROSTER, "mallory", mine[2], codec.encode_value(mallory.to_value())])
+    recs.sort(key=lambda r: (r[0].encode(), r[1].encode(), r[2]))
+
+    def listed(h):
+        a = next(m for m in h["roster"] if m[0] == "A")
+        h["roster"].append(["mallory", b, a[2], a[3], 0])
+        h["count"] = len(recs)
+    bad = write(tmp_path, "mallory.spk", rebuild(raw, sign_key(family.path("A")), listed,
+                                                 body=snapshot_body(recs)))
+    err = one_error(run("mkreplica", "import", bad, site=n))
+    assert "one site id to two members" in err, err
+    assert run("status", site=n).code != 0
+
+
+def test_a_resync_snapshot_claiming_more_of_another_origin_than_it_signed_is_refused(
+        family, tmp_path):
+    """A member's resync snapshot for B claims more of C than C holds (and leaves C's own
+    acknowledgement out, which would contradict it): believed, B would never ask for C's
+    ops up to there, and no later snapshot could lower it.  Refused, B unchanged; the
+    genuine snapshot, which carries C's own signed word, applies."""
+    three(family)
+    family.put("C", "t", "c1", 1)
+    family.full_exchange(2)
+    out = family.medium()
+    assert run("resync", "--to", "B", "--out", out, site=family.path("A")).code == 0
+    genuine = _one_snapshot(out)
+    raw = genuine.read_bytes()
+    c = site_id(family, "C")
+
+    def claims_more(h):
+        ci = h["origins"].index(c)
+        h["vector"] = [[i, e + 5 if i == ci else e] for i, e in h["vector"]]
+        h["acks"] = [a for a in h.get("acks", []) if a[0] != ci]
+    bad = write(tmp_path, "claims.spk", rebuild(raw, sign_key(family.path("A")), claims_more))
+    err = refused(family, "B", bad, tmp_path)
+    assert "more than C ever signed it holds" in err, err
+    r = run("import", genuine, site=family.path("B"))
+    assert r.code == 0, r
+    family.put("C", "t", "c2", 2)
+    family.full_exchange(3)
+    assert_converged(family)
+
+
+def test_a_resync_snapshot_holding_a_version_dated_after_its_clock_is_refused(family, tmp_path):
+    """One record stamped ten years ahead under an honest header clock: taken, it would be
+    named as replaced by B's next write of that key, and every peer would refuse that write
+    for good.  Refused, B unchanged."""
+    three(family)
+    family.put("A", "t", "k", 1)
+    family.full_exchange(2)
+    out = family.medium()
+    assert run("resync", "--to", "B", "--out", out, site=family.path("A")).code == 0
+    raw = _one_snapshot(out).read_bytes()
+    recs = snapshot_records(raw)
+    for r in recs:
+        if (r[0], r[1]) == ("t", "k"):
+            hlc = int.from_bytes(r[2][:8], "big") + ((10 * YEAR_MS) << 16)
+            r[2] = hlc.to_bytes(8, "big") + r[2][8:]
+    bad = write(tmp_path, "ahead.spk", rebuild(raw, sign_key(family.path("A")),
+                                               body=snapshot_body(recs)))
+    err = refused(family, "B", bad, tmp_path)
+    assert "dated after the snapshot's own clock" in err, err

@@ -23,7 +23,7 @@ from syncpack.rules import planning
 from syncpack.store import attached, chain, db, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
-from syncpack.format.csn import CSN_LEN, csn_origin, pack_csn, split_csns
+from syncpack.format.csn import CSN_LEN, csn_hlc, csn_origin, pack_csn, split_csns
 from syncpack.errors import (EpochCollisionError, PacketBodyError, PacketSenderError,
                              PacketSignatureError, PatchError, SnapshotForkError)
 from syncpack.exchange.links import (ensure_link, link, matrix, raise_matrix, ranges_blob,
@@ -38,7 +38,7 @@ from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PR
                                  Member, priority_ok)
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import (JoinedPiecesPacket, OpenPacket, packet_blocks,
-                                      resolved_acks, verify_block)
+                                      resolved_acks, verify_acks, verify_block)
 from syncpack.exchange import forks
 from syncpack.store import forks as fork_store
 
@@ -790,14 +790,12 @@ def drop_parked(site: Site, h: Header, f: Path) -> None:
 
 # --- snapshots: one path for replica creation and hard resync ----------------------------------
 
-def _check_record(site: Site, rec, vector: dict[bytes, int],
-                  roster: dict[str, Member]) -> None:
+def _check_record(site: Site, rec, h: Header, roster: dict[str, Member]) -> None:
     """Every version in a snapshot comes from an origin the snapshot's vector covers (or from
-    us), and roster records obey the same rules as roster ops."""
-    origin = csn_origin(rec.csn)
-    if vector.get(origin, 0) <= 0 and origin != site.site_id:
-        raise PacketBodyError(f"snapshot holds a version of {rec.collection}/{rec.key} from an "
-                              f"origin its vector does not cover")
+    us), is not dated after the snapshot's own clock (a version years ahead would be named as
+    replaced by this site's next write of its key, and every peer would refuse that write),
+    and roster records obey the same rules as roster ops."""
+    _check_stamp(site, rec, h, f"a version of {rec.collection}/{rec.key}")
     if rec.collection.startswith(SYS_PREFIX):
         check_system_entry(site, rec.collection, rec.key, rec.value, roster=roster)
     if values.claims_patch(rec.value):
@@ -805,15 +803,24 @@ def _check_record(site: Site, rec, vector: dict[bytes, int],
                          f"; a snapshot carries whole records")
 
 
-def _history_row(site: Site, rec, vector: dict[bytes, int]) -> tuple:
+def _check_stamp(site: Site, rec, h: Header, what: str) -> None:
+    origin = csn_origin(rec.csn)
+    if h.vector.get(origin, 0) <= 0 and origin != site.site_id:
+        raise PacketBodyError(f"snapshot holds {what} from an origin its vector does not "
+                              f"cover")
+    if csn_hlc(rec.csn) > h.hlc_max:
+        raise PacketBodyError(f"snapshot holds {what} dated after the snapshot's own clock",
+                              hint="the snapshot is damaged or forged; ask another member "
+                                   "for one")
+
+
+def _history_row(site: Site, rec, h: Header) -> tuple:
     """A field_history row a snapshot carries (the stamps of its merge collections)."""
     try:
         row = fields.parse_history(rec.key, rec.csn, rec.value)
     except ValueError:
         raise PacketBodyError("snapshot holds a malformed field history record") from None
-    if vector.get(csn_origin(rec.csn), 0) <= 0 and csn_origin(rec.csn) != site.site_id:
-        raise PacketBodyError("snapshot holds field history of an origin its vector does "
-                              "not cover")
+    _check_stamp(site, rec, h, "field history")
     return row
 
 
@@ -870,6 +877,41 @@ def _check_own_history(site: Site, h: Header) -> None:
             f"the snapshot would discard those writes; nothing was changed")
 
 
+def _check_claims(site: Site, h: Header) -> None:
+    """Refuse a re-seed that claims more of another origin than that origin ever signed it
+    holds: believed, it would stop this site from ever asking for those ops, and no later
+    snapshot could lower it again (``planning.unproven_claim``)."""
+    proven = stored.own_epochs(site.conn)
+    for m, _created, vec, _sig in resolved_acks(h):     # each verified with its member's key
+        proven[m] = max(proven.get(m, 0), vec.get(m, 0))
+    o = planning.unproven_claim(h.vector, site.vector(), proven, {h.sender, site.site_id})
+    if o is not None:
+        sender, name = site.name_of(h.sender), site.name_of(o)
+        raise PacketBodyError(
+            f"snapshot from {sender} claims epoch {h.vector[o]} of {name}, more than {name} "
+            f"ever signed it holds ({max(proven.get(o, 0), site.vector().get(o, 0))}); "
+            f"nothing was changed",
+            hint=f"the snapshot is forged, or {sender} lacks {name}'s acknowledgement: make it "
+                 f"again after {name}'s packets reached {sender}, or at another member")
+
+
+def _check_roster(site: Site, h: Header) -> None:
+    """The records' roster must be the one the snapshot's signed header names: a new site is
+    told the sender's key fingerprint from the records, and checks the signature with the
+    header's key; two rosters would let a forger sign with one key and show another."""
+    members = site.roster().values()
+    ids = [m.site_id for m in members]
+    if len(set(ids)) != len(ids):
+        raise PacketBodyError("snapshot's roster gives one site id to two members; nothing "
+                              "was changed", hint="the snapshot is damaged or forged")
+    said = {m["name"]: (m["id"], m["ed25519"], m["x25519"]) for m in h.roster}
+    held = {m.name: (m.site_id, m.ed25519, m.x25519) for m in members if not m.retired}
+    if said != held:
+        raise PacketBodyError("snapshot's records hold another roster than its signed header; "
+                              "nothing was changed", hint="the snapshot is damaged or forged; "
+                              "ask the sender for a new one")
+
+
 def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     """Seed a new site (``mkreplica import``) or re-seed a member (hard resync) from the
     verified parts of one snapshot, in one transaction.
@@ -889,6 +931,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
         with site.write_txn(), nullcontext() if seeding else attached.replaced_whole(c):
             if not seeding:
                 _check_own_history(site, first)
+                _check_claims(site, first)
             behind = planning.snapshot_rollback(snap, site.vector(), site.floors())
             if behind is not None:
                 raise PacketBodyError(
@@ -921,9 +964,9 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                     recs = codec.iter_records(pk.f, pk.env, keys.unsealer(site.path))
                 for rec in recs:
                     if rec.collection == fields.HISTORY:
-                        history.append(_history_row(site, rec, snap))
+                        history.append(_history_row(site, rec, first))
                         continue
-                    _check_record(site, rec, snap, before)
+                    _check_record(site, rec, first, before)
                     rows.append((rec.collection, rec.key, rec.csn, rec.value))
                     if len(rows) >= APPLY_BATCH:
                         versions.insert_many(c, rows)
@@ -949,6 +992,11 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 site.set_meta("joined", 1)
                 site.joined, site.family_id = True, first.family
             site.invalidate()
+            _check_roster(site, first)
+            if seeding:
+                # what each origin signed it holds, so this site can prove what it re-seeds
+                verify_acks(site, first, site.name_of(first.sender))
+                store_acknowledgements(site, resolved_acks(first))
             _check_members(site, [o for o, e in snap.items() if e], "snapshot")
             for op in kept:
                 site.apply_version(op, op.csn)

@@ -18,6 +18,7 @@ from syncpack.attach import core as attach_core
 from syncpack.format import codec, keys
 from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
+from syncpack.format.csn import csn_hlc
 from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
 from syncpack.exchange.links import ensure_link, link, raise_matrix, tip_for
 from syncpack.store import chain, fields, log, versions
@@ -53,10 +54,16 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
     roster = [{"name": m.name, "id": m.site_id, "ed25519": m.ed25519, "x25519": m.x25519,
                "priority": m.priority} for m in site.roster().values() if not m.retired]
     seq = link(site, recipient)["out_seq"] + 1
-    hlc = site.last_hlc()
+    # no record may be dated after the snapshot's clock (the recipient checks it)
+    hlc = max(site.last_hlc(), *(csn_hlc(c) for c in (versions.newest_csn(conn),
+                                                      fields.newest_history_csn(conn)) if c))
+    # Each origin's own signed word that it holds what the vector claims of it: a member
+    # re-seeded by this snapshot believes the claim only that far (planning.unproven_claim).
+    acks = [(o, *own) for o in sorted(vec) if o not in (site.site_id, recipient)
+            and (own := stored.own_acknowledgement(conn, o)) is not None]
     tmpl = Header(kind=codec.KIND_SNAPSHOT, family=site.family_id, sender=site.site_id,
                   recipient=recipient, packet_id=b"", seq=seq, part=0, final=False,
-                  created_ms=now, vector=vec, roster=roster, hlc_max=hlc,
+                  created_ms=now, vector=vec, roster=roster, hlc_max=hlc, acks=acks,
                   # a re-seeded member checks that its own history is the one we hold
                   tip=tip_for(site, recipient, vec))
     d = packet_dir(out_dir, site.name, recipient_name)

@@ -244,7 +244,7 @@ def verify(site: Site, pk: OpenPacket, *, now_ms: int | None = None,
                                 f"one from {name} is not sealed")
     check_skew(h, name, now_ms, skew_ms)
     if site.joined:
-        _verify_acks(site, h, name, now_ms, skew_ms)
+        verify_acks(site, h, name, now_ms, skew_ms)
 
 
 def resolved_acks(h: Header) -> list[tuple[bytes, int, dict[bytes, int], bytes]]:
@@ -252,7 +252,8 @@ def resolved_acks(h: Header) -> list[tuple[bytes, int, dict[bytes, int], bytes]]
     return [(m, c, h.vector if v is None else v, sig) for m, c, v, sig in h.acks]
 
 
-def _verify_acks(site: Site, h: Header, sender: str, now_ms: int | None, skew_ms: int) -> None:
+def verify_acks(site: Site, h: Header, sender: str, now_ms: int | None = None,
+                skew_ms: int = DEFAULT_SKEW_MS) -> None:
     """Each acknowledgement must verify with the key of the member it names: a relaying
     member cannot speak for another.  Members we do not know (yet) are passed over."""
     now = wall_ms() if now_ms is None else now_ms

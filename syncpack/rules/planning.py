@@ -138,6 +138,21 @@ def snapshot_rollback(snapshot: Vector, vector: Vector, floors: Vector) -> bytes
     return None
 
 
+def unproven_claim(claimed: Vector, held: Vector, proven: Vector,
+                   exempt: set[bytes]) -> bytes | None:
+    """A resync snapshot is its sender's word about every origin in it; for another origin
+    (not ``exempt``: the sender, whose own word it is, and us) that word is believed only as
+    far as that origin itself signed it holds (``proven``: its own acknowledgement, the one
+    holding the most of its own origin) or as we already hold.  Any member holding an
+    origin's ops got them in packets whose acknowledgements say so, and a member can trim
+    them only once their origin acknowledged them, so an honest sender always has the proof
+    to carry.  Returns the first origin claimed beyond it, or None."""
+    for o, e in sorted(claimed.items()):
+        if o not in exempt and e > max(held.get(o, 0), proven.get(o, 0)):
+            return o
+    return None
+
+
 def own_claim_dismissed(claim: int, held: int, proven: int, saw_our_report: bool,
                         delivered: bool) -> bool:
     """A member's claim to hold more of our own history than we do delays us (we refuse

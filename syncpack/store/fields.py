@@ -241,6 +241,10 @@ def record_of(conn, collection: str, key: str, csn: bytes, raw: bytes | None) ->
 HISTORY = "$fields"
 
 
+def newest_history_csn(conn) -> bytes | None:
+    return conn.execute("SELECT max(csn) FROM field_history").fetchone()[0]
+
+
 def count_history(conn) -> int:
     return conn.execute("SELECT count(*) FROM field_history").fetchone()[0]
 

@@ -218,6 +218,11 @@ def store_acknowledgements(conn, me: bytes, acks) -> None:
         [(m, e, c, v, sig) for m, c, v, sig, e in rows if e])
 
 
+def own_epochs(conn) -> dict[bytes, int]:
+    """Per member, the most of its own origin it signed it holds."""
+    return dict(conn.execute("SELECT member, epoch FROM own_acks"))
+
+
 def own_acknowledgement(conn, member: bytes) -> tuple[int, dict[bytes, int], bytes] | None:
     """(created_ms, vector, signature) of the member's acknowledgement holding the most of its
     own origin, if we have one."""

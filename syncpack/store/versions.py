@@ -93,6 +93,11 @@ def scan(conn) -> Iterator[tuple[str, str, bytes, bytes | None]]:
     return conn.execute(_ROWS)
 
 
+def newest_csn(conn) -> bytes | None:
+    """The greatest CSN of any version (CSNs sort by clock first)."""
+    return conn.execute("SELECT max(csn) FROM versions").fetchone()[0]
+
+
 def count(conn) -> int:
     return conn.execute("SELECT count(*) FROM versions").fetchone()[0]
 
