@@ -829,3 +829,23 @@ def test_an_added_column_referring_to_a_table_attached_everywhere_is_followed(th
         with sqlite3.connect(dbs[n]) as c:
             assert c.execute("SELECT `table` FROM pragma_foreign_key_list('items')"
                              ).fetchall() == [("other",)]
+
+
+@pytest.mark.parametrize("create_sql, said", [
+    ("CREATE TABLE evil(id TEXT PRIMARY KEY); CREATE TABLE more(x)", "not one CREATE TABLE"),
+    ("CREATE TABLE elsewhere(id TEXT PRIMARY KEY)", "creates another table"),
+])
+def test_a_refused_peers_definition_says_what_to_do_instead(three, create_sql, said):
+    """Every refusal of a peer's table definition at attach tells the administrator the way
+    out: create the table with the application's own schema, then attach it."""
+    root, sites, dbs = three
+    with Site.open(sites["a"]) as site, site.transaction(_system=True) as tx:
+        tx.write_raw(TABLES, "evil", codec.encode_value(
+            {"pk": ["id"], "columns": ["id"], "create_sql": create_sql}))
+        tx.put("evil", "e1", {"id": "e1"})
+    export_to(root, sites, "a", ["b"])
+    before = schema_text(dbs["b"])
+    r = run("attach", dbs["b"], "--table", "evil", site=sites["b"])
+    assert r.code == 1 and said in r.err, r
+    assert "hint: create the table" in r.err and "Traceback" not in r.err, r
+    assert schema_text(dbs["b"]) == before

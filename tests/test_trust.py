@@ -8,6 +8,7 @@ or not believed: exit 1 with one error line, the store unchanged, honest packets
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import time
 from pathlib import Path
@@ -659,3 +660,37 @@ def test_a_resync_snapshot_holding_a_version_dated_after_its_clock_is_refused(fa
                                                body=snapshot_body(recs)))
     err = refused(family, "B", bad, tmp_path)
     assert "dated after the snapshot's own clock" in err, err
+
+
+def test_a_seeding_snapshot_with_a_middle_part_marked_last_is_refused(family, tmp_path):
+    """Only the last part of a snapshot says it is the last: a part before it re-signed as
+    final (what a member could make) is refused with the rest, and a named damaged file gets
+    a hint that asks for a new snapshot, not for the directory."""
+    family.init("A")
+    with family.open("A") as s, s.transaction() as tx:
+        for i in range(400):
+            tx.put("t", f"k{i:04d}", os.urandom(300).hex())
+    n = tmp_path / "N"
+    assert run("keygen", n, "--site", "N").code == 0
+    out = family.medium()
+    assert run("mkreplica", "export", "--site", "N", "--pubkey", n / "keys" / "site.pub",
+               "--out", out, "--max-size", "64K", site=family.path("A")).code == 0
+    parts = sorted(Path(out).rglob("*.spk"))
+    assert len(parts) >= 3, parts
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for p in parts:
+        shutil.copy(p, staged / p.name)
+    first = staged / parts[0].name
+
+    def final(h):
+        h["final"] = True
+    first.write_bytes(rebuild(first.read_bytes(), sign_key(family.path("A")), final))
+    err = one_error(run("mkreplica", "import", staged, site=n))
+    assert "incomplete" in err, err
+    assert run("status", site=n).code != 0
+    damaged = write(tmp_path, "damaged.spk", parts[0].read_bytes()[:-9])
+    r = run("mkreplica", "import", damaged, site=n)
+    one_error(r)
+    assert "hint: ask the sender for a new snapshot" in r.err, r
+    assert run("mkreplica", "import", out, site=n).code == 0

@@ -204,12 +204,14 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
             raise PacketFormatError(
                 "no replica-creation packet for this site was found" +
                 (": " + "; ".join(errors) if errors else ""),
-                hint="pass the directory 'mkreplica export' wrote")
+                hint="ask the sender for a new snapshot ('syncpack mkreplica export')" if errors
+                else "pass the directory 'mkreplica export' wrote")
         # Newest snapshot wins if several were made for this site.
         key = max(groups, key=lambda k: max(p.header.created_ms for p in groups[k]))
         pks = sorted(groups[key], key=lambda p: p.header.part)
         parts = [p.header.part for p in pks]
-        if parts != list(range(len(pks))) or not pks[-1].header.final:
+        if parts != list(range(len(pks))) or not pks[-1].header.final or \
+                any(p.header.final for p in pks[:-1]):
             raise PacketFormatError(
                 f"snapshot parts are incomplete: have part(s) {parts}, need 0.. up to the "
                 f"final part", hint="copy every part of the snapshot onto the medium")

@@ -756,13 +756,15 @@ def _run_definition(conn: Connection, name: str, sql: str) -> None:
             cur.execute(sql)
         except apsw.ExecTraceAbort:
             raise AttachError(f"the definition of table {name!r} from the peers is not one "
-                              f"CREATE TABLE statement; nothing was created") from None
+                              f"CREATE TABLE statement; nothing was created",
+                              hint=OWN_SCHEMA_HINT) from None
         except (apsw.Error, ApplicationOnlyError, ValueError) as e:     # ValueError: a NUL
             why = f"it holds {refused[0]}" if refused else getattr(e, "needs", "") or e
             raise AttachError(f"cannot create table {name!r} from the peers' definition "
                               f"({why})", hint=OWN_SCHEMA_HINT) from None
     if not has_table(conn, name):
-        raise AttachError(f"the peers' definition of table {name!r} creates another table")
+        raise AttachError(f"the peers' definition of table {name!r} creates another table",
+                          hint=OWN_SCHEMA_HINT)
 
 
 def _references_ours(conn: Connection, table: str) -> str | None:
