@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from conftest import Family, run
 from packetkit import (apply_raises, blocks_of, ops_of, parts_of, rebuild, reblock,
                        rejected_by_cli, sign_key, state, verify_raises, write)
+from syncpack.format.csn import pack_csn
 
 from syncpack.exchange import verify
 from syncpack.format import blocks, codec, keys, values
@@ -633,6 +634,28 @@ def test_one_op_altered_is_refused_naming_the_origin(relay, tmp_path):
         return bs
     err = refused(family, tmp_path, "altered.spk", forged_body(raw, edit))
     assert "block of origin A" in err and "signature does not verify" in err, err
+
+
+def test_an_origin_signed_block_with_an_impossible_op_is_refused_naming_the_origin(
+        relay, tmp_path):
+    """A block its origin signed (the signature holds) whose op lists as replaced a version
+    not older than itself: the error found decoding the ops names the origin as the operator
+    knows it, and the packet's sender, as a signature failure does."""
+    family, raw, a_id = relay
+
+    def edit(bs):
+        i = a_blocks(bs, a_id)[-1]      # the last: no block after it chains onto it
+        ops = list(blocks.decode_ops(bs[i]))
+        op = ops[5]
+        ops[5] = op._replace(replaced=pack_csn(op.hlc + 1, op.origin, op.seq))
+        info = blocks.read_block_header(bs[i])
+        family_id = codec.read_envelope(__import__("io").BytesIO(raw), len(raw)).header.family
+        bs[i] = blocks.encode_block(family_id, a_id, info.prev_hash, ops,
+                                    sign_key(family.path("A")).sign)
+        return bs
+    err = refused(family, tmp_path, "impossible.spk", forged_body(raw, edit))
+    assert "not older than itself" in err and "block of origin A (" in err, err
+    assert "in a packet from B" in err, err
 
 
 def test_a_flipped_byte_in_a_block_body_is_refused_naming_the_origin(relay, tmp_path):

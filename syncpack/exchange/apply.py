@@ -38,7 +38,8 @@ from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PR
                                  Member, priority_ok)
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import (JoinedPiecesPacket, OpenPacket, packet_blocks,
-                                      resolved_acks, verify_acks, verify_block)
+                                      name_block_error, resolved_acks, verify_acks,
+                                      verify_block)
 from syncpack.exchange import forks
 from syncpack.store import forks as fork_store
 
@@ -728,6 +729,10 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
     except db.IntegrityError:
         raise PacketBodyError("packet carries an op this site already holds under another "
                               "epoch; nothing was applied") from None
+    except blocks.BlockError as e:      # found decoding its ops, after its header verified
+        if e.origin is None:
+            raise
+        raise name_block_error(site, e, e.origin, sender) from None
     if ap.system:
         site.invalidate()
     if parked_file is not None:

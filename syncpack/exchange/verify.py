@@ -329,10 +329,16 @@ def verify_block(site: Site, raw: bytes, sender: str, chained: bool = True,
             prev = chain.expected_prev(site.conn, origin, info.lo)
         return blocks.verify_block(info, member.ed25519, site.family_id, prev)
     except (blocks.BlockError, blocks.BlockSignatureError) as e:
-        if member is not None:
-            # An operator knows members by name: say whose block it was.
-            e.message = e.message.replace(f"origin {origin.hex()}",
-                                          f"origin {member.name} ({origin.hex()})", 1)
-            e.message += f" (in a packet from {sender})"
-            e.args = (e.message,)
-        raise
+        raise name_block_error(site, e, origin, sender) from None
+
+
+def name_block_error(site: Site, e: PacketBodyError, origin: bytes, sender: str):
+    """``e`` with the block's origin named as the operator knows it, and the sender said
+    (once: the error may pass through here again on its way out)."""
+    member = site.members_by_id(include_retired=True).get(origin)
+    if member is not None and f"origin {origin.hex()}" in e.message:
+        e.message = e.message.replace(f"origin {origin.hex()}",
+                                      f"origin {member.name} ({origin.hex()})", 1)
+        e.message += f" (in a packet from {sender})"
+        e.args = (e.message,)
+    return e
