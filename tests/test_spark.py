@@ -564,3 +564,59 @@ def test_no_executor_receives_key_material(tmp_path, base, spark, strategy, monk
     for p in ("p1", "p2"):
         with f.open(p) as s:
             sync.import_packets(s, [tmp_path / "out" / p])
+
+
+def _java_child(pid: int) -> int | None:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"java" in cmd:
+                return int(d.name)
+    return None
+
+
+def test_spark_killed_during_the_job_is_one_error_with_a_hint_and_leaves_nothing(tmp_path,
+                                                                                base):
+    """kill -9 of Spark's Java process while the job runs: stopping the dead session failed
+    in turn, and its error ('Connection refused', no hint) replaced the job's, and this run's
+    staging directory stayed.  Now: the job's error with its hint, no packet, no staging
+    left, nothing recorded."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    for attempt in range(3):
+        f = _copy(base, tmp_path / f"f{attempt}")
+        stg, usb = tmp_path / f"stg{attempt}", tmp_path / f"usb{attempt}"
+        stg.mkdir()
+        before = f.digest("hub"), run("status", site=f.path("hub"), json_mode=True).json["peers"]
+        p = subprocess.Popen([sys.executable, "-m", "syncpack", "--site", str(f.path("hub")),
+                              "export", "--all", "--out", str(usb), "--create-out",
+                              "--engine", "spark", "--spark-master", "local[2]",
+                              "--staging", str(stg)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        java = None
+        while p.poll() is None and time.monotonic() < deadline:
+            java = java or _java_child(p.pid)
+            if java and any(stg.iterdir()):     # the job's staging directory: tasks start
+                os.kill(java, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        out, err = p.communicate(timeout=240)
+        if p.returncode == 0:
+            continue            # the job won the race: try again on a fresh copy
+        assert p.returncode == 1, (out, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 2 and lines[0].startswith("error: the Spark job failed"), err
+        assert lines[1].startswith("hint: see ") and "nothing was recorded" in lines[1], err
+        assert not any(stg.iterdir()), list(stg.iterdir())
+        assert not list(usb.rglob("*.spk")) if usb.exists() else True
+        assert (f.digest("hub"),
+                run("status", site=f.path("hub"), json_mode=True).json["peers"]) == before
+        return
+    pytest.skip("the Spark job finished before its Java process could be killed")

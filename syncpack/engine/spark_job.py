@@ -167,7 +167,10 @@ class SparkSessionHandle:
 
     def stop(self, keep_log: bool = False) -> None:
         if self.created:
-            self.spark.stop()
+            try:
+                self.spark.stop()
+            except Exception:   # its JVM already gone (killed): nothing left to stop
+                keep_log = True
             if self.workdir is not None and not keep_log:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -572,7 +575,9 @@ class _Staging:
         try:
             self._base.fs.create_dir(self._base.path(self._run), recursive=True)
         except OSError as e:
-            raise ExportError(f"cannot write in the staging location {where}: {e}") from None
+            raise ExportError(f"cannot write in the staging location {where}: {e}",
+                              hint="--staging names a directory this machine can create "
+                                   "and every executor can write") from None
         self.loc = parquet_log.LogLocation(self._base.uri(self._run))
 
     @property
@@ -676,9 +681,9 @@ def _run_jobs(jobs: list[_Job], loc: parquet_log.LogLocation, staging, seed: byt
                           hint=f"see {handle.log_file or 'the Spark log'}; nothing was "
                                f"recorded, the next export sends the same ranges") from None
     finally:
-        handle.stop(keep_log=not ok)
         if not ok and stage is not None:    # interrupted too: no bodies left behind
             stage.remove()
+        handle.stop(keep_log=not ok)
     made: dict[int, list[MadeBody]] = {}
     stats["tasks"] = []
     errs = []
