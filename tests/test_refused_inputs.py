@@ -982,3 +982,12 @@ def test_a_store_name_taken_by_a_directory_is_named_as_such(tmp_path):
     r = run("status", site=site)
     line = refused(r, "syncpack.db is not a file")
     assert "syncpack init" not in r.err, (line, r)
+
+
+def test_a_log_uri_this_machine_cannot_open_is_one_short_line_with_a_hint(family):
+    """Arrow's error for an hdfs:// URI without Hadoop's client ran to 15 KB on one line,
+    with no hint."""
+    a = family.init("a")
+    r = run("log", "export", "hdfs://nowhere.invalid:9000/x", site=a)
+    line = refused(r, "cannot open the log at hdfs://nowhere.invalid:9000/x")
+    assert len(line) < 400 and "hint: a URI needs its filesystem's client" in r.err, r

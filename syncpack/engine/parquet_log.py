@@ -82,14 +82,19 @@ _REBUILD_HINT = "rebuild it: remove the directory and run 'syncpack log export D
 class LogLocation:
     """A log directory: a local path, or a URI for a pyarrow filesystem."""
 
-    def __init__(self, where: str | os.PathLike):
+    def __init__(self, where: str | os.PathLike, what: str = "the log"):
         text = os.fspath(where)
         self.text = text
         if "://" in text and not text.startswith("file://"):
             try:
                 self.fs, root = pafs.FileSystem.from_uri(text)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
-                raise ExportError(f"cannot open the log at {text}: {e}") from None
+                # Arrow's text for a missing HDFS client runs to pages: its first line says it
+                why = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                raise ExportError(f"cannot open {what} at {text}: {why}",
+                                  hint="a URI needs its filesystem's client on this machine "
+                                       "(for hdfs://, Hadoop's libhdfs and JAVA_HOME); a "
+                                       "local directory needs none") from None
             self.root = root.rstrip("/")
             self.local = False
         else:

@@ -570,7 +570,7 @@ class _Staging:
             self._base, self._run = self.loc, ""
             return
         self._tmp = None
-        self._base = parquet_log.LogLocation(where)
+        self._base = parquet_log.LogLocation(where, "the staging location")
         self._run = f"syncpack-{os.urandom(8).hex()}"
         try:
             self._base.fs.create_dir(self._base.path(self._run), recursive=True)
