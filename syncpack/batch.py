@@ -49,7 +49,8 @@ key                        meaning
 ``[[export]]``             an outbox; repeat the table for an outbox per peer
 ``  out``                  **required**: the directory packets are written into
                            (``OUT/<recipient>/<sender>/...``)
-``  to``                   ``"all"`` (default: every other current member) or a list of peer names
+``  to``                   ``"all"`` (default: every other current member that no other
+                           ``[[export]]`` names) or a list of peer names
 ``  max_size``             largest packet: bytes, or a string with K/M/G (default just under 4G)
 ``  create``               ``true``: create ``out`` if it is missing.  Default ``false``: a missing
                            ``out`` is an error, so an unmounted medium never fills the root disk
@@ -537,8 +538,18 @@ class _Round:
         # their packets.
         failed: list[SyncpackError] | None = [] if spec.to is None else None
         who = "all" if spec.to is None else ",".join(spec.to)
+        to = spec.to
+        if to is None:
+            # "all" is every peer no other outbox names: one peer's packets on two media
+            # would split its link's sequence between them, and its own outbox's size unused
+            named = {p for e in self.cfg.exports if e.to is not None for p in e.to}
+            if named:
+                to = sorted(m.name for m in self.site.members_by_id().values()
+                            if m.site_id != self.site.site_id and m.name not in named)
+                if not to:
+                    return
         try:
-            pkts = sync.export(self.site, spec.out, to=spec.to or [], all_peers=spec.to is None,
+            pkts = sync.export(self.site, spec.out, to=to or [], all_peers=to is None,
                                max_size=spec.max_size, progress=self.progress,
                                encrypt=spec.encrypt, failed=failed,
                                seal_max=min(e.max_size for e in self.cfg.exports) // 2)

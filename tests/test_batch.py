@@ -173,6 +173,38 @@ path = "{media / 'to_bangalore'}"
         assert len(list(s.records("parts"))) == 40
 
 
+def test_an_all_outbox_beside_a_per_peer_one_leaves_that_peer_to_its_own(family):
+    """operations.md's example: one outbox for all, another for bangalore with a small size.
+    "all" sent bangalore's packets to the big medium and only empty ones to its own (its
+    size never applied, its sequence split over two media); now "all" is the others."""
+    three_sites(family)
+    for i in range(40):
+        family.put("boston", "parts", f"p{i}", {"blob": os.urandom(4000).hex()})
+    media = family.root / "m"
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+[[export]]
+out = "{media / 'all'}"
+to = "all"
+create = true
+[[export]]
+out = "{media / 'slow'}"
+to = ["bangalore"]
+max_size = "64K"
+create = true
+""")
+    for _ in range(2):
+        r = run("--json", "batch", cfg)
+        assert r.code == 0, r
+    assert {p.parent.parent.name for p in packets_under(media / "all")} == {"sanfran"}
+    slow = packets_under(media / "slow")
+    assert len(slow) > 1 and all(p.stat().st_size <= 64 * 1024 for p in slow)
+    assert {p.parent.parent.name for p in slow} == {"bangalore"}
+    assert run("import", media / "slow", site=family.path("bangalore")).code == 0
+    with family.open("bangalore") as s:
+        assert len(list(s.records("parts"))) == 40
+
+
 def test_encrypted_outbox(family):
     three_sites(family)
     family.put("boston", "parts", "p1", {"qty": 1})
