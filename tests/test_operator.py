@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -529,3 +530,22 @@ def test_an_import_directory_s_links_are_followed_and_a_dead_packet_link_is_told
     r = run("--json", "import", inbox, site=family.path("b"))
     assert r.code == 1 and [x["path"] for x in r.json["rejected"]] == [
         str(inbox / "0000000009-0000.spk")], r
+
+
+def test_a_packet_written_while_the_clock_ran_fast_is_not_the_last_one_for_a_month(family):
+    """One export made while this site's clock was 30 days ahead (fixed since): the peer's
+    last-sent time stayed a month ahead, newer than every later export, so a silent peer
+    looked heard from and an alert on it could not fire."""
+    from syncpack.exchange import sync
+    a = family.init("a")
+    family.add("b", via="a")
+    ahead = int(time.time() * 1000) + 30 * 24 * 3600 * 1000
+    family.put("a", "t", "fast", 1)
+    with family.open("a") as s:
+        sync.export(s, family.medium(), to=["b"], now_ms=ahead)
+    family.put("a", "t", "fixed", 2)
+    before = int(time.time() * 1000)
+    family.export("a", "b")
+    after = int(time.time() * 1000)
+    doc = run("status", site=a, json_mode=True).json
+    assert before <= doc["peers"]["b"]["last_sent_ms"] <= after, doc["peers"]["b"]

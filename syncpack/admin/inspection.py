@@ -22,7 +22,7 @@ from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.errors import (InvalidValueError, PacketError, SyncpackError,
                              UsageError)
-from syncpack.site import TABLES, Site
+from syncpack.site import TABLES, Site, wall_ms
 from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
 from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
@@ -144,7 +144,8 @@ def status(site: Site) -> dict:
 def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:
     """Per peer, when we last took in a packet from it (applied, or parked: it arrived) and
     when we last wrote one for it, in wall-clock ms."""
-    return log.last_received(site.conn), log.last_sent(site.conn)
+    now = wall_ms()
+    return log.last_received(site.conn, now), log.last_sent(site.conn, now)
 
 
 def digest(site: Site) -> dict:

@@ -32,11 +32,17 @@ def last_snapshot_sender(conn) -> bytes | None:
     return row[0] if row else None
 
 
-def last_received(conn) -> dict[bytes, int]:
+# A time stamped while this site's clock ran fast (fixed since) is ahead of "now": it would be
+# the newest for as long as the clock had been wrong, and a silent peer would look heard from.
+# Such times count only while no sound one exists.
+_NEWEST_SOUND = "coalesce(max(CASE WHEN at_ms <= ?1 THEN at_ms END), max(at_ms))"
+
+
+def last_received(conn, now_ms: int) -> dict[bytes, int]:
     """Per sender, when we last took in one of its packets (applied or parked)."""
     return dict(conn.execute(
-        "SELECT sender, max(at_ms) FROM (SELECT sender, at_ms FROM packets_in "
-        "UNION ALL SELECT sender, at_ms FROM parked) GROUP BY sender"))
+        f"SELECT sender, {_NEWEST_SOUND} FROM (SELECT sender, at_ms FROM packets_in "
+        "UNION ALL SELECT sender, at_ms FROM parked) GROUP BY sender", (now_ms,)))
 
 
 # --- packets written ---------------------------------------------------------------------------
@@ -54,10 +60,10 @@ def ranges_sent_through(conn, recipient: bytes, seq: int) -> Iterator[bytes]:
         yield r
 
 
-def last_sent(conn) -> dict[bytes, int]:
+def last_sent(conn, now_ms: int) -> dict[bytes, int]:
     """Per recipient, when we last wrote a packet for it."""
     return dict(conn.execute(
-        "SELECT recipient, max(at_ms) FROM packets_out GROUP BY recipient").fetchall())
+        f"SELECT recipient, {_NEWEST_SOUND} FROM packets_out GROUP BY recipient", (now_ms,)))
 
 
 # --- parked packets ----------------------------------------------------------------------------
