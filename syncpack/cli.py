@@ -1102,6 +1102,11 @@ def status(obj: Ctx, fmt):
             lines.append(f"retired: {printable(r['site'])}, by a write of {by}; its packets "
                          f"are refused (undo: 'syncpack rmreplica {printable(r['site'])} "
                          f"--undo')")
+    if doc["refused_until_ms"] is not None:
+        ahead, until = doc["stamps_ahead_ms"], _utc(doc["refused_until_ms"])
+        lines.append(f"clock: this site's changes are stamped up to {ahead // 3_600_000} h ahead "
+                     f"of its clock, which ran fast when they were written; peers refuse them "
+                     f"until {until} (see 'A clock that ran fast' in docs/operations.md)")
     if doc["peers"]:
         lines.append(f"{'peer':20} {'lag ops':>10} {'unacked':>10} {'sent':>6} {'recv':>6}  "
                      f"{'last sent (UTC)':17}  last received (UTC)")

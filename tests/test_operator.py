@@ -549,3 +549,31 @@ def test_a_packet_written_while_the_clock_ran_fast_is_not_the_last_one_for_a_mon
     after = int(time.time() * 1000)
     doc = run("status", site=a, json_mode=True).json
     assert before <= doc["peers"]["b"]["last_sent_ms"] <= after, doc["peers"]["b"]
+
+
+def test_a_site_whose_clock_ran_fast_is_told_until_when_its_packets_are_refused(family):
+    """One write while the clock ran 30 days fast, the clock fixed since: every peer refuses
+    the site's packets until the clock catches up, and the site said 'normal' with nothing
+    about it.  Now status (text, JSON, metric) says so and until when, and the peer's refusal
+    no longer only tells to fix the clock, already fixed."""
+    a = family.init("a")
+    b = family.add("b", via="a")
+    day = 24 * 3600 * 1000
+    ahead = int(time.time() * 1000) + 30 * day
+    with Site.open(a, clock=lambda: ahead) as s, s.transaction() as tx:
+        tx.put("t", "fast", 1)
+    family.put("a", "t", "after", 2)
+    doc = run("status", site=a, json_mode=True).json
+    assert 29 * day < doc["stamps_ahead_ms"] <= 30 * day, doc
+    assert abs(doc["refused_until_ms"] - (ahead - day)) < 60_000, doc
+    text = run("status", site=a).out
+    assert "clock: this site's changes are stamped up to 7" in text, text
+    prom = run("status", "--format", "prometheus", site=a).out
+    value = next(ln for ln in prom.splitlines()
+                 if ln.startswith("syncpack_clock_stamps_ahead_seconds{"))
+    assert float(value.split()[-1]) > 29 * 86400, value
+    [p] = family.export("a", "b")
+    r = run("import", p, site=b)
+    assert r.code == 1 and "stamped" in r.err and "'syncpack status' at a says when" in r.err, r
+    calm = run("status", site=b, json_mode=True).json
+    assert calm["stamps_ahead_ms"] < day and calm["refused_until_ms"] is None, calm

@@ -17,7 +17,7 @@ from syncpack.rules.replay import replay_key
 from syncpack.store import (attached, chain, db, exports, fields, log, scratch, stash,
                             versions)
 from syncpack.store import matrix as stored
-from syncpack.format.csn import csn_origin, pack_csn, split_csns
+from syncpack.format.csn import csn_origin, hlc_ms, pack_csn, split_csns
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.errors import (InvalidValueError, PacketError, SyncpackError,
@@ -25,7 +25,8 @@ from syncpack.errors import (InvalidValueError, PacketError, SyncpackError,
 from syncpack.site import TABLES, Site, wall_ms
 from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
-from syncpack.exchange.verify import find_packet_files, open_packet, printable, signature_state
+from syncpack.exchange.verify import (DEFAULT_SKEW_MS, find_packet_files, open_packet,
+                                      printable, signature_state)
 from syncpack.progress import expect
 
 
@@ -138,7 +139,20 @@ def status(site: Site) -> dict:
             "incomplete_transactions": incomplete, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec),
             "attached": attach_core.report(site) if attach_core.is_attached(site) else None,
-            "forks": [forks.describe(site, f) for f in fork_store.all_forks(site.conn)]}
+            "forks": [forks.describe(site, f) for f in fork_store.all_forks(site.conn)],
+            **stamps_ahead(site)}
+
+
+def stamps_ahead(site: Site) -> dict:
+    """How far this site's newest stamp (of its own changes, or of changes it took in) lies
+    ahead of its clock now, and until when peers refuse its packets for it.  Past the import
+    skew limit only a clock that ran fast when this site wrote can cause it (a peer's stamps
+    that far ahead are refused here), and every peer refuses its packets until its clock
+    catches up."""
+    now = wall_ms()
+    ahead = max(0, hlc_ms(site.last_hlc()) - now)
+    return {"stamps_ahead_ms": ahead, "refused_until_ms":
+            now + ahead - DEFAULT_SKEW_MS if ahead > DEFAULT_SKEW_MS else None}
 
 
 def _last_packet_times(site: Site) -> tuple[dict[bytes, int], dict[bytes, int]]:

@@ -37,6 +37,9 @@ FAMILIES: list[tuple[str, str, str]] = [
      "'syncpack status' says who), else 0."),
     ("syncpack_retired_members", "gauge",
      "Members retired from the family ('syncpack status' says who retired each)."),
+    ("syncpack_clock_stamps_ahead_seconds", "gauge",
+     "How far this site's newest change stamp lies ahead of its clock; past a day (its clock "
+     "ran fast when it wrote) peers refuse its packets until the clock catches up."),
     ("syncpack_changelog_ops", "gauge",
      "Ops held in the site's changelog (what scrub can trim once every member acknowledged)."),
     ("syncpack_parked_packets", "gauge",
@@ -144,6 +147,8 @@ def samples(status: dict, batch: BatchRound | None = None) \
         retired = [r["site"] for r in status.get("retired", [])]
         out["syncpack_retired"].append((site, int(status["site"] in retired)))
         out["syncpack_retired_members"].append((site, len(retired)))
+        out["syncpack_clock_stamps_ahead_seconds"].append(
+            (site, _seconds(status.get("stamps_ahead_ms"))))
         out["syncpack_changelog_ops"].append((site, status["changelog_ops"]))
         out["syncpack_parked_packets"].append((site, len(status["parked"])))
         out["syncpack_conflicts"].append((site, status["conflicts"]))

@@ -181,7 +181,11 @@ def check_skew(h: Header, sender_name: str, now_ms: int | None = None,
     if h.hlc_max > hlc_from_ms(now + skew_ms):
         raise ClockSkewError(
             f"packet from {sender_name} carries changes stamped "
-            f"{(h.hlc_max >> 16) - now} ms ahead of this site's clock (limit {skew_ms} ms)")
+            f"{(h.hlc_max >> 16) - now} ms ahead of this site's clock (limit {skew_ms} ms)",
+            hint=f"the sender's clock ran fast when it wrote them, or this site's runs slow: "
+                 f"check both; changes stamped while a clock ran fast are taken once this "
+                 f"site's clock is within the limit of them ('syncpack status' at "
+                 f"{sender_name} says when); the packet was not applied")
     if h.created_ms > now + skew_ms:
         raise ClockSkewError(
             f"packet from {sender_name} says it was made {h.created_ms - now} ms in the "
