@@ -197,7 +197,7 @@ class OutboxError(ExportError):
 
 
 class MediumFullError(ExportError):
-    default_hint = "free space on the medium or use a smaller --max-size"
+    default_hint = "free space on the medium, or use a larger one; nothing was sent"
 
 
 class SparkUnavailableError(ExportError):

@@ -16,6 +16,7 @@ the same import still applied.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import json
 import os
@@ -718,6 +719,11 @@ def test_mkreplica_export_onto_a_medium_that_fills_midway(family, tmp_path, monk
             "--max-size", "64K", site=a)
     monkeypatch.setattr(packets._GuardedFile, "write", real_write)
     refused(r, "is full")
+    # all or nothing: a smaller --max-size would cut the same bytes into more files
+    assert "hint: an export writes all its packets or none" in r.err, r
+    assert "smaller --max-size" not in r.err, r
+    big = packets._os_error(OSError(errno.EFBIG, "File too large"), out)
+    assert "smaller --max-size" in big.hint, big.hint
     assert observe(a) == before
     assert not [p for p in out.rglob("*") if p.is_file()], list(out.rglob("*"))
     r = run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", out, "--create-out",
