@@ -376,7 +376,10 @@ class BatchLog:
 
     def line(self, action: str, text: str) -> None:
         text = " ".join(str(text).split())  # one line, whatever the message held
-        os.write(self.fd, f"{_now_iso()} {self.site_name} {action}: {text}\n".encode())
+        try:
+            os.write(self.fd, f"{_now_iso()} {self.site_name} {action}: {text}\n".encode())
+        except OSError as e:    # a full disk says nothing of which file: the log's
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
         os.close(self.fd)

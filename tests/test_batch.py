@@ -528,6 +528,17 @@ def test_unwritable_log_is_a_config_error(family):
     assert r.code == 1 and "log: cannot append to /no/such/dir/x.log" in r.err, r
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_log_on_a_full_disk_is_named_in_the_error(family):
+    """Every write to /dev/full fails as a full disk does: the error named no file."""
+    family.init("boston")
+    cfg = write_config(family.root / "etc" / "b.toml",
+                       f'site = "{family.path("boston")}"\nlog = "/dev/full"\n[scrub]\n')
+    r = run("batch", cfg)
+    assert r.code == 1 and "error: No space left on device: /dev/full" in r.err, r
+    assert "Traceback" not in r.err and "hint: free space" in r.err, r
+
+
 def test_parse_duration():
     assert batch.parse_duration_ms(90) == 90_000
     assert batch.parse_duration_ms("15m") == 900_000
