@@ -156,3 +156,26 @@ def test_pieces_left_waiting_by_a_damaged_one_go_once_their_block_came_again(fam
     assert family.digest("a") == family.digest("b")
     st = run("status", site=family.path("b"), json_mode=True).json
     assert st["parked"] == [], st["parked"]
+
+
+def test_an_export_removes_the_temporary_files_a_killed_export_left(family):
+    """A kill between a packet's write and its rename leaves a hidden temporary file in the
+    sender's own directory of the medium; nothing removed it, round after round."""
+    from syncpack.exchange import packets
+    a = family.init("a")
+    family.add("b", via="a")
+    out = family.root / "usb"
+    family.put("a", "t", "k1", 1)
+    assert run("export", "--to", "b", "--out", out, "--create-out", site=a).code == 0
+    mine = packets.packet_dir(out, "a", "b")
+    left = mine / ".0000000009-0000.spk.0badf00d.tmp"
+    left.write_bytes(b"half a packet")
+    foreign = out / "b" / "c"
+    foreign.mkdir(parents=True)
+    (foreign / ".0000000001-0000.spk.12345678.tmp").write_bytes(b"another sender's")
+    family.put("a", "t", "k2", 2)
+    assert run("export", "--to", "b", "--out", out, site=a).code == 0
+    assert not left.exists()
+    assert (foreign / ".0000000001-0000.spk.12345678.tmp").exists()    # not ours: left
+    assert run("import", out, site=family.path("b")).code == 0
+    assert family.digest("b") == family.digest("a")

@@ -553,6 +553,11 @@ def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
             # A file where a directory should be (OUT itself, or OUT/<to>/<from>) is a typed
             # export error naming the directory, like any other failure to write there.
             directory.mkdir(parents=True, exist_ok=True)
+            if part == 0:
+                # Only this sender writes here, under its site lock: a temporary file here
+                # is what an export killed before its rename left, which nothing else removes.
+                for left in directory.glob(f".*{PACKET_SUFFIX}.*.tmp"):
+                    left.unlink(missing_ok=True)
             f = open(tmp, "wb")
         except OSError as e:
             raise _os_error(e, directory) from None
