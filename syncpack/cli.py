@@ -830,6 +830,9 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
         raise click.UsageError("--staging is used by --engine spark only")
     s = obj.open()
     sync.select_peers(s, list(to), all_peers)      # a bad name before the medium is touched
+    if engine == "spark":
+        from syncpack.engine import spark_job
+        spark_job.check_master(spark_master)
     _outbox(out, create_out)
     obj.on_interrupt_of_one_commit(
         s, "packets of this run were written and recorded as sent before the interrupt "
@@ -844,7 +847,6 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     failed: list[SyncpackError] = []
     with obj.progress("export") as tick:
         if engine == "spark":
-            from syncpack.engine import spark_job
             pkts = spark_job.export_spark(s, out, list(to), all_peers, max_size,
                                              master=spark_master, log_dir=log_dir,
                                              staging=staging, progress=tick,

@@ -404,6 +404,20 @@ def test_a_cluster_master_without_staging_is_refused_before_spark_starts(family,
         spark_job.export_spark(s, tmp_path, all_peers=True, master="spark://nowhere:7077")
 
 
+@pytest.mark.parametrize("master", ["bogus", "local[x]", "spark://", "localhost:7077"])
+def test_a_mistyped_master_is_a_usage_error_before_spark_starts(family, tmp_path, master):
+    """'bogus' was taken for a cluster and asked for --staging; 'local[x]' started Spark and
+    failed with a Py4J line whose cause was only in Spark's log."""
+    family.init("hub")
+    family.add("p1", via="hub")
+    out = tmp_path / "usb"
+    r = run("export", "--all", "--out", out, "--create-out", "--engine", "spark",
+            "--spark-master", master, site=family.path("hub"))
+    assert r.code == 2 and "is not a Spark master URL" in r.err, r
+    assert "hint: local[*], local[N], spark://HOST:PORT" in r.err, r
+    assert not out.exists()
+
+
 # --- below the floor ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,7 @@ to a temporary directory, a cluster master needs one named.
 from __future__ import annotations
 
 import os
+import re
 import pickle
 import resource
 import shutil
@@ -82,8 +83,8 @@ from syncpack import errors
 from syncpack.engine import parquet_log
 from syncpack.store import chain, exports
 from syncpack.format.codec import RawBodyWriter
-from syncpack.errors import (ExportError, ScrubbedError, SparkUnavailableError, SyncpackError,
-                             UsageError, arg)
+from syncpack.errors import (ExportError, InvalidValueError, ScrubbedError,
+                             SparkUnavailableError, SyncpackError, UsageError, arg)
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MadeBody, PartInfo, \
     atomic_opener, build_update_packets, finish_planned_packets, packet_dir, packet_name, \
     plan_packets, sealer_for
@@ -451,6 +452,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
     put the bodies (a path or URI every executor can write and this process can read; by
     default a temporary directory here, which only a local master can use).  ``stats``, when
     given, is filled with timings and per-task figures."""
+    check_master(master)
     if staging is None and master and not master.startswith("local"):
         # said before the planning and the session's start (a minute, against a master
         # that does not answer); under spark-submit the master is known only once started
@@ -545,6 +547,21 @@ def _remove_outputs(out: Path, sender: str, plans: list[PeerPlan]) -> None:
         if d.is_dir():
             for f in d.glob(f"{plan.template.seq:010d}-*{PACKET_SUFFIX}"):
                 f.unlink(missing_ok=True)
+
+
+# The master URLs Spark knows (its SparkContext refuses others only once started, in a line
+# of its own log): local, local[N], local[*], local[N,F], local[*,F], local-cluster[N,C,M],
+# and the cluster managers' schemes.
+_MASTER_URL = re.compile(r"local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn|"
+                         r"(spark|k8s|mesos)://\S+")
+
+
+def check_master(master: str | None) -> None:
+    """Refuse what Spark would refuse only once started (or take for a cluster's name)."""
+    if master and not _MASTER_URL.fullmatch(master):
+        raise InvalidValueError(f"--spark-master {master!r} is not a Spark master URL",
+                                hint="local[*], local[N], spark://HOST:PORT, yarn, k8s://URL "
+                                     "or mesos://URL (docs/cluster.md)")
 
 
 def _staging_needed() -> UsageError:
