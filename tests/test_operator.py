@@ -577,3 +577,27 @@ def test_a_site_whose_clock_ran_fast_is_told_until_when_its_packets_are_refused(
     assert r.code == 1 and "stamped" in r.err and "'syncpack status' at a says when" in r.err, r
     calm = run("status", site=b, json_mode=True).json
     assert calm["stamps_ahead_ms"] < day and calm["refused_until_ms"] is None, calm
+
+
+def test_a_spoke_shows_another_spoke_it_never_exchanges_with_as_caught_up(family):
+    """Spokes of a hub exchange no media with each other: north showed east lagging for ever
+    ('not known to hold'), while scrub at north trimmed by east's own signed acknowledgement,
+    relayed by the hub.  The lag now counts that acknowledgement too."""
+    family.init("hub")
+    north = family.add("north", via="hub")
+    family.add("east", via="hub")
+    for i in range(3):
+        family.put("north", "t", f"n{i}", i)
+        family.put("east", "t", f"e{i}", i)
+    for r in range(4):
+        family.put("hub", "t", f"h{r}", r)     # the hub's packets carry the relayed acks
+        for spoke in ("north", "east"):
+            family.sync(spoke, "hub")
+            family.sync("hub", spoke)
+    assert family.digest("north") == family.digest("east")
+    family.sync("east", "hub")                  # east's word: it holds everything so far
+    family.put("hub", "t", "last", 1)           # ... but this, which carries that word on
+    family.sync("hub", "north")
+    peers = run("status", site=north, json_mode=True).json["peers"]
+    assert peers["east"]["lag_ops"] == 1, peers
+    assert peers["east"]["last_received_ms"] is None      # true: never directly

@@ -24,7 +24,8 @@ from syncpack.errors import (InvalidValueError, PacketError, SyncpackError,
                              UsageError)
 from syncpack.site import TABLES, Site, wall_ms
 from syncpack.admin.conflicts import count_conflicts
-from syncpack.exchange.links import believed, link, matrix, ranges_from_blob
+from syncpack.exchange.links import (acknowledgements, believed, link, matrix,
+                                     ranges_from_blob)
 from syncpack.exchange.verify import (DEFAULT_SKEW_MS, find_packet_files, open_packet,
                                       printable, signature_state)
 from syncpack.progress import expect
@@ -106,11 +107,16 @@ def status(site: Site) -> dict:
     attach_core.sync_app(site, wait=False)     # an attached application's changes count too
     vec = site.vector()
     received, sent_at = _last_packet_times(site)
+    # A peer we exchange no media with (a spoke behind a hub) is known only by its own signed
+    # acknowledgements, relayed: what scrub trims by, so the lag shown agrees with it.
+    signed = {m: v for m, (_created, v, _sig) in acknowledgements(site).items()}
     peers = {}
     for m in sorted(site.members_by_id().values(), key=lambda m: m.name):
         if m.site_id == site.site_id:
             continue
         bel, reported = believed(site, m.site_id)
+        own = signed.get(m.site_id, {})
+        bel, reported = planning.merge_max(bel, own), planning.merge_max(reported, own)
         sent, acked = matrix(site, m.site_id)
         lk = link(site, m.site_id)
         peers[m.name] = {

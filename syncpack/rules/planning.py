@@ -64,6 +64,11 @@ def gaps(ranges: Mapping[bytes, tuple[int, int]], vector: Vector) -> Ranges:
     return out
 
 
+def merge_max(a: Vector, b: Vector) -> dict[bytes, int]:
+    """Per origin, the more of two vectors: what either says is held."""
+    return {o: max(a.get(o, 0), b.get(o, 0)) for o in a.keys() | b.keys()}
+
+
 def lag(vector: Vector, believed: Vector, peer: bytes, peer_reported: Vector) -> int:
     """How many ops we hold that the peer (as far as we know) lacks."""
     total = 0
