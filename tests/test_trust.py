@@ -627,11 +627,17 @@ def test_a_resync_snapshot_claiming_more_of_another_origin_than_it_signed_is_ref
     raw = genuine.read_bytes()
     c = site_id(family, "C")
 
+    key = sign_key(family.path("A"))
+
     def claims_more(h):
         ci = h["origins"].index(c)
         h["vector"] = [[i, e + 5 if i == ci else e] for i, e in h["vector"]]
         h["acks"] = [a for a in h.get("acks", []) if a[0] != ci]
-    bad = write(tmp_path, "claims.spk", rebuild(raw, sign_key(family.path("A")), claims_more))
+        for a in h["acks"]:             # A's own word on its new vector, signed again
+            if a[2] is None:
+                vec = {h["origins"][i]: e for i, e in h["vector"] if e}
+                a[3] = key.sign(codec.ack_signed_bytes(h["family"], h["from"], a[1], vec))
+    bad = write(tmp_path, "claims.spk", rebuild(raw, key, claims_more))
     err = refused(family, "B", bad, tmp_path)
     assert "more than C ever signed it holds" in err, err
     r = run("import", genuine, site=family.path("B"))
@@ -694,3 +700,59 @@ def test_a_seeding_snapshot_with_a_middle_part_marked_last_is_refused(family, tm
     one_error(r)
     assert "hint: ask the sender for a new snapshot" in r.err, r
     assert run("mkreplica", "import", out, site=n).code == 0
+
+
+def _resigned_claim(h, key, origin: bytes, more: int, drop_acks_of: set[bytes]) -> None:
+    """A lying sender's edit: claim ``more`` epochs of ``origin``, leave out the listed
+    members' acknowledgements, and sign its own acknowledgement again over the new vector."""
+    if origin not in h["origins"]:
+        h["origins"].append(origin)
+        h["vector"].append([len(h["origins"]) - 1, 0])
+    oi = h["origins"].index(origin)
+    h["vector"] = [[i, e + more if i == oi else e] for i, e in h["vector"]]
+    h.pop("tip", None)
+    h["acks"] = [a for a in h.get("acks", []) if h["origins"][a[0]] not in drop_acks_of]
+    for a in h["acks"]:
+        if a[2] is None:
+            vec = {h["origins"][i]: e for i, e in h["vector"] if e}
+            a[3] = key.sign(codec.ack_signed_bytes(h["family"], h["from"], a[1], vec))
+
+
+def test_a_resync_snapshot_claiming_more_of_the_receivers_own_history_is_refused(family,
+                                                                                 tmp_path):
+    """The receiver's own origin was exempt: B believed it held 50 more of its own epochs,
+    its next write took an epoch nobody would ever ask for, and the family split silently."""
+    three(family)
+    out = family.medium()
+    assert run("resync", "--to", "B", "--out", out, site=family.path("A")).code == 0
+    raw = _one_snapshot(out).read_bytes()
+    b, key = site_id(family, "B"), sign_key(family.path("A"))
+    bad = write(tmp_path, "own.spk", rebuild(
+        raw, key, lambda h: _resigned_claim(h, key, b, 50, {b})))
+    err = refused(family, "B", bad, tmp_path)
+    assert "more than B ever signed it holds" in err, err
+
+
+def test_a_forged_acknowledgement_of_a_member_the_receiver_does_not_know_proves_nothing(
+        family, tmp_path):
+    """An acknowledgement of a member B had not heard of was passed over by the verifier but
+    counted as proof, and stored: B then believed any claim about that member."""
+    three(family)
+    x = tmp_path / "X"
+    assert run("keygen", x, "--site", "X").code == 0
+    assert run("mkreplica", "export", "--site", "X", "--pubkey", x / "keys" / "site.pub",
+               "--out", family.medium(), site=family.path("A")).code == 0
+    out = family.medium()
+    assert run("resync", "--to", "B", "--out", out, site=family.path("A")).code == 0
+    raw = _one_snapshot(out).read_bytes()
+    key = sign_key(family.path("A"))
+    with Site.open(x, require_joined=False) as sx:
+        xid = sx.site_id
+
+    def forged(h):
+        _resigned_claim(h, key, xid, 1000, set())
+        xi = h["origins"].index(xid)
+        h["acks"].append([xi, h["created"], [[xi, 1000]], bytes(64)])
+    bad = write(tmp_path, "forged-ack.spk", rebuild(raw, key, forged))
+    err = refused(family, "B", bad, tmp_path)
+    assert "acknowledgement of X" in err and "does not verify" in err, err

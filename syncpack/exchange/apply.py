@@ -100,7 +100,9 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
         # (lost, or still on its way): our vector may never have reached it; answer once more.
         # Idle senders do not ask, so sites that export before they import fall quiet.
         stored.forget_told(conn, peer)
-    store_acknowledgements(site, resolved_acks(h))
+    # only acknowledgements the verifier checked: a member we do not know yet is passed over
+    known = site.members_by_id(include_retired=True)
+    store_acknowledgements(site, [a for a in resolved_acks(h) if a[0] in known])
     forks.learn(site, h)
     recovery.note_report(site, h, applied)
 
@@ -882,19 +884,22 @@ def _check_own_history(site: Site, h: Header) -> None:
             f"the snapshot would discard those writes; nothing was changed")
 
 
-def _check_claims(site: Site, h: Header) -> None:
-    """Refuse a re-seed that claims more of another origin than that origin ever signed it
-    holds: believed, it would stop this site from ever asking for those ops, and no later
-    snapshot could lower it again (``planning.unproven_claim``)."""
+def _check_claims(site: Site, h: Header, held: dict[bytes, int]) -> None:
+    """Refuse a re-seed that claims more of another origin, or of this site's own, than that
+    origin ever signed it holds: believed, it would stop this site from ever asking for those
+    ops (or issuing its own), and no later snapshot could lower it again
+    (``planning.unproven_claim``).  Called once the snapshot's roster is read, so every
+    acknowledgement it carries is checked with its member's key first."""
+    verify_acks(site, h, site.name_of(h.sender))
     proven = stored.own_epochs(site.conn)
-    for m, _created, vec, _sig in resolved_acks(h):     # each verified with its member's key
+    for m, _created, vec, _sig in resolved_acks(h):
         proven[m] = max(proven.get(m, 0), vec.get(m, 0))
-    o = planning.unproven_claim(h.vector, site.vector(), proven, {h.sender, site.site_id})
+    o = planning.unproven_claim(h.vector, held, proven, {h.sender})
     if o is not None:
         sender, name = site.name_of(h.sender), site.name_of(o)
         raise PacketBodyError(
             f"snapshot from {sender} claims epoch {h.vector[o]} of {name}, more than {name} "
-            f"ever signed it holds ({max(proven.get(o, 0), site.vector().get(o, 0))}); "
+            f"ever signed it holds ({max(proven.get(o, 0), held.get(o, 0))}); "
             f"nothing was changed",
             hint=f"the snapshot is forged, or {sender} lacks {name}'s acknowledgement: make it "
                  f"again after {name}'s packets reached {sender}, or at another member")
@@ -934,9 +939,9 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
     try:
         # (a re-seed: keys of attached tables that come back as they were are no news)
         with site.write_txn(), nullcontext() if seeding else attached.replaced_whole(c):
+            held = site.vector()
             if not seeding:
                 _check_own_history(site, first)
-                _check_claims(site, first)
             behind = planning.snapshot_rollback(snap, site.vector(), site.floors())
             if behind is not None:
                 raise PacketBodyError(
@@ -999,9 +1004,11 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
             site.invalidate()
             _check_roster(site, first)
             if seeding:
-                # what each origin signed it holds, so this site can prove what it re-seeds
                 verify_acks(site, first, site.name_of(first.sender))
-                store_acknowledgements(site, resolved_acks(first))
+            else:
+                _check_claims(site, first, held)
+            # what each origin signed it holds, so this site can prove what it re-seeds
+            store_acknowledgements(site, resolved_acks(first))
             _check_members(site, [o for o, e in snap.items() if e], "snapshot")
             for op in kept:
                 site.apply_version(op, op.csn)

@@ -59,8 +59,12 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
                                                       fields.newest_history_csn(conn)) if c))
     # Each origin's own signed word that it holds what the vector claims of it: a member
     # re-seeded by this snapshot believes the claim only that far (planning.unproven_claim).
-    acks = [(o, *own) for o in sorted(vec) if o not in (site.site_id, recipient)
-            and (own := stored.own_acknowledgement(conn, o)) is not None]
+    # Ours comes first, signed now over the vector (a site seeded by this snapshot proves with
+    # it what it later re-seeds of us); the recipient's own is the proof of its own history.
+    acks = [(site.site_id, now, None,
+             sign(codec.ack_signed_bytes(site.family_id, site.site_id, now, vec)))]
+    acks += [(o, *own) for o in sorted(set(vec) | {recipient}) if o != site.site_id
+             and (own := stored.own_acknowledgement(conn, o)) is not None]
     tmpl = Header(kind=codec.KIND_SNAPSHOT, family=site.family_id, sender=site.site_id,
                   recipient=recipient, packet_id=b"", seq=seq, part=0, final=False,
                   created_ms=now, vector=vec, roster=roster, hlc_max=hlc, acks=acks,

@@ -168,7 +168,8 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
         out.append((site.site_id, now_ms, None,
                     sign(codec.ack_signed_bytes(site.family_id, site.site_id, now_ms, own))))
     told = exports.acks_told(site.conn, peer)
-    members = site.members_by_id()
+    # retired members' too: they prove what a re-seed may claim of their ops
+    members = site.members_by_id(include_retired=True)
     own = own_acknowledgement(site, peer)
     if own is not None and own[0] > told.get(peer, 0):
         out.append((peer, *own))
