@@ -31,6 +31,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import Family, run
 from syncpack.format import codec, keys, names
 from syncpack.errors import UsageError
+from syncpack.format.csn import pack_csn
 from syncpack.site import ROSTER, Member, Site
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -196,7 +197,9 @@ def _force_roster_entry(site: Path, bad: str) -> None:
     name: written straight into the versions table, as an old import would have."""
     m = Member(bad, os.urandom(8), os.urandom(32), os.urandom(32), 0, {}, False)
     with Site.open(site) as s:
-        csn = os.urandom(16)
+        # stamped now, as the old import's op was: a random stamp could lie years ahead, and
+        # a snapshot holding it is refused for that before its names are read
+        csn = pack_csn(s.last_hlc(), m.site_id, 1)
         s.conn.execute("BEGIN IMMEDIATE")
         s.conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?)",
                        (ROSTER, bad, csn, codec.encode_value(m.to_value())))
