@@ -849,3 +849,33 @@ def test_a_refused_peers_definition_says_what_to_do_instead(three, create_sql, s
     assert r.code == 1 and said in r.err, r
     assert "hint: create the table" in r.err and "Traceback" not in r.err, r
     assert schema_text(dbs["b"]) == before
+
+
+def test_a_table_renamed_away_and_back_keeps_a_peers_edit_of_another_field(tmp_path):
+    """Under 'merge': b's application renames its table away, edits qty, and renames it back,
+    while a's edits t of the same row.  The op capture made for b's edit when the table came
+    back replaced only the versions the row showed that had arrived, not the one beneath the
+    peer's waiting edit: a's t lost to b's old value at every site (the conflict listed under
+    the wrong field)."""
+    sites = make_family(tmp_path)
+    sp(sites["a"], "collection", "create", "items", "--policy", "merge")
+    exchange(tmp_path, sites)
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    app(dbs["a"], SCHEMA, ["INSERT INTO items VALUES ('k1', 1, 'n')"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "items")
+    exchange(tmp_path, sites)
+    for n in ("b", "c"):
+        dbs[n].touch()          # the table is made from the definition that travels
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    exchange(tmp_path, sites)
+    app(dbs["b"], ["ALTER TABLE items RENAME TO items_away",
+                   "UPDATE items_away SET qty = 5 WHERE id = 'k1'"])
+    app(dbs["a"], ["UPDATE items SET t = 'm' WHERE id = 'k1'"])
+    for n in sites:         # b's capture reports its table gone; the others go on
+        run("capture", site=sites[n])
+    exchange(tmp_path, sites)
+    app(dbs["b"], ["ALTER TABLE items_away RENAME TO items"])
+    exchange(tmp_path, sites, rounds=3)
+    for n in sites:
+        assert table(dbs[n], "items") == [("k1", "text", 5, "integer", "m", "text")], n
+        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == [], n

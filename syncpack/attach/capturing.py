@@ -133,13 +133,13 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
                 u = unseen.get(key, ())
                 bk.append(key)
                 br.append(raw)
-                bv.append(b"".join(_shown(vs, u, replaced)))
+                bv.append(b"".join(shown(vs, u, replaced)))
             tx.write_columns(name, bk, br, bv)
             written += len(bk)
     return written
 
 
-def _shown(vs: list[tuple[bytes, bytes | None]], unseen: set[bytes] | tuple,
+def shown(vs: list[tuple[bytes, bytes | None]], unseen: set[bytes] | tuple,
            replaced: dict[bytes, list[bytes]]) -> list[bytes]:
     """The CSNs of the versions a row shows, which a capture of it supersedes: the key's
     surviving versions but those not yet written into the table (``unseen``: arrived, waiting

@@ -37,7 +37,7 @@ from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageErr
 from syncpack.format import codec
 from syncpack.rules.conflict import Version
 from syncpack.site import SYS_PREFIX, TABLES, Site, check_collection, wall_ms
-from syncpack.store import appdb, attached
+from syncpack.store import appdb, attached, chain
 
 
 def _path(db_path: str | os.PathLike) -> Path:
@@ -682,6 +682,7 @@ def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> i
         return 0
     current = attached.versions_for(conn, t.name, list(keys))
     unseen = attached.unseen_for(conn, t.name, list(keys))
+    replaced = chain.replaced_of_many(conn, set().union(*unseen.values()))
     batch = []
     for key, vals in keys.items():
         raw = capturing.record_of(t, appdb.fetch_row(app, t, vals))
@@ -690,7 +691,10 @@ def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> i
         seen = [c for c, _v in vs if c not in u]
         if seen and len(seen) == len(vs) and any(v == raw for c, v in vs):
             continue
-        batch.append((key, raw, seen))
+        # the row still shows what the unseen versions replaced: as a capture, the op
+        # supersedes those too, or under 'merge' a peer's concurrent edit of another field
+        # lost to the row's old value of it
+        batch.append((key, raw, capturing.shown(vs, u, replaced)))
     with site.transaction() as tx:
         attached.begin_capturing(conn)
         tx.write_many(t.name, batch)
