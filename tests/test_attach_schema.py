@@ -851,12 +851,8 @@ def test_a_refused_peers_definition_says_what_to_do_instead(three, create_sql, s
     assert schema_text(dbs["b"]) == before
 
 
-def test_a_table_renamed_away_and_back_keeps_a_peers_edit_of_another_field(tmp_path):
-    """Under 'merge': b's application renames its table away, edits qty, and renames it back,
-    while a's edits t of the same row.  The op capture made for b's edit when the table came
-    back replaced only the versions the row showed that had arrived, not the one beneath the
-    peer's waiting edit: a's t lost to b's old value at every site (the conflict listed under
-    the wrong field)."""
+def _merge_row_at_three_sites(tmp_path):
+    """Sites a, b, c with ``items`` under 'merge', one row k1 = (1, 'n') in every table."""
     sites = make_family(tmp_path)
     sp(sites["a"], "collection", "create", "items", "--policy", "merge")
     exchange(tmp_path, sites)
@@ -868,6 +864,36 @@ def test_a_table_renamed_away_and_back_keeps_a_peers_edit_of_another_field(tmp_p
         dbs[n].touch()          # the table is made from the definition that travels
         sp(sites[n], "attach", dbs[n], "--table", "items")
     exchange(tmp_path, sites)
+    return sites, dbs
+
+
+def _both_edits_everywhere(sites, dbs) -> None:
+    for n in sites:
+        assert table(dbs[n], "items") == [("k1", "text", 5, "integer", "m", "text")], n
+        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == [], n
+
+
+def test_a_table_detached_and_attached_again_keeps_a_peers_edit_of_another_field(tmp_path):
+    """b detaches its file, its application edits qty, a's edits t, and b attaches the same
+    file again: the row's op replaced only the versions it had shown that still survived, so
+    a's t, which had replaced one of them, lost to b's old value everywhere."""
+    sites, dbs = _merge_row_at_three_sites(tmp_path)
+    sp(sites["b"], "detach", dbs["b"])
+    app(dbs["b"], ["UPDATE items SET qty = 5 WHERE id = 'k1'"])
+    app(dbs["a"], ["UPDATE items SET t = 'm' WHERE id = 'k1'"])
+    exchange(tmp_path, sites)
+    sp(sites["b"], "attach", dbs["b"], "--table", "items")
+    exchange(tmp_path, sites, rounds=3)
+    _both_edits_everywhere(sites, dbs)
+
+
+def test_a_table_renamed_away_and_back_keeps_a_peers_edit_of_another_field(tmp_path):
+    """Under 'merge': b's application renames its table away, edits qty, and renames it back,
+    while a's edits t of the same row.  The op capture made for b's edit when the table came
+    back replaced only the versions the row showed that had arrived, not the one beneath the
+    peer's waiting edit: a's t lost to b's old value at every site (the conflict listed under
+    the wrong field)."""
+    sites, dbs = _merge_row_at_three_sites(tmp_path)
     app(dbs["b"], ["ALTER TABLE items RENAME TO items_away",
                    "UPDATE items_away SET qty = 5 WHERE id = 'k1'"])
     app(dbs["a"], ["UPDATE items SET t = 'm' WHERE id = 'k1'"])
@@ -876,6 +902,4 @@ def test_a_table_renamed_away_and_back_keeps_a_peers_edit_of_another_field(tmp_p
     exchange(tmp_path, sites)
     app(dbs["b"], ["ALTER TABLE items_away RENAME TO items"])
     exchange(tmp_path, sites, rounds=3)
-    for n in sites:
-        assert table(dbs[n], "items") == [("k1", "text", 5, "integer", "m", "text")], n
-        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == [], n
+    _both_edits_everywhere(sites, dbs)

@@ -329,8 +329,10 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
             if rescan:
                 replaced = [c for c, _v in vs]
             elif was is not None:
-                shown = set(split_csns(was[0]))
-                replaced = [c for c, _v in vs if c in shown]
+                # what the row showed when it was left, survivors or not: a version replaced
+                # since by a peer's edit is still what the application's change is based on
+                # (under merge, the peer's edit of another field then stands)
+                replaced = split_csns(was[0])
             else:
                 replaced = []
             if tx.seq + len(batch) >= ATTACH_TXN_OPS or size >= ATTACH_TXN_BYTES:
