@@ -114,3 +114,14 @@ def test_a_relayed_acknowledgement_survives_its_delta_encoding(header, ack):
     assert codec.apply_ack_delta({o: e for o, e in header.items() if e}, delta) == nonzero
     # only what differs travels
     assert all(header.get(o, 0) != nonzero.get(o, 0) for o in delta)
+
+
+@given(st.integers(0, 20), st.sets(st.integers(1, 40), max_size=30), st.integers(0, 40))
+def test_own_ops_are_kept_through_a_reseed_only_when_every_one_is_held(floor, held, epoch):
+    """holds_through: the changelog holds each epoch from above the floor through the one a
+    snapshot covers (keeping a history with a hole would promise ops it cannot send)."""
+    held = {e for e in held if e > floor}
+    summary = (min(held), max(held), len(held)) if held else None
+    expected = epoch > floor and all(e in held for e in range(floor + 1, epoch + 1)) and \
+        (not held or set(range(floor + 1, max(held) + 1)) == held)
+    assert planning.holds_through(floor, summary, epoch) == expected

@@ -801,3 +801,30 @@ def test_restored_site_below_every_floor_recovers_through_a_resync(family):
     assert_no_epoch_reuse(fam)
     with fam.open("C") as s:
         assert s.get("t", "b1", None) is None and s.get("t", "b9") == "fresh"
+
+
+def test_a_reseed_keeps_the_own_ops_only_the_reseeded_site_holds(family):
+    """C seeds D, then D re-seeds C before C's roster op (the one that added D) reached anyone
+    else: D holds that op only inside its snapshot, so C's changelog is the only place it
+    exists.  The re-seed kept it there; trimmed, the family lost it, and B and A could never
+    take C's later ops (each waits for the one before it), silently."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="B")
+    fam.add("D", via="C")
+    fam.put("C", "t", "c1", "before the re-seed")
+    snap = fam.medium()
+    assert run("resync", "--to", "C", "--out", snap, site=fam.path("D")).code == 0
+    cli_import(fam, "C", snap)
+    fam.put("C", "t", "c2", "after the re-seed")
+    for src, dst in (("C", "B"), ("B", "A")):
+        fam.sync(src, dst)
+    fam.full_exchange(rounds=2)
+    assert_converged(fam)
+    for name in ("A", "B", "D"):
+        with fam.open(name) as s:
+            assert s.get("t", "c1") == "before the re-seed"
+            assert s.get("t", "c2") == "after the re-seed"
+            assert "D" in s.names().values()
+    assert all(fsck_ok(fam, n) for n in ("A", "B", "C", "D"))

@@ -953,13 +953,21 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
             before = dict(site.roster()) if not seeding else {}
             # parts of a transaction still waiting for its last part stay held, not applied
             waiting = chain.incomplete(c)
-            kept = sorted((op for o, (_lo, hi, _n) in chain.held_ranges(c).items()
+            ranges = chain.held_ranges(c)
+            kept = sorted((op for o, (_lo, hi, _n) in ranges.items()
                            for op in chain.iter_ops(c, o, snap.get(o, 0),
                                                     waiting[o][0] if o in waiting else hi)),
                           key=lambda op: (op.hlc, op.origin, op.seq))
+            # Our own ops the snapshot covers stay in our changelog when we hold them all:
+            # the sender may hold them only inside a snapshot of its own, and a peer that
+            # lacks them can get them from no one but their origin.
+            own = site.site_id if not seeding and planning.holds_through(
+                site.floors().get(site.site_id, 0), ranges.get(site.site_id),
+                snap.get(site.site_id, 0)) else None
             versions.clear(c)
             for o, e in snap.items():
-                chain.trim(c, o, e)     # the snapshot holds their effect; kept ops stay
+                if o != own:
+                    chain.trim(c, o, e)     # the snapshot holds their effect; kept ops stay
             n = 0
             history: list[tuple] = []
             joiner = RecordJoiner()
@@ -992,7 +1000,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 log.record_in(c, h.sender, h.packet_id, h.seq, h.part, h.kind, h.count,
                               str(pk.path), wall_ms(), again_ok=True)
             joiner.check_closed()
-            stored.seed(c, snap)
+            stored.seed(c, {o: e for o, e in snap.items() if o != own})
             fields.insert_history(c, history)
             # Our own set-aside ops the snapshot already covers are the family's (their effect
             # is in the snapshot); only those above it may still need re-issuing.

@@ -54,6 +54,17 @@ def plan_ranges(vector: Vector, peer: bytes, believed: Vector, peer_reported: Ve
     return ranges
 
 
+def holds_through(floor: int, held: tuple[int, int, int] | None, epoch: int) -> bool:
+    """Whether a changelog holds every op of an origin from above its ``floor`` through
+    ``epoch``: ``held`` is (lowest, highest, count) of the ops it holds of that origin."""
+    if epoch <= floor:
+        return False        # nothing of it to keep
+    if held is None:
+        return False
+    lo, hi, n = held
+    return lo == floor + 1 and hi >= epoch and n == hi - lo + 1
+
+
 def gaps(ranges: Mapping[bytes, tuple[int, int]], vector: Vector) -> Ranges:
     """Epochs missing before a packet with these ranges can apply: origin -> (held, from)."""
     out: Ranges = {}
