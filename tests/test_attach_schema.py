@@ -277,6 +277,29 @@ def test_a_site_joining_later_and_an_old_release_table_follow_the_columns(three)
     converged(every, {**dbs, "d": dbd})
 
 
+def test_a_site_joining_after_a_column_was_dropped_everywhere_fills_its_table_at_once(three):
+    """The rows written before the drop still carry the column in their records; the new
+    site's table, created from the family's definition, lacks it as the others do.  Its
+    attach wrote only the rows written since (the older ones waited for the dropped column)
+    until some later command noticed the drop."""
+    root, sites, dbs = three
+    for n in sites:
+        app(dbs[n], ["ALTER TABLE items DROP COLUMN t"])
+        sp(sites[n], "attach", dbs[n], "--refresh", "--table", "items")
+    app(dbs["a"], ["INSERT INTO items VALUES ('a2', 2)"])
+    exchange(root, sites)
+    d = make_family_member(root, sites, "d")
+    dbd = root / "d.db"
+    app(dbd)
+    r = sp(d, "attach", dbd, "--table", "items", "--table", "other", "--json")
+    assert {t["table"]: t["rows"] for t in json.loads(r.out)["tables"]} == {
+        "items": 4, "other": 3}
+    e = entry(d, "items")
+    assert e["rows"] == 4 and e["waiting"] == 0 and e["to_apply"] == 0, e
+    assert [c[0] for c in columns(dbd, "items")] == ["id", "qty"]
+    assert table(dbd, "items") == table(dbs["a"], "items")
+
+
 HOSTILE = [
     "z INTEGER; DROP TABLE other",
     "w INTEGER",                                   # another column than it says

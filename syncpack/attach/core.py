@@ -588,7 +588,8 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 out.append({"table": n, "rows": 0, "primary_key": t.pk})
             # the rows it held became this site's changes: that was its first capture
             attached.touch(conn, list(new), "last_capture_ms", wall_ms())
-        infos.update(new)
+        # with the columns the family dropped, whose values older records still carry
+        infos.update({n: schema.with_dropped(site, t) for n, t in new.items()})
         infos, grown = schema.follow(site, app, infos, [])
         done, clashes = applying.apply_pending(site, app, infos)
         capturing.forget_taken(app, site)
