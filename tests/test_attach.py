@@ -2029,10 +2029,12 @@ def test_an_edit_of_a_row_whose_peer_record_waits_merges_with_it(tmp_path):
     app(dbs["a"], ["CREATE TABLE parent(id TEXT PRIMARY KEY NOT NULL)",
                    "INSERT INTO parent VALUES ('p1')",
                    "INSERT INTO items VALUES ('k1', 1, 'x'), ('k2', 2, 'y')"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["b"], ["CREATE TABLE parent(id TEXT PRIMARY KEY NOT NULL)"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "items", "--table", "parent")
+    sp(sites["b"], "attach", dbs["b"], "--table", "items")
     exchange(tmp_path, sites, rounds=1)
-    # b has no table 'parent': it cannot add the column, and a's new k1 record waits there
+    # b keeps its table 'parent' to itself: it cannot add a column referring to it, and a's
+    # new k1 record waits there
     app(dbs["a"], ["ALTER TABLE items ADD COLUMN ref TEXT REFERENCES parent(id)",
                    "UPDATE items SET ref = 'p1' WHERE id = 'k1'"])
     exchange(tmp_path, sites, rounds=1)
@@ -2049,8 +2051,7 @@ def test_an_edit_of_a_row_whose_peer_record_waits_merges_with_it(tmp_path):
             "id": "k1", "qty": 50, "bin": "x", "ref": "p1"}, n
     # b's own table 'parent' is b's alone: the peers' column referring to it is not added
     # unasked (their rows would pin b's rows); b's release adds it, as a's did
-    app(dbs["b"], ["CREATE TABLE parent(id TEXT PRIMARY KEY NOT NULL)",
-                   "INSERT INTO parent VALUES ('p1')"])
+    app(dbs["b"], ["INSERT INTO parent VALUES ('p1')"])
     r = run("--json", "capture", site=sites["b"])
     assert "which is not attached here" in " ".join(r.json["refused"]), r
     app(dbs["b"], ["ALTER TABLE items ADD COLUMN ref TEXT REFERENCES parent(id)"])

@@ -300,6 +300,40 @@ def test_a_site_joining_after_a_column_was_dropped_everywhere_fills_its_table_at
     assert table(dbd, "items") == table(dbs["a"], "items")
 
 
+def test_a_column_the_peers_cannot_add_stops_its_table_at_the_site_that_added_it(three):
+    """A column referring to a table this site keeps to itself is one every peer refuses:
+    published, each of the site's later rows waited at every peer, and only the peers'
+    administrators were told.  The site adding it stops the table, says why, and the usual
+    roll-out and refresh carry the rows."""
+    root, sites, dbs = three
+    app(dbs["a"], ["CREATE TABLE users(id TEXT PRIMARY KEY NOT NULL, name TEXT)",
+                   "INSERT INTO users VALUES ('u1', 'ann')",
+                   "ALTER TABLE items ADD COLUMN owner TEXT REFERENCES users(id)",
+                   "INSERT INTO items VALUES ('a2', 2, 'x', 'u1')"],
+        ["INSERT INTO other VALUES ('a7', 'still replicated')"])
+    r = run("capture", site=sites["a"])
+    assert r.code == 1, r
+    assert "column owner was added with a definition the peers cannot add" in r.err
+    assert "'users', which is not attached here" in r.err and "--refresh" in r.err
+    assert "column owner" in entry(sites["a"], "items")["stopped"]
+    exchange(root, sites)
+    for n in ("b", "c"):
+        assert "owner" not in [c[0] for c in columns(dbs[n], "items")]
+        assert "a2" not in [row[0] for row in table(dbs[n], "items")]
+        assert "a7" in [row[0] for row in table(dbs[n], "other")]
+        assert run("conflicts", "items", "--json", site=sites[n]).out.count('"key"') == 0
+    # the release rolls out: every site keeps users too, attached, and accepts the column
+    for n in ("b", "c"):
+        app(dbs[n], ["CREATE TABLE users(id TEXT PRIMARY KEY NOT NULL, name TEXT)",
+                     "ALTER TABLE items ADD COLUMN owner TEXT REFERENCES users(id)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "users")
+        sp(sites[n], "attach", dbs[n], "--refresh", "--table", "items")
+    exchange(root, sites)
+    converged(sites, dbs, tables=(*TABLES_, "users"))
+    assert ("a2", "text", 2, "integer", "x", "text", "u1", "text") in table(dbs["c"], "items")
+
+
 HOSTILE = [
     "z INTEGER; DROP TABLE other",
     "w INTEGER",                                   # another column than it says

@@ -73,7 +73,8 @@ def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
     table in ``back`` was stopped for being gone from the file and is there again: it is
     reviewed like the others (the caller resumes its capture if it is live)."""
     recorded = attached.shapes(site.conn)
-    defs_sql = {n: d["create_sql"] for n, d in attached.tables(site.conn).items()}
+    attached_here = attached.tables(site.conn)
+    defs_sql = {n: d["create_sql"] for n, d in attached_here.items()}
     live: dict[str, appdb.TableInfo] = {}
     back = set(back)
     for name, t0 in infos.items():
@@ -86,6 +87,12 @@ def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
             live[name] = with_dropped(site, t)
             continue
         adds, problems = ([], []) if old is None else shapes.compare(old, new)
+        ops = _new_ops(site, app, t, adds, defs_sql.get(name, "")) if not problems else []
+        # A column the peers would refuse to add: its rows would wait at every peer, and
+        # only the peers' administrators would be told.
+        problems += [f"column {op['column']} was added with a definition the peers cannot "
+                     f"add ({op['def'][:200]!r}): {why}" for op in ops
+                     if (why := appdb.column_refusal(op["def"], name, attached_here))]
         if len(t.columns) > appdb.MAX_COLUMNS:
             # attach refuses such a table; peers would refuse its definition, and its rows
             # would wait there for good
@@ -95,7 +102,7 @@ def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
                 attached.set_stopped(conn, name, f"capture of table {name} stopped: "
                                                  + "; ".join(problems))
             continue
-        _publish(site, app, t, adds, defs_sql.get(name, ""), new)
+        _publish(site, t, ops, new)
         live[name] = with_dropped(site, t)
     return live
 
@@ -105,10 +112,12 @@ def too_wide(t: appdb.TableInfo) -> str:
             f"{appdb.MAX_COLUMNS} an attached table may have")
 
 
-def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[str],
-             old_sql: str, new_shape: dict) -> None:
-    """Record ``t``'s new shape and, for columns the family does not have yet, publish them as
-    schema ops, in one store transaction (ahead of the rows the next capture writes)."""
+def _new_ops(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[str],
+             old_sql: str) -> list[dict]:
+    """The schema ops of the columns ``adds`` of ``t`` the family does not have yet, each
+    with its definition as the application wrote it."""
+    if not adds:
+        return []
     prev = definitions(site, t.name)
     known = {op["column"] for op in shapes.ops_of(prev)}
     family_cols = shapes.columns_of(prev)
@@ -127,9 +136,16 @@ def _publish(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[s
         if text is None or not shapes.defines(text, c):
             text = appdb.column_sql(app, t.name, c)
         ops.append({"column": c, "def": text})
+    return ops
+
+
+def _publish(site: Site, t: appdb.TableInfo, ops: list[dict], new_shape: dict) -> None:
+    """Record ``t``'s new shape and publish ``ops`` (:func:`_new_ops`), in one store
+    transaction (ahead of the rows the next capture writes)."""
     with site.transaction() as tx:
         if ops:
-            tx.write_raw(TABLES, t.name, codec.encode_value(definition(t, prev, ops)))
+            tx.write_raw(TABLES, t.name,
+                         codec.encode_value(definition(t, definitions(site, t.name), ops)))
         attached.set_shape(site.conn, t.name, new_shape, t.columns, t.pk, t.create_sql)
 
 

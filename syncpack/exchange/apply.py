@@ -1000,7 +1000,7 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
                 log.record_in(c, h.sender, h.packet_id, h.seq, h.part, h.kind, h.count,
                               str(pk.path), wall_ms(), again_ok=True)
             joiner.check_closed()
-            stored.seed(c, {o: e for o, e in snap.items() if o != own})
+            stored.seed(c, snap, kept=own)
             fields.insert_history(c, history)
             # Our own set-aside ops the snapshot already covers are the family's (their effect
             # is in the snapshot); only those above it may still need re-issuing.

@@ -1934,7 +1934,7 @@ def add_column(conn: Connection, table: str, column: str, definition: str,
     must add exactly that column to exactly that table and change nothing else (checked
     after running it inside a savepoint, rolled back otherwise).  Returns why it was
     refused, or None."""
-    why = _too_long(definition) or _column_alone(definition, table, replicated)
+    why = column_refusal(definition, table, replicated)
     if why:
         return (f"the peers' definition of column {column} of table {table} "
                 f"({definition[:200]!r}) was refused: {why}")
@@ -1971,6 +1971,13 @@ def add_column(conn: Connection, table: str, column: str, definition: str,
     conn.execute("RELEASE syncpack_schema")
     return None if why is None else (f"the peers' definition of column {column} of table "
                                      f"{table} ({definition!r}) was refused: {why}")
+
+
+def column_refusal(definition: str, table: str, replicated: Collection[str]) -> str | None:
+    """Why a site would refuse to add ``definition`` (one column's text) to its ``table`` as
+    a peer's schema op, judged from the text alone (what :func:`add_column` checks first; the
+    site adding the column checks it too, before it publishes it), or None."""
+    return _too_long(definition) or _column_alone(definition, table, replicated)
 
 
 def _column_alone(definition: str, table: str, replicated: Collection[str]) -> str | None:

@@ -76,12 +76,23 @@ def set_floor(conn, origin: bytes, floor: int) -> None:
     conn.execute("UPDATE vector SET floor=? WHERE origin=?", (floor, origin))
 
 
-def seed(conn, snap: dict[bytes, int]) -> None:
-    """A snapshot's vector: held, and the floor (its ops never were in our changelog)."""
+def seed(conn, snap: dict[bytes, int], kept: bytes | None = None) -> None:
+    """A snapshot's vector: held, and the floor (its ops never were in our changelog).  The
+    origin ``kept`` keeps its floor: its ops the snapshot covers stay in our changelog (a
+    re-seeded site's own), so only ``seeded`` says that the records hold their effect."""
     conn.executemany("INSERT INTO vector(origin, epoch, floor, seeded) VALUES (?, ?, ?, ?) "
                      "ON CONFLICT(origin) DO UPDATE SET epoch=max(epoch, excluded.epoch), "
                      "floor=excluded.floor, seeded=excluded.seeded",
-                     [(o, e, e, e) for o, e in snap.items()])
+                     [(o, e, e, e) for o, e in snap.items() if o != kept])
+    if kept in snap:
+        conn.execute("UPDATE vector SET epoch=max(epoch, ?1), seeded=?1 WHERE origin=?2",
+                     (snap[kept], kept))
+
+
+def covered(conn) -> dict[bytes, int]:
+    """Per origin, the highest epoch whose effect the records hold without a replay of our
+    changelog: trimmed, or received inside a snapshot (the larger of floor and seeded)."""
+    return {o: max(f, s) for o, f, s in conn.execute("SELECT origin, floor, seeded FROM vector")}
 
 
 # --- the matrix --------------------------------------------------------------------------------
