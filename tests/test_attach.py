@@ -1441,7 +1441,7 @@ def test_every_value_sqlite_would_convert_is_found(vals, affinity):
     records = [{"c": v} for v in vals]
     stored = appdb.as_stored({"c": affinity}, records)
     converted = {i for i, (r, s) in enumerate(zip(records, stored))
-                 if type(s["c"]) is not type(r["c"]) or s["c"] != r["c"]}
+                 if not rows.same_value(s["c"], r["c"])}       # -0.0 is not 0.0
     assert converted <= set(rows.maybe_converted(records, {"c": affinity}))
     assert set(writer.conversions({"c": affinity}, records)) == converted
 
@@ -1469,6 +1469,43 @@ def test_a_value_the_local_column_would_convert_is_a_conflict_not_a_silent_chang
     sp(sites["b"], "fsck")
     sp(sites["b"], "conflicts", "resolve", "items", "n2", "--value", '{"id": "n2", "i": 7}')
     assert ("n2", "text", 7, "integer") in [r[:4] for r in table(db, "items")]
+
+
+def test_a_record_whose_key_sqlite_takes_for_another_keys_row_is_a_conflict(tmp_path):
+    """SQLite compares -0.0 equal to 0.0, and in a key column of no declared type 1.0 equal
+    to 1: a lying member's record keyed -0.0 (or 1.0), consistent with its own key, was
+    upserted onto the row of key 0.0 (or 1), which then held the liar's values while the
+    store still showed the honest record, and no conflict was listed.  So was a -0.0 in a
+    REAL column, stored as 0.0 there.  An honest -0.0 key, in a column that keeps it,
+    still replicates."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n, db in dbs.items():
+        app(db, ["CREATE TABLE r(id REAL PRIMARY KEY NOT NULL, v TEXT)",
+                 "CREATE TABLE u(id PRIMARY KEY NOT NULL, v TEXT)",
+                 "CREATE TABLE m(id TEXT PRIMARY KEY NOT NULL, x REAL)"])
+    app(dbs["b"], ["INSERT INTO r VALUES (0.0, 'honest')", "INSERT INTO u VALUES (1, 'honest')",
+                   ["INSERT INTO u VALUES (?, 'honest zero')", [-0.0]]])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "r", "--table", "u", "--table", "m")
+    exchange(tmp_path, sites, rounds=1)
+    assert table(dbs["a"], "u") == table(dbs["b"], "u")
+    assert json.loads(sp(sites["a"], "--json", "get", "u", rows.encode_key((-0.0,))).out)[
+        "value"] == {"id": -0.0, "v": "honest zero"}
+    honest = {n: {t: table(dbs[n], t) for t in ("r", "u")} for n in sites}
+    lies = {"r": (-0.0, {"id": -0.0, "v": "liar"}), "u": (1.0, {"id": 1.0, "v": "liar"}),
+            "m": ("z", {"id": "z", "x": -0.0})}
+    with Site.open(sites["a"]) as s, s.transaction() as tx:
+        for t, (k, v) in lies.items():
+            tx.write_raw(t, rows.encode_key((k,)), codec.encode_value(v))
+    exchange(tmp_path, sites, rounds=1)
+    assert {t: table(dbs["b"], t) for t in ("r", "u")} == honest["b"]
+    assert table(dbs["b"], "m") == []
+    clashes = {c["collection"]: c["constraint"]
+               for c in run("--json", "conflicts", site=sites["b"]).json["conflicts"]}
+    assert sorted(clashes) == ["m", "r", "u"], clashes
+    assert "finds the row of key" in clashes["u"] and "would be stored as 0.0" in clashes["m"]
+    sp(sites["b"], "fsck")
 
 
 @given(st.lists(st.tuples(st.one_of(st.text(max_size=4), st.integers(-5, 5)),

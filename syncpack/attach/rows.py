@@ -14,7 +14,7 @@ with bytes as ``{"hex": "..."}`` and floats in their exact repr.
 from __future__ import annotations
 
 import json
-from math import isnan
+from math import copysign, isnan
 from itertools import chain, islice
 from operator import itemgetter, methodcaller
 from typing import Any, Callable, Iterable
@@ -228,24 +228,50 @@ def maybe_converted(records: list, affinity: dict[str, str]) -> list[int]:
         as_is = _AS_IS.get(aff, _AS_IS["BLOB"])
         kinds = set(map(type, vals))
         whole_converts = aff in ("INTEGER", "NUMERIC")
+        # a REAL column keeps -0.0 as 0.0 (as a whole number), an untyped one keeps it
+        signs_lost = aff == "REAL"
         if kinds <= as_is:
             if float not in kinds:
                 continue
             floats = vals if len(kinds) == 1 else [v for v in vals if v.__class__ is float]
             if not any(map(isnan, floats)) and not (
-                    whole_converts and any(map(float.is_integer, floats))):
+                    whole_converts and any(map(float.is_integer, floats))) and not (
+                    signs_lost and 0.0 in floats and any(map(is_negative_zero, floats))):
                 continue        # a REAL column's floats, none of them NaN: the common case
         for i, v in enumerate(vals):
             kind = type(v)
-            if kind not in as_is or kind is float and (v != v or whole_converts and
-                                                        v.is_integer()):
+            if kind not in as_is or kind is float and (
+                    v != v or whole_converts and v.is_integer()
+                    or signs_lost and is_negative_zero(v)):
                 out.add(i)
     return sorted(out)
 
 
+def is_negative_zero(v: float) -> bool:
+    """-0.0, which compares equal to 0.0 (in Python and in SQLite) but is another value."""
+    return v == 0.0 and copysign(1.0, v) < 0
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two values SQLite returns or binds are the same: the same type and equal, and
+    a float's sign too (-0.0 == 0.0)."""
+    return type(a) is type(b) and a == b and (type(a) is not float or
+                                              copysign(1.0, a) == copysign(1.0, b))
+
+
+def may_alias(vals: tuple, affinities: list[str]) -> bool:
+    """Whether SQLite may find another key's row by these key values: a float (1.0 finds
+    the INTEGER 1, -0.0 finds 0.0), or an integer in a column of no declared type (1 finds
+    the REAL 1.0 there).  Text under the key's BINARY collation finds only itself."""
+    return any(type(v) is float or type(v) is int and a == "BLOB"
+               for v, a in zip(vals, affinities))
+
+
 def typed(row: dict) -> dict:
-    """A row with each value tagged by its Python type, for exact comparison (1 != 1.0)."""
-    return {k: (type(v).__name__, v) for k, v in row.items()}
+    """A row with each value tagged by its Python type, for exact comparison (1 != 1.0), and
+    a float by its sign as well (-0.0 != 0.0)."""
+    return {k: (type(v).__name__, v, copysign(1.0, v) if type(v) is float else 0)
+            for k, v in row.items()}
 
 
 def same_row(record: Any, row: dict, defaults: dict | None = None) -> bool:

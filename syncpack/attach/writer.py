@@ -65,6 +65,12 @@ def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: lis
                           f"stored as {stored!r}")
         at = [i for j, i in enumerate(at) if j not in converted]
         values = [v for j, v in enumerate(values) if j not in converted]
+    aliased = aliases(w, [keys[i] for i in at], values)
+    if aliased:
+        for j, text in aliased.items():
+            why[at[j]] = text
+        at = [i for j, i in enumerate(at) if j not in aliased]
+        values = [v for j, v in enumerate(values) if j not in aliased]
     if not values:
         return why
     name = w.t.name
@@ -96,9 +102,31 @@ def conversions(affinity: dict[str, str], records: list[dict]
     out = {}
     for i, row, stored in zip(at, given, appdb.as_stored(affinity, given)):
         for c, v in row.items():
-            if type(stored[c]) is not type(v) or stored[c] != v:
+            if not rows.same_value(stored[c], v):
                 out[i] = (c, v, stored[c])
                 break
+    return out
+
+
+def aliases(w: appdb.Writer, keys: list[str], records: list[dict]) -> dict[int, str]:
+    """By position, the records (each of its key ``keys``) whose key values SQLite would
+    match to the row of another record key: written, the upsert would change that key's
+    row (-0.0 finds 0.0; in a column of no declared type, 1.0 finds 1).  A record whose key
+    spells no row here is looked up only when its key could alias (rows.may_alias)."""
+    t = w.t
+    aff = [t.affinity.get(c, "BLOB") for c in t.pk]
+    out = {}
+    for j, (key, r) in enumerate(zip(keys, records)):
+        vals = tuple(r.get(c) for c in t.pk)
+        if not rows.may_alias(vals, aff):
+            continue
+        held = appdb.held_key(w.conn, t, vals)
+        if held is None:
+            continue
+        spelt = rows.encode_key(tuple(held), len(t.pk) == 1)
+        if spelt != key:
+            out[j] = (f"its key finds the row of key {spelt} here (SQLite compares the two "
+                      f"keys equal); written, it would change that row")
     return out
 
 
