@@ -525,6 +525,33 @@ def test_a_unique_index_on_the_key_under_another_collation_clashes_as_a_conflict
     assert table(dbs["a"], "users") == table(dbs["b"], "users") == []
 
 
+@pytest.mark.parametrize("name", ["_syncpack_mine", "\x01items", "$items"])
+def test_a_reserved_table_name_is_refused_at_attach_and_from_a_peer(tmp_path, name):
+    """A name syncpack uses in the file (its own tables, the change table's notes of keys a
+    REPLACE may have removed, which start with \x01 and the table's name) or in the store
+    cannot be attached, by an administrator or from a peer's definition."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    create = f'CREATE TABLE "{name}"(id TEXT PRIMARY KEY NOT NULL, v TEXT)'
+    app(dbs["a"], [create, "CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v TEXT)"])
+    app(dbs["b"], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v TEXT)"])
+    r = run("attach", dbs["a"], "--table", name, site=sites["a"])
+    assert r.code == 1 and "is reserved" in r.err and "nothing was attached" in r.err, r
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    if not name.startswith("$"):      # a lying member's definition of it, and a row
+        with Site.open(sites["a"]) as s, s.transaction() as tx:
+            tx.write_raw("$tables", name, codec.encode_value(
+                {"create_sql": create, "pk": ["id"], "columns": ["id", "v"]}))
+            tx.write_raw(name, "k", codec.encode_value({"id": "k", "v": "x"}))
+    exchange(tmp_path, sites, rounds=1)
+    assert [t["table"] for t in run("--json", "attached", site=sites["b"]).json["tables"]] == [
+        "items"]
+    assert sqlite3.connect(dbs["b"]).execute(
+        "SELECT count(*) FROM sqlite_schema WHERE name = ?", (name,)).fetchone() == (0,)
+    sp(sites["b"], "fsck")
+
+
 def test_what_only_the_application_defines_is_refused_at_attach_and_a_clash_later(tmp_path):
     """A table whose trigger calls a function, or whose index uses a collation, that the
     application registers in its own connections cannot be written by anyone else: attach

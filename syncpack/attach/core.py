@@ -395,8 +395,9 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     """Why ``name`` cannot be attached, or None."""
     if name in current:
         return f"table {name} is already attached"
-    if name.startswith(SYS_PREFIX) or name.startswith("_syncpack_") \
-            or name.startswith("sqlite_"):
+    # (a name starting with appdb.MAYBE would read as another table's notes in the change
+    # table, which marks the keys a REPLACE may have removed that way)
+    if name.startswith((SYS_PREFIX, appdb.TRIGGER_PREFIX, "sqlite_", appdb.MAYBE)):
         return f"table name {name!r} is reserved"
     try:
         check_collection(name)      # its rows travel as the collection of its name
