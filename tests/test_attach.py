@@ -2215,6 +2215,47 @@ def test_a_table_renamed_or_dropped_stops_only_itself_and_says_so(tmp_path, chan
         assert run("fsck", site=sites["a"]).code == 0
 
 
+@pytest.mark.parametrize("stand_in", ["copy from before the attach", "another database"])
+def test_a_file_without_syncpacks_tables_in_place_of_the_attached_one_changes_nothing(
+        tmp_path, stand_in):
+    """A copy of the application's file made before the attach, put back, or another
+    database of the same tables moved into its place, holds none of syncpack's tables.  It
+    was compared with the store as a file whose tables were dropped: its rows became this
+    site's changes and every key it lacked a delete, at every site, with fsck clean.  It is
+    refused now, nothing changed anywhere, until the file is put back or detached; attached
+    again, it takes the family's rows as any table attached with rows does."""
+    sites, dbs = two_attached(tmp_path, ("items",))
+    before = tmp_path / "before.db"        # b's file as it was before the attach: empty
+    app(before, SCHEMA, *([["INSERT INTO items(id, i) VALUES ('z1', 1)"]]
+                          if stand_in == "another database" else []))
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('a{i}', {i})" for i in range(3)])
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('b0', 0)"])
+    exchange(tmp_path, sites)
+    want = table(dbs["a"], "items")
+    (tmp_path / "b.db").unlink()
+    before.rename(dbs["b"])                                  # the careless restore
+    for cmd in (("capture",), ("export", "--all", "--out", tmp_path / "out", "--create-out")):
+        r = run(*cmd, site=sites["b"])
+        assert r.code == 1 and "not the file this site attached" in r.err, r
+        assert "detach" in r.err
+    doc = run("--json", "status", site=sites["b"]).json
+    assert "not the file this site attached" in doc["attached"]["problem"]
+    r = run("fsck", site=sites["b"])
+    assert r.code == 1 and "not the file this site attached" in r.err, r
+    exchange(tmp_path, {"a": sites["a"]})
+    assert table(dbs["a"], "items") == want
+    assert [r["key"] for r in run("--json", "ls", "items", site=sites["b"]).json[
+        "records"]] == ["a0", "a1", "a2", "b0"]
+    sp(sites["b"], "detach", dbs["b"])
+    sp(sites["b"], "attach", dbs["b"], "--table", "items")
+    exchange(tmp_path, sites)
+    extra = [("z1",)] if stand_in == "another database" else []
+    assert [r[:1] for r in table(dbs["a"], "items")] == [r[:1] for r in want] + extra
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    for n in sites:
+        sp(sites[n], "fsck")
+
+
 def test_a_store_restored_behind_its_application_file_is_said_until_a_refresh(tmp_path):
     """The store restored from an older copy while the application's file stayed current:
     what the store had captured in between is in neither the store nor the change table,

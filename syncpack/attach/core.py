@@ -80,6 +80,9 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
         raise AttachError(e.message, hint=back_or_detach(path)) from None
     try:
         _refuse_other_owner(site, app, Path(path))
+        why = _not_the_file(site, app, path)
+        if why and not gone_ok:
+            raise AttachError(why, hint=_NOT_THE_FILE_HINT.format(path=arg(path)))
         infos = {}
         stopped = attached.stopped(site.conn) if stop_gone else {}
         unfinished = attached.creating(site.conn) if stop_gone else []
@@ -104,6 +107,34 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
         yield app, infos
     finally:
         app.close()
+
+
+_NOT_THE_FILE_HINT = ("put back the file this site attached (a copy of it made after the attach "
+                      "heals itself); to replicate this one instead, run 'syncpack detach {path}' "
+                      "and attach it again (its rows then join as this site's changes)")
+
+
+def _not_the_file(site: Site, app: appdb.Connection, path: str, note: bool = True
+                  ) -> str | None:
+    """Why the file at ``path`` is not the one this site attached, or None.  A file once seen
+    holding syncpack's tables and now without any is another database put in its place, or
+    a copy made before the attach: compared with the store as a file whose tables were
+    dropped, its rows would become this site's changes and every key it lacks a delete, at
+    every site.  (Before it is first seen so, a file without them is one whose attach was
+    interrupted before the file's commit: that is healed.)"""
+    with appdb.read_txn(app):
+        ours = appdb.has_syncpack_tables(app)
+        owner = appdb.owner(app)
+    seen = attached.file_seen(site.conn, path)
+    if not ours and seen:
+        return (f"{path} holds none of the tables syncpack keeps in the attached file: it is "
+                f"not the file this site attached (another database put in its place, or a "
+                f"copy of it made before the attach); nothing was captured from it or written "
+                f"into it")
+    if note and not seen and owner is not None and owner[0] == site.site_id:
+        with site.write_txn() as conn:
+            attached.note_file_seen(conn, path)
+    return None
 
 
 def _create_again(site: Site, app: appdb.Connection, name: str) -> appdb.TableInfo | None:
@@ -558,6 +589,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
             conn = site.conn
             if attached.attachment(conn) is None:
                 attached.set_attachment(conn, str(path), upto)
+                attached.note_file_seen(conn, None)     # until the file's commit below
             attached.set_captured(conn, upto)
             if created:
                 attached.note_creating(conn, list(created))
@@ -594,8 +626,9 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         infos, grown = schema.follow(site, app, infos, [])
         done, clashes = applying.apply_pending(site, app, infos)
         capturing.forget_taken(app, site)
-    if created:
-        with site.write_txn() as conn:
+    with site.write_txn() as conn:
+        attached.note_file_seen(conn, str(path))
+        if created:
             attached.end_creating(conn)
     schema.record(site, grown)
     applying.settle(site, done, clashes)
@@ -638,6 +671,13 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
                     attached.remove_table(conn, n)
             return {"database": str(path), "detached": names}
         with _open_attached(site, gone_ok=True) as (app, infos):
+            if _not_the_file(site, app, attached.attachment(site.conn)[0], note=False):
+                # as for a file gone: nothing of ours is in it to capture or remove, and
+                # its rows are no record of what this site's application did
+                with site.write_txn() as conn:
+                    for n in names:
+                        attached.remove_table(conn, n)
+                return {"database": str(path), "detached": names}
             if site.state != "recovering":
                 _cycle(site, app, infos)
             # The store's transaction around the application's: the rows are read as the
@@ -782,6 +822,7 @@ def report(site: Site) -> dict:
     except AttachError as e:
         app, problem = None, e.message
     if app is not None:
+        problem = _not_the_file(site, app, path, note=False)
         try:
             with appdb.read_txn(app):
                 counts = appdb.pending_counts(app, since, stopped)
@@ -895,11 +936,14 @@ def check_hint(site: Site, problems: list[str]) -> str:
     except AttachError:
         return back_or_detach(path)
     try:
+        foreign = _not_the_file(site, app, path, note=False)
         with appdb.read_txn(app):
             behind = appdb.went_back(app, captured)
             gone = [n for n in attached.tables(site.conn) if not appdb.has_table(app, n)]
     finally:
         app.close()
+    if foreign:
+        return _NOT_THE_FILE_HINT.format(path=arg(path))
     if gone:
         return _gone_hint(path, gone[0])
     if behind:
@@ -944,6 +988,10 @@ def check(site: Site) -> list[str]:
         app, infos = ctx.__enter__()
     except AttachError as e:
         return [f"attached database: {e.message}"]
+    foreign = _not_the_file(site, app, path, note=False)
+    if foreign:
+        ctx.__exit__(None, None, None)
+        return [f"attached database: {foreign}"]
     stopped = set(attached.stopped(site.conn))
     problems += [_gone_why(n, path) for n in attached.tables(site.conn) if n not in infos]
     if attached.store_behind_since(site.conn):

@@ -1062,6 +1062,12 @@ def owner(conn: Connection) -> tuple[bytes, str] | None:
     return (row[0], row[1]) if row else None
 
 
+def has_syncpack_tables(conn: Connection) -> bool:
+    """Whether the file holds any of the tables an attach puts in it."""
+    return conn.execute("SELECT 1 FROM sqlite_schema WHERE type='table' AND name IN "
+                        "(?, ?, ?) LIMIT 1", (OWNER, CHANGES, APPLYING)).fetchone() is not None
+
+
 def set_owner(conn: Connection, site_id: bytes, site_dir: str) -> None:
     """Note the site that attached this file (a second site's capture would take the
     changes the first has not read yet); the caller holds the write lock."""

@@ -82,6 +82,23 @@ def set_attachment(conn: Connection, path: str, captured_seq: int) -> None:
         conn.execute(t)
 
 
+# The attached file was seen holding syncpack's tables after its attach committed: one found
+# without any of them since is not that file (or a copy of it from before the attach).
+_FILE_SEEN = "attached_file_seen"
+
+
+def note_file_seen(conn: Connection, path: str | None) -> None:
+    """Note that the file at ``path`` (None: forget) holds what this site's attach put there."""
+    if path is None:
+        meta.remove(conn, _FILE_SEEN)
+    else:
+        meta.put(conn, _FILE_SEEN, path)
+
+
+def file_seen(conn: Connection, path: str) -> bool:
+    return meta.get(conn, _FILE_SEEN) == path
+
+
 def set_captured(conn: Connection, seq: int) -> None:
     conn.execute("UPDATE attached SET captured_seq=max(captured_seq, ?)", (seq,))
 
