@@ -587,3 +587,55 @@ def test_a_retired_member_forked_at_two_blocks_ends_with_one_whole_history_every
     with fam.open("A") as s:
         tags = {s.get("t", f"k{i}").split("-")[0] for i in range(2)}
     assert len(tags) == 1, tags
+
+
+def test_a_restored_site_whose_tip_was_named_first_never_signs_an_epoch_twice(family):
+    """B's writes after its backup reached C only; B is restored by copying, writes again and
+    exports (its packet for A overwrites the old one on the medium).  C's packet named B's
+    newest epoch with another op, so B set aside only its ops above the one below it; the
+    evidence then showed the fork one epoch lower.  B kept its write there, sealed it, and
+    re-issued the one set aside under that same next epoch: a second fork, of B's epoch 2,
+    and rounds with every site 'normal' while the data differed."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    names = ["A", "B", "C"]
+    usb = fam.root / "usb"
+
+    def export(name):
+        assert run("-q", "export", "--all", "--out", usb, "--create-out",
+                   site=fam.path(name)).code == 0
+
+    def round_():
+        for n in names:
+            export(n)
+        for n in names:
+            if (usb / n).exists():
+                run("-q", "import", usb / n, site=fam.path(n))
+
+    round_()
+    round_()
+    copy = backup(fam, "B")
+    fam.put("B", "kv", "b1", 1)
+    fam.put("B", "kv", "c2", 50)
+    export("B")
+    run("-q", "import", usb / "C", site=fam.path("C"))     # C takes it, A not yet
+    export("A")
+    put_back(fam, "B", copy)                                 # no 'syncpack restore'
+    fam.put("B", "kv", "b9", 9)
+    fam.put("B", "kv", "c2", 99)
+    export("B")
+    b = site_id(fam, "B")
+    for _ in range(8):
+        round_()
+        for n in names:
+            epochs = {f["epoch"] for f in forks_at(fam, n) if f["origin"] == "B"}
+            assert len(epochs) <= 1, (n, forks_at(fam, n))
+    for n in names:
+        assert status(fam, n)["state"] == "normal", status(fam, n)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    with fam.open("A") as s:
+        assert [s.get("kv", k) for k in ("b1", "b9", "c2")] == [1, 9, 99]
+    assert raw_vector(fam, "A")[b] == 4

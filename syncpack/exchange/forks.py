@@ -28,6 +28,7 @@ from syncpack.format import codec
 from syncpack.format.codec import MAX_FORKS, MAX_HEADS, MAX_KEPT, Header
 from syncpack.rules import forks as rules
 from syncpack.site import Site, wall_ms
+from syncpack.store import chain
 from syncpack.store import forks as store
 
 # Heads cost 186 bytes each: a few per packet, the ones a peer has not seen first.
@@ -122,9 +123,12 @@ def _heal_own(site: Site, f: store.Fork) -> None:
         # said from now on, or the family would refuse this site's packets for good
         _keep(site, keep)
         _lose(site, f, keep)
-        if (f.a if keep == f.b else f.b) in ours:
+        other = f.a if keep == f.b else f.b
+        if other in ours or (keep not in ours and chain.op_id_at(site.conn, me, f.epoch) is not None):
             # we hold the other version (again: another member's tip named it as ours and
-            # brought it back before the evidence came)
+            # brought it back before the evidence came), or an op of that epoch outside the
+            # kept block: one of ours written after the restore (a peer's tip had set aside
+            # only what lay above it), which sealed would sign that epoch once more
             recovery.stash_own(site, f"this site signed two versions of its epoch {f.epoch} "
                                      f"(a peer holds the other one: restored from a backup, "
                                      f"then written to?)", from_epoch=f.epoch)
