@@ -2287,6 +2287,35 @@ def test_a_store_restored_behind_its_application_file_is_said_until_a_refresh(tm
     assert_converged(sites, dbs, ("items",))
 
 
+def test_while_a_restored_site_recovers_fsck_says_to_recover_before_the_refresh(tmp_path):
+    """fsck's hint for a store found behind its file was the refresh, which a site still
+    recovering from its restore refuses: the hint sent the administrator to a refusal."""
+    import shutil
+    sites, dbs = two_attached(tmp_path)
+    exchange(tmp_path, sites, rounds=1)
+    backup = tmp_path / "b-backup"
+    shutil.copytree(sites["b"], backup)
+    app(dbs["b"], ["INSERT INTO items(id, i) VALUES ('captured-only', 2)"])
+    sp(sites["b"], "capture")
+    exchange(tmp_path, sites, rounds=1)
+    shutil.rmtree(sites["b"])
+    shutil.copytree(backup, sites["b"])
+    sp(sites["b"], "restore")
+    assert run("--json", "status", site=sites["b"]).json["state"] == "recovering"
+    r = run("fsck", site=sites["b"])
+    assert r.code == 1 and "until the site has recovered" in r.err and "--refresh" in r.err, r
+    assert run("attach", dbs["b"], "--refresh", site=sites["b"]).code != 0
+    exchange(tmp_path, sites, rounds=2)
+    assert run("--json", "status", site=sites["b"]).json["state"] == "normal"
+    r = run("fsck", site=sites["b"])
+    assert "until the site has recovered" not in r.err, r
+    sp(sites["b"], "attach", dbs["b"], "--refresh")
+    exchange(tmp_path, sites, rounds=1)
+    assert_converged(sites, dbs, ("items",))
+    for n in sites:
+        sp(sites[n], "fsck")
+
+
 # An application process that reads in a transaction, waits for a line on stdin, then writes
 # in the same transaction; it reports its file's data_version before and after the wait.
 _READ_THEN_WRITE = r"""

@@ -954,6 +954,10 @@ def check_hint(site: Site, problems: list[str]) -> str:
                 "changed since the restore becomes a conflict (docs/attach.md)")
     hint = (f"'syncpack attach {arg(path)} --refresh' takes the attached tables' rows as they "
             f"are, as this site's changes (docs/attach.md)")
+    if site.state == "recovering":
+        # a refresh is refused until then: the rows may be behind what the peers send back
+        hint = ("import the peers' packets until the site has recovered from its restore "
+                "('syncpack status' says what it waits for); then " + hint)
     if any(p.endswith(NOT_REPLICATED) for p in problems):
         hint += "; and " + _GIVE_A_KEY
     return hint
