@@ -2140,6 +2140,12 @@ def test_a_copy_of_a_site_directory_does_not_take_its_applications_changes(tmp_p
     assert run("status", site=copy).code == 0
     r = run("capture", site=copy)
     assert r.code == 1 and "is a copy of the site at" in r.err, r
+    # attaching its own file there says the same (it said to detach the original's file,
+    # which the copy then refused as a copy), and how a new site is made
+    other = tmp_path / "other.db"
+    app(other, SCHEMA)
+    r = run("attach", other, "--table", "items", site=copy)
+    assert r.code == 1 and "is a copy of the site at" in r.err and "mkreplica" in r.err, r
     exchange(tmp_path, sites, rounds=1)
     assert ("after-copy",) in [r[:1] for r in table(dbs["a"], "items")]
     shutil.rmtree(copy)

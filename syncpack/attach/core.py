@@ -364,6 +364,7 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
                               hint=f"name it as it was attached: 'syncpack attach "
                                    f"{arg(att[0])} --table T'")
         if att is not None and att[0] != str(path):
+            _refuse_copy(site, Path(att[0]))    # its own error says what this directory is
             raise AttachError(f"site {site.name!r} already has {att[0]} attached; a site "
                               f"replicates one application database",
                               hint=f"'syncpack detach {arg(att[0])}' first, or use another "
@@ -387,6 +388,18 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
         return capturing.file_id(Path(a)) == capturing.file_id(Path(b))
     except OSError:
         return False
+
+
+def _refuse_copy(site: Site, path: Path) -> None:
+    """:func:`_refuse_other_owner` for the file this site has attached, if it can be read."""
+    try:
+        app = appdb.open_app(path)
+    except AttachError:
+        return
+    try:
+        _refuse_other_owner(site, app, path)
+    finally:
+        app.close()
 
 
 def _refuse_other_owner(site: Site, app: appdb.Connection, path: Path) -> None:
@@ -413,7 +426,8 @@ def _refuse_other_owner(site: Site, app: appdb.Connection, path: Path) -> None:
             f"this site directory ({site.path}) is a copy of the site at {other}, which "
             f"replicates {path}; a copy does not take its application's changes",
             hint=f"run syncpack with --site {arg(other)}; if this copy is to replace it, "
-                 f"move or remove {arg(other)} first")
+                 f"move or remove {arg(other)} first (a new site is made with 'syncpack "
+                 f"keygen' and 'syncpack mkreplica', not by copying one)")
     raise AttachError(f"{path} is attached to the site at {other}; one application database "
                       f"is replicated by one site", hint=f"detach it there ('syncpack --site "
                       f"{arg(other)} detach {arg(theirs)}') or attach a copy here")
