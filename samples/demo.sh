@@ -23,7 +23,7 @@ rm -rf usb
 
 say "the epoch matrix at boston_hub"
 $SP --site boston_hub lsepoch
-say "conflicts (b-3 was written at boston and sanfran concurrently; lww keeps both visible here)"
+say "conflicts (b-3 was written at boston and sanfran concurrently; lww keeps both and shows the newest, marked *)"
 $SP --site boston_hub conflicts
 say "digests: equal on every site means converged"
 for s in boston_hub sanfran_hub bangalore; do

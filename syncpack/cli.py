@@ -1163,8 +1163,8 @@ class _ConflictsGroup(Group):
 
     def format_usage(self, ctx, formatter):
         formatter.write_usage(ctx.command_path, "[COLLECTION] | resolve COLLECTION KEY "
-                                                "(--pick VERSION|SITE | --field FIELD=SITE... "
-                                                "| --value JSON)")
+                                                "(--pick VERSION|SITE [--field FIELD=SITE...] "
+                                                "| --field FIELD=SITE... | --value JSON)")
 
 
 @cli.group(cls=_ConflictsGroup, invoke_without_command=True)
@@ -1288,9 +1288,12 @@ def collection_ls(obj: Ctx):
 def priority(obj: Ctx, member, priority):
     """Set a member's priority for the 'priority' policy (replicated to every site).
 
+    A negative PRIORITY goes after '--', or it reads as an option.
+
     \b
-    Example:
+    Examples:
       syncpack priority boston_hub 10
+      syncpack priority field_station -- -5
     """
     s = obj.open()
     doc = conflicts_mod.set_priority(s, member, priority)
@@ -1621,6 +1624,12 @@ def _attached_text(doc: dict) -> str:
             lines.append(f"  STOPPED: {printable(t['stopped'])}")
         if t.get("waiting"):
             lines.append(f"  {t['waiting']} record(s) wait for a column this table lacks")
+        held = (t.get("to_apply") or 0) - (t.get("waiting") or 0)
+        if held > 0:
+            # 'pending' above counts the application's changes on their way out; these are
+            # the family's records on their way in (or refused: 'conflicts' says why)
+            lines.append(f"  {held} record(s) not yet written into the table (a clash, or "
+                         f"the next capture writes them: see 'syncpack conflicts')")
     return "\n".join(lines + family)
 
 

@@ -230,6 +230,9 @@ def unpack_untrusted(data: bytes) -> Any:
         raise PacketFormatError("extra bytes after a msgpack object")
     except msgpack.OutOfData:
         raise PacketFormatError("truncated msgpack data") from None
+    except UnicodeDecodeError:
+        # (a ValueError, whose own text names codec internals, not the data)
+        raise PacketFormatError("malformed msgpack: a text field is not UTF-8") from None
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
             TypeError) as e:
         raise PacketFormatError(f"malformed msgpack: {e}") from None
