@@ -140,7 +140,9 @@ class PacketSealError(PacketError):
 
 
 class PacketPolicyError(PacketError):
-    default_hint = "this family requires sealed packets: export with --encrypt"
+    default_hint = ("this family requires sealed packets: the sender's next export seals "
+                    "them once the rule has reached it (nothing is lost: what this packet held "
+                    "is sent again); or export with --encrypt")
 
 
 class PacketLimitError(PacketError):
