@@ -828,3 +828,28 @@ def test_a_reseed_keeps_the_own_ops_only_the_reseeded_site_holds(family):
             assert s.get("t", "c2") == "after the re-seed"
             assert "D" in s.names().values()
     assert all(fsck_ok(fam, n) for n in ("A", "B", "C", "D"))
+
+
+def test_fsck_waits_for_a_command_working_on_the_site(family):
+    """fsck beside an import (a scheduled round's, say) read the store and the attached file
+    while that import had committed one and not yet the other, and reported damage that was
+    not there, with the hint to restore the site or take the file's rows as changes.  It
+    waits for the site's lock now, as the other commands do, and reads the vector in the
+    snapshot it checks."""
+    import subprocess
+    import sys
+    fam = three_sites(family)
+    exe = shutil.which("syncpack", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("needs the syncpack script of this venv")
+    with fam.open("B") as s:
+        with s.lock():
+            p = subprocess.Popen([exe, "--site", str(fam.path("B")), "fsck"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(1.5)
+            assert p.poll() is None         # waiting for the lock held here
+            with s.transaction() as tx:     # what the command holding it commits
+                tx.put("t", "during", "the wait")
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, (out, err)
+    assert "waiting for another syncpack command on site 'B'" in err, err

@@ -219,13 +219,23 @@ def _load_batches(site: Site, parts, records: int, progress) -> dict:
 
 
 def fsck(site: Site) -> dict:
-    """Check the store's invariants; returns {"ok", "problems", ...}."""
+    """Check the store's invariants; returns {"ok", "problems", ...}.  Under the site's lock:
+    an import or capture running beside it commits the store and the attached file one after
+    the other, and between the two they differ as they never do at rest."""
+    with site.lock():
+        return _fsck(site)
+
+
+def _fsck(site: Site) -> dict:
     c = site.conn
     problems: list[str] = []
-    names = site.names()
-    vec = site.vector()
-    floors = site.floors()
     with db.read_txn(c):
+        # read in the snapshot the checks use: a local write committed before it (through
+        # the API, which takes no lock) would otherwise read as a vector the changelog lacks
+        site.invalidate()
+        names = site.names()
+        vec = site.vector()
+        floors = site.floors()
         try:
             ic = db.integrity_check(c)
             if ic:
