@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import subprocess
 from collections import deque
+from operator import methodcaller
 from pathlib import Path
 from typing import BinaryIO
 
@@ -112,9 +113,17 @@ def aliases(w: appdb.Writer, keys: list[str], records: list[dict]) -> dict[int, 
     """By position, the records (each of its key ``keys``) whose key values SQLite would
     match to the row of another record key: written, the upsert would change that key's
     row (-0.0 finds 0.0; in a column of no declared type, 1.0 finds 1).  A record whose key
-    spells no row here is looked up only when its key could alias (rows.may_alias)."""
+    spells no row here is looked up only when its key could alias (rows.may_alias), after
+    :func:`conversions` refused the records a typed key column would convert."""
     t = w.t
     aff = [t.affinity.get(c, "BLOB") for c in t.pk]
+    # Only a key column of no declared type holds two spellings SQLite compares equal: one
+    # with an affinity converts them to one (conversions() refused the records that would
+    # be), so its keys are looked at not at all; this one's in C, a column at a time.
+    if not any(float in kinds or int in kinds
+               for c, a in zip(t.pk, aff) if a == "BLOB"
+               for kinds in [set(map(type, map(methodcaller("get", c), records)))]):
+        return {}
     out = {}
     for j, (key, r) in enumerate(zip(keys, records)):
         vals = tuple(r.get(c) for c in t.pk)
