@@ -1814,7 +1814,9 @@ def test_a_table_name_with_a_line_break_is_printed_escaped(tmp_path):
     assert r.out.strip().count("\n") == 0 and "two\\nlines" in r.out, r
 
 
-@pytest.mark.parametrize("dropped", ["_syncpack_changes", "_syncpack_applying"])
+@pytest.mark.parametrize("dropped", ["_syncpack_changes", "_syncpack_applying",
+                                     "_syncpack_changes; DROP TABLE _syncpack_applying; "
+                                     "DROP TABLE _syncpack_site"])
 def test_syncpacks_tables_dropped_from_the_file_come_back_with_nothing_lost(tmp_path, dropped):
     """An administrator who drops syncpack's tables in the application's file makes the
     application's writes to attached tables fail (the triggers write there).  The next command
@@ -1825,7 +1827,8 @@ def test_syncpacks_tables_dropped_from_the_file_come_back_with_nothing_lost(tmp_
     sites, dbs = two_attached(tmp_path)
     app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(5)])
     sp(sites["a"], "capture")
-    app(dbs["a"], ["UPDATE items SET i = 100 WHERE id = 'k1'"], [f"DROP TABLE {dropped}"])
+    app(dbs["a"], ["UPDATE items SET i = 100 WHERE id = 'k1'"],
+        [f"DROP TABLE {d}" for d in dropped.split("; DROP TABLE ")])
     with pytest.raises(subprocess.CalledProcessError):      # the application's write fails
         app(dbs["a"], ["UPDATE items SET i = 200 WHERE id = 'k2'"])
     r = run("fsck", site=sites["a"])

@@ -127,10 +127,10 @@ def _not_the_file(site: Site, app: appdb.Connection, path: str, note: bool = Tru
         owner = appdb.owner(app)
     seen = attached.file_seen(site.conn, path)
     if not ours and seen:
-        return (f"{path} holds none of the tables syncpack keeps in the attached file: it is "
-                f"not the file this site attached (another database put in its place, or a "
-                f"copy of it made before the attach); nothing was captured from it or written "
-                f"into it")
+        return (f"{path} holds none of the tables and triggers syncpack keeps in the attached "
+                f"file: it is not the file this site attached (another database put in its "
+                f"place, or a copy of it made before the attach); nothing was captured from it "
+                f"or written into it")
     if note and not seen and owner is not None and owner[0] == site.site_id:
         with site.write_txn() as conn:
             attached.note_file_seen(conn, path)

@@ -1063,9 +1063,13 @@ def owner(conn: Connection) -> tuple[bytes, str] | None:
 
 
 def has_syncpack_tables(conn: Connection) -> bool:
-    """Whether the file holds any of the tables an attach puts in it."""
-    return conn.execute("SELECT 1 FROM sqlite_schema WHERE type='table' AND name IN "
-                        "(?, ?, ?) LIMIT 1", (OWNER, CHANGES, APPLYING)).fetchone() is not None
+    """Whether the file holds any of the tables or capture triggers an attach puts in it
+    (an administrator who dropped the tables left the triggers, which then refuse the
+    application's writes until syncpack puts the tables back)."""
+    return conn.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type='table' AND name IN (?, ?, ?) OR "
+        "type='trigger' AND substr(name, 1, ?) = ? LIMIT 1",
+        (OWNER, CHANGES, APPLYING, len(TRIGGER_PREFIX), TRIGGER_PREFIX)).fetchone() is not None
 
 
 def set_owner(conn: Connection, site_id: bytes, site_dir: str) -> None:
