@@ -80,8 +80,9 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
         raise AttachError(e.message, hint=back_or_detach(path)) from None
     try:
         _refuse_other_owner(site, app, Path(path))
-        why = _not_the_file(site, app, path)
-        if why and not gone_ok:
+        # (detach and fsck, which leave out what is gone, ask themselves and act on it)
+        why = None if gone_ok else _not_the_file(site, app, path)
+        if why:
             raise AttachError(why, hint=_NOT_THE_FILE_HINT.format(path=arg(path)))
         infos = {}
         stopped = attached.stopped(site.conn) if stop_gone else {}

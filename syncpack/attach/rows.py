@@ -253,25 +253,28 @@ def is_negative_zero(v: float) -> bool:
 
 
 def same_value(a: Any, b: Any) -> bool:
-    """Whether two values SQLite returns or binds are the same: the same type and equal, and
-    a float's sign too (-0.0 == 0.0)."""
-    return type(a) is type(b) and a == b and (type(a) is not float or
-                                              copysign(1.0, a) == copysign(1.0, b))
+    """Whether two values SQLite returns or binds are the same (:func:`tagged`)."""
+    return tagged(a) == tagged(b)
 
 
 def may_alias(vals: tuple, affinities: list[str]) -> bool:
-    """Whether SQLite may find another key's row by these key values: a float (1.0 finds
-    the INTEGER 1, -0.0 finds 0.0), or an integer in a column of no declared type (1 finds
-    the REAL 1.0 there).  Text under the key's BINARY collation finds only itself."""
-    return any(type(v) is float or type(v) is int and a == "BLOB"
-               for v, a in zip(vals, affinities))
+    """Whether SQLite may find another key's row by these key values: a number in a key
+    column of no declared type (1.0 finds the INTEGER 1 there, 1 the REAL 1.0, -0.0 finds
+    0.0).  A column with an affinity converts such spellings to one, and a record it would
+    convert is refused before (writer.conversions); text under the key's BINARY collation
+    finds only itself."""
+    return any(a == "BLOB" and type(v) in (int, float) for v, a in zip(vals, affinities))
+
+
+def tagged(v: Any) -> tuple:
+    """A value tagged by its Python type, for exact comparison (1 != 1.0), and a float by
+    its sign as well (-0.0 != 0.0, though they compare equal in Python and in SQLite)."""
+    return type(v).__name__, v, copysign(1.0, v) if type(v) is float else 0
 
 
 def typed(row: dict) -> dict:
-    """A row with each value tagged by its Python type, for exact comparison (1 != 1.0), and
-    a float by its sign as well (-0.0 != 0.0)."""
-    return {k: (type(v).__name__, v, copysign(1.0, v) if type(v) is float else 0)
-            for k, v in row.items()}
+    """A row with each value :func:`tagged`."""
+    return {k: tagged(v) for k, v in row.items()}
 
 
 def same_row(record: Any, row: dict, defaults: dict | None = None) -> bool:

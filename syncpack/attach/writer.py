@@ -117,9 +117,7 @@ def aliases(w: appdb.Writer, keys: list[str], records: list[dict]) -> dict[int, 
     :func:`conversions` refused the records a typed key column would convert."""
     t = w.t
     aff = [t.affinity.get(c, "BLOB") for c in t.pk]
-    # Only a key column of no declared type holds two spellings SQLite compares equal: one
-    # with an affinity converts them to one (conversions() refused the records that would
-    # be), so its keys are looked at not at all; this one's in C, a column at a time.
+    # rows.may_alias of every record at once, in C a column at a time: most keys are typed
     if not any(float in kinds or int in kinds
                for c, a in zip(t.pk, aff) if a == "BLOB"
                for kinds in [set(map(type, map(methodcaller("get", c), records)))]):

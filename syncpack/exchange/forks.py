@@ -124,7 +124,8 @@ def _heal_own(site: Site, f: store.Fork) -> None:
         _keep(site, keep)
         _lose(site, f, keep)
         other = f.a if keep == f.b else f.b
-        if other in ours or (keep not in ours and chain.op_id_at(site.conn, me, f.epoch) is not None):
+        if other in ours or (keep not in ours
+                             and chain.op_id_at(site.conn, me, f.epoch) is not None):
             # we hold the other version (again: another member's tip named it as ours and
             # brought it back before the evidence came), or an op of that epoch outside the
             # kept block: one of ours written after the restore (a peer's tip had set aside
