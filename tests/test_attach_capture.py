@@ -634,3 +634,29 @@ def test_a_row_larger_than_a_record_stops_the_capture_naming_it(tmp_path, monkey
         == ["f"]
     for n in sites:
         assert run("fsck", site=sites[n]).code == 0
+
+
+def test_a_utf16_file_replicates_deletes_and_key_changes(tmp_path):
+    # A UTF-16 database's TEXT bytes are UTF-16: a key gone from the table, read back from
+    # its bytes, was spelt as UTF-8 of those bytes, so the delete landed on no key and the
+    # peers kept the row.
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, ["PRAGMA encoding='UTF-16le'",
+                 "CREATE TABLE t (id TEXT PRIMARY KEY NOT NULL, e TEXT UNIQUE)"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--table", "t")
+    app(dbs["a"], ["INSERT INTO t VALUES ('k1', 'e1'), ('k2', 'e2'), ('k\u00e9', 'e3')"])
+    usb = tmp_path / "usb"
+    sp(sites["a"], "export", "--to", "b", "--out", usb, "--create-out")
+    sp(sites["b"], "import", usb)
+    app(dbs["a"], ["DELETE FROM t WHERE id = 'k\u00e9'", "UPDATE t SET id = 'k9' WHERE id = 'k1'",
+                   "INSERT OR REPLACE INTO t VALUES ('k3', 'e2')"])
+    sp(sites["a"], "export", "--to", "b", "--out", usb)
+    sp(sites["b"], "import", usb)
+    assert table(dbs["a"], "t") == [("k3", "text", "e2", "text"), ("k9", "text", "e1", "text")]
+    assert table(dbs["b"], "t") == table(dbs["a"], "t")
+    assert run("conflicts", site=sites["b"], json_mode=True).json["conflicts"] == []
+    for n in sites:
+        sp(sites[n], "fsck")

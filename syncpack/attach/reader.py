@@ -52,13 +52,15 @@ def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
     keyed_records = rows.named_keyed_records(t.columns, t.pk)
     encode = row_encoder(t)
     npk = len(t.pk)
+    encoding = None
     sizer = rows.PartSizer(CAPTURE_CHUNK, CAPTURE_BYTES)
     for named, part in appdb.changed_records(app, t, since, upto, sizer.rows):
         if named:
             keys, raws = keyed_records(part)
         else:
             if not all(map(itemgetter(1), part)):
-                part = gone_keys(part, npk)
+                encoding = encoding or appdb.text_encoding(app)
+                part = gone_keys(part, npk, encoding)
             keys, raws = record_keys(part, npk), encode(part)
         check_sizes(t, keys, raws)
         sizer.saw(len(raws), sum(map(len, filter(None, raws))))
@@ -78,10 +80,11 @@ def check_sizes(t: appdb.TableInfo, keys: list[str], raws: list[bytes | None]) -
                  "row), or split it over several rows; then run the command again")
 
 
-def gone_keys(part: list[tuple], npk: int) -> list[tuple]:
+def gone_keys(part: list[tuple], npk: int, encoding: str = "utf-8") -> list[tuple]:
     """The rows of ``part`` with the TEXT key values of keys no longer in the table read back
-    from hex (see appdb.changed_records); a key that is not UTF-8 was never captured, so its
-    delete is nothing and its row is left out."""
+    from hex (see appdb.changed_records), which is of the file's ``encoding`` (a UTF-16
+    database's keys are UTF-16 bytes); a key that is not valid text was never captured, so
+    its delete is nothing and its row is left out."""
     out = []
     for r in part:
         if r[1] or r[0] is not None:
@@ -91,7 +94,7 @@ def gone_keys(part: list[tuple], npk: int) -> list[tuple]:
         try:
             for i, v in enumerate(vals):
                 if isinstance(v, str):
-                    vals[i] = bytes.fromhex(v[1:]).decode("utf-8")
+                    vals[i] = bytes.fromhex(v[1:]).decode(encoding)
         except (ValueError, UnicodeDecodeError):
             continue
         out.append(r[:2] + tuple(vals) + r[2 + npk:])

@@ -1080,6 +1080,13 @@ def set_owner(conn: Connection, site_id: bytes, site_dir: str) -> None:
     conn.execute(f"INSERT INTO {OWNER} VALUES (?, ?)", (site_id, site_dir))
 
 
+def text_encoding(conn: Connection) -> str:
+    """The Python codec of the file's TEXT bytes, as SQLite's hex() and CAST AS BLOB give
+    them: a database may be UTF-16 (PRAGMA encoding), and its keys' hex is then UTF-16."""
+    enc = conn.execute("PRAGMA encoding").fetchone()[0].lower()
+    return {"utf-16le": "utf-16-le", "utf-16be": "utf-16-be"}.get(enc, "utf-8")
+
+
 def schema_version(conn: Connection) -> int:
     """A number that changes with every change of the file's schema."""
     return conn.execute("PRAGMA schema_version").fetchone()[0]
