@@ -853,3 +853,42 @@ def test_fsck_waits_for_a_command_working_on_the_site(family):
         out, err = p.communicate(timeout=60)
     assert p.returncode == 0, (out, err)
     assert "waiting for another syncpack command on site 'B'" in err, err
+
+
+def test_restore_finish_reissues_the_writes_made_since_a_careless_restore(family):
+    """A member that held the restored site's ops is gone for good, so the recovery waits for
+    it forever and the administrator ends it with 'restore --finish': the local write made
+    after the restore, set aside when the fork showed, must still reach the family."""
+    fam = three_sites(family)
+    fam.add("D", via="A")
+    fam.full_exchange(2)
+    copy = backup(fam, "A")
+    fam.put("A", "t", "x", "before the restore")
+    live = ["A", "B", "C"]
+    for s in live:
+        for t in live:
+            if s != t:
+                fam.sync(s, t)
+    put_back(fam, "A", copy)                    # nobody runs 'syncpack restore'
+    fam.put("A", "t", "y", "after the restore")
+    for _ in range(3):
+        for s in live:
+            for t in live:
+                if s != t:
+                    out = fam.medium()
+                    run("export", "--to", t, "--out", out, site=fam.path(s))
+                    run("import", out, site=fam.path(t))
+    st = status(fam, "A")
+    assert st["state"] == "recovering" and st["recovery"]["ops_to_reissue"] == 1, st
+    r = run("restore", "--finish", site=fam.path("A"))
+    assert r.code == 0, r
+    for _ in range(2):
+        for s in live:
+            for t in live:
+                if s != t:
+                    fam.sync(s, t)
+    assert_converged(fam, live)
+    for name in live:
+        with fam.open(name) as s:
+            assert s.get("t", "y") == "after the restore"
+            assert s.get("t", "x") == "before the restore"

@@ -264,6 +264,10 @@ def restore(site: Site, finish: bool = False) -> dict:
     epoch of our own that any of them holds, so no epoch is ever issued twice."""
     with site.lock(), site.write_txn() as c:
         if finish:
+            if site.state == RECOVERING:
+                # The local writes set aside since the restore are this site's, and no peer
+                # holds them: left in the stash they never reached the family.
+                reissue_stash(site)
             site.set_meta("state", NORMAL)
         else:
             if site.state == RECOVERING:
