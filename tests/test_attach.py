@@ -329,6 +329,29 @@ def test_integer_keys_collide_as_conflicts_never_silently(tmp_path):
     assert sorted(v["value"]["v"] for v in c["versions"]) == ["from a", "from b"]
 
 
+def test_key_ranges_as_docs_attach_says_never_collide(tmp_path):
+    # docs/attach.md, 'Integer keys': each site inserts explicit ids from its own range.  A
+    # start set in sqlite_sequence, which the docs said before, does not keep a range: the
+    # rows arriving from the highest range lift every other site's next number into it.
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for db in dbs.values():
+        app(db, SCHEMA)
+    attach_all(sites, dbs, ("counters",))
+
+    def insert(n: str, lo: int, v: str) -> list[str]:
+        return [f"INSERT INTO counters(id, v) VALUES ((SELECT coalesce(max(id), {lo}) + 1 "
+                f"FROM counters WHERE id BETWEEN {lo} AND {lo + 999999999}), '{v}')"]
+
+    for i in range(3):
+        app(dbs["a"], insert("a", 1000000000, f"a{i}"))
+        app(dbs["b"], insert("b", 2000000000, f"b{i}"))
+        exchange(tmp_path, sites)
+    assert_converged(sites, dbs, ("counters",))
+    assert len(table(dbs["a"], "counters")) == 6
+    assert run("--json", "conflicts", "counters", site=sites["a"]).json["conflicts"] == []
+
+
 def test_new_site_by_mkreplica_creates_and_fills_the_table(tmp_path):
     sites = make_family(tmp_path, ("a",))
     dba = tmp_path / "a.db"

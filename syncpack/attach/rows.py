@@ -322,7 +322,8 @@ def integer_key_warning(table: str, pk: list[str], affinities: dict[str, str],
     if len(pk) == 1 and affinities.get(pk[0]) == "INTEGER":
         return (f"table {table} is keyed by INTEGER column {pk[0]}: rows inserted at two sites "
                 f"before they sync may get the same key, and then show as conflicts; give each "
-                f"site its own key range, or use text keys (docs/attach.md, 'Integer keys')")
+                f"site its own key range and insert explicit ids from it, or use text keys "
+                f"(docs/attach.md, 'Integer keys')")
     return None
 
 
