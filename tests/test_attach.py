@@ -657,6 +657,34 @@ def test_a_row_replace_removes_through_an_expression_or_partial_unique_index_is_
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
 
 
+def test_a_replace_through_an_index_on_affinity_or_a_generated_column_is_captured(tmp_path):
+    """The row a REPLACE removes through an index whose terms compare a column with a value
+    of another type ("active = '1'" on an INTEGER column: true in the index, where the
+    column's affinity applies), or through a UNIQUE generated column (an UPDATE never names
+    it), was not noted: the peers kept it, and the new row clashed with it there."""
+    schema = ["CREATE TABLE acct(id TEXT PRIMARY KEY NOT NULL, code TEXT, active INTEGER)",
+              "CREATE UNIQUE INDEX acct_code ON acct(code) WHERE active = '1'",
+              "CREATE TABLE t2(id TEXT PRIMARY KEY NOT NULL, code TEXT, n INTEGER)",
+              "CREATE UNIQUE INDEX t2c ON t2(code, n = '5')",
+              "CREATE TABLE g(id TEXT PRIMARY KEY NOT NULL, last TEXT, "
+              "st TEXT GENERATED ALWAYS AS (upper(last)) STORED UNIQUE)"]
+    sites, dbs = attached_pair(tmp_path, schema, [
+        "INSERT INTO acct VALUES ('a1', 'C1', 1)", "INSERT INTO t2 VALUES ('a1', 'C1', 5)",
+        "INSERT INTO g(id, last) VALUES ('g3', 'Park'), ('g5', 'kim')"], ["acct", "t2", "g"])
+    app(dbs["a"], ["INSERT OR REPLACE INTO acct VALUES ('a2', 'C1', 1)",
+                   "INSERT OR REPLACE INTO t2 VALUES ('a2', 'C1', 5)",
+                   "UPDATE OR REPLACE g SET last = 'PARK' WHERE id = 'g5'"])
+    exchange(tmp_path, sites)
+    assert [r[0] for r in table(dbs["a"], "acct")] == ["a2"]
+    assert [r[0] for r in table(dbs["a"], "t2")] == ["a2"]
+    assert [r[0] for r in table(dbs["a"], "g")] == ["g5"]
+    for t in ("acct", "t2", "g"):
+        assert table(dbs["a"], t) == table(dbs["b"], t)
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+
+
 def test_an_integer_key_written_beside_desc_is_told_it_may_hold_null(tmp_path):
     """``id INTEGER PRIMARY KEY DESC`` is no alias of the rowid (SQLite's documented quirk):
     the key may be NULL, and an application inserting a row without an id got one with a

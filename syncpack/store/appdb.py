@@ -894,9 +894,13 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
     plain = [" AND ".join(f"{q(c)} = NEW.{q(c)}" for c in u) for u in t.uniques]
     # An index on expressions, or with a WHERE clause: its terms, evaluated on the new row by
     # a subquery where only the new row's columns are named, against the table's rows (the
-    # same terms over the table, which the index serves).
+    # same terms over the table, which the index serves).  The subquery's columns take the
+    # table's affinities from its first, empty, arm: a bare NEW.c has none, so a term such
+    # as "active = '1'" on an INTEGER column was false for the new row and true in the index.
     columns = _all_columns(conn, t)
-    row = "(SELECT " + ", ".join(f"NEW.{q(c)} AS {q(c)}" for c in columns) + ")"
+    names = ", ".join(q(c) for c in columns)
+    row = (f"(SELECT {names} FROM {tq} WHERE 0 UNION ALL SELECT "
+           + ", ".join(f"NEW.{q(c)}" for c in columns) + ")")
     other = []
     for terms, where in t.other_uniques:
         lhs = terms[0] if len(terms) == 1 else "(" + ", ".join(terms) + ")"
@@ -914,7 +918,11 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
              if any(c in u for u in t.uniques) or any(
                  _names_column(c, " ".join(terms) + " " + (where or ""))
                  for terms, where in t.other_uniques)]
-    update_of = "UPDATE OF " + ", ".join(q(c) for c in named) if named else "UPDATE"
+    # A generated column is never set by name: an update of what it is computed from changes
+    # it, so a table whose indexes name one fires for every update.
+    generated = _generated_columns(conn, t)
+    update_of = ("UPDATE OF " + ", ".join(q(c) for c in named)
+                 if named and not generated.intersection(named) else "UPDATE")
 
     def statements(conds: list[str]) -> list[str]:
         out = []
@@ -943,6 +951,11 @@ def _names_column(column: str, sql: str) -> bool:
     c = re.escape(column)
     return re.search(rf'(?<![\w$]){c}(?![\w$])|"{c}"|`{c}`|\[{c}\]', sql,
                      flags=re.IGNORECASE) is not None
+
+
+def _generated_columns(conn: Connection, t: TableInfo) -> set[str]:
+    return {r[1] for r in conn.execute(f"PRAGMA table_xinfo({q(t.name)})").fetchall()
+            if r[6] in (2, 3)}
 
 
 def _all_columns(conn: Connection, t: TableInfo) -> list[str]:
