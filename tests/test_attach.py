@@ -841,6 +841,36 @@ def attached_pair(root: Path, schema: list[str], rows: list[str], tables: list[s
     return sites, dbs
 
 
+def test_an_update_from_a_peer_fires_the_applications_update_triggers_once(tmp_path):
+    # docs/attach.md: the application's own triggers run as they do for its writes.  The
+    # import removed the replaced version (which noted the key for the apply after it), then
+    # wrote the new one straight in: the row was written twice, and a tally kept by an
+    # update trigger counted each update of the origin's twice at every peer.
+    schema = ["CREATE TABLE t(id INTEGER PRIMARY KEY, n INTEGER)",
+              "CREATE TABLE tally(what TEXT PRIMARY KEY, c INTEGER)",
+              "INSERT INTO tally VALUES ('ins', 0), ('upd', 0), ('del', 0)",
+              "CREATE TRIGGER ti AFTER INSERT ON t BEGIN "
+              "UPDATE tally SET c = c + 1 WHERE what = 'ins'; END",
+              "CREATE TRIGGER tu AFTER UPDATE ON t BEGIN "
+              "UPDATE tally SET c = c + 1 WHERE what = 'upd'; END",
+              "CREATE TRIGGER td AFTER DELETE ON t BEGIN "
+              "UPDATE tally SET c = c + 1 WHERE what = 'del'; END"]
+    sites, dbs = attached_pair(tmp_path, schema, [
+        f"INSERT INTO t VALUES {', '.join(f'({i}, 0)' for i in range(50))}"],
+        ["t"])
+    app(dbs["a"], ["UPDATE t SET n = 1 WHERE id = 7"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], ["UPDATE t SET n = n + 1"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], ["DELETE FROM t WHERE id < 10"])
+    exchange(tmp_path, sites, rounds=1)
+    assert table(dbs["a"], "t") == table(dbs["b"], "t")
+    assert table(dbs["a"], "tally") == [("del", "text", 10, "integer"),
+                                        ("ins", "text", 50, "integer"),
+                                        ("upd", "text", 51, "integer")]
+    assert table(dbs["b"], "tally") == table(dbs["a"], "tally")
+
+
 @pytest.mark.parametrize("schema, writes", [
     # a swap of UNIQUE values through a temporary one: each row alone clashes with the other
     (["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, u TEXT UNIQUE, v)",

@@ -507,8 +507,12 @@ class _Applier:
             return
         gone = (list(zip(compress(keys, reps), filter(None, reps))) if single else
                 [(k, c) for k, r in zip(keys, reps) if r for c in split_csns(r)])
-        if versions.remove_replaced(conn, coll, gone):
-            self.superseded_any = True      # the next ops go op by op (apply_version)
+        # Each key whose version goes gets its new one next, which notes it for an attached
+        # table; noted for the removal too, its row was written twice (the application's
+        # update triggers fired twice for one update of the origin's).
+        with attached.triggers_aside(conn, deletes=True):
+            if versions.remove_replaced(conn, coll, gone):
+                self.superseded_any = True      # the next ops go op by op (apply_version)
         versions.insert_columns(conn, coll, keys, csns, vals)
 
     def _op(self, op: Op) -> int:

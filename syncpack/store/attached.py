@@ -221,16 +221,21 @@ def touch(conn: Connection, names, column: str, at_ms: int) -> None:
 
 
 @contextmanager
-def triggers_aside(conn: Connection) -> Iterator[None]:
+def triggers_aside(conn: Connection, deletes: bool = False) -> Iterator[None]:
     """Without the ``versions`` insert trigger for a bulk insert whose pending keys the caller
     notes itself: even with its WHEN clause false, a trigger costs every row three times the
     insert.  Dropped and re-created inside the caller's transaction, so no other connection
-    sees the table without it and a rollback restores it."""
-    conn.execute("DROP TRIGGER IF EXISTS attach_versions_ins")
+    sees the table without it and a rollback restores it.  ``deletes``: the delete trigger
+    instead, for a removal of versions whose keys each get a new version next (noted then)."""
+    name, sql = (("attach_versions_del", _TRIGGERS[1]) if deletes else
+                 ("attach_versions_ins", _TRIGGERS[0]))
+    if not deletes or watched(conn):
+        conn.execute(f"DROP TRIGGER IF EXISTS {name}")
     try:
         yield
     finally:
-        conn.execute(_TRIGGERS[0])
+        if not deletes or watched(conn):
+            conn.execute(sql)
 
 
 def begin_capturing(conn: Connection) -> None:
