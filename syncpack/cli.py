@@ -1614,6 +1614,10 @@ def _attached_text(doc: dict) -> str:
     lines = [f"database {doc['database']}",
              *([f"  CANNOT BE READ: {printable(doc['problem'])}"] if doc.get("problem") else []),
              *([f"  STORE BEHIND: {doc['store_behind']}"] if doc.get("store_behind") else []),
+             *([f"  FAILING since {_utc(doc['failing']['since_ms'])}: "
+                f"{printable(doc['failing']['error'])}"
+                + (f" (hint: {printable(doc['failing']['hint'])})" if doc['failing']['hint']
+                   else "")] if doc.get("failing") else []),
              f"{'table':20} {'rows':>10} {'pending':>8}  {'last capture (UTC)':18}  "
              f"last apply (UTC)"]
     for t in doc["tables"]:

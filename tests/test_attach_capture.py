@@ -592,9 +592,19 @@ def test_text_that_is_not_utf8_stops_the_capture_clearly_until_fixed(tmp_path, m
     assert r.code == 1 and "not valid UTF-8" in r.err and "hint: " in r.err, r
     assert run("--json", "attached", site=sites["a"]).json["tables"][0]["pending"] == 3
     assert run("ls", "items", site=sites["a"]).out == ""
+    # 'status' captures too, and fails as the capture did: it says so, where it had shown
+    # nothing wrong while every capture, export and import failed
+    st = run("--json", "status", site=sites["a"]).json["attached"]
+    assert "not valid UTF-8" in st["failing"]["error"] and st["failing"]["hint"], st
+    assert "FAILING since" in run("status", site=sites["a"]).out
+    prom = run("status", "--format", "prometheus", site=sites["a"]).out
+    assert 'syncpack_attached_failing{site="a"} 1' in prom
     app(dbs["a"], ["UPDATE items SET t = CAST(t AS BLOB) WHERE id = 'x'",
                    "DELETE FROM items WHERE id = CAST(x'fe' AS TEXT)"])
     sp(sites["a"], "capture")
+    assert run("--json", "attached", site=sites["a"]).json["failing"] is None
+    assert 'syncpack_attached_failing{site="a"} 0' in run(
+        "status", "--format", "prometheus", site=sites["a"]).out
     out = tmp_path / "drop"
     out.mkdir()
     sp(sites["a"], "export", "--all", "--out", out)

@@ -77,6 +77,9 @@ FAMILIES: list[tuple[str, str, str]] = [
     ("syncpack_attached_database_unreadable", "gauge",
      "1 while the attached application database cannot be opened or read (see 'syncpack "
      "attached'), else 0; absent when nothing is attached."),
+    ("syncpack_attached_failing", "gauge",
+     "1 while capturing from or writing into the attached application database fails (the "
+     "error is in 'syncpack attached'), else 0; absent when nothing is attached."),
     ("syncpack_batch_last_run_timestamp_seconds", "gauge",
      "Unix time the last batch round ended."),
     ("syncpack_batch_last_run_ok", "gauge",
@@ -176,6 +179,7 @@ def samples(status: dict, batch: BatchRound | None = None) \
     att = status.get("attached") or {}
     if att.get("database"):
         out["syncpack_attached_database_unreadable"].append((site, int(bool(att.get("problem")))))
+        out["syncpack_attached_failing"].append((site, int(bool(att.get("failing")))))
     if batch is not None:
         out["syncpack_batch_last_run_timestamp_seconds"].append((site, batch.finished_s))
         out["syncpack_batch_last_run_ok"].append((site, int(batch.ok)))

@@ -218,42 +218,56 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
         with site.lock(wait=wait and lock_wait):
             if not is_attached(site):
                 return None
-            not_created = _follow_new_tables(site)
-            with _open_attached(site, stop_gone=True) as (app, infos):
-                applying.recover(site, app)
-                if appdb.store_behind(app, attached.attachment(site.conn)[1]):
-                    # said by 'attached', status and fsck until a refresh takes the rows
-                    with site.write_txn() as conn:
-                        attached.note_store_behind(conn, wall_ms())
-                if not wait:
-                    # 'status' from cron or a monitor: a minute's wait for the application's
-                    # lock would stall it; its figures are then those of the last capture
-                    appdb.wait_at_most(app, BRIEF_WAIT_MS)
-                # The bulk of a capture under a read snapshot: the application keeps writing
-                # (in WAL mode); the write lock is held only for what came in meanwhile and
-                # for writing peers' records.
-                back = [n for n, why in attached.stopped(site.conn).items()
-                        if n in infos and _is_gone_why(why, n)]
-                with appdb.read_txn(app):
-                    infos = schema.review(site, app, infos, back)
-                    early = sum(_take_back(site, app, infos[n]) for n in back if n in infos)
-                    early += capturing.take_changes(site, app, infos)
-                    idle = _idle(site, app, infos)
-                if idle:
-                    # nothing to write: a write committed for nothing would still end the
-                    # read snapshot of an application transaction about to write (SQLite's
-                    # BUSY_SNAPSHOT, at once, whatever its busy timeout)
-                    return {"captured": early, "applied": 0, "clashes": 0,
-                            "refused": not_created}
-                doc = _cycle(site, app, infos)
-                doc["captured"] += early
-                doc["refused"] = not_created + doc["refused"]
-                return doc
+            try:
+                doc = _sync_app_locked(site, wait)
+            except AttachError as e:
+                with site.write_txn() as conn:
+                    attached.note_failing(conn, e.message, e.hint, wall_ms())
+                raise
+            if attached.failing(site.conn) is not None:
+                with site.write_txn() as conn:
+                    attached.end_failing(conn)
+            return doc
     except (LockedError, AttachError):
         # 'status' must answer even when the database is gone or busy; it shows that itself.
         if wait:
             raise
         return None
+
+
+def _sync_app_locked(site: Site, wait: bool) -> dict:
+    """:func:`sync_app` under the site lock."""
+    not_created = _follow_new_tables(site)
+    with _open_attached(site, stop_gone=True) as (app, infos):
+        applying.recover(site, app)
+        if appdb.store_behind(app, attached.attachment(site.conn)[1]):
+            # said by 'attached', status and fsck until a refresh takes the rows
+            with site.write_txn() as conn:
+                attached.note_store_behind(conn, wall_ms())
+        if not wait:
+            # 'status' from cron or a monitor: a minute's wait for the application's
+            # lock would stall it; its figures are then those of the last capture
+            appdb.wait_at_most(app, BRIEF_WAIT_MS)
+        # The bulk of a capture under a read snapshot: the application keeps writing
+        # (in WAL mode); the write lock is held only for what came in meanwhile and
+        # for writing peers' records.
+        back = [n for n, why in attached.stopped(site.conn).items()
+                if n in infos and _is_gone_why(why, n)]
+        with appdb.read_txn(app):
+            infos = schema.review(site, app, infos, back)
+            early = sum(_take_back(site, app, infos[n]) for n in back if n in infos)
+            early += capturing.take_changes(site, app, infos)
+            idle = _idle(site, app, infos)
+        if idle:
+            # nothing to write: a write committed for nothing would still end the
+            # read snapshot of an application transaction about to write (SQLite's
+            # BUSY_SNAPSHOT, at once, whatever its busy timeout)
+            return {"captured": early, "applied": 0, "clashes": 0,
+                    "refused": not_created}
+        doc = _cycle(site, app, infos)
+        doc["captured"] += early
+        doc["refused"] = not_created + doc["refused"]
+        return doc
 
 
 def _take_back(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
@@ -825,7 +839,7 @@ def report(site: Site) -> dict:
     att = attached.attachment(site.conn)
     if att is None:
         return {"database": None, "tables": [], "available": schema.available(site),
-                "problem": None, "store_behind": None}
+                "problem": None, "store_behind": None, "failing": None}
     path, since = att
     tables = attached.tables(site.conn)
     counts: dict[str, int] = {}
@@ -853,7 +867,8 @@ def report(site: Site) -> dict:
          "stopped": stopped.get(n),
          "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
         for n, d in tables.items()], "available": schema.available(site), "problem": problem,
-        "store_behind": STORE_BEHIND if attached.store_behind_since(site.conn) else None}
+        "store_behind": STORE_BEHIND if attached.store_behind_since(site.conn) else None,
+        "failing": attached.failing(site.conn)}
 
 
 def check_values(site: Site, collection: str, records: list[tuple[str, object]]) -> None:

@@ -99,6 +99,28 @@ def file_seen(conn: Connection, path: str) -> bool:
     return meta.get(conn, _FILE_SEEN) == path
 
 
+# The last failure to capture from or write into the attached file, until a command succeeds:
+# the commands that failed said it once, and 'status' (which captures too) must go on saying it.
+_FAILING = "attached_failing"
+
+
+def note_failing(conn: Connection, error: str, hint: str | None, since_ms: int) -> None:
+    held = failing(conn)
+    if held is not None and held["error"] == error:
+        since_ms = held["since_ms"]
+    meta.put(conn, _FAILING, json.dumps({"error": error, "hint": hint, "since_ms": since_ms}))
+
+
+def failing(conn: Connection) -> dict | None:
+    """{error, hint, since_ms} of the failure :func:`note_failing` noted, or None."""
+    raw = meta.get(conn, _FAILING)
+    return json.loads(raw) if raw else None
+
+
+def end_failing(conn: Connection) -> None:
+    meta.remove(conn, _FAILING)
+
+
 def set_captured(conn: Connection, seq: int) -> None:
     conn.execute("UPDATE attached SET captured_seq=max(captured_seq, ?)", (seq,))
 
@@ -130,6 +152,7 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_ins")
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
         end_store_behind(conn)
+        end_failing(conn)
 
 
 def family_table(conn: Connection, definitions: str, collection: str) -> bool:
