@@ -803,7 +803,12 @@ def test_a_value_the_table_would_store_otherwise_is_refused(tmp_path):
     for value, words in (({"id": "k", "i": "7"}, 'column i of attached table items has '
                                                   'INTEGER affinity: "7" would be stored as 7'),
                          ({"id": "k", "t": 5}, 'column t'),
-                         ({"id": "k", "i": True}, 'true would be stored as 1')):
+                         ({"id": "k", "i": True}, 'true would be stored as 1'),
+                         # no column holds these: they were written, and every site listed
+                         # the record as a clash for good
+                         ({"id": "k", "b": [1, 2]}, "holds [1, 2], which no SQLite column"),
+                         ({"id": "k", "b": {"x": 1}}, "which no SQLite column can hold"),
+                         ({"id": "k", "i": 1 << 63}, f"holds {1 << 63}, which no SQLite")):
         r = run("put", "items", "k", json.dumps(value), site=sites["a"])
         assert r.code == 1 and words in r.err, r
     lines = tmp_path / "load.jsonl"

@@ -933,6 +933,13 @@ def _check_rows(name: str, pk: list[str], columns: list[str],
             f"nothing was written", hint=f"give the row as an object, e.g. {example}")
     known = set(columns)
     for key, value in puts:
+        odd = next(((c, v) for c, v in value.items() if not storable(v)), None)
+        if odd is not None:
+            raise AttachError(
+                f"column {odd[0]!r} of the record for key {key!r} holds {json.dumps(odd[1])}, "
+                f"which no SQLite column can hold (attached table {name}); nothing was written",
+                hint="give each column a number (integers within 64 bits), a string or null; "
+                     "BLOBs are written by the application")
         extra = [c for c in value if c not in known]
         if extra and extra[0] in generated:
             raise AttachError(
@@ -945,6 +952,13 @@ def _check_rows(name: str, pk: list[str], columns: list[str],
                 f"{key!r} names it); nothing was written",
                 hint=f"add the column to the table first (ALTER TABLE ... ADD COLUMN), or "
                      f"leave it out; its columns: {', '.join(columns)}")
+
+
+def storable(v: object) -> bool:
+    """Whether SQLite can hold ``v`` as one value: no list or map, no integer beyond 64 bits."""
+    if isinstance(v, (list, dict)):
+        return False
+    return not isinstance(v, int) or -(1 << 63) <= v < (1 << 63)
 
 
 # fsck's words for rows no key names, which no capture, refresh or apply ever touches.
