@@ -892,3 +892,47 @@ def test_restore_finish_reissues_the_writes_made_since_a_careless_restore(family
         with fam.open(name) as s:
             assert s.get("t", "y") == "after the restore"
             assert s.get("t", "x") == "before the restore"
+
+
+def _cli_rounds(fam: Family, names: list[str], rounds: int) -> None:
+    """Full rounds through the command, whatever each export and import says (a fork makes
+    them fail until it heals)."""
+    for _ in range(rounds):
+        for s in names:
+            for t in names:
+                if s != t:
+                    out = fam.medium()
+                    run("export", "--to", t, "--out", out, site=fam.path(s))
+                    run("import", out, site=fam.path(t))
+
+
+def test_a_careless_restore_after_the_peers_trimmed_is_found_and_heals_by_a_resync(family):
+    """B is backed up, writes x, every site acknowledges and trims it; B's directory is put
+    back and B writes y under x's epoch.  No site held x's block any more, so nothing told
+    the two apart: B kept y, the others x, every command said all was well, and the family
+    was split for good.  The trimmed block's signed header now proves the fork; B recovers
+    through the resync the status names, and the family ends holding x and y."""
+    fam = three_sites(family)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "x", "before the restore")
+    fam.full_exchange(rounds=3)
+    for name in NAMES:
+        assert run("scrub", site=fam.path(name)).code == 0
+    put_back(fam, "B", copy)                    # nobody runs 'syncpack restore'
+    fam.put("B", "t", "y", "after the restore")
+    _cli_rounds(fam, list(NAMES), 2)
+    for name in ("A", "C"):
+        forks = status(fam, name)["forks"]
+        assert forks and forks[0]["origin"] == "B", (name, forks)
+    st = status(fam, "B")
+    assert st["state"] == "recovering" and "resync" in run("status", site=fam.path("B")).out
+    snap = fam.medium()
+    assert run("resync", "--to", "B", "--out", snap, site=fam.path("A")).code == 0
+    cli_import(fam, "B", snap)
+    _cli_rounds(fam, list(NAMES), 3)
+    assert_converged(fam)
+    assert_no_epoch_reuse(fam)
+    for name in NAMES:
+        with fam.open(name) as s:
+            assert s.get("t", "x") == "before the restore"
+            assert s.get("t", "y") == "after the restore"

@@ -749,6 +749,21 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
     return ap.applied
 
 
+def _restash(site: Site, covered: int) -> None:
+    """After a snapshot: our set-aside ops from a fork of our history on are ours alone, but
+    the snapshot replaced every version, theirs too.  Those whose version the snapshot holds
+    are the family's after all (dropped); the others get their versions back, to be renamed
+    when they are issued again (recovery.reissue_stash), as they were before."""
+    c = site.conn
+    for op in stash.ops(c):
+        csn = pack_csn(op.hlc, op.origin, op.seq)
+        if op.epoch <= covered and csn in split_csns(
+                versions.csns_of_key(c, op.collection, op.key)):
+            stash.drop(c, op.origin, op.epoch)
+        else:
+            site.apply_version(op, csn)
+
+
 def _unstash(site: Site, op: Op) -> bool:
     """One of our own set-aside ops came back from a peer, inside our own signed block (which
     is now kept): it is genuine, and its effect on the records is already here.  Returns
@@ -1007,8 +1022,14 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
             stored.seed(c, snap, kept=own)
             fields.insert_history(c, history)
             # Our own set-aside ops the snapshot already covers are the family's (their effect
-            # is in the snapshot); only those above it may still need re-issuing.
-            stash.drop_through(c, site.site_id, snap.get(site.site_id, 0))
+            # is in the snapshot); only those above it may still need re-issuing.  Not from a
+            # fork of our history on: the family holds the other version of those epochs, and
+            # ours (written after a restore) are still to be issued again.
+            me = site.site_id
+            forked = min((f.epoch for f in fork_store.all_forks(c) if f.origin == me),
+                         default=None)
+            stash.drop_through(c, me, snap.get(me, 0) if forked is None else
+                               min(snap.get(me, 0), forked - 1))
             if seeding:
                 site.set_meta("family_id", first.family)
                 site.set_meta("joined", 1)
@@ -1024,6 +1045,8 @@ def apply_snapshot(site: Site, pks: list[OpenPacket], progress=None) -> int:
             _check_members(site, [o for o, e in snap.items() if e], "snapshot")
             for op in kept:
                 site.apply_version(op, op.csn)
+            if forked is not None:
+                _restash(site, snap.get(me, 0))
             for o, e in snap.items():
                 top = max([op.epoch for op in kept if op.origin == o], default=e)
                 if o in waiting and waiting[o][0] >= e:

@@ -57,7 +57,11 @@ def signed_header(site: Site, raw: bytes) -> blocks.BlockInfo | None:
 def contradiction(site: Site, theirs: blocks.BlockInfo) -> tuple[int, bytes, bytes] | None:
     """(fork epoch, a, b) if a block we hold and ``theirs`` (signed, its hash known) prove
     that their origin signed two histories."""
-    for raw in store.headers_overlapping(site.conn, theirs.origin, theirs.lo, theirs.hi):
+    held = store.headers_overlapping(site.conn, theirs.origin, theirs.lo, theirs.hi)
+    # A block trimmed here still proves a fork at its epochs: without it, an origin restored
+    # from a backup that signed those epochs again split the family unseen.
+    trimmed = store.trimmed_header_overlapping(site.conn, theirs.origin, theirs.lo, theirs.hi)
+    for raw in held + ([trimmed] if trimmed is not None and trimmed not in held else []):
         ours = blocks.read_block_header(raw, site.family_id, header_only=True)
         e = rules.fork_epoch(facts(ours), facts(theirs))
         if e is not None:

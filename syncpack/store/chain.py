@@ -391,6 +391,12 @@ def trim(conn, origin: bytes, floor: int) -> int:
     for lo, hi in conn.execute("SELECT lo, hi FROM blocks WHERE origin=? AND hi<=?",
                                (origin, floor)).fetchall():
         n += hi - lo
+    # The newest block's signed header stays: a fork at its epochs is still proved by it.
+    conn.execute(
+        "INSERT INTO trimmed_heads SELECT origin, lo, hi, substr(data, 1, ?) FROM blocks "
+        "WHERE origin=?2 AND hi<=?3 ORDER BY hi DESC LIMIT 1 ON CONFLICT(origin) DO UPDATE "
+        "SET lo=excluded.lo, hi=excluded.hi, header=excluded.header WHERE excluded.hi>hi",
+        (blocks.HEADER_LEN, origin, floor))
     conn.execute("DELETE FROM blocks WHERE origin=? AND hi<=?", (origin, floor))
     settle_own(conn, origin)
     conn.execute("DELETE FROM changelog WHERE origin=? AND epoch<=?", (origin, floor))

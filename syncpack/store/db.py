@@ -48,7 +48,7 @@ def carray(items: tuple) -> object:
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -251,6 +251,13 @@ MIGRATIONS: list[str] = [
                                  file_id TEXT NOT NULL);
     CREATE TABLE detached_rows(collection TEXT NOT NULL, key TEXT NOT NULL, csns BLOB NOT NULL,
                                digest BLOB NOT NULL, PRIMARY KEY(collection, key)) WITHOUT ROWID;
+    """,
+    # 12: the signed header of the newest block trimmed of each origin: a block signed again
+    # for those epochs (the origin restored from a backup, then written to) is still told
+    # apart from the one trimmed (store/chain.py: trim; exchange/forks.py: contradiction).
+    """
+    CREATE TABLE trimmed_heads(origin BLOB PRIMARY KEY, lo INTEGER NOT NULL,
+                               hi INTEGER NOT NULL, header BLOB NOT NULL) WITHOUT ROWID;
     """,
 ]
 

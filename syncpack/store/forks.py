@@ -72,6 +72,14 @@ def headers_overlapping(conn, origin: bytes, lo: int, hi: int) -> list[bytes]:
         (HEADER_LEN, origin, lo, hi))]
 
 
+def trimmed_header_overlapping(conn, origin: bytes, lo: int, hi: int) -> bytes | None:
+    """The signed header of the newest block of ``origin`` this site trimmed, if it holds an
+    epoch in ``(lo, hi]`` (chain.trim keeps it)."""
+    row = conn.execute("SELECT header FROM trimmed_heads WHERE origin=? AND hi>? AND lo<?",
+                       (origin, lo, hi)).fetchone()
+    return bytes(row[0]) if row else None
+
+
 def header_ending_at(conn, origin: bytes, hi: int) -> bytes | None:
     row = conn.execute("SELECT substr(data, 1, ?) FROM blocks WHERE origin=? AND hi=?",
                        (HEADER_LEN, origin, hi)).fetchone()
