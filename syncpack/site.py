@@ -420,7 +420,16 @@ class Site:
     def signer(self) -> Callable[[bytes], bytes]:
         """This site's Ed25519 signing function (read from its key file once)."""
         if self._sign is None:
-            self._sign = keys.load_signing_key(self.path).sign
+            key = keys.load_signing_key(self.path)
+            me = self.members_by_id(include_retired=True).get(self.site_id)
+            if me is not None and key.public_key().public_bytes_raw() != me.ed25519:
+                # signed with it, every block would be refused by every peer, for good
+                raise SiteError(
+                    f"the signing key in {self.path / keys.KEY_DIR} is not the one the family "
+                    f"knows for site {self.name} (keys put back from another site?); nothing "
+                    f"was signed", hint="restore this site's own keys directory from its "
+                                        "backup")
+            self._sign = key.sign
         return self._sign
 
     def seal_pending(self, max_block: int | None = None,

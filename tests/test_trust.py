@@ -756,3 +756,25 @@ def test_a_forged_acknowledgement_of_a_member_the_receiver_does_not_know_proves_
     bad = write(tmp_path, "forged-ack.spk", rebuild(raw, key, forged))
     err = refused(family, "B", bad, tmp_path)
     assert "acknowledgement of X" in err and "does not verify" in err, err
+
+
+def test_a_site_whose_keys_are_anothers_signs_nothing(family, tmp_path):
+    """A site's keys directory put back from another site's keygen: every block it sealed
+    would be refused by every peer, for good (the peers blamed the carrier), even after the
+    right keys came back.  It now refuses to sign, names the cause, and signs once its own
+    keys are back."""
+    fam = three(family)
+    good = tmp_path / "good-keys"
+    shutil.copytree(fam.path("A") / "keys", good)
+    assert run("keygen", tmp_path / "Z", "--site", "Z").code == 0
+    shutil.rmtree(fam.path("A") / "keys")
+    shutil.copytree(tmp_path / "Z" / "keys", fam.path("A") / "keys")
+    assert run("put", "t", "k", '"written meanwhile"', site=fam.path("A")).code == 0
+    r = run("export", "--all", "--out", fam.medium(), site=fam.path("A"))
+    assert r.code == 1 and "not the one the family knows" in r.err and "hint:" in r.err, r
+    shutil.rmtree(fam.path("A") / "keys")
+    shutil.copytree(good, fam.path("A") / "keys")
+    fam.full_exchange(2)
+    assert_converged(fam)
+    with fam.open("B") as s:
+        assert s.get("t", "k") == "written meanwhile"
