@@ -936,3 +936,39 @@ def test_a_careless_restore_after_the_peers_trimmed_is_found_and_heals_by_a_resy
         with fam.open(name) as s:
             assert s.get("t", "x") == "before the restore"
             assert s.get("t", "y") == "after the restore"
+
+
+def test_a_restored_spoke_behind_a_hub_finishes_its_recovery(family):
+    """B and D exchange media only with the hub C.  A restored B waited for reports from D,
+    which never sends B a packet: its signed acknowledgements, relayed by C, are its word, so
+    B finishes its recovery by the ordinary rounds through the hub."""
+    fam = family
+    fam.init("C")
+    for name in ("A", "B", "D"):
+        fam.add(name, via="C")
+    spokes = ["A", "B", "D"]
+
+    def hub_round():
+        for s in spokes:
+            fam.sync(s, "C")
+        for s in spokes:
+            fam.sync("C", s)
+
+    for _ in range(3):
+        hub_round()
+    copy = backup(fam, "B")
+    fam.put("B", "t", "x", "before the restore")
+    hub_round()
+    put_back(fam, "B", copy)
+    assert run("restore", site=fam.path("B")).code == 0
+    for _ in range(4):
+        hub_round()
+    st = status(fam, "B")
+    assert st["state"] == "normal", st
+    fam.put("B", "t", "y", "after the recovery")
+    for _ in range(2):
+        hub_round()
+    assert_converged(fam)
+    assert_no_epoch_reuse(fam)
+    with fam.open("D") as s:
+        assert s.get("t", "x") == "before the restore" and s.get("t", "y") == "after the recovery"

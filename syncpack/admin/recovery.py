@@ -116,7 +116,24 @@ def note_report(site: Site, h, applied: bool) -> None:
             believed = False
         reps[h.sender] = claim if believed else max(held, min(claim, proven))
         _set_id_map(site, "recover_reports", reps)
+    if site.state == RECOVERING:
+        _note_relayed_reports(site, h, held, proven)
     maybe_finish(site)
+
+
+def _note_relayed_reports(site: Site, h, held: int, proven: int) -> None:
+    """A member this site exchanges no media with (a spoke behind a hub) reports only through
+    its signed acknowledgements, relayed: one made since the restore counts as its report.
+    Its claim is believed only as far as our own relayed acknowledgements prove we held (as
+    for a member whose direct claim was dismissed): a relayed word cannot be answered."""
+    me = site.site_id
+    since = int(site.meta("restore_ms", 0))
+    reps = _id_map(site, "recover_reports")
+    members = site.members_by_id()
+    new = {m: max(held, min(v.get(me, 0), proven)) for m, created, v, _s in resolved_acks(h)
+           if m != me and m != h.sender and m in members and m not in reps and created >= since}
+    if new:
+        _set_id_map(site, "recover_reports", {**reps, **new})
 
 
 def _unstash_through(site: Site, epoch: int, csn: bytes) -> int:
