@@ -713,9 +713,13 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
             # triggers go, and a crash after the application's commit leaves the table
             # attached without triggers, which the next command heals.
             with site.write_txn() as conn, appdb.write_txn(app):
+                stopped = attached.stopped(conn)
                 for n in names:
+                    # A stopped table without its capture (the application dropped and made
+                    # it again) changed unseen: no row of it is known to be left as it was.
+                    known = n not in stopped or appdb.has_capture(app, n)
                     appdb.drop_capture(app, n)
-                    if n in infos:
+                    if n in infos and known:
                         attached.remember_detached(conn, n, str(path), capturing.file_id(path),
                                                    _as_left(site, app, infos[n]))
                     attached.remove_table(conn, n)
@@ -727,8 +731,23 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
 def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
              ) -> Iterator[tuple[str, bytes, bytes]]:
     """(key, CSNs of the versions its row has seen, digest of the row's record) of each row
-    of ``t`` as it is detached: what a capture would compare it with."""
+    of ``t`` as it is detached: what a capture would compare it with.
+
+    A table whose capture a schema change stopped holds changes no capture took (their keys
+    wait in the change table): such a row is left with no digest, so attached again it is
+    the application's change, and such a key gone from the table is left too, as a row the
+    application deleted.  Taken as rows left as they were, the rows inserted meanwhile were
+    deleted from the table, and the updates never replicated."""
     conn = site.conn
+    changed: set[str] = set()
+    if t.name in attached.stopped(conn):
+        single = len(t.pk) == 1
+        for k in appdb.kept_keys(app, t):
+            try:
+                changed.add(rows.encode_key(tuple(k), single))
+            except (TypeError, ValueError):
+                continue        # never a record (a key that is not UTF-8 text)
+    seen: set[str] = set()
     for items in capturing.scanned(app, t):
         keys = [k for k, _r in items]
         current = attached.versions_for(conn, t.name, keys)
@@ -736,7 +755,20 @@ def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
         for key, raw in items:
             u = unseen.get(key, ())
             shown = b"".join(c for c, _v in current.get(key, ()) if c not in u)
-            yield key, shown, capturing.digest(raw)
+            if key in changed:
+                seen.add(key)
+                yield key, shown, b""
+            else:
+                yield key, shown, capturing.digest(raw)
+    gone = sorted(changed - seen)
+    if gone:
+        current = attached.versions_for(conn, t.name, gone)
+        unseen = attached.unseen_for(conn, t.name, gone)
+        for key in gone:
+            u = unseen.get(key, ())
+            shown = b"".join(c for c, _v in current.get(key, ()) if c not in u)
+            if shown:
+                yield key, shown, b""
 
 
 def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
