@@ -43,8 +43,15 @@ def compare(old: dict, new: dict) -> tuple[list[str], list[str]]:
             problems.append(f"column {name} changed type affinity from {aff} to "
                             f"{new_aff[name]}")
     kept = [c for c in new_names if c in dict(oc)]
-    if not problems and kept != [c for c, _a in oc]:
+    old_names = [c for c, _a in oc]
+    if not problems and kept != old_names:
         problems.append("columns changed order")
+    elif not problems and new_names[:len(oc)] != old_names:
+        # a table made again with a new column among the old ones: what peers add goes at
+        # the end, so their rows would hold it elsewhere
+        added = [c for c in new_names[:len(oc)] if c not in dict(oc)]
+        problems.append(f"column {added[0]} was added between existing columns, not at the "
+                        f"end")
     if list(old.get("pk", [])) != list(new.get("pk", [])):
         problems.append(f"the primary key changed from ({', '.join(old.get('pk', []))}) to "
                         f"({', '.join(new.get('pk', []))})")
