@@ -1010,3 +1010,32 @@ def test_a_stopped_table_detached_and_attached_again_keeps_the_changes_made_mean
     if not remade:      # made again, k1 is the application's op beside a's: a conflict
         assert held == {"b2": {"id": "b2", "qty": 22}, "k1": {"id": "k1", "qty": 11}}
     sp(sites["b"], "fsck")
+
+
+def test_an_edit_after_a_table_is_made_again_is_not_lost_to_a_waiting_record(tmp_path):
+    """a's application rebuilds its table without a column (SQLite's make-copy-drop-rename),
+    which drops the capture triggers with it, then edits a row; b edits the same row.  b's
+    record waits at a (the table is stopped), and a's refresh passed the keys with waiting
+    records over: b's value was written over a's edit, with no conflict, at every site."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE items(id TEXT PRIMARY KEY NOT "
+                              "NULL, qty INTEGER, bin TEXT)",
+                              ["INSERT INTO items VALUES ('k1', 1, 'A'), ('k2', 2, 'B')"],
+                              "items")
+    app(dbs["a"], ["CREATE TABLE items_new(id TEXT PRIMARY KEY NOT NULL, qty INTEGER)",
+                   "INSERT INTO items_new SELECT id, qty FROM items", "DROP TABLE items",
+                   "ALTER TABLE items_new RENAME TO items",
+                   "UPDATE items SET qty = 5 WHERE id = 'k1'"])
+    app(dbs["b"], ["UPDATE items SET qty = 7 WHERE id = 'k1'",
+                   "UPDATE items SET qty = 8 WHERE id = 'k2'"])
+    out = tmp_path / "b-to-a"
+    sp(sites["b"], "export", "--to", "a", "--out", out, "--create-out")
+    run("import", out, site=sites["a"])
+    sp(sites["a"], "attach", dbs["a"], "--refresh", "--table", "items")
+    [c] = run("--json", "conflicts", "items", site=sites["a"]).json["conflicts"]
+    assert c["key"] == "k1"
+    assert sorted(v["value"]["qty"] for v in c["versions"]) == [5, 7]
+    # k2, which a's application left alone, takes b's edit
+    assert table(dbs["a"], "items") == [("k1", "text", c["visible"]["qty"], "integer"),
+                                        ("k2", "text", 8, "integer")]
+    sp(sites["a"], "fsck")

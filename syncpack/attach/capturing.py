@@ -206,7 +206,7 @@ def heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -
                 with site.transaction() as tx:
                     taken += _went_back(site, tx, app, t, changed)
             else:
-                taken += load_rows(site, app, t, rescan=True)
+                taken += load_rows(site, app, t, rescan=True, waiting_too=True)
     return taken
 
 
@@ -264,13 +264,15 @@ def _went_back(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     return len(mine)
 
 
-def load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bool) -> int:
+def load_rows(site: Site, app: appdb.Connection, t: appdb.TableInfo, rescan: bool,
+              waiting_too: bool = False) -> int:
     """Rows of ``t`` that differ from the store become local ops.  At attach they are
     concurrent with whatever the store holds (``rescan=False``); on a rescan they replace what
     the application had seen.  Keys the store holds and the table lacks are deleted on a
-    rescan only."""
+    rescan only.  A rescan passes over keys whose peer records wait (a capture took their
+    changes), unless ``waiting_too`` (no capture saw the table's changes: _waiting_changed)."""
     with site.transaction() as tx:
-        return load_rows_in(site, tx, app, t, rescan)
+        return load_rows_in(site, tx, app, t, rescan, waiting_too)
 
 
 def scanned(app: appdb.Connection, t: appdb.TableInfo) -> Iterator[list[tuple[str, bytes]]]:
@@ -287,7 +289,7 @@ def scanned(app: appdb.Connection, t: appdb.TableInfo) -> Iterator[list[tuple[st
 
 
 def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
-                 rescan: bool) -> int:
+                 rescan: bool, waiting_too: bool = False) -> int:
     """:func:`load_rows` in the caller's store transaction ``tx``."""
     conn = site.conn
     name = t.name
@@ -306,7 +308,10 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     for items in scanned(app, t):
         if rescan:
             seen_keys.update(k for k, _r in items)
+            waiting = [(k, r) for k, r in items if k in pending]
             items = [(k, r) for k, r in items if k not in pending]
+            if waiting and waiting_too:
+                n += _waiting_changed(site, tx, t, waiting, defaults)
         current = attached.versions_for(conn, name, [k for k, _r in items])
         batch = []
         for key, raw in items:
@@ -371,6 +376,38 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
         attached.forget_detached(conn, name)
     attached.end_capturing(conn)
     return n
+
+
+def _waiting_changed(site: Site, tx, t: appdb.TableInfo, items: list[tuple[str, bytes]],
+                     defaults: dict) -> int:
+    """Of rows (key, record) whose keys have peer records waiting to be written, those the
+    application changed: unlike what the row showed (the versions but the waiting ones), they
+    become local ops concurrent with the waiting records, as capture makes them.  A rescan
+    passed them over, and a change no trigger saw (the table made again, then edited) was
+    overwritten by the waiting record, silently.  Returns the ops written."""
+    conn, name = site.conn, t.name
+    keys = [k for k, _r in items]
+    current = attached.versions_for(conn, name, keys)
+    unseen = attached.unseen_for(conn, name, keys)
+    replaced = chain.replaced_of_many(conn, set().union(*unseen.values()))
+    # what the waiting versions replaced, which the row still shows where nothing else is
+    under = chain.values_of_many(conn, {r for rs in replaced.values() for r in rs})
+    batch = []
+    for key, raw in items:
+        vs = list(current.get(key, ()))
+        u = unseen.get(key, set())
+        row = codec.decode_value(raw)
+        v = visible(site, name, [(c, x) for c, x in vs if c not in u], key)
+        if v is not None:
+            was = [v.value]
+        else:
+            was = [under.get(r) for c in u for r in replaced.get(c, ())]
+        if any(x is not None and rows.same_row(codec.shown_value(x), row, defaults)
+               for x in was):
+            continue
+        batch.append((key, raw, shown(vs, u, replaced)))
+    tx.write_many(name, batch)
+    return len(batch)
 
 
 def file_id(path: Path) -> str:

@@ -841,8 +841,12 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
                         attached.set_shape(site.conn, n, schema.shape_of(t), t.columns, t.pk,
                                            t.create_sql)
                         attached.set_stopped(site.conn, n, None)
+                    # no capture at all (the application made the table again): a row
+                    # whose key has a peer record waiting may hold a change no trigger saw
+                    unseen = not appdb.has_capture(app, n)
                     appdb.install_capture(app, t)       # the key may have changed
-                    changes = capturing.load_rows(site, app, t, rescan=True)
+                    changes = capturing.load_rows(site, app, t, rescan=True,
+                                                  waiting_too=unseen)
                     live[n] = schema.with_dropped(site, t)
                     out.append({"table": n, "columns": t.columns, "primary_key": t.pk,
                                 "changes": changes})

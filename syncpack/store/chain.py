@@ -206,6 +206,17 @@ def replaced_of_many(conn, csns: Iterable[bytes]) -> dict[bytes, list[bytes]]:
     return out
 
 
+def values_of_many(conn, csns: Iterable[bytes]) -> dict[bytes, bytes | None]:
+    """The values the ops ``csns`` wrote, of each we still hold (decoded a block at a time)."""
+    ids = {(csn_hlc(c), csn_origin(c), csn_seq(c)): c for c in csns}
+    out: dict[bytes, bytes | None] = {}
+    for (hlc, origin, seq), epoch in epochs_of(conn, ids).items():
+        op = op_at(conn, origin, epoch)
+        if op is not None:
+            out[ids[hlc, origin, seq]] = op.value
+    return out
+
+
 def op_id_at(conn, origin: bytes, epoch: int) -> tuple[int, int] | None:
     """``(hlc, seq)`` of the op we hold as ``epoch`` of ``origin``, or None."""
     row = conn.execute("SELECT hlc, seq FROM changelog WHERE origin=? AND epoch=?",
