@@ -581,6 +581,7 @@ def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt, c
     doc = {"packets": [{"path": str(p.path), "to": name, "records": p.header.count,
                         "bytes": p.size, "part": p.header.part} for p in parts]}
     obj.emit(doc, "\n".join(str(p.path) for p in parts))
+    _warn_stopped(obj, s, "the snapshot")
     where = parts[0].path.parent if parts else Path(out)
     obj.say(f"added {name} to family {s.family_name!r}; carry {where} to the new site and run "
             f"there:\n  syncpack --site {shlex.quote(_keygen_dir(pubkey, name))} mkreplica "
@@ -858,6 +859,13 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
         _export_report(obj, s, pkts, failed)
 
 
+def _warn_stopped(obj: Ctx, s: Site, what: str) -> None:
+    """An attached table whose capture a schema change stopped: what leaves lacks its
+    application's changes since, which an administrator must hear of."""
+    for _name, why, hint in attach_core.stopped_tables(s):
+        obj.warn(f"{why}; its changes are not in {what} ({hint})")
+
+
 def _export_report(obj: Ctx, s: Site, pkts: list, failed: list[SyncpackError]) -> None:
     doc = {"packets": [p.to_json() for p in pkts]}
     if failed:
@@ -865,8 +873,7 @@ def _export_report(obj: Ctx, s: Site, pkts: list, failed: list[SyncpackError]) -
     obj.emit(doc, "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
     if not pkts and not failed:
         obj.say("nothing to send: every peer already holds our changes and our vector")
-    for _name, why, hint in attach_core.stopped_tables(s):
-        obj.warn(f"{why}; its changes are not in these packets ({hint})")
+    _warn_stopped(obj, s, "these packets")
     for e in failed:
         echo_error(e.message, e.hint)
     if failed:
@@ -1389,6 +1396,7 @@ def resync(obj: Ctx, peer, out, max_size, encrypt, create_out):
     obj.emit({"packets": [{"path": str(p.path), "to": peer, "records": p.header.count,
                            "bytes": p.size, "part": p.header.part} for p in parts]},
              "\n".join(str(p.path) for p in parts))
+    _warn_stopped(obj, s, "the snapshot")
 
 
 @cli.command()

@@ -139,6 +139,16 @@ def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
     # doing everything else, so that cron or the timer reports it.
     r = run("export", "--all", "--out", root / "drop-stopped", "--create-out", site=sites["a"])
     assert r.code == 0 and "warning: capture of table items stopped" in r.err, r
+    # so does a snapshot for a new site or a resync: it too lacks the table's changes
+    assert run("keygen", root / "newsite", "--site", "newsite").code == 0
+    r = run("mkreplica", "export", "--site", "newsite", "--pubkey",
+            root / "newsite" / "keys" / "site.pub", "--out", root / "drop-new",
+            "--create-out", site=sites["a"])
+    assert r.code == 0 and "stopped: column t was dropped or renamed; its changes are not " \
+        "in the snapshot" in r.err, r
+    r = run("resync", "--to", "b", "--out", root / "drop-resync", "--create-out",
+            site=sites["a"])
+    assert r.code == 0 and "not in the snapshot" in r.err, r
     cfg = root / "a-round.toml"
     cfg.write_text(f'site = "{sites["a"]}"\n[[export]]\nout = "{root / "drop-stopped"}"\n'
                    f'to = "all"\n')
