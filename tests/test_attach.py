@@ -919,6 +919,28 @@ def test_a_transaction_the_origin_committed_is_not_split_by_the_order_of_its_row
     assert run("fsck", site=sites["b"]).code == 0
 
 
+def test_a_delete_refused_at_once_does_not_hold_back_a_deferred_pair_deleted_together(
+        tmp_path):
+    """The origin deletes p1 (which a row of b's own, never replicated, refers to: refused at
+    b, a clash) and, together, two rows whose deferred foreign keys refer to each other.
+    The pair, retried together with p1, failed with it, and stayed for good."""
+    schema = ["CREATE TABLE p(id TEXT PRIMARY KEY NOT NULL)",
+              "CREATE TABLE lc(id TEXT PRIMARY KEY, pid TEXT REFERENCES p(id))",
+              "CREATE TABLE dc(id TEXT PRIMARY KEY NOT NULL, pid TEXT REFERENCES dp(id) "
+              "DEFERRABLE INITIALLY DEFERRED)",
+              "CREATE TABLE dp(id TEXT PRIMARY KEY NOT NULL, cid TEXT REFERENCES dc(id) "
+              "DEFERRABLE INITIALLY DEFERRED)"]
+    sites, dbs = attached_pair(tmp_path, schema, [
+        "INSERT INTO p VALUES ('p1')", "INSERT INTO dc VALUES ('c1', 'd1')",
+        "INSERT INTO dp VALUES ('d1', 'c1')"], ["p", "dc", "dp"])
+    app(dbs["b"], ["INSERT INTO lc VALUES ('l1', 'p1')"])
+    app(dbs["a"], ["DELETE FROM p", "DELETE FROM dc", "DELETE FROM dp"])
+    exchange(tmp_path, sites, rounds=1)
+    assert table(dbs["b"], "dc") == table(dbs["b"], "dp") == []
+    [c] = run("--json", "conflicts", site=sites["b"]).json["conflicts"]
+    assert (c["collection"], c["key"]) == ("p", "p1")
+
+
 def test_a_real_clash_in_the_same_transaction_does_not_hold_back_rows_that_go_in_together(
         tmp_path):
     """The origin's transaction swaps two UNIQUE values, adds rows whose deferred foreign

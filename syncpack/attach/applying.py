@@ -74,16 +74,22 @@ def apply_pending(site: Site, app: appdb.Connection, infos: dict[str, appdb.Tabl
                 else:
                     done[name] += 1
     if refused:
-        # rows whose deferred foreign keys refer to each other, deleted together
-        names = [n for n in reversed(order) if n in refused]
-        if appdb.delete_group([(appdb.Writer(app, infos[n]), list(refused[n].values()))
-                               for n in names]):
-            for n in names:
-                done[n] += len(refused[n])
-                for k in refused[n]:
-                    clashes[n].pop(k, None)
-                if not clashes[n]:
-                    del clashes[n]
+        # rows whose deferred foreign keys refer to each other, deleted together; if a row
+        # refused at once (a local row refers to it) fails the whole group, without such rows
+        # (before, one such row kept every deferred pair of the import from going)
+        deferred = {n: {k: v for k, v in ks.items() if clashes[n][k].endswith("(deferred)")}
+                    for n, ks in refused.items()}
+        for group in (refused, {n: ks for n, ks in deferred.items() if ks}):
+            names = [n for n in reversed(order) if n in group]
+            if group and appdb.delete_group([(appdb.Writer(app, infos[n]),
+                                              list(group[n].values())) for n in names]):
+                for n in names:
+                    done[n] += len(group[n])
+                    for k in group[n]:
+                        clashes[n].pop(k, None)
+                    if not clashes[n]:
+                        del clashes[n]
+                break
     if stuck and has_deletes:
         # a row that takes a UNIQUE value from a row its transaction deleted
         _apply_together(app, infos, order, stuck, done, clashes)
