@@ -510,7 +510,7 @@ class _Applier:
         # Each key whose version goes gets its new one next, which notes it for an attached
         # table; noted for the removal too, its row was written twice (the application's
         # update triggers fired twice for one update of the origin's).
-        with attached.triggers_aside(conn, deletes=True):
+        with attached.triggers_aside(conn, deletes=True) if gone else nullcontext():
             if versions.remove_replaced(conn, coll, gone):
                 self.superseded_any = True      # the next ops go op by op (apply_version)
         versions.insert_columns(conn, coll, keys, csns, vals)
