@@ -687,6 +687,7 @@ def get(obj: Ctx, collection, key):
       syncpack get parts p-100
     """
     s = obj.open()
+    key = s.key_as_shown(collection, key)
     try:
         v = s.get(collection, key)
     except RecordNotFound as e:

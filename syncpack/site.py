@@ -311,6 +311,18 @@ class Site:
         """The surviving versions of ``collection``/``key`` (more than one: a conflict)."""
         return versions.of_key(self.conn, collection, key)
 
+    def key_as_shown(self, collection: str, key: str) -> str:
+        """``key`` as given; or, when no version has it and it holds escapes, the key whose
+        shown form it is: listings escape control characters (a NUL, a line break), which no
+        command line can carry, so the key they show must name the record too."""
+        if "\\" not in key or versions.of_key(self.conn, collection, key):
+            return key
+        try:
+            real = key.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        except UnicodeDecodeError:
+            return key
+        return real if real != key and versions.of_key(self.conn, collection, real) else key
+
     def get(self, collection: str, key: str, default: Any = RecordNotFound) -> Any:
         """The visible value of ``collection``/``key``.  Raises :class:`RecordNotFound`
         when there is none, unless a ``default`` is given."""

@@ -366,3 +366,27 @@ def test_python_m_syncpack_help(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "syncpack", "no-such-command"],
                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_a_key_holding_a_control_character_is_named_as_listings_show_it(family):
+    """A key may hold a NUL or a line break (an attached table's TEXT key may); listings
+    show it escaped, and no command line can carry it as it is: the shown form names it, for
+    'get' and 'conflicts resolve', so its conflict can be settled."""
+    family.init("A")
+    family.add("B", via="A")
+    family.full_exchange(1)
+    for name, v in (("A", "from A"), ("B", "from B")):
+        family.put(name, "t", "n\x00ul\nx", v)
+    family.full_exchange(1)
+    shown = run("conflicts", "t", site=family.path("A")).out
+    assert "t/n\\x00ul\\nx" in shown, shown
+    r = run("get", "t", "n\\x00ul\\nx", site=family.path("A"), json_mode=True)
+    assert r.code == 0 and r.json["key"] == "n\x00ul\nx", r
+    r = run("conflicts", "resolve", "t", "n\\x00ul\\nx", "--pick", "B", site=family.path("A"))
+    assert r.code == 0, r
+    with family.open("A") as s:
+        assert s.get("t", "n\x00ul\nx") == "from B" and len(s.versions("t", "n\x00ul\nx")) == 1
+    # a key that really is spelt with a backslash is still that key
+    family.put("A", "t", "a\\x41", "literal")
+    assert run("get", "t", "a\\x41", site=family.path("A"), json_mode=True).json["value"] == \
+        "literal"

@@ -140,6 +140,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
             raise InvalidValueError(f"--field {f!r} is given twice",
                                     hint="give each field once: --field FIELD=SITE")
         seen.add(f)
+    key = site.key_as_shown(collection, key)
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
