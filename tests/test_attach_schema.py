@@ -968,6 +968,25 @@ def test_a_table_detached_and_attached_again_keeps_a_peers_edit_of_another_field
     _both_edits_everywhere(sites, dbs)
 
 
+def test_a_column_added_by_the_release_while_detached_is_no_change_of_the_rows(tmp_path):
+    """Under 'merge': b detaches; a's release adds column more and sets it in k1; b's own
+    release adds the same column and leaves the rows alone; b attaches again.  Each row of
+    b's then held more at its default, unlike its digest when it was left, and became b's op
+    setting more to NULL, which overrode a's edit at every site."""
+    sites, dbs = _merge_row_at_three_sites(tmp_path)
+    sp(sites["b"], "detach", dbs["b"])
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN more INTEGER",
+                   "UPDATE items SET more = 1 WHERE id = 'k1'"])
+    exchange(tmp_path, sites)
+    app(dbs["b"], ["ALTER TABLE items ADD COLUMN more INTEGER"])
+    sp(sites["b"], "attach", dbs["b"], "--table", "items")
+    exchange(tmp_path, sites, rounds=3)
+    for n in sites:
+        assert table(dbs[n], "items") == [("k1", "text", 1, "integer", "n", "text",
+                                           1, "integer")], n
+        assert run("conflicts", site=sites[n], json_mode=True).json["conflicts"] == [], n
+
+
 def test_a_table_renamed_away_and_back_keeps_a_peers_edit_of_another_field(tmp_path):
     """Under 'merge': b's application renames its table away, edits qty, and renames it back,
     while a's edits t of the same row.  The op capture made for b's edit when the table came

@@ -305,6 +305,12 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     left = None if rescan else attached.detached_rows(conn, name, path, file_id(Path(path)))
     as_left: list[tuple[str, str, bytes]] = []
     defaults = appdb.constant_defaults(app, t) if rescan else None
+    # columns the application's release added while the table was detached: a row holding
+    # their defaults there is as it was left (under 'merge', taken as set to the default, it
+    # overrode a peer's edit of the column)
+    then = attached.detached_columns(conn, name) if left else None
+    added = [c for c in t.columns if c not in then] if then else []
+    added_defaults = appdb.constant_defaults(app, t) if added else {}
     for items in scanned(app, t):
         if rescan:
             seen_keys.update(k for k, _r in items)
@@ -317,7 +323,8 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
         for key, raw in items:
             vs = current.get(key, ())
             was = left.pop(key, None) if left is not None else None
-            if was is not None and digest(raw) == was[1]:
+            if was is not None and (digest(raw) == was[1] or added and digest(
+                    rows.without_defaults(raw, added, added_defaults)) == was[1]):
                 as_left.append((name, key, b""))
                 continue
             if len(vs) == 1 and (vs[0][1] == raw or rescan and vs[0][1] is not None

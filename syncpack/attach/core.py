@@ -721,7 +721,8 @@ def detach(site: Site, db_path: str | os.PathLike, names: list[str] | None = Non
                     appdb.drop_capture(app, n)
                     if n in infos and known:
                         attached.remember_detached(conn, n, str(path), capturing.file_id(path),
-                                                   _as_left(site, app, infos[n]))
+                                                   _as_left(site, app, infos[n]),
+                                                   infos[n].columns)
                     attached.remove_table(conn, n)
                 if set(names) == set(current):
                     appdb.drop_capture_tables(app)

@@ -197,13 +197,25 @@ def without_unset(raw: bytes, base_raw: bytes, defaults: dict[str, Any]) -> byte
     record that lacks a column stands for the column's default (appdb.Writer), but no longer
     a change of those columns."""
     try:
-        new, base = codec.decode_value(raw), codec.decode_value(base_raw)
+        base = codec.decode_value(base_raw)
     except ValueError:
         return raw
-    if not isinstance(new, dict) or not isinstance(base, dict):
+    if not isinstance(base, dict):
         return raw
-    unset = [c for c, v in new.items() if c not in base and c in defaults
-             and typed({c: v}) == typed({c: defaults[c]})]
+    return without_defaults(raw, [c for c in defaults if c not in base], defaults)
+
+
+def without_defaults(raw: bytes, columns: list[str], defaults: dict[str, Any]) -> bytes:
+    """Record ``raw`` of a row, less those of ``columns`` that hold their default
+    (``defaults``)."""
+    try:
+        new = codec.decode_value(raw)
+    except ValueError:
+        return raw
+    if not isinstance(new, dict):
+        return raw
+    unset = [c for c in columns if c in new and c in defaults
+             and typed({c: new[c]}) == typed({c: defaults[c]})]
     if not unset:
         return raw
     return codec.encode_value({c: v for c, v in new.items() if c not in unset})

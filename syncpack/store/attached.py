@@ -164,12 +164,15 @@ def family_table(conn: Connection, definitions: str, collection: str) -> bool:
 
 
 def remember_detached(conn: Connection, collection: str, db_path: str, file_id: str,
-                      rows: Iterable[tuple[str, bytes, bytes]]) -> None:
+                      rows: Iterable[tuple[str, bytes, bytes]],
+                      columns: list[str] | None = None) -> None:
     """What the rows of ``collection`` held as it is detached from the file ``file_id`` at
     ``db_path``: (key, the CSNs of the versions the row had seen, the digest of its
-    record)."""
+    record); and the table's ``columns`` then."""
     forget_detached(conn, collection)
-    conn.execute("INSERT INTO detached_tables VALUES (?, ?, ?)", (collection, db_path, file_id))
+    conn.execute("INSERT INTO detached_tables(collection, db_path, file_id, columns) "
+                 "VALUES (?, ?, ?, ?)", (collection, db_path, file_id,
+                                         None if columns is None else json.dumps(columns)))
     # Two rows of an untyped key column share a record key (the integer 1 and the text
     # '1', docs/attach.md): one of them is remembered, the other counts as changed.
     conn.executemany("INSERT OR REPLACE INTO detached_rows VALUES (?, ?, ?, ?)",
@@ -185,6 +188,13 @@ def detached_rows(conn: Connection, collection: str, db_path: str, file_id: str
         return None
     return {k: (c, d) for k, c, d in conn.execute(
         "SELECT key, csns, digest FROM detached_rows WHERE collection=?", (collection,))}
+
+
+def detached_columns(conn: Connection, collection: str) -> list[str] | None:
+    """The columns ``collection`` had when it was detached, if known."""
+    row = conn.execute("SELECT columns FROM detached_tables WHERE collection=?",
+                       (collection,)).fetchone()
+    return json.loads(row[0]) if row and row[0] else None
 
 
 def detached_here(conn: Connection) -> set[str]:

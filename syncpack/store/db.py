@@ -255,9 +255,12 @@ MIGRATIONS: list[str] = [
     # 12: the signed header of the newest block trimmed of each origin: a block signed again
     # for those epochs (the origin restored from a backup, then written to) is still told
     # apart from the one trimmed (store/chain.py: trim; exchange/forks.py: contradiction).
+    # And a detached table's columns then: a column the application's release added while
+    # it was detached, still at its default, is no change of a row (attach/capturing.py).
     """
     CREATE TABLE trimmed_heads(origin BLOB PRIMARY KEY, lo INTEGER NOT NULL,
                                hi INTEGER NOT NULL, header BLOB NOT NULL) WITHOUT ROWID;
+    ALTER TABLE detached_tables ADD COLUMN columns TEXT;
     """,
 ]
 
