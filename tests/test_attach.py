@@ -313,12 +313,17 @@ def test_unique_and_foreign_key_clashes_are_conflicts_not_crashes(tmp_path):
     assert [(r[0], r[2]) for r in table(dbs["a"], "orders")] == [("o2", "u1")]
 
 
-def test_integer_keys_collide_as_conflicts_never_silently(tmp_path):
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+def _counters_at_two_sites(root: Path) -> tuple[dict, dict]:
+    sites = make_family(root, ("a", "b"))
+    dbs = {n: root / f"{n}.db" for n in sites}
     for db in dbs.values():
         app(db, SCHEMA)
     attach_all(sites, dbs, ("counters",))
+    return sites, dbs
+
+
+def test_integer_keys_collide_as_conflicts_never_silently(tmp_path):
+    sites, dbs = _counters_at_two_sites(tmp_path)
     app(dbs["a"], ["INSERT INTO counters(v) VALUES ('from a')"])
     app(dbs["b"], ["INSERT INTO counters(v) VALUES ('from b')"])
     exchange(tmp_path, sites)
@@ -333,11 +338,7 @@ def test_key_ranges_as_docs_attach_says_never_collide(tmp_path):
     # docs/attach.md, 'Integer keys': each site inserts explicit ids from its own range.  A
     # start set in sqlite_sequence, which the docs said before, does not keep a range: the
     # rows arriving from the highest range lift every other site's next number into it.
-    sites = make_family(tmp_path, ("a", "b"))
-    dbs = {n: tmp_path / f"{n}.db" for n in sites}
-    for db in dbs.values():
-        app(db, SCHEMA)
-    attach_all(sites, dbs, ("counters",))
+    sites, dbs = _counters_at_two_sites(tmp_path)
 
     def insert(n: str, lo: int, v: str) -> list[str]:
         return [f"INSERT INTO counters(id, v) VALUES ((SELECT coalesce(max(id), {lo}) + 1 "

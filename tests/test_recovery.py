@@ -855,6 +855,22 @@ def test_fsck_waits_for_a_command_working_on_the_site(family):
     assert "waiting for another syncpack command on site 'B'" in err, err
 
 
+def _rounds(fam: Family, names: list[str], rounds: int, cli: bool = False) -> None:
+    """Full rounds among ``names``; through the command (``cli``), whatever each export and
+    import says (a fork makes them fail until it heals)."""
+    for _ in range(rounds):
+        for s in names:
+            for t in names:
+                if s == t:
+                    continue
+                if cli:
+                    out = fam.medium()
+                    run("export", "--to", t, "--out", out, site=fam.path(s))
+                    run("import", out, site=fam.path(t))
+                else:
+                    fam.sync(s, t)
+
+
 def test_restore_finish_reissues_the_writes_made_since_a_careless_restore(family):
     """A member that held the restored site's ops is gone for good, so the recovery waits for
     it forever and the administrator ends it with 'restore --finish': the local write made
@@ -865,45 +881,20 @@ def test_restore_finish_reissues_the_writes_made_since_a_careless_restore(family
     copy = backup(fam, "A")
     fam.put("A", "t", "x", "before the restore")
     live = ["A", "B", "C"]
-    for s in live:
-        for t in live:
-            if s != t:
-                fam.sync(s, t)
+    _rounds(fam, live, 1)
     put_back(fam, "A", copy)                    # nobody runs 'syncpack restore'
     fam.put("A", "t", "y", "after the restore")
-    for _ in range(3):
-        for s in live:
-            for t in live:
-                if s != t:
-                    out = fam.medium()
-                    run("export", "--to", t, "--out", out, site=fam.path(s))
-                    run("import", out, site=fam.path(t))
+    _rounds(fam, live, 3, cli=True)
     st = status(fam, "A")
     assert st["state"] == "recovering" and st["recovery"]["ops_to_reissue"] == 1, st
     r = run("restore", "--finish", site=fam.path("A"))
     assert r.code == 0, r
-    for _ in range(2):
-        for s in live:
-            for t in live:
-                if s != t:
-                    fam.sync(s, t)
+    _rounds(fam, live, 2)
     assert_converged(fam, live)
     for name in live:
         with fam.open(name) as s:
             assert s.get("t", "y") == "after the restore"
             assert s.get("t", "x") == "before the restore"
-
-
-def _cli_rounds(fam: Family, names: list[str], rounds: int) -> None:
-    """Full rounds through the command, whatever each export and import says (a fork makes
-    them fail until it heals)."""
-    for _ in range(rounds):
-        for s in names:
-            for t in names:
-                if s != t:
-                    out = fam.medium()
-                    run("export", "--to", t, "--out", out, site=fam.path(s))
-                    run("import", out, site=fam.path(t))
 
 
 def test_a_careless_restore_after_the_peers_trimmed_is_found_and_heals_by_a_resync(family):
@@ -920,7 +911,7 @@ def test_a_careless_restore_after_the_peers_trimmed_is_found_and_heals_by_a_resy
         assert run("scrub", site=fam.path(name)).code == 0
     put_back(fam, "B", copy)                    # nobody runs 'syncpack restore'
     fam.put("B", "t", "y", "after the restore")
-    _cli_rounds(fam, list(NAMES), 2)
+    _rounds(fam, NAMES, 2, cli=True)
     for name in ("A", "C"):
         forks = status(fam, name)["forks"]
         assert forks and forks[0]["origin"] == "B", (name, forks)
@@ -929,7 +920,7 @@ def test_a_careless_restore_after_the_peers_trimmed_is_found_and_heals_by_a_resy
     snap = fam.medium()
     assert run("resync", "--to", "B", "--out", snap, site=fam.path("A")).code == 0
     cli_import(fam, "B", snap)
-    _cli_rounds(fam, list(NAMES), 3)
+    _rounds(fam, NAMES, 3, cli=True)
     assert_converged(fam)
     assert_no_epoch_reuse(fam)
     for name in NAMES:
