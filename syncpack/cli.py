@@ -1623,6 +1623,8 @@ def _attached_text(doc: dict) -> str:
     lines = [f"database {doc['database']}",
              *([f"  CANNOT BE READ: {printable(doc['problem'])}"] if doc.get("problem") else []),
              *([f"  STORE BEHIND: {doc['store_behind']}"] if doc.get("store_behind") else []),
+             *([f"  BUSY: {printable(doc['busy'])}; figures unknown ('?') until it is free"]
+               if doc.get("busy") else []),
              *([f"  FAILING since {_utc(doc['failing']['since_ms'])}: "
                 f"{printable(doc['failing']['error'])}"
                 + (f" (hint: {printable(doc['failing']['hint'])})" if doc['failing']['hint']
@@ -1631,7 +1633,8 @@ def _attached_text(doc: dict) -> str:
              f"last apply (UTC)"]
     for t in doc["tables"]:
         rows = "?" if t["rows"] is None else t["rows"]
-        lines.append(f"{printable(t['table']):20} {rows:>10} {t['pending']:>8}  "
+        pending = "?" if t["pending"] is None else t["pending"]
+        lines.append(f"{printable(t['table']):20} {rows:>10} {pending:>8}  "
                      f"{_utc(t['last_capture']):18}  {_utc(t['last_apply'])}")
         if t.get("stopped"):
             lines.append(f"  STOPPED: {printable(t['stopped'])}")

@@ -288,6 +288,11 @@ class AttachError(SyncpackError):
     was changed."""
 
 
+class AttachBusyError(AttachError):
+    """The application's database stayed locked by another connection (the application's
+    own transaction) for longer than the command waits."""
+
+
 class ApplicationOnlyError(AttachError):
     """A statement on an application's table needs a function, a collation or a module that
     only the application defines (it registers them in its own connections): its triggers,

@@ -1882,18 +1882,24 @@ def test_a_whole_table_comparison_leaves_open_conflicts_open(tmp_path):
     assert run("fsck", site=sites["a"]).code == 0
 
 
-def test_status_answers_while_the_application_holds_its_write_lock(tmp_path):
+@pytest.mark.parametrize("mode, begin", [
+    ("WAL", "BEGIN IMMEDIATE"),
+    # no reader gets in: status waited its busy timeout twice (the capture, then the figures)
+    ("DELETE", "BEGIN EXCLUSIVE"),
+    ("WAL", "PRAGMA locking_mode=EXCLUSIVE; BEGIN EXCLUSIVE")])
+def test_status_answers_while_the_application_holds_its_write_lock(tmp_path, mode, begin):
     """status captures first; with the application holding its write lock it waited the
-    whole busy timeout (a minute) before answering, stalling a monitoring job."""
+    whole busy timeout (a minute, or two) before answering, stalling a monitoring job."""
     import time
     sites = make_family(tmp_path, ("a",))
     db = tmp_path / "a.db"
-    app(db, ["CREATE TABLE kv(k TEXT PRIMARY KEY, v TEXT)", "INSERT INTO kv VALUES ('k', 'v')"])
+    app(db, [f"PRAGMA journal_mode={mode}", "CREATE TABLE kv(k TEXT PRIMARY KEY, v TEXT)",
+             "INSERT INTO kv VALUES ('k', 'v')"])
     sp(sites["a"], "attach", db, "--table", "kv")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sqlite3, sys, time\n"
          "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-         "c.execute('BEGIN IMMEDIATE'); c.execute(\"INSERT INTO kv VALUES ('x', 'y')\")\n"
+         f"c.executescript({begin!r}); c.execute(\"INSERT INTO kv VALUES ('x', 'y')\")\n"
          "print('locked', flush=True); time.sleep(120)", str(db)],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -1903,6 +1909,12 @@ def test_status_answers_while_the_application_holds_its_write_lock(tmp_path):
         took = time.monotonic() - t0
         assert r.code == 0, r
         assert took < 30, took      # the busy timeout is 60 s; status waits about 2
+        att = r.json["attached"]
+        if att["busy"] is not None:     # the figures are unknown, not 0, and nothing failed
+            assert att["tables"][0]["pending"] is None and att["failing"] is None, att
+            assert att["problem"] is None, att
+        prom = run("status", "--format", "prometheus", site=sites["a"]).out
+        assert 'syncpack_attached_failing{site="a"} 0' in prom, prom
     finally:
         holder.kill()
         holder.wait()

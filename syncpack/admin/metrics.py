@@ -170,7 +170,8 @@ def samples(status: dict, batch: BatchRound | None = None) \
             (lab, _seconds(d.get("last_sent_ms"))))
     for t in (status.get("attached") or {}).get("tables", []):
         lab = {**site, "table": t["table"]}
-        out["syncpack_attached_pending_changes"].append((lab, t["pending"]))
+        if t.get("pending") is not None:
+            out["syncpack_attached_pending_changes"].append((lab, t["pending"]))
         if t.get("rows") is not None:
             out["syncpack_attached_rows"].append((lab, t["rows"]))
         out["syncpack_attached_stopped"].append((lab, int(bool(t.get("stopped")))))

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Iterator
 
 from syncpack.attach import applying, capturing, reader, rows, schema, shapes, writer
-from syncpack.errors import AttachError, InvalidNameError, LockedError, UsageError, arg
+from syncpack.errors import (AttachBusyError, AttachError, InvalidNameError, LockedError,
+                             UsageError, arg)
 from syncpack.format import codec
 from syncpack.rules.conflict import Version
 from syncpack.site import SYS_PREFIX, TABLES, Site, check_collection, wall_ms
@@ -64,7 +65,8 @@ def _is_gone_why(why: str | None, name: str) -> bool:
 
 
 @contextmanager
-def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
+def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False,
+                   wait_ms: int = appdb.BUSY_TIMEOUT_MS
                    ) -> Iterator[tuple[appdb.Connection, dict[str, appdb.TableInfo]]]:
     """The attached file and its attached tables; one gone from the file is an error, or
     with ``gone_ok`` (detach) left out, or with ``stop_gone`` (a capture) left out and its
@@ -75,7 +77,9 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False
         raise AttachError(f"the attached application database {path} is gone",
                           hint=back_or_detach(path))
     try:
-        app = appdb.open_app(Path(path))
+        app = appdb.open_app(Path(path), wait_ms=wait_ms)
+    except AttachBusyError:
+        raise
     except AttachError as e:    # the hints of an attach do not apply to a file attached
         raise AttachError(e.message, hint=back_or_detach(path)) from None
     try:
@@ -220,6 +224,10 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
                 return None
             try:
                 doc = _sync_app_locked(site, wait)
+            except AttachBusyError:
+                if not wait:    # 'status': busy now, which is no failure of the capture
+                    return None
+                raise
             except AttachError as e:
                 with site.write_txn() as conn:
                     attached.note_failing(conn, e.message, e.hint, wall_ms())
@@ -238,16 +246,16 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
 def _sync_app_locked(site: Site, wait: bool) -> dict:
     """:func:`sync_app` under the site lock."""
     not_created = _follow_new_tables(site)
-    with _open_attached(site, stop_gone=True) as (app, infos):
+    # 'status' from cron or a monitor: a minute's wait for the application's lock would stall
+    # it (twice: the capture, then the figures); they are then those of the last capture
+    with _open_attached(site, stop_gone=True,
+                        wait_ms=appdb.BUSY_TIMEOUT_MS if wait else BRIEF_WAIT_MS
+                        ) as (app, infos):
         applying.recover(site, app)
         if appdb.store_behind(app, attached.attachment(site.conn)[1]):
             # said by 'attached', status and fsck until a refresh takes the rows
             with site.write_txn() as conn:
                 attached.note_store_behind(conn, wall_ms())
-        if not wait:
-            # 'status' from cron or a monitor: a minute's wait for the application's
-            # lock would stall it; its figures are then those of the last capture
-            appdb.wait_at_most(app, BRIEF_WAIT_MS)
         # The bulk of a capture under a read snapshot: the application keeps writing
         # (in WAL mode); the write lock is held only for what came in meanwhile and
         # for writing peers' records.
@@ -875,30 +883,40 @@ def report(site: Site) -> dict:
     the family's tables not attached here; why the file cannot be read, if it cannot."""
     att = attached.attachment(site.conn)
     if att is None:
-        return {"database": None, "tables": [], "available": schema.available(site),
+        return {"database": None, "busy": None, "tables": [], "available": schema.available(site),
                 "problem": None, "store_behind": None, "failing": None}
     path, since = att
     tables = attached.tables(site.conn)
-    counts: dict[str, int] = {}
+    counts: dict[str, int] | None = {}
     row_counts: dict[str, int | None] = {n: None for n in tables}
-    problem = None
+    problem = busy = None
     stopped = attached.stopped(site.conn)
     try:
-        app = appdb.open_app(Path(path))
+        # never a long wait: 'status' from a monitor must answer while the application
+        # holds its lock (the figures are then unknown, and said to be)
+        app = appdb.open_app(Path(path), wait_ms=BRIEF_WAIT_MS)
+    except AttachBusyError as e:
+        app, busy = None, e.message
     except AttachError as e:
         app, problem = None, e.message
     if app is not None:
-        problem = _not_the_file(site, app, path, note=False)
         try:
+            problem = _not_the_file(site, app, path, note=False)
             with appdb.read_txn(app):
                 counts = appdb.pending_counts(app, since, stopped)
                 for n in tables:
                     if appdb.has_table(app, n):
                         row_counts[n] = appdb.count_rows(app, n)
+        except AttachBusyError as e:
+            counts, busy = None, e.message
+            row_counts = {n: None for n in tables}
         finally:
             app.close()
-    return {"database": path, "tables": [
-        {"table": n, "rows": row_counts[n], "pending": counts.get(n, 0),
+    if busy is not None:
+        counts = None
+    return {"database": path, "busy": busy, "tables": [
+        {"table": n, "rows": row_counts[n],
+         "pending": None if counts is None else counts.get(n, 0),
          "to_apply": attached.pending_count(site.conn, n),
          "waiting": attached.waiting_count(site.conn, n, appdb.WAITING),
          "stopped": stopped.get(n),

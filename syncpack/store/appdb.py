@@ -24,7 +24,7 @@ from typing import Callable, Collection, Iterable, Iterator, NamedTuple
 
 import apsw
 
-from syncpack.errors import ApplicationOnlyError, AttachError, arg
+from syncpack.errors import ApplicationOnlyError, AttachBusyError, AttachError, arg
 from syncpack.rules import sqltext
 from syncpack.store import db
 from syncpack.store.db import read_txn  # noqa: F401  (one snapshot rule for both files)
@@ -45,10 +45,11 @@ _FILE_ERRORS = (apsw.BusyError, apsw.LockedError, apsw.ReadOnlyError, apsw.Corru
 def file_error(path: str, e: BaseException) -> AttachError:
     """The :class:`AttachError` that tells a failure of the application's file ``path``."""
     if isinstance(e, (apsw.BusyError, apsw.LockedError)):
-        return AttachError(
-            f"the application's database {path} stayed locked by another connection for "
-            f"{BUSY_TIMEOUT_MS // 1000} s", hint="an application transaction held it; run the "
-            "command again once that transaction has ended")
+        return AttachBusyError(
+            f"the application's database {path} stayed locked by another connection longer "
+            f"than this command waits", hint="an application transaction held it (or a lock "
+            "it keeps: PRAGMA locking_mode=EXCLUSIVE); run the command again once that "
+            "transaction has ended")
     return AttachError(f"the application's database {path} cannot be used: {e}",
                        hint="the site store is not at fault: check that file (its "
                             "permissions, free space, sqlite3 FILE 'PRAGMA integrity_check')")
@@ -144,11 +145,6 @@ class TableInfo:
     by_change: bool = False
 
 
-def wait_at_most(conn: Connection, ms: int) -> None:
-    """Wait at most ``ms`` for the application's locks on this connection (BusyError after)."""
-    conn.set_busy_timeout(ms)
-
-
 SQLITE_MAGIC = b"SQLite format 3\0"
 
 
@@ -195,6 +191,8 @@ def open_app(path: Path, wait_ms: int = BUSY_TIMEOUT_MS) -> Connection:
         conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
     except AttachError:
         raise
+    except (apsw.BusyError, apsw.LockedError) as e:
+        raise file_error(str(path), e) from None
     except apsw.Error as e:
         raise AttachError(f"{path} cannot be opened as an SQLite database ({e})") from None
     return conn
