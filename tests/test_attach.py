@@ -2049,7 +2049,11 @@ def test_an_import_whose_application_file_fails_after_applying_says_the_packets_
             h.communicate("\n")
     assert r.code == 1 and "stayed locked" in r.err, r
     assert "1 packet(s) applied before (4 op(s)) stay applied" in r.err, r.err   # 3 rows, 1 definition
+    # shown as failing until a command gets through
+    failing = run("--json", "attached", site=sites["b"]).json["failing"]
+    assert failing and "stayed locked" in failing["error"], failing
     assert run("import", usb, site=sites["b"], json_mode=True).json["duplicates"]
+    assert run("--json", "attached", site=sites["b"]).json["failing"] is None
     exchange(tmp_path, sites)
     assert table(dbs["a"], "items") == table(dbs["b"], "items")
     assert len(table(dbs["a"], "items")) == 5     # and y, z of b's application

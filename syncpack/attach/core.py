@@ -224,11 +224,9 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
                 return None
             try:
                 doc = _sync_app_locked(site, wait)
-            except AttachBusyError:
-                if not wait:    # 'status': busy now, which is no failure of the capture
-                    return None
-                raise
             except AttachError as e:
+                if not wait and isinstance(e, AttachBusyError):
+                    return None     # 'status': busy for a moment, no failure of the capture
                 with site.write_txn() as conn:
                     attached.note_failing(conn, e.message, e.hint, wall_ms())
                 raise
