@@ -555,6 +555,23 @@ def test_directory_import_leaves_other_sites_packets_alone(tmp_path):
     assert r.code == 1 and "addressed to tokyo" in r.err
 
 
+def test_a_new_members_snapshot_at_another_site_names_whom_it_is_for(tmp_path):
+    """A new member's snapshot imported at a site that does not know it yet named it by id."""
+    site = lambda n: tmp_path / n      # noqa: E731
+    assert run("init", site("a"), "--family", "f", "--site", "a").code == 0
+    for n in ("b", "c"):
+        assert run("keygen", site(n), "--site", n).code == 0
+        out = tmp_path / f"to-{n}"
+        assert run("mkreplica", "export", "--site", n, "--pubkey",
+                   site(n) / "keys" / "site.pub", "--out", out, "--create-out",
+                   site=site("a")).code == 0
+        if n == "b":
+            assert run("mkreplica", "import", out, site=site("b")).code == 0
+    [snap] = (tmp_path / "to-c").rglob("*.spk")
+    r = run("import", snap, site=site("b"))
+    assert r.code == 1 and "addressed to 'c' (as the packet's roster names it" in r.err, r
+
+
 # === relayed blocks =============================================================================
 #
 # The family: A writes three transactions, B imports them and relays them to C.  B is a member

@@ -209,8 +209,15 @@ def verify(site: Site, pk: OpenPacket, *, now_ms: int | None = None,
         raise PacketFamilyError(f"packet belongs to family {h.family.hex()}, "
                                 f"this site to {site.family_id.hex()}")
     if h.recipient != site.site_id:
-        raise PacketRecipientError(f"packet is addressed to {site.name_of(h.recipient)}, "
-                                   f"not to this site ({site.name})")
+        to = site.name_of(h.recipient)
+        if to == h.recipient.hex():
+            # a site this one does not know yet (a new member's snapshot): the name its own
+            # unverified roster gives, said as such
+            named = [m["name"] for m in h.roster if m["id"] == h.recipient]
+            if named:
+                to = f"{printable(named[0])!r} (as the packet's roster names it, {to})"
+        raise PacketRecipientError(f"packet is addressed to {to}, not to this site "
+                                   f"({site.name})")
     if site.joined:
         member = site.members_by_id(include_retired=True).get(h.sender)
         if member is None:
