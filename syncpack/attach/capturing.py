@@ -199,7 +199,7 @@ def heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -
             appdb.install_capture(app, t)
             taken += load_rows(site, app, t, rescan=True)
         elif went_back or not there:
-            changed = appdb.kept_keys(app, t) if went_back else []
+            changed = set(changed_keys(app, t)) if went_back else set()
             appdb.install_capture(app, t, floor=since)
             appdb.set_owner(app, site.site_id, str(site.path.resolve()))
             if went_back:
@@ -210,20 +210,30 @@ def heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -
     return taken
 
 
+def changed_keys(app: appdb.Connection, t: appdb.TableInfo) -> dict[str, tuple]:
+    """Record key -> key values of each key of ``t`` in the change table (changed since the
+    last capture took it, or kept there: a stopped table's).  A key that is no record key (TEXT
+    that is not UTF-8) was never captured, and is left out."""
+    single = len(t.pk) == 1
+    out = {}
+    for k in appdb.kept_keys(app, t):
+        try:
+            out[rows.encode_key(tuple(k), single)] = tuple(k)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
 def _went_back(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
-               changed: list[tuple]) -> int:
+               changed_keys: set[str]) -> int:
     """The application's file went back: a row that differs from its visible record is the
     backup's (the store holds what came after it, its own and the peers'), and gets the
     visible record again, unless the application changed its key since (a key in the change
-    table ``changed``; the restored rows and the new ones cannot be told apart there).  Such a
+    table, ``changed_keys``; the restored rows and the new ones cannot be told apart there).  Such a
     row becomes this site's op concurrent with the visible record: a conflict that
     'conflicts' lists, so neither the application's write nor the newer record is lost
     unseen."""
-    conn, name, single = site.conn, t.name, len(t.pk) == 1
-    try:
-        changed_keys = {rows.encode_key(tuple(k), single) for k in changed}
-    except (TypeError, ValueError):
-        changed_keys = set()
+    conn, name = site.conn, t.name
     pending = set(attached.pending_keys(conn, name))
     defaults = appdb.constant_defaults(app, t)
     again: list[tuple[str, str, bytes]] = []

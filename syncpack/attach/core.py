@@ -746,36 +746,27 @@ def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
     application deleted.  Taken as rows left as they were, the rows inserted meanwhile were
     deleted from the table, and the updates never replicated."""
     conn = site.conn
-    changed: set[str] = set()
-    if t.name in attached.stopped(conn):
-        single = len(t.pk) == 1
-        for k in appdb.kept_keys(app, t):
-            try:
-                changed.add(rows.encode_key(tuple(k), single))
-            except (TypeError, ValueError):
-                continue        # never a record (a key that is not UTF-8 text)
-    seen: set[str] = set()
-    for items in capturing.scanned(app, t):
-        keys = [k for k, _r in items]
+    changed = (set(capturing.changed_keys(app, t)) if t.name in attached.stopped(conn)
+               else set())
+
+    def shown(keys: list[str]) -> dict[str, bytes]:
         current = attached.versions_for(conn, t.name, keys)
         unseen = attached.unseen_for(conn, t.name, keys)
+        return {k: b"".join(c for c, _v in current.get(k, ()) if c not in unseen.get(k, ()))
+                for k in keys}
+
+    seen: set[str] = set()
+    for items in capturing.scanned(app, t):
+        held = shown([k for k, _r in items])
         for key, raw in items:
-            u = unseen.get(key, ())
-            shown = b"".join(c for c, _v in current.get(key, ()) if c not in u)
             if key in changed:
                 seen.add(key)
-                yield key, shown, b""
+                yield key, held[key], b""
             else:
-                yield key, shown, capturing.digest(raw)
-    gone = sorted(changed - seen)
-    if gone:
-        current = attached.versions_for(conn, t.name, gone)
-        unseen = attached.unseen_for(conn, t.name, gone)
-        for key in gone:
-            u = unseen.get(key, ())
-            shown = b"".join(c for c, _v in current.get(key, ()) if c not in u)
-            if shown:
-                yield key, shown, b""
+                yield key, held[key], capturing.digest(raw)
+    for key, csns in shown(sorted(changed - seen)).items():
+        if csns:        # a row the application deleted meanwhile
+            yield key, csns, b""
 
 
 def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
@@ -785,9 +776,7 @@ def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> i
     found by the refresh's comparison of the whole table.)  Returns the ops written."""
     conn = site.conn
     pending = set(attached.pending_keys(conn, t.name))
-    single = len(t.pk) == 1
-    keys = {rows.encode_key(k, single): k for k in appdb.kept_keys(app, t)}
-    keys = {k: v for k, v in keys.items() if k in pending}
+    keys = {k: v for k, v in capturing.changed_keys(app, t).items() if k in pending}
     if not keys:
         return 0
     current = attached.versions_for(conn, t.name, list(keys))
@@ -894,7 +883,7 @@ def report(site: Site) -> dict:
         # holds its lock (the figures are then unknown, and said to be)
         app = appdb.open_app(Path(path), wait_ms=BRIEF_WAIT_MS)
     except AttachBusyError as e:
-        app, busy = None, e.message
+        app, busy, counts = None, e.message, None
     except AttachError as e:
         app, problem = None, e.message
     if app is not None:
@@ -910,8 +899,6 @@ def report(site: Site) -> dict:
             row_counts = {n: None for n in tables}
         finally:
             app.close()
-    if busy is not None:
-        counts = None
     return {"database": path, "busy": busy, "tables": [
         {"table": n, "rows": row_counts[n],
          "pending": None if counts is None else counts.get(n, 0),
