@@ -125,3 +125,17 @@ def test_own_ops_are_kept_through_a_reseed_only_when_every_one_is_held(floor, he
     expected = epoch > floor and all(e in held for e in range(floor + 1, epoch + 1)) and \
         (not held or set(range(floor + 1, max(held) + 1)) == held)
     assert planning.holds_through(floor, summary, epoch) == expected
+
+
+@given(vectors, vectors, st.sampled_from(ORIGINS), st.booleans())
+def test_a_peers_own_origin_counts_what_our_unanswered_snapshot_brought_it(acked, sent, peer,
+                                                                           reseeded):
+    out = planning.reported(acked, sent, peer, reseeded)
+    # other origins are the peer's word alone, and its own is never lowered
+    assert {o: e for o, e in out.items() if o != peer} == \
+        {o: e for o, e in acked.items() if o != peer}
+    assert out.get(peer, 0) >= acked.get(peer, 0)
+    if reseeded:
+        assert out.get(peer, 0) == max(acked.get(peer, 0), sent.get(peer, 0))
+    else:
+        assert out == acked

@@ -803,6 +803,38 @@ def test_restored_site_below_every_floor_recovers_through_a_resync(family):
         assert s.get("t", "b1", None) is None and s.get("t", "b9") == "fresh"
 
 
+def test_the_first_export_after_a_resync_plans_from_the_snapshot_not_the_stale_report(family):
+    """The site that re-seeded B exports to B before B has answered (a batch round at A, say).
+    A plans B's own origin from B's last report, taken before the snapshot, when B held none
+    of its trimmed history: the export failed and told the administrator to resync once more,
+    for a snapshot B had already taken in.  C, which sent B no snapshot, still says so."""
+    fam = three_sites(family)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "b1", "after the backup")
+    fam.full_exchange(rounds=3)
+    for name in NAMES:
+        assert run("scrub", site=fam.path(name)).code == 0
+    put_back(fam, "B", copy)
+    assert run("restore", site=fam.path("B")).code == 0
+    out, _ = cli_export(fam, "B")
+    for peer in ("A", "C"):
+        cli_import(fam, peer, out)
+    snap = fam.medium()
+    assert run("resync", "--to", "B", "--out", snap, site=fam.path("A")).code == 0
+    cli_import(fam, "B", snap)
+
+    r = run("export", "--to", "B", "--out", fam.medium(), site=fam.path("A"))
+    assert r.code == 0, r
+    r = run("export", "--to", "B", "--out", fam.medium(), site=fam.path("C"))
+    assert r.code == 1 and "peer B needs epoch" in r.err, r
+    _recovery_round(fam, "B")
+    fam.put("B", "t", "b2", "fresh")
+    fam.full_exchange(rounds=2)
+    assert_converged(fam)
+    with fam.open("C") as s:
+        assert s.get("t", "b1") == "after the backup" and s.get("t", "b2") == "fresh"
+
+
 def test_a_reseed_keeps_the_own_ops_only_the_reseeded_site_holds(family):
     """C seeds D, then D re-seeds C before C's roster op (the one that added D) reached anyone
     else: D holds that op only inside its snapshot, so C's changelog is the only place it

@@ -38,7 +38,8 @@ def believed(site: Site, peer: bytes) -> tuple[dict[bytes, int], dict[bytes, int
     sent, acked = stored.matrix(site.conn, peer)
     m = site.members_by_id(include_retired=True).get(peer)
     base = m.base if m else {}
-    return planning.belief(sent, acked, base), acked
+    reseeded = log.newest_snapshot_to(site.conn, peer) > link(site, peer)["peer_recv_seq"]
+    return planning.belief(sent, acked, base), planning.reported(acked, sent, peer, reseeded)
 
 
 def waiting_gaps(site: Site, sender: bytes | None = None) -> dict[bytes, tuple[int, int]]:

@@ -30,6 +30,17 @@ def belief(sent: Vector, acked: Vector, base: Vector) -> dict[bytes, int]:
     return out
 
 
+def reported(acked: Vector, sent: Vector, peer: bytes, reseeded: bool) -> dict[bytes, int]:
+    """What ``peer`` reported holding, per origin, as its own origin is planned from.  When we
+    sent it a snapshot it had not yet received at its last report (``reseeded``), that report
+    predates the re-seed: its own origin counts as far as we sent it, or the next export would
+    ask for yet another snapshot of the history the first one brought back."""
+    out = dict(acked)
+    if reseeded and sent.get(peer, 0) > out.get(peer, 0):
+        out[peer] = sent[peer]
+    return out
+
+
 def plan_ranges(vector: Vector, peer: bytes, believed: Vector, peer_reported: Vector,
                 floor: Vector, seeded: Vector | None = None, me: bytes | None = None) -> Ranges:
     """The increments ``peer`` lacks, per origin.

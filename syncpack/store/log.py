@@ -60,6 +60,13 @@ def ranges_sent_through(conn, recipient: bytes, seq: int) -> Iterator[bytes]:
         yield r
 
 
+def newest_snapshot_to(conn, recipient: bytes) -> int:
+    """The link sequence of our newest snapshot for ``recipient`` (0: none)."""
+    row = conn.execute("SELECT max(seq) FROM packets_out WHERE recipient=? AND kind='snapshot'",
+                       (recipient,)).fetchone()
+    return row[0] or 0
+
+
 def last_sent(conn, now_ms: int) -> dict[bytes, int]:
     """Per recipient, when we last wrote a packet for it."""
     return dict(conn.execute(
