@@ -104,7 +104,10 @@ def _origin_by_name(site: Site, name: str) -> bytes:
 
 
 def status(site: Site) -> dict:
-    attach_core.sync_app(site, wait=False)     # an attached application's changes count too
+    # an attached application's changes count too
+    synced = attach_core.sync_app(site, wait=False)
+    # the application held its lock through one brief wait: the figures need not wait again
+    report_wait = 0 if synced and "busy" in synced else attach_core.BRIEF_WAIT_MS
     vec = site.vector()
     received, sent_at = _last_packet_times(site)
     # A peer we exchange no media with (a spoke behind a hub) is known only by its own signed
@@ -144,7 +147,7 @@ def status(site: Site) -> dict:
             "recovery": recovery_status(site), "peers": peers, "parked": parked,
             "incomplete_transactions": incomplete, "conflicts": conflicts,
             "changelog_ops": changelog, "vector": site.named(vec),
-            "attached": attach_core.report(site) if attach_core.is_attached(site) else None,
+            "attached": attach_core.report(site, report_wait) if attach_core.is_attached(site) else None,
             "forks": [forks.describe(site, f) for f in fork_store.all_forks(site.conn)],
             **stamps_ahead(site)}
 

@@ -214,7 +214,8 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
     'export', 'import', 'batch' and 'status' do first (and import after).  None when nothing
     is attached, or the site is busy with another command and ``wait`` is false, or it is
     recovering from a restore (local writes wait; the changes stay in the application's
-    change table).  ``lock_wait`` false: another command holding the site is not waited for
+    change table); ``{"busy": why}`` when ``wait`` is false and the application held its
+    lock through the brief wait.  ``lock_wait`` false: another command holding the site is not waited for
     (it writes what is pending itself)."""
     if not is_attached(site) or site.state == "recovering":
         return None
@@ -226,7 +227,8 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
                 doc = _sync_app_locked(site, wait)
             except AttachError as e:
                 if not wait and isinstance(e, AttachBusyError):
-                    return None     # 'status': busy for a moment, no failure of the capture
+                    # 'status': busy for a moment, no failure of the capture
+                    return {"busy": e.message}
                 with site.write_txn() as conn:
                     attached.note_failing(conn, e.message, e.hint, wall_ms())
                 raise
@@ -865,7 +867,7 @@ STORE_BEHIND = ("the store was found behind this file (restored from an older co
                 "tables' rows as they are, as this site's changes")
 
 
-def report(site: Site) -> dict:
+def report(site: Site, wait_ms: int = BRIEF_WAIT_MS) -> dict:
     """What is attached, per table: rows, changes not yet captured, last capture and apply;
     the family's tables not attached here; why the file cannot be read, if it cannot."""
     att = attached.attachment(site.conn)
@@ -881,7 +883,7 @@ def report(site: Site) -> dict:
     try:
         # never a long wait: 'status' from a monitor must answer while the application
         # holds its lock (the figures are then unknown, and said to be)
-        app = appdb.open_app(Path(path), wait_ms=BRIEF_WAIT_MS)
+        app = appdb.open_app(Path(path), wait_ms=wait_ms)
     except AttachBusyError as e:
         app, busy, counts = None, e.message, None
     except AttachError as e:
