@@ -155,3 +155,31 @@ def test_a_packet_applied_before_sealing_was_required_stays_a_duplicate(trio, tm
     assert r.code == 0 and r.json["rejected"] == [] and len(r.json["duplicates"]) == 1, r
     # a packet not applied before is still refused unsealed
     assert_forged_unsealed_refused(trio)
+
+
+def test_a_lost_packet_before_sealing_was_required_is_sent_again_and_the_rule_arrives(family):
+    """a exports to b (the stick is lost), then turns sealing on: the packet carrying the
+    rule waits at b for the lost ops, b's unsealed packets were refused at a unheard, so a
+    never learned what b lacks, and the two stalled for good (operations.md promises that
+    a lost stick needs nothing special)."""
+    family.init("a")
+    family.add("b", via="a")
+    family.full_exchange(rounds=1)
+    family.put("a", "col", "k1", 1)
+    lost = family.medium()
+    assert run("export", "--to", "b", "--out", lost, site=family.path("a")).code == 0
+    assert run("require-sealing", "on", site=family.path("a")).code == 0
+    for _ in range(3):
+        for src, dst in (("a", "b"), ("b", "a")):
+            d = family.medium()
+            assert run("export", "--to", dst, "--out", d, site=family.path(src)).code == 0
+            run("import", d, site=family.path(dst))
+    assert run("get", "col", "k1", site=family.path("b")).out.strip() == "1"
+    # b learned the rule: what it sends now is sealed, and a takes it in
+    family.put("b", "col", "k2", 2)
+    d = family.medium()
+    r = run("export", "--to", "a", "--out", d, site=family.path("b"), json_mode=True)
+    assert r.code == 0, r
+    r = run("import", d, site=family.path("a"), json_mode=True)
+    assert r.code == 0 and r.json["rejected"] == [], r
+    assert run("get", "col", "k2", site=family.path("a")).out.strip() == "2"

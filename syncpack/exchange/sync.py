@@ -21,7 +21,7 @@ from syncpack.store import attached, chain, exports, history
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, apply_snapshot,
-                                     drop_parked, is_known, park)
+                                     drop_parked, is_known, note_header, park)
 from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
 from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBodyError, PacketError, PacketPolicyError,
@@ -589,6 +589,13 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     # what it was then, a duplicate, not a packet to refuse at every import
                     res.duplicates.append(shown)
                     continue
+                if isinstance(e, PacketPolicyError) and h.kind != codec.KIND_SNAPSHOT:
+                    # Its ops are refused, its signed header is not: the sender may lack the
+                    # very ops that carry the rule (a lost packet), and only what it reports
+                    # (its vector, what it received, its gaps) makes this site send them
+                    # again; refused unheard, the two sites stalled for good.
+                    with site.write_txn():
+                        note_header(site, h, applied=False)
                 res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             if h.kind == codec.KIND_SNAPSHOT:

@@ -250,12 +250,14 @@ def verify(site: Site, pk: OpenPacket, *, now_ms: int | None = None,
         raise PacketSignatureError(f"signature does not verify with {name}'s key")
     if not codec.body_hash_matches(pk.f, pk.env):
         raise PacketBodyError("packet body does not match the hash in its signed header")
-    if site.joined and site.requires_sealing() and not h.sealed:
-        raise PacketPolicyError(f"family {site.family_name!r} requires sealed packets and this "
-                                f"one from {name} is not sealed")
     check_skew(h, name, now_ms, skew_ms)
     if site.joined:
         verify_acks(site, h, name, now_ms, skew_ms)
+    # last: a packet refused only for this is otherwise verified, and its header is taken in
+    # (the refusing site must still learn what the sender lacks, see sync.import_packets)
+    if site.joined and site.requires_sealing() and not h.sealed:
+        raise PacketPolicyError(f"family {site.family_name!r} requires sealed packets and this "
+                                f"one from {name} is not sealed")
 
 
 def resolved_acks(h: Header) -> list[tuple[bytes, int, dict[bytes, int], bytes]]:
