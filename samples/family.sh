@@ -3,6 +3,9 @@
 # makes some local changes at each site.  Expects $SP (the syncpack command) and say() from the
 # caller.
 
+# Run by itself, $SP would be empty and the next lines would run the system's 'init'.
+: "${SP:?samples/family.sh is sourced by the demo scripts (samples/demo.sh, say); run one of those}"
+
 say "boston_hub founds the family 'parts'; sanfran_hub and bangalore make key pairs and join"
 $SP init boston_hub --family parts --site boston_hub
 $SP keygen sanfran_hub --site sanfran_hub

@@ -146,7 +146,7 @@ from syncpack.exchange import sync
 from syncpack.store import db
 from syncpack.outcome import error_outcome
 from syncpack.exchange.apply import is_known
-from .errors import (BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
+from .errors import (arg, BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
                      PacketError, SiteError, SyncpackError)
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
 from syncpack.fileops import try_lock, write_atomic
@@ -530,17 +530,18 @@ class _Round:
         to_shown = "all" if spec.to is None else spec.to
         entry: dict[str, Any] = {"out": str(spec.out), "to": to_shown, "packets": []}
         self.outboxes.append(entry)
+        who = "all" if spec.to is None else ",".join(spec.to)
         try:
             prepare_outbox(spec.out, spec.create, f"set {spec.name}.create = true")
         except OutboxError as e:
             entry["failed"] = True      # not "nothing to send": nothing could be written
-            self.fail("export", str(spec.out), e.message, e.hint)
+            # named by its peers too: two outboxes may share one directory
+            self.fail("export", f"{spec.out} -> {who}", e.message, e.hint)
             return
         # To all peers, as 'syncpack export --all': a peer that cannot be served (a resync
         # needed, a roster name that cannot be a path) is one failure, the others still get
         # their packets.
         failed: list[SyncpackError] | None = [] if spec.to is None else None
-        who = "all" if spec.to is None else ",".join(spec.to)
         to = spec.to
         if to is None:
             # "all" is every peer no other outbox names: one peer's packets on two media
@@ -624,8 +625,14 @@ def run_batch(config_path: str | os.PathLike,
         try:
             log = BatchLog(log_path, site.name)
         except OSError as e:
-            raise BatchConfigError(f"batch config {cfg.path}: log: cannot append to {log_path} "
-                                   f"({e.strerror})") from None
+            d = log_path.parent
+            raise BatchConfigError(
+                f"batch config {cfg.path}: log: cannot append to {log_path} ({e.strerror})",
+                hint=(f"create {d} (writable by the user that runs the round: "
+                      f"mkdir -p {arg(d)}), or set log to a path in a directory that exists")
+                if not d.is_dir() else
+                f"let the user that runs the round write to {log_path}, or set log to "
+                f"another path") from None
         try:
             try:
                 lock_fd = acquire_lock(site.path, site.name)

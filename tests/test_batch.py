@@ -405,8 +405,8 @@ out = "{root / 'unmounted'}"
 """)
     r = run("batch", cfg)
     assert r.code == 1, r
-    assert f"error: export {root / 'unmounted'}: outbox {root / 'unmounted'} does not exist" \
-        in r.err
+    assert f"error: export {root / 'unmounted'} -> all: outbox {root / 'unmounted'} does not " \
+        f"exist" in r.err
     assert "hint: mount the medium or correct the path, or set export[1].create = true" in r.err
     assert "nothing to send" not in r.out and "failed (see the error lines)" in r.out
     assert not (root / "unmounted").exists()               # never created on the wrong disk
@@ -792,3 +792,40 @@ def test_an_interactive_command_waits_for_the_one_working_on_the_site(family):
     assert p.returncode == 0, (out, err)
     assert "waiting for another syncpack command on site 'boston'" in err, err
     assert "1 packet(s) applied" in out, out
+
+
+def test_outboxes_sharing_a_missing_directory_are_told_apart_by_their_peers(family):
+    """Two outboxes in one directory that is not there: each error named the directory
+    only, so the administrator could not tell which peer's packets were not written."""
+    three_sites(family)
+    root = family.root
+    cfg = write_config(root / "etc" / "two.toml", f"""
+site = "{family.path('boston')}"
+[[export]]
+out = "{root / 'nomedia'}"
+to = ["sanfran"]
+[[export]]
+out = "{root / 'nomedia'}"
+to = ["bangalore"]
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 1, r
+    assert [e["target"] for e in r.json["errors"]] == [
+        f"{root / 'nomedia'} -> sanfran", f"{root / 'nomedia'} -> bangalore"], r.json
+
+
+def test_a_log_in_a_directory_not_made_yet_says_to_make_it(family):
+    """operations.md's systemd set-up names a log under /var/log/syncpack; a round whose log
+    directory is missing said only 'fix the file' (the file was right)."""
+    three_sites(family)
+    root = family.root
+    log = root / "logs" / "syncpack" / "boston.log"
+    cfg = write_config(root / "etc" / "log.toml", f"""
+site = "{family.path('boston')}"
+log = "{log}"
+[[import]]
+path = "{root / 'inbox'}"
+""")
+    r = run("batch", cfg)
+    assert r.code == 1 and "cannot append to" in r.err, r
+    assert f"hint: create {log.parent}" in r.err and "mkdir -p" in r.err, r
