@@ -639,3 +639,61 @@ def test_a_restored_site_whose_tip_was_named_first_never_signs_an_epoch_twice(fa
     with fam.open("A") as s:
         assert [s.get("kv", k) for k in ("b1", "b9", "c2")] == [1, 9, 99]
     assert raw_vector(fam, "A")[b] == 4
+
+
+def test_a_second_history_with_the_same_start_and_clock_but_another_end_is_found(family):
+    """C signs, for B, its epoch again under the same clock and seq with another value, and
+    one more epoch in the same block.  The two block headers start alike and end apart, which
+    an honest origin's blocks sealed again in other groups also do, so they prove nothing by
+    themselves; the ops were compared only by clock, so the other value was skipped as held,
+    and the sites kept two values for good with every status clean (fsck blaming the honest
+    sites' stores).  The bodies differ where both hold the epoch: it is a fork, found where
+    the blocks meet, and retiring C ends it with one history everywhere."""
+    import msgpack
+    from packetkit import ops_of, rebuild, reblock, sign_key
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    fam.full_exchange(2)
+    fam.put("C", "t", "k", "honest")
+    to_a, _ = cli_export(fam, "C", "A")
+    cli_import(fam, "A", to_a)
+    _out, packets = cli_export(fam, "C", "B")
+    path = Path(packets[0]["path"])
+    raw = path.read_bytes()
+    key = sign_key(fam.path("C"))
+    ops = ops_of(raw)
+    c_id = ops[0].origin
+    last = ops[-1]
+    forged = [o._replace(value=msgpack.packb("forged")) if o.key == "k" else o for o in ops]
+    forged.append(last._replace(epoch=last.epoch + 1, hlc=last.hlc + 1, seq=0, key="k2",
+                                value=msgpack.packb("more"), replaced=b""))
+    body = reblock(raw, forged, key)
+    info = blocks.read_block_header(body)
+
+    def edit(h):
+        ix = h["origins"].index(c_id)
+        h["ranges"] = [[o, lo, info.hi if o == ix else hi] for o, lo, hi in h["ranges"]]
+        h["vector"] = [[o, info.hi if o == ix else e] for o, e in h["vector"]]
+        h["count"] += 1
+        h["hlc_max"] = max(h["hlc_max"], info.hlc_last)
+        h["heads"] = [body[:blocks.HEADER_LEN] if hd[6:14] == c_id else hd
+                      for hd in h.get("heads", [])]
+        h.pop("acks", None)
+
+    path.write_bytes(rebuild(raw, key, edit=edit, body=body))
+    cli_import(fam, "B", path.parent.parent.parent)
+    rounds(fam, ["A", "B"], 2)
+    for name in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["open"], forks_at(fam, name)
+        assert fsck_ok(fam, name)
+    assert run("rmreplica", "C", site=fam.path("A")).code == 0
+    rounds(fam, ["A", "B"], 3)
+    values = set()
+    for name in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, name)] == ["ended"], forks_at(fam, name)
+        with fam.open(name) as s:
+            values.add((s.get("t", "k"), s.get("t", "k2", None)))
+    assert len(values) == 1, values
+    assert fam.digest("A") == fam.digest("B")

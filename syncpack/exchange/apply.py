@@ -690,7 +690,8 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                     if mine is not None and mine.lo == info.lo and mine.hash == info.block_hash:
                         continue        # the very block we hold (relayed to us twice)
                 if info.lo < vec.get(o, 0) and o != site.site_id:
-                    found = forks.contradiction(site, info)
+                    found = forks.contradiction(site, info) or \
+                        forks.differing_op(site, info, vec[o])
                     if found is not None:
                         raise ForkFound(o, *found)
                 # decoded on the other core while the window before it is applied

@@ -70,6 +70,32 @@ def contradiction(site: Site, theirs: blocks.BlockInfo) -> tuple[int, bytes, byt
     return None
 
 
+def differing_op(site: Site, theirs: blocks.BlockInfo, held_to: int
+                 ) -> tuple[int, bytes, bytes] | None:
+    """(fork epoch, a, b) if ``theirs`` (verified, its body checked) holds, at an epoch we
+    hold, another op than ours under the same clock and seq: its origin signed two histories
+    whose blocks the headers alone do not tell apart (the same start and clock, other ends),
+    which this site sees in the bodies.  The ops were compared only by their clocks, so the
+    other version's record was skipped as held, and the sites held two values for good."""
+    hi = min(theirs.hi, held_to)
+    mine = {op.epoch: op for op in chain.iter_ops(site.conn, theirs.origin, theirs.lo, hi)}
+    for op in blocks.decode_ops(theirs):
+        if op.epoch > hi:
+            break
+        held = mine.get(op.epoch)
+        if held is not None and _op_bytes(held) != _op_bytes(op):
+            ours = store.headers_overlapping(site.conn, theirs.origin, op.epoch - 1, op.epoch)
+            if ours:
+                a, b = rules.canonical(ours[0], bytes(theirs.raw[:blocks.HEADER_LEN]))
+                return op.epoch, a, b
+    return None
+
+
+def _op_bytes(op) -> tuple:
+    return (op.hlc, op.seq, op.collection, op.key,
+            None if op.value is None else bytes(op.value), bytes(op.replaced))
+
+
 def note(site: Site, origin: bytes, epoch: int, a: bytes, b: bytes) -> bool:
     """Keep evidence; returns whether it is new here.  Evidence about our own origin makes us
     heal at once."""
@@ -281,7 +307,7 @@ def end_retired(site: Site) -> int:
         won = rules.winner(facts(a), facts(b))
         keep, lose = (a_raw, b_raw) if won.block_hash == a.block_hash else (b_raw, a_raw)
         held = store.headers_overlapping(site.conn, origin, epoch - 1, epoch)
-        if keep not in held and _against(site, held, keep):     # ``lose`` itself, say
+        if keep not in held and (lose in held or _against(site, held, keep)):
             store.revert_from(site.conn, origin, epoch)
             site.invalidate()
         _remember_lost(site, lose, frozenset(h for f in fs for h in (f.a, f.b)))
