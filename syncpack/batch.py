@@ -132,6 +132,7 @@ Summary
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import time
 import tomllib
@@ -367,19 +368,38 @@ def _now_iso() -> str:
 
 
 class BatchLog:
-    """One line per action, appended; each line is written with a single ``write``."""
+    """One line per action, appended; each line is written with a single ``write``.
+
+    A log that cannot be written (a full disk) does not stop the round: the actions go on,
+    the summary and the metrics are still written, and the failure is the round's error
+    ``log`` (:attr:`failed`).  A line cut short by it is ended by the next round's first."""
 
     def __init__(self, path: Path, site_name: str):
         self.path = path
         self.site_name = site_name
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
+        self.failed: str | None = None
+        self._torn = False
+        try:
+            size = os.fstat(self.fd).st_size
+            self._torn = size > 0 and os.pread(self.fd, 1, size - 1) != b"\n"
+        except OSError:
+            pass
 
     def line(self, action: str, text: str) -> None:
+        if self.failed is not None:
+            return
         text = " ".join(str(text).split())  # one line, whatever the message held
+        data = ("\n" if self._torn else "") + f"{_now_iso()} {self.site_name} {action}: {text}\n"
+        raw = data.encode("utf-8", "backslashreplace")    # a file name that is not UTF-8
         try:
-            os.write(self.fd, f"{_now_iso()} {self.site_name} {action}: {text}\n".encode())
+            n = os.write(self.fd, raw)
+            if n < len(raw):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self._torn = False
         except OSError as e:    # a full disk says nothing of which file: the log's
-            raise OSError(e.errno, e.strerror, str(self.path)) from None
+            self._torn = True
+            self.failed = f"cannot append to {self.path} ({e.strerror or e})"
 
     def close(self) -> None:
         os.close(self.fd)
@@ -401,10 +421,15 @@ def _ranges_text(waiting: dict) -> str:
     return ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in waiting.items())
 
 
-def remove_applied(site: Site, inbox: Path, shown: list[str]) -> list[str]:
+def remove_applied(site: Site, inbox: Path, shown: list[str], unsealed: list[str] = (),
+                   errors: list[tuple[str, OSError]] | None = None) -> list[str]:
     """Delete those of ``shown`` (paths an import reported applied or duplicate) that are files
     inside ``inbox`` holding a packet addressed to this site whose id the store records as
-    applied.  Checked again here, file by file, so nothing else is ever deleted.
+    applied, and those of ``unsealed`` (refused because the family requires sealing: their
+    senders send them again, sealed; left in place, they failed every round) that are still
+    unsealed while the family requires sealing.  Checked again here, file by file, so nothing
+    else is ever deleted.  A file that cannot be deleted goes into ``errors`` (the others
+    still go).
 
     An import reports file names escaped (``verify.printable``); the inbox's own files are
     matched back by that same escaping, so a packet whose name holds a control character is
@@ -412,7 +437,8 @@ def remove_applied(site: Site, inbox: Path, shown: list[str]) -> list[str]:
     root = Path(os.path.abspath(inbox))
     real = {printable(f): f for f, _named in find_packet_files([root])}
     removed = []
-    for s in dict.fromkeys(shown):
+    stale = set(unsealed)
+    for s in dict.fromkeys([*shown, *unsealed]):
         p = Path(os.path.abspath(real.get(s, s)))
         if p != root and root not in p.parents:
             continue  # e.g. a packet parked in an earlier round from another inbox
@@ -424,12 +450,19 @@ def remove_applied(site: Site, inbox: Path, shown: list[str]) -> list[str]:
             continue
         try:
             h = pk.header
-            ok = (h.family == site.family_id and h.recipient == site.site_id
-                  and is_known(site, h))
+            ok = h.family == site.family_id and h.recipient == site.site_id and (
+                is_known(site, h) or
+                s in stale and not h.sealed and site.requires_sealing())
         finally:
             pk.close()
         if ok:
-            p.unlink(missing_ok=True)
+            try:
+                p.unlink(missing_ok=True)
+            except OSError as e:
+                if errors is None:
+                    raise
+                errors.append((s, e))
+                continue
             removed.append(s)
     return removed
 
@@ -493,20 +526,24 @@ class _Round:
             sync.import_packets(self.site, [spec.path], progress=self.progress, result=res)
         except Exception:
             # failed, not interrupted: no longer the import in progress (an interrupt is a
-            # BaseException, and the round's report reads this after it)
+            # BaseException, and the round's report reads this after it).  What it applied
+            # before it failed (an attached application's lock held past its wait, say) is
+            # committed, and reported as such.
             self.importing = None
+            self._took(entry, res, [])
             raise
         self.importing = None
         removed: list[str] = []
+        cannot: list[tuple[str, OSError]] = []
         if spec.remove_after_import:
             # import_packets has returned: every packet it applied is committed.
-            removed = remove_applied(self.site, spec.path, res.applied + res.duplicates)
-        entry.update(res.to_json())
-        entry["removed"] = removed
-        for k in ("applied", "duplicates", "parked", "rejected", "skipped"):
-            self.imported[k] += getattr(res, k)
-        self.imported["removed"] += removed
-        self.imported["ops_applied"] += res.ops_applied
+            removed = remove_applied(self.site, spec.path, res.applied + res.duplicates,
+                                     res.unsealed, cannot)
+        self._took(entry, res, removed)
+        for path, e in cannot:
+            self.fail("import", path, f"applied, but cannot be removed ({e.strerror or e})",
+                      "let the user that runs the round delete files in the inbox, or set "
+                      f"{spec.name}.remove_after_import = false")
         text = (f"{spec.path}: applied {len(res.applied)} packet(s) ({res.ops_applied} ops), "
                 f"{len(res.duplicates)} duplicate(s), {len(res.parked)} parked, "
                 f"{len(res.rejected)} rejected")
@@ -525,6 +562,18 @@ class _Round:
             self.fail("import", f["path"], f"fork: {f['origin']} signed two histories of its "
                       f"epoch {f['epoch']}; that range was not applied",
                       "'syncpack status' shows the evidence, which travels to every member")
+
+    def _took(self, entry: dict, res: sync.ImportResult, removed: list[str]) -> None:
+        """One inbox's import into its entry and the round's totals.  A packet parked at an
+        earlier round is retried by every inbox's import: counted once."""
+        entry.update(res.to_json())
+        entry["removed"] = removed
+        for k in ("applied", "duplicates", "rejected", "skipped"):
+            self.imported[k] += getattr(res, k)
+        known = {p["path"] for p in self.imported["parked"]}
+        self.imported["parked"] += [p for p in res.parked if p["path"] not in known]
+        self.imported["removed"] += removed
+        self.imported["ops_applied"] += res.ops_applied
 
     def do_export(self, spec: ExportSpec) -> None:
         to_shown = "all" if spec.to is None else spec.to
@@ -662,6 +711,11 @@ def run_batch(config_path: str | os.PathLike,
                         except Exception:
                             pass
                     raise
+                if log.failed is not None:
+                    rnd.errors.append({"action": "log", "target": str(log_path),
+                                       "error": log.failed,
+                                       "hint": "free space on its disk, or set log to another "
+                                               "path; the round's actions ran"})
                 summary = _summary(cfg, site, log_path, started, rnd)
                 if cfg.metrics is not None:
                     rnd.guarded("metrics", str(cfg.metrics),

@@ -515,7 +515,7 @@ def test_missing_config_file(tmp_path):
 @pytest.mark.parametrize("log, said", [
     ("/no/such/dir/x.log", "log: cannot append to /no/such/dir/x.log"),
     # every write to /dev/full fails as a full disk does: the error named no file
-    ("/dev/full", "error: No space left on device: /dev/full"),
+    ("/dev/full", "error: log /dev/full: cannot append to /dev/full (No space left on device)"),
 ])
 def test_a_log_that_cannot_be_written_is_named_in_the_error(family, log, said):
     if log == "/dev/full" and not Path(log).exists():
@@ -829,3 +829,85 @@ path = "{root / 'inbox'}"
     r = run("batch", cfg)
     assert r.code == 1 and "cannot append to" in r.err, r
     assert f"hint: create {log.parent}" in r.err and "mkdir -p" in r.err, r
+
+
+def test_a_file_name_that_is_not_utf8_in_an_inbox_never_stops_the_round(family):
+    """A damaged copy named in Latin-1 in a drop directory: the round's log line for it
+    raised, every round ended there, and the site never exported again; a good packet so
+    named could not be recorded as applied."""
+    three_sites(family)
+    media = family.root / "drop"
+    media.mkdir()
+    family.put("boston", "parts", "p1", 1)
+    assert run("batch", site_config(family, "boston", media)).code == 0
+    inbox = media / "sanfran"
+    junk = os.fsencode(inbox) + b"/\xfejunk.spk"
+    with open(junk, "wb") as f:
+        f.write(b"junk")
+    good = next(p for p in packets_under(inbox))
+    os.rename(good, os.fsencode(good.parent) + b"/\xffpk.spk")
+    family.put("sanfran", "parts", "s1", 2)
+    r = run("--json", "batch", site_config(family, "sanfran", media))
+    assert r.code == 1 and r.json is not None, r
+    assert len(r.json["imported"]["applied"]) == 1 and len(r.json["imported"]["rejected"]) == 1
+    assert r.json["counts"]["exported_packets"] == 2 and r.json["errors"] == [], r.json
+    assert "\\udcfe" in (family.path("sanfran") / "batch.log").read_text()
+    assert run("get", "parts", "p1", site=family.path("sanfran")).out.strip() == "1"
+
+
+def test_a_log_that_cannot_be_written_fails_the_round_but_not_its_actions(family):
+    """A full disk under the log (here /dev/full): the round stopped at its first line, with
+    no summary and its metrics still saying the last round was fine."""
+    three_sites(family)
+    media = family.root / "drop"
+    media.mkdir()
+    family.put("boston", "parts", "p1", 1)
+    prom = family.root / "boston.prom"
+    cfg = site_config(family, "boston", media)
+    cfg.write_text(f'log = "/dev/full"\nmetrics = "{prom}"\n' + cfg.read_text())
+    r = run("--json", "batch", cfg)
+    assert r.code == 1, r
+    assert [e["action"] for e in r.json["errors"]] == ["log"], r.json
+    assert "No space left" in r.json["errors"][0]["error"]
+    assert r.json["counts"]["exported_packets"] == 2
+    assert 'syncpack_batch_last_run_ok{site="boston"} 0' in prom.read_text()
+
+
+def test_a_packet_parked_earlier_is_counted_once_however_many_inboxes(family):
+    three_sites(family)
+    media = family.root / "drop"
+    media.mkdir()
+    family.put("sanfran", "parts", "s1", 1)
+    assert run("batch", site_config(family, "sanfran", media)).code == 0
+    family.put("sanfran", "parts", "s2", 2)
+    assert run("batch", site_config(family, "sanfran", media)).code == 0
+    first = min(packets_under(media / "boston" / "sanfran"))
+    first.unlink()                                  # lost: the second waits for it
+    cfg = site_config(family, "boston", media)
+    (family.root / "usb").mkdir()
+    cfg.write_text(cfg.read_text() + f'\n[[import]]\npath = "{family.root / "usb"}"\n')
+    r = run("--json", "batch", cfg)
+    assert r.code == 0, r
+    assert r.json["counts"]["parked"] == 1 and len(r.json["imported"]["parked"]) == 1, r.json
+
+
+def test_unsealed_packets_left_from_before_sealing_are_removed_once_refused(family):
+    """Packets written before the family required sealing, left in an inbox: refused at
+    every round for ever (their ops come again, sealed), failing every round."""
+    three_sites(family)
+    media = family.root / "drop"
+    media.mkdir()
+    family.put("bangalore", "parts", "g1", 1)
+    assert run("batch", site_config(family, "bangalore", media)).code == 0
+    assert run("require-sealing", "on", site=family.path("boston")).code == 0
+    cfg = site_config(family, "boston", media)
+    r = run("--json", "batch", cfg)
+    assert r.code == 1 and len(r.json["imported"]["rejected"]) == 1, r.json
+    assert len(r.json["imported"]["removed"]) == 1
+    assert not packets_under(media / "boston")
+    for _ in range(3):
+        for n in ("boston", "sanfran", "bangalore"):
+            run("batch", site_config(family, n, media))
+    for n in ("boston", "sanfran", "bangalore"):
+        assert run("--json", "batch", site_config(family, n, media)).code == 0, n
+    assert run("get", "parts", "g1", site=family.path("boston")).out.strip() == "1"

@@ -406,6 +406,9 @@ class ImportResult:
     # Parked packets whose kept copy was gone (a site restored without SITE/parked/):
     # forgotten, since their ops come again from a peer.
     forgotten: list[dict] = field(default_factory=list)
+    # Rejected only because the family requires sealing (shown paths): their headers were
+    # taken in, so their senders send what they held again, sealed.
+    unsealed: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
@@ -596,6 +599,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                     # again; refused unheard, the two sites stalled for good.
                     with site.write_txn():
                         note_header(site, h, applied=False)
+                    res.unsealed.append(shown)
                 res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 continue
             if h.kind == codec.KIND_SNAPSHOT:

@@ -9,6 +9,12 @@ from __future__ import annotations
 from typing import Iterator
 
 
+def _text(path: str | None) -> str | None:
+    """A path as stored text: a file name that is not UTF-8 (its bytes kept by Python as lone
+    surrogates) is stored escaped; SQLite refused it, failing the import of a good packet."""
+    return None if path is None else path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 # --- packets taken in --------------------------------------------------------------------------
 
 def record_in(conn, sender: bytes, packet_id: bytes, seq: int, part: int, kind: str, ops: int,
@@ -17,7 +23,7 @@ def record_in(conn, sender: bytes, packet_id: bytes, seq: int, part: int, kind: 
     verb = "INSERT OR IGNORE" if again_ok else "INSERT"
     conn.execute(f"{verb} INTO packets_in(sender, packet_id, seq, part, kind, ops, path, "
                  "at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                 (sender, packet_id, seq, part, kind, ops, path, at_ms))
+                 (sender, packet_id, seq, part, kind, ops, _text(path), at_ms))
 
 
 def is_known(conn, sender: bytes, packet_id: bytes) -> bool:
@@ -50,7 +56,7 @@ def last_received(conn, now_ms: int) -> dict[bytes, int]:
 def record_out(conn, packet_id: bytes, recipient: bytes, seq: int, part: int, kind: str,
                ranges: bytes, ops: int, size: int, path: str, at_ms: int) -> None:
     conn.execute("INSERT INTO packets_out VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                 (packet_id, recipient, seq, part, kind, ranges, ops, size, path, at_ms))
+                 (packet_id, recipient, seq, part, kind, ranges, ops, size, _text(path), at_ms))
 
 
 def ranges_sent_through(conn, recipient: bytes, seq: int) -> Iterator[bytes]:
@@ -79,7 +85,7 @@ def park(conn, sender: bytes, packet_id: bytes, seq: int, part: int, file: str,
          origin_path: str, waiting: bytes, at_ms: int) -> None:
     conn.execute("INSERT OR REPLACE INTO parked(sender, packet_id, seq, part, file, "
                  "origin_path, waiting, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                 (sender, packet_id, seq, part, file, origin_path, waiting, at_ms))
+                 (sender, packet_id, seq, part, file, _text(origin_path), waiting, at_ms))
 
 
 def unpark(conn, sender: bytes, packet_id: bytes) -> None:
