@@ -549,17 +549,20 @@ def test_a_change_to_a_renamed_column_made_while_stopped_is_taken_by_the_refresh
 
 
 @given(st.sampled_from(["", " DEFAULT 0", " DEFAULT -1.5", " DEFAULT 'a,b'", " DEFAULT NULL",
-                        " DEFAULT x'00ff'", " DEFAULT CURRENT_TIMESTAMP", " DEFAULT (1 + 1)"]))
-def test_constant_defaults_are_the_values_sqlite_gives(dflt):
+                        " DEFAULT x'00ff'", " DEFAULT CURRENT_TIMESTAMP", " DEFAULT (1 + 1)",
+                        " DEFAULT '5'", " DEFAULT 0x10", " DEFAULT 7.0", " DEFAULT '1e3'"]),
+       st.sampled_from(["", "INTEGER", "REAL", "TEXT", "NUMERIC", "BLOB"]))
+def test_constant_defaults_are_the_values_sqlite_gives(dflt, decl):
     from syncpack.store import appdb
     c = apsw.Connection(":memory:")
-    c.execute(f"CREATE TABLE t(id TEXT PRIMARY KEY, v{dflt})")
+    c.execute(f"CREATE TABLE t(id TEXT PRIMARY KEY, v {decl}{dflt})")
     c.execute("INSERT INTO t(id) VALUES ('k')")
     got = appdb.constant_defaults(c, appdb.table_info(c, "t"))
     if "CURRENT" in dflt or "(" in dflt:
         assert "v" not in got          # not the same at every site: left out
     else:
-        assert got["v"] == c.execute("SELECT v FROM t").fetchone()[0]
+        want = c.execute("SELECT v, typeof(v) FROM t").fetchone()
+        assert (got["v"], type(got["v"])) == (want[0], type(want[0])), (got, want)
 
 
 @pytest.mark.parametrize("lie", [
@@ -686,7 +689,11 @@ def test_new_tables_whose_foreign_keys_refer_to_each_other_are_created_parents_f
     converged(sites, dbs, tables=TABLES_ + ("users", "orders"))
 
 
-@pytest.mark.parametrize("column", ["note TEXT NOT NULL DEFAULT 'none'", "note TEXT"])
+@pytest.mark.parametrize("column", [
+    "note TEXT NOT NULL DEFAULT 'none'", "note TEXT",
+    # a default whose constant the column's affinity converts: rows hold 0.0, 5 and 16, and
+    # the bare constant made every row differ from its default (fsck failed everywhere)
+    "note REAL NOT NULL DEFAULT 0", "note INTEGER DEFAULT '5'", "note INTEGER DEFAULT 0x10"])
 def test_under_merge_a_row_from_before_an_added_column_changes_only_what_was_written(
         tmp_path, column):
     """b sets the added column of an older row; a, later, sets another column of it.  a's

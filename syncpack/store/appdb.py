@@ -451,8 +451,8 @@ def unwritable(conn: Connection, t: TableInfo) -> str | None:
 
 # A DEFAULT that is a constant: its value is the same at every site (CURRENT_TIME and
 # function calls are not: those columns are left out of comparisons).
-_CONSTANT_DEFAULT = re.compile(r"(?is)\s*(?:[-+]?\s*(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?"
-                               r"|'(?:[^']|'')*'|x'[0-9a-f]*'|null|true|false)\s*")
+_CONSTANT_DEFAULT = re.compile(r"(?is)\s*(?:[-+]?\s*(?:0x[0-9a-f]+|(?:\d+(?:\.\d*)?|\.\d+)"
+                               r"(?:e[-+]?\d+)?)|'(?:[^']|'')*'|x'[0-9a-f]*'|null|true|false)\s*")
 
 
 def constant_defaults(conn: Connection, t: TableInfo) -> dict[str, object]:
@@ -467,6 +467,11 @@ def constant_defaults(conn: Connection, t: TableInfo) -> dict[str, object]:
             out[col] = None
         elif _CONSTANT_DEFAULT.fullmatch(dflt):
             out[col] = conn.execute(f"SELECT {dflt}").fetchone()[0]
+    # as a row holds it, the column's affinity applied (REAL DEFAULT 0 is 0.0, INTEGER
+    # DEFAULT '5' is 5): the bare constant made every row differ from its default, so an
+    # edit of another column carried the default as a change, overriding a peer's edit
+    typed = {c: v for c, v in out.items() if c in t.affinity}
+    out.update(as_stored({c: t.affinity[c] for c in typed}, [typed])[0])
     return out
 
 
