@@ -697,3 +697,70 @@ def test_a_second_history_with_the_same_start_and_clock_but_another_end_is_found
             values.add((s.get("t", "k"), s.get("t", "k2", None)))
     assert len(values) == 1, values
     assert fam.digest("A") == fam.digest("B")
+
+
+def test_a_kept_version_reaches_a_site_that_trimmed_the_one_not_kept(family):
+    """M's epoch was trimmed at A and is still held at B when M signs another version of it
+    and says, to both, that it kept the new one.  B reverted its version; A had nothing to
+    revert, kept its value, and refused the kept version for good as the one that lost: the
+    two sites held two values, each saying 'healed'."""
+    import os
+    from packetkit import rebuild, sign_key
+    from syncpack.format import codec
+    from syncpack.site import Site
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("M", via="A")
+    rounds(fam, ["A", "B", "M"], 2)
+    fam.put("M", "t", "k", "X")
+    rounds(fam, ["A", "B", "M"], 3)
+    assert run("scrub", site=fam.path("A")).code == 0
+    with Site.open(fam.path("M")) as s:
+        fam_id, mid = s.family_id, s.site_id
+        x_raw = bytes(s.conn.execute("SELECT data FROM blocks WHERE origin=? AND lo=0",
+                                     (mid,)).fetchone()[0])
+    with Site.open(fam.path("A")) as s:
+        assert s.floors()[mid] == 1 and not s.conn.execute(
+            "SELECT 1 FROM blocks WHERE origin=?", (mid,)).fetchone()
+    key = sign_key(fam.path("M"))
+    (xop,) = list(blocks.decode_ops(x_raw))
+    y = blocks.encode_block(fam_id, mid, blocks.ZERO_HASH,
+                            [xop._replace(hlc=xop.hlc + 7, value=codec.encode_value("Y"))],
+                            key.sign)
+    yi = blocks.read_block_header(y, fam_id)
+    fam.put("M", "t", "other", "z")         # packets of M to A and B, edited below
+    genuine = {}
+    for peer in ("A", "B"):
+        _out, pk = cli_export(fam, "M", peer)
+        genuine[peer] = Path(pk[0]["path"]).read_bytes()
+
+    def send(peer: str, with_y: bool, kept: bool) -> None:
+        def edit(h):
+            ix = h["origins"].index(mid)
+            h["ranges"], h["count"] = ([[ix, 0, 1]], 1) if with_y else ([], 0)
+            h["vector"] = [[o, 1 if o == ix else e] for o, e in h["vector"]]
+            h["hlc_max"] = max(h["hlc_max"], yi.hlc_last)
+            for k in ("acks", "anchors", "heads"):
+                h.pop(k, None)
+            if kept:
+                h["kept"] = [yi.block_hash]
+            h["id"] = os.urandom(len(h["id"]))
+        d = fam.medium()
+        (d / "x.spk").write_bytes(rebuild(genuine[peer], key, edit, y if with_y else b""))
+        run("import", d, site=fam.path(peer))
+
+    for peer in ("A", "B"):
+        send(peer, True, False)             # the second version: the fork is found
+    for peer in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, peer)] == ["open"], forks_at(fam, peer)
+        send(peer, False, True)             # M: "I kept Y"
+    for peer in ("A", "B"):
+        send(peer, True, True)              # and Y itself
+    rounds(fam, ["A", "B"], 2)
+    for peer in ("A", "B"):
+        assert [f["state"] for f in forks_at(fam, peer)] == ["healed"], forks_at(fam, peer)
+        with fam.open(peer) as s:
+            assert s.get("t", "k") == "Y", peer
+        assert fsck_ok(fam, peer)
+    assert fam.digest("A") == fam.digest("B")

@@ -225,6 +225,8 @@ def note_kept(site: Site, h: Header) -> None:
         if held and keep not in held:
             store.revert_from(site.conn, f.origin, f.epoch)
             site.invalidate()
+        elif not held:
+            _revert_trimmed(site, f, keep)
         _lose(site, f, keep)
         store.set_state(site.conn, f, store.HEALED)
 
@@ -310,11 +312,29 @@ def end_retired(site: Site) -> int:
         if keep not in held and (lose in held or _against(site, held, keep)):
             store.revert_from(site.conn, origin, epoch)
             site.invalidate()
+        elif not held:
+            _revert_trimmed(site, store.Fork(origin, epoch, a_raw, b_raw, 0, store.OPEN), keep)
         _remember_lost(site, lose, frozenset(h for f in fs for h in (f.a, f.b)))
         for f in fresh:
             store.set_state(site.conn, f, store.ENDED)
         n += len(fresh)
     return n
+
+
+def _revert_trimmed(site: Site, f: store.Fork, keep: bytes) -> None:
+    """The version not kept at ``f`` is the one this site held and has since trimmed (found
+    by the header kept from the trim): nothing was reverted, the site kept its values while
+    its peers took the kept version, and refused that version for good as the one that
+    lost.  Its versions go by their clocks, and the kept history comes in again."""
+    trimmed = store.trimmed_header_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
+    if trimmed is None or trimmed == keep:
+        return
+    if trimmed not in (f.a, f.b) and not _against(site, [trimmed], keep):
+        return      # the same history, sealed in other parts
+    info = blocks.read_block_header(trimmed, site.family_id, header_only=True)
+    store.revert_from(site.conn, f.origin, f.epoch)     # its later blocks we still hold
+    store.revert_trimmed(site.conn, f.origin, info.lo, info.hlc_first)
+    site.invalidate()
 
 
 def _against(site: Site, held: list[bytes], keep: bytes) -> bool:

@@ -146,6 +146,21 @@ def revert_from(conn, origin: bytes, epoch: int) -> int:
     return cut
 
 
+def revert_trimmed(conn, origin: bytes, lo: int, hlc_first: int) -> int:
+    """Undo ``origin``'s trimmed ops from its trimmed block that starts after epoch ``lo``
+    (first clock ``hlc_first``) on: their ops are gone, so the versions they wrote go by
+    their clocks (what they replaced was trimmed with them; a peer that still holds those
+    ops brings them back where the history kept replays them), and the origin's epoch and
+    floor wind back to ``lo``, so the history kept comes in ordinary rounds (or, where the
+    peers trimmed it too, they say a resync is needed).  Returns ``lo``."""
+    conn.execute("DELETE FROM versions WHERE substr(csn, 9, 8)=? AND csn>=?",
+                 (origin, pack_csn(hlc_first, origin, 0)))
+    conn.execute("UPDATE vector SET epoch=min(epoch, ?1), floor=min(floor, ?1) WHERE origin=?2",
+                 (lo, origin))
+    conn.execute("DELETE FROM trimmed_heads WHERE origin=?", (origin,))
+    return lo
+
+
 def undo_ops(conn, ops: list) -> None:
     """Undo the effect of ``ops`` (newest last) on the records: their versions go, and the
     versions they replaced come back where we still hold the ops that wrote them."""
