@@ -468,7 +468,7 @@ CONFIG_ERRORS = [
     ("infinite max_size", 'site = "{site}"\n[[export]]\nout = "/tmp"\nmax_size = "inf"\n',
      "export[1].max_size: not a size"),
     ("huge max_size", 'site = "{site}"\n[[export]]\nout = "/tmp"\nmax_size = "9999999T"\n',
-     "export[1].max_size: --max-size must be at most"),
+     "export[1].max_size: the largest packet must be at most"),
     ("bad min_age", 'site = "{site}"\n[scrub]\nmin_age = "soon"\n',
      "scrub.min_age: not a duration"),
     ("site type", 'site = 7\n[scrub]\n', "site: must be a non-empty string"),

@@ -47,9 +47,9 @@ def parse_size(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M, G or T)")
     n = int(float(t) * mult) if "." in t else int(t) * mult
     if n > MAX_MAX_SIZE:
-        raise ValueError(f"--max-size must be at most 1024T ({MAX_MAX_SIZE} bytes), not {text!r}")
+        raise ValueError(f"the largest packet must be at most 1024T ({MAX_MAX_SIZE} bytes), not {text!r}")
     if n < MIN_MAX_SIZE:
-        raise ValueError(f"--max-size must be at least 64K ({MIN_MAX_SIZE} bytes); a "
+        raise ValueError(f"the largest packet must be at least 64K ({MIN_MAX_SIZE} bytes); a "
                          f"transaction larger than a packet travels in several packets")
     return n
 
