@@ -194,25 +194,31 @@ def test_a_careless_restore_heals_on_the_smallest_medium(family):
         assert s.get("t", "lost29") == "x" * 200
 
 
+def honest_to_a_and_b_next(fam: Family) -> tuple[Path, bytes, object]:
+    """A, B and C; C writes t/k and A takes it in; C's packet for B, not yet imported (its
+    path and bytes), and C's signing key, for a test to forge the packet as C could."""
+    from packetkit import sign_key
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    fam.full_exchange(2)
+    fam.put("C", "t", "k", "honest")
+    to_a, _ = cli_export(fam, "C", "A")
+    cli_import(fam, "A", to_a)
+    _out, packets = cli_export(fam, "C", "B")
+    path = Path(packets[0]["path"])
+    return path, path.read_bytes(), sign_key(fam.path("C"))
+
+
 def test_a_second_history_under_the_very_same_clock_converges_everywhere(family):
     """A member signs another version of its epoch with the same clock and seq (the same
     CSN, another value) for one peer.  The fork was found and healed, yet the member's own
     site kept its value in the records while its changelog held the family's version: the
     family split (the member's fsck failing) while every site said 'healed'."""
     import msgpack
-    from packetkit import ops_of, rebuild, reblock, sign_key
+    from packetkit import ops_of, rebuild, reblock
     fam = family
-    fam.init("A")
-    fam.add("B", via="A")
-    fam.add("C", via="A")
-    fam.full_exchange(2)
-    fam.put("C", "t", "k", "honest")
-    to_a, packets = cli_export(fam, "C", "A")
-    cli_import(fam, "A", to_a)
-    _out, packets = cli_export(fam, "C", "B")
-    path = Path(packets[0]["path"])
-    raw = path.read_bytes()
-    key = sign_key(fam.path("C"))
+    path, raw, key = honest_to_a_and_b_next(fam)
     body = reblock(raw, [o._replace(value=msgpack.packb("forged")) for o in ops_of(raw)], key)
     h_len = blocks.HEADER_LEN
 
@@ -650,19 +656,9 @@ def test_a_second_history_with_the_same_start_and_clock_but_another_end_is_found
     sites' stores).  The bodies differ where both hold the epoch: it is a fork, found where
     the blocks meet, and retiring C ends it with one history everywhere."""
     import msgpack
-    from packetkit import ops_of, rebuild, reblock, sign_key
+    from packetkit import ops_of, rebuild, reblock
     fam = family
-    fam.init("A")
-    fam.add("B", via="A")
-    fam.add("C", via="A")
-    fam.full_exchange(2)
-    fam.put("C", "t", "k", "honest")
-    to_a, _ = cli_export(fam, "C", "A")
-    cli_import(fam, "A", to_a)
-    _out, packets = cli_export(fam, "C", "B")
-    path = Path(packets[0]["path"])
-    raw = path.read_bytes()
-    key = sign_key(fam.path("C"))
+    path, raw, key = honest_to_a_and_b_next(fam)
     ops = ops_of(raw)
     c_id = ops[0].origin
     last = ops[-1]

@@ -803,18 +803,25 @@ def test_restored_site_below_every_floor_recovers_through_a_resync(family):
         assert s.get("t", "b1", None) is None and s.get("t", "b9") == "fresh"
 
 
+def b_restored_after_all_trimmed(family, key: str, value: str) -> Family:
+    """Three sites; B writes t/key after a backup, every site trims it, and B's directory is
+    put back from the backup."""
+    fam = three_sites(family)
+    copy = backup(fam, "B")
+    fam.put("B", "t", key, value)
+    fam.full_exchange(rounds=3)
+    for name in NAMES:
+        assert run("scrub", site=fam.path(name)).code == 0
+    put_back(fam, "B", copy)
+    return fam
+
+
 def test_the_first_export_after_a_resync_plans_from_the_snapshot_not_the_stale_report(family):
     """The site that re-seeded B exports to B before B has answered (a batch round at A, say).
     A plans B's own origin from B's last report, taken before the snapshot, when B held none
     of its trimmed history: the export failed and told the administrator to resync once more,
     for a snapshot B had already taken in.  C, which sent B no snapshot, still says so."""
-    fam = three_sites(family)
-    copy = backup(fam, "B")
-    fam.put("B", "t", "b1", "after the backup")
-    fam.full_exchange(rounds=3)
-    for name in NAMES:
-        assert run("scrub", site=fam.path(name)).code == 0
-    put_back(fam, "B", copy)
+    fam = b_restored_after_all_trimmed(family, "b1", "after the backup")
     assert run("restore", site=fam.path("B")).code == 0
     out, _ = cli_export(fam, "B")
     for peer in ("A", "C"):
@@ -935,13 +942,8 @@ def test_a_careless_restore_after_the_peers_trimmed_is_found_and_heals_by_a_resy
     the two apart: B kept y, the others x, every command said all was well, and the family
     was split for good.  The trimmed block's signed header now proves the fork; B recovers
     through the resync the status names, and the family ends holding x and y."""
-    fam = three_sites(family)
-    copy = backup(fam, "B")
-    fam.put("B", "t", "x", "before the restore")
-    fam.full_exchange(rounds=3)
-    for name in NAMES:
-        assert run("scrub", site=fam.path(name)).code == 0
-    put_back(fam, "B", copy)                    # nobody runs 'syncpack restore'
+    fam = b_restored_after_all_trimmed(family, "x", "before the restore")
+    # nobody runs 'syncpack restore'
     fam.put("B", "t", "y", "after the restore")
     _rounds(fam, NAMES, 2, cli=True)
     for name in ("A", "C"):
