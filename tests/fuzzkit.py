@@ -527,6 +527,9 @@ def _judge(w: World, name: str, f: Path, data: bytes, before: dict, exact: bool,
         return v
     if not res.applied:
         v.bad.append("neither applied, parked, duplicate nor rejected")
+    if res.forks:
+        v.outcome = fork_found(w, data, exact, expect, v)
+        return v
     if kind != "ok":
         v.bad.append(f"reader refused ({kind}) what import applied")
     return applied_problems(w, name, data, exact, expect, v, before, w.ref.get(name))
@@ -595,8 +598,20 @@ def fill_the_gap(w: World, f: Path, data: bytes, exact: bool, expect: str,
         return "rejected"
     if str(f) not in res.applied:
         return "parked"
+    if res.forks:
+        return fork_found(w, data, exact, expect, v)
     applied_problems(w, "gap", data, exact, expect, v, before, w.ref["update+gap"])
     return "applied"
+
+
+def fork_found(w: World, data: bytes, exact: bool, expect: str, v: Verdict) -> str:
+    """The mutant, re-signed by its origin, holds another op at an epoch already held: the
+    origin signed two histories, a fork found (its range left out, the evidence kept), never
+    from a block its origin did not sign."""
+    if expect != "any":
+        v.bad.append("a fork found from a block its origin did not sign")
+    v.bad += fsck_problems(w, "gap", data, exact)
+    return "fork found"
 
 
 def try_import(w: World, name: str, data: bytes, exact: bool, expect: str = "any",
