@@ -608,15 +608,16 @@ def _os_error(e: OSError, directory: Path) -> ExportError:
     if e.errno == errno.EFBIG:
         return MediumFullError(f"the medium at {directory} takes no file this large "
                                f"({e.strerror}); no partial packet was left",
-                               hint="use a smaller --max-size (a FAT32 medium takes files "
-                                    "below 4G); nothing was sent")
+                               hint="use a smaller --max-size (a batch outbox's max_size; a "
+                                    "FAT32 medium takes files below 4G); nothing was sent")
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         # all or nothing: a smaller --max-size cuts the same bytes into more files
         return MediumFullError(f"the medium at {directory} is full ({e.strerror}); "
                                f"no partial packet was left",
                                hint="an export writes all its packets or none: free space "
                                     "on the medium, use a larger one, or export to fewer "
-                                    "peers at a time (--to PEER); nothing was sent")
+                                    "peers at a time (--to PEER, a batch outbox's to); nothing "
+                                    "was sent")
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return ExportError(f"cannot write packets into {directory}: {e.strerror or e}",
                            hint="the medium is read-only or this user may not write there "
