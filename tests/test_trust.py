@@ -266,6 +266,42 @@ def test_a_roster_op_cannot_replace_another_members_key(family, tmp_path):
         assert s.roster()["C"].ed25519 == c.ed25519
 
 
+def test_a_roster_op_cannot_rewrite_the_state_another_member_was_created_from(family,
+                                                                              tmp_path):
+    """B rewrote C's entry, same id and keys, claiming C was created holding a million of A's
+    ops: every site then believed C held them and never sent it A's later writes, with lag 0
+    and fsck clean everywhere."""
+    three(family)
+    with family.open("B") as s:
+        c = s.roster()["C"]
+        a_id = s.roster()["A"].site_id
+        evil = Member("C", c.site_id, c.ed25519, c.x25519, c.priority,
+                      {**c.base, a_id: 10 ** 6}, False)
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "C", codec.encode_value(evil.to_value()))
+    [pb] = family.export("B", "A")
+    err = refused(family, "A", pb, tmp_path)
+    assert "roster entry of C" in err and "created from" in err, err
+    with family.open("A") as s:
+        assert s.roster()["C"].base == c.base
+
+
+def test_a_roster_op_cannot_add_a_member_named_like_another_but_for_case(family, tmp_path):
+    """mkreplica refuses such a name (one packet directory for both on FAT32 and exFAT
+    media); a member's roster op was taken."""
+    three(family)
+    with family.open("B") as s:
+        c = s.roster()["C"]
+        evil = Member("c", b"\x01" * 8, b"\x02" * 32, b"", 0, {}, False)
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "c", codec.encode_value(evil.to_value()))
+    [pb] = family.export("B", "A")
+    err = refused(family, "A", pb, tmp_path)
+    assert "only in case" in err, err
+    with family.open("A") as s:
+        assert "c" not in s.roster() and s.roster()["C"].site_id == c.site_id
+
+
 # --- 4. snapshots go through the same checks ---------------------------------------------------
 
 def test_a_resync_snapshot_stamped_years_ahead_is_refused(family, tmp_path):

@@ -154,10 +154,21 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
         raise error(f"roster entry of {name} would replace that member's identity or keys; "
                     f"refused", hint="a member's keys never change; to replace a site, retire "
                                      "it and add a new one")
+    if old is not None and old.base != new.base:
+        # 'base' is what every site believes the member held when it joined: rewritten, no
+        # site sent it what lay below the lie, and nothing showed it (lag 0, fsck clean)
+        raise error(f"roster entry of {name} would change the state that member was created "
+                    f"from; refused", hint="a member's roster entry keeps its identity, keys "
+                                           "and starting state; only priority and retirement "
+                                           "change")
     for other in roster.values():
         if other.name != name and other.site_id == new.site_id:
             raise error(f"roster entry of {name} takes the site id of member {other.name}; "
                         f"refused")
+        if old is None and other.name != name and other.name.casefold() == name.casefold():
+            # as mkreplica refuses it: one directory for both on most removable media
+            raise error(f"roster entry of {name} differs from member {other.name} only in "
+                        f"case; refused")
 
 
 def check_system_entry(site: Site, collection: str, key: str, raw: bytes | None,
