@@ -251,19 +251,26 @@ def test_a_member_cannot_shadow_anothers_packet_by_reusing_its_id(family, tmp_pa
         assert s.get("t", "c") == 1
 
 
-def test_a_roster_op_cannot_replace_another_members_key(family, tmp_path):
+def _roster_lie_refused_at_a(family, tmp_path, make) -> tuple[dict, str]:
+    """B writes the roster entry ``make(roster)`` returns; its packet is refused at A.
+    Returns the roster as B held it before, and A's error."""
     three(family)
     with family.open("B") as s:
-        c = s.roster()["C"]
-        b = s.roster()["B"]
-        evil = Member("C", c.site_id, b.ed25519, b.x25519, c.priority, c.base, False)
+        roster = s.roster()
+        evil = make(roster)
         with s.transaction(_system=True) as tx:
-            tx.write_raw(ROSTER, "C", codec.encode_value(evil.to_value()))
+            tx.write_raw(ROSTER, evil.name, codec.encode_value(evil.to_value()))
     [pb] = family.export("B", "A")
-    err = refused(family, "A", pb, tmp_path)
+    return roster, refused(family, "A", pb, tmp_path)
+
+
+def test_a_roster_op_cannot_replace_another_members_key(family, tmp_path):
+    roster, err = _roster_lie_refused_at_a(family, tmp_path, lambda r: Member(
+        "C", r["C"].site_id, r["B"].ed25519, r["B"].x25519, r["C"].priority, r["C"].base,
+        False))
     assert "roster entry of C" in err and "keys" in err, err
     with family.open("A") as s:
-        assert s.roster()["C"].ed25519 == c.ed25519
+        assert s.roster()["C"].ed25519 == roster["C"].ed25519
 
 
 def test_a_roster_op_cannot_rewrite_the_state_another_member_was_created_from(family,
@@ -271,35 +278,22 @@ def test_a_roster_op_cannot_rewrite_the_state_another_member_was_created_from(fa
     """B rewrote C's entry, same id and keys, claiming C was created holding a million of A's
     ops: every site then believed C held them and never sent it A's later writes, with lag 0
     and fsck clean everywhere."""
-    three(family)
-    with family.open("B") as s:
-        c = s.roster()["C"]
-        a_id = s.roster()["A"].site_id
-        evil = Member("C", c.site_id, c.ed25519, c.x25519, c.priority,
-                      {**c.base, a_id: 10 ** 6}, False)
-        with s.transaction(_system=True) as tx:
-            tx.write_raw(ROSTER, "C", codec.encode_value(evil.to_value()))
-    [pb] = family.export("B", "A")
-    err = refused(family, "A", pb, tmp_path)
+    roster, err = _roster_lie_refused_at_a(family, tmp_path, lambda r: Member(
+        "C", r["C"].site_id, r["C"].ed25519, r["C"].x25519, r["C"].priority,
+        {**r["C"].base, r["A"].site_id: 10 ** 6}, False))
     assert "roster entry of C" in err and "created from" in err, err
     with family.open("A") as s:
-        assert s.roster()["C"].base == c.base
+        assert s.roster()["C"].base == roster["C"].base
 
 
 def test_a_roster_op_cannot_add_a_member_named_like_another_but_for_case(family, tmp_path):
     """mkreplica refuses such a name (one packet directory for both on FAT32 and exFAT
     media); a member's roster op was taken."""
-    three(family)
-    with family.open("B") as s:
-        c = s.roster()["C"]
-        evil = Member("c", b"\x01" * 8, b"\x02" * 32, b"", 0, {}, False)
-        with s.transaction(_system=True) as tx:
-            tx.write_raw(ROSTER, "c", codec.encode_value(evil.to_value()))
-    [pb] = family.export("B", "A")
-    err = refused(family, "A", pb, tmp_path)
+    roster, err = _roster_lie_refused_at_a(family, tmp_path, lambda r: Member(
+        "c", b"\x01" * 8, b"\x02" * 32, b"", 0, {}, False))
     assert "only in case" in err, err
     with family.open("A") as s:
-        assert "c" not in s.roster() and s.roster()["C"].site_id == c.site_id
+        assert "c" not in s.roster() and s.roster()["C"].site_id == roster["C"].site_id
 
 
 # --- 4. snapshots go through the same checks ---------------------------------------------------
