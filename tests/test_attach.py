@@ -1309,6 +1309,30 @@ def test_the_applications_triggers_write_replicated_tables_at_the_origin_only(tm
         assert run("fsck", site=sites[n]).code == 0
 
 
+def test_a_triggers_skipped_update_during_an_import_does_not_settle_a_conflict(tmp_path):
+    """Each site's trigger keeps a running total of the items' quantities; the two sites
+    change different items, so their totals are concurrent writes of one row: a conflict,
+    listed at both.  When a peer's item is written, the application's trigger still runs its
+    UPDATE of the total, which syncpack skips (the total arrives as a row of its own), but
+    SQLite still fires the total's capture trigger for the untouched row: captured as this
+    site's write over both versions, it settled the conflict silently, on one side's value."""
+    schema = ["CREATE TABLE item(id TEXT PRIMARY KEY NOT NULL, qty INTEGER)",
+              "CREATE TABLE total(id TEXT PRIMARY KEY NOT NULL, n INTEGER)",
+              "CREATE TRIGGER item_qty AFTER UPDATE OF qty ON item BEGIN "
+              "UPDATE total SET n = n + NEW.qty - OLD.qty WHERE id = 'all'; END"]
+    sites, dbs = attached_pair(tmp_path, schema, [
+        "INSERT INTO total VALUES ('all', 0)",
+        "INSERT INTO item VALUES ('i0', 0), ('i1', 0), ('i2', 0)"], ["item", "total"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], ["UPDATE item SET qty = 1 WHERE id = 'i0'"])
+    app(dbs["b"], ["UPDATE item SET qty = 5 WHERE id = 'i2'"])
+    exchange(tmp_path, sites, rounds=2)
+    for t in ("item", "total"):
+        assert table(dbs["a"], t) == table(dbs["b"], t), t
+    for n in sites:
+        doc = json.loads(run("--json", "conflicts", "total", site=sites[n]).out)
+        assert [c["key"] for c in doc["conflicts"]] == ["all"], (n, doc)
+        assert run("fsck", site=sites[n]).code == 0
 def test_rows_the_capture_never_saw_fail_fsck_with_a_hint_that_heals(tmp_path):
     """A row written where no capture saw it (here with syncpack's own marker, as a trigger
     firing on syncpack's write once did) makes fsck fail pointing at the table, with a

@@ -49,6 +49,17 @@ def visible(site: Site, name: str, vs: list[tuple[bytes, bytes | None]],
     return pick(versions, policy, site.priorities())
 
 
+def shows_visible(site: Site, name: str, key: str, vs, raw: bytes | None,
+                  defaults: dict | None) -> bool:
+    """Whether the row ``raw`` (None: no row) of a key whose surviving versions are ``vs``
+    holds the visible record: the application changed nothing there, and a conflict stays
+    for 'conflicts resolve'."""
+    v = visible(site, name, list(vs), key)
+    if v is None or v.value is None or raw is None:
+        return raw is None and (v is None or v.value is None)
+    return rows.same_row(codec.shown_value(v.value), codec.decode_value(raw), defaults)
+
+
 def take_changes(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> int:
     """Move the application's committed changes into the changelog; the caller holds the
     site lock and a transaction on ``app`` (read or write).  Returns changes captured.
@@ -105,6 +116,14 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
     # column (sent as one, it overrode a peer's real edit of the column).
     defaults = {n: appdb.constant_defaults(app, t) for n, t in infos.items()
                 if used[n] and site.policy_of(n) == "merge" and schema.has_added_columns(site, n)}
+    held: dict[str, dict] = {}
+
+    def constants(name: str, t: appdb.TableInfo) -> dict:
+        # a row compared whole with a record that predates a column (keys in conflict only)
+        if name not in held:
+            held[name] = appdb.constant_defaults(app, t)
+        return held[name]
+
     for name, t in infos.items():
         parts = elsewhere.changes() if elsewhere else reader.changes(app, t, since, upto)
         for keys, raws in parts:
@@ -130,6 +149,13 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
                     raw = rows.without_unset(raw, vs[0][1], untouched)
                 if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
                     continue    # nothing new (written back as it was, or born and gone)
+                if len(vs) > 1 and shows_visible(site, name, key, vs, raw,
+                                                 constants(name, t)):
+                    # A key in conflict whose row shows the visible record: a write that
+                    # changed nothing (an UPDATE of the application's trigger that syncpack
+                    # skipped while writing a peer's row of another table still fires this
+                    # table's capture trigger) settles nothing; 'conflicts resolve' does.
+                    continue
                 u = unseen.get(key, ())
                 bk.append(key)
                 br.append(raw)
@@ -240,25 +266,19 @@ def _went_back(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     mine: list[tuple[str, bytes | None, list[bytes]]] = []
     seen: set[str] = set()
 
-    def shows(key: str, vs: list, raw: bytes | None) -> bool:
-        v = visible(site, name, vs, key)
-        if v is None or v.value is None:
-            return raw is None
-        return raw is not None and rows.same_row(codec.shown_value(v.value),
-                                                 codec.decode_value(raw), defaults)
-
     for items in scanned(app, t):
         seen.update(k for k, _r in items)
         current = attached.versions_for(conn, name, [k for k, _r in items if k not in pending])
         for key, raw in items:
-            if key in pending or shows(key, list(current.get(key, ())), raw):
+            if key in pending or shows_visible(site, name, key, current.get(key, ()), raw,
+                                                 defaults):
                 continue
             if key in changed_keys:
                 mine.append((key, raw, []))
             else:
                 again.append((name, key, b""))
     for key, vs in grouped(attached.visible_candidates(conn, name)):
-        if key in seen or key in pending or shows(key, vs, None):
+        if key in seen or key in pending or shows_visible(site, name, key, vs, None, defaults):
             continue
         if key in changed_keys:
             mine.append((key, None, []))
@@ -341,13 +361,8 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
                                  and rows.same_row(codec.shown_value(vs[0][1]),
                                                    codec.decode_value(raw), defaults)):
                 continue
-            if rescan and len(vs) > 1:
-                # a key in conflict whose row shows the visible record: no change of the
-                # application's, and the conflict stays for 'conflicts resolve'
-                v = visible(site, name, list(vs), key)
-                if v is not None and v.value is not None and rows.same_row(
-                        codec.shown_value(v.value), codec.decode_value(raw), defaults):
-                    continue
+            if rescan and len(vs) > 1 and shows_visible(site, name, key, vs, raw, defaults):
+                continue    # no change of the application's: as in a capture
             if rescan:
                 replaced = [c for c, _v in vs]
             elif was is not None:
