@@ -48,7 +48,7 @@ def carray(items: tuple) -> object:
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -261,6 +261,13 @@ MIGRATIONS: list[str] = [
     CREATE TABLE trimmed_heads(origin BLOB PRIMARY KEY, lo INTEGER NOT NULL,
                                hi INTEGER NOT NULL, header BLOB NOT NULL) WITHOUT ROWID;
     ALTER TABLE detached_tables ADD COLUMN columns TEXT;
+    """,
+    # 13: packets_out is kept for good (a year of hourly rounds to 20 peers: 175k rows), and
+    # every export and status asks it per peer for the newest snapshot sent and the newest
+    # packet: each a whole-table scan without these (0.75 s a round at 175k rows, 1 ms with).
+    """
+    CREATE INDEX packets_out_kind ON packets_out(recipient, kind, seq);
+    CREATE INDEX packets_out_at ON packets_out(recipient, at_ms);
     """,
 ]
 
