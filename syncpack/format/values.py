@@ -27,8 +27,7 @@ def json_value_encoder() -> Callable[[Any], bytes]:
     pack = codec.value_packer()
 
     def encode(value: Any) -> bytes:
-        t = type(value)
-        if t is str or t is int or t is bool or value is None:
+        if _plain_json(value):
             try:
                 return pack(value)
             except (ValueError, OverflowError):
@@ -40,6 +39,37 @@ def json_value_encoder() -> Callable[[Any], bytes]:
             raise InvalidValueError(str(e)) from None
 
     return encode
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` is surely plain JSON but for its text, which only encoding checks (a
+    lone surrogate fails it): exact types, no path named.  False sends the value to
+    :func:`check_json_value`, which accepts what this passes over (subclasses) and names
+    what it refuses.  The check of a small record's every element with its path spelt out
+    cost a one-put transaction a fifth of its Python time."""
+    stack = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, depth = pop()
+        t = type(v)
+        if t is str or t is int or t is bool or v is None:
+            continue
+        if depth >= MAX_DEPTH:
+            return False
+        if t is float:
+            if not math.isfinite(v):
+                return False
+        elif t is dict:
+            for k, x in v.items():
+                if type(k) is not str:
+                    return False
+                push((x, depth + 1))
+        elif t is list or t is tuple:
+            for x in v:
+                push((x, depth + 1))
+        else:
+            return False
+    return True
 
 
 def check_json_value(value: Any) -> None:
