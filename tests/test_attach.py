@@ -1309,6 +1309,49 @@ def test_the_applications_triggers_write_replicated_tables_at_the_origin_only(tm
         assert run("fsck", site=sites[n]).code == 0
 
 
+REBUILT = [
+    "CREATE TABLE zlines(id TEXT PRIMARY KEY NOT NULL, oid TEXT, qty INT)",
+    "CREATE TABLE summary(oid TEXT PRIMARY KEY NOT NULL, total INT)",
+    # the order's summary row rebuilt by every change of its lines: deleted, then made again
+    *[f"CREATE TRIGGER z_{e} AFTER {e} ON zlines BEGIN "
+      f"DELETE FROM summary WHERE oid = {r}.oid; "
+      f"INSERT INTO summary SELECT oid, sum(qty) FROM zlines WHERE oid = {r}.oid GROUP BY oid; END"
+      for e, r in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD"))],
+]
+
+
+@pytest.mark.parametrize("rows,writer_process", [(1, False), (1200, False), (1200, True)])
+def test_a_row_a_trigger_rebuilds_survives_where_a_peers_row_fires_it(tmp_path, monkeypatch,
+                                                                      rows, writer_process):
+    """The application's trigger keeps a summary row by deleting and inserting it again.  When
+    syncpack writes the origin's line at a peer, the trigger's INSERT is skipped (the summary
+    arrives as a row of its own) but its DELETE is not, and may come after the summary was
+    written: the row was gone at the peer and the delete, captured as the peer's own change,
+    went back and removed it at the origin too (every site without it, fsck clean).  Here
+    every change of the lines, by one row and by a large import, leaves the summary as the
+    origin made it, everywhere; a summary the origin deleted stays deleted.  Also when the
+    rows are written by the writer process (an import of 100,000 ops or more; here of any)."""
+    from syncpack.attach import writer
+    if writer_process:
+        monkeypatch.setattr(writer, "ELSEWHERE_AT", 1)
+    sites, dbs = attached_pair(tmp_path, REBUILT, [], ["zlines", "summary"])
+    app(dbs["a"], [f"INSERT INTO zlines VALUES ('l{i:05d}', 'o{i % 3}', 1)" for i in range(rows)])
+    exchange(tmp_path, sites, rounds=2)
+    want = [(f"o{j}", "text", len(range(j, rows, 3)), "integer") for j in range(min(rows, 3))]
+    for n in sites:
+        assert table(dbs[n], "summary") == want, n
+    app(dbs["a"], ["UPDATE zlines SET qty = 7 WHERE id = 'l00000'"])
+    app(dbs["b"], ["DELETE FROM zlines WHERE oid = 'o1'"] if rows > 1 else [])
+    exchange(tmp_path, sites, rounds=2)
+    for t in ("zlines", "summary"):
+        assert table(dbs["a"], t) == table(dbs["b"], t), t
+    assert table(dbs["a"], "summary")[0] == ("o0", "text", 7 + len(range(3, rows, 3)), "integer")
+    assert [r[0] for r in table(dbs["a"], "summary")] == (["o0", "o2"] if rows > 1 else ["o0"])
+    for n in sites:
+        assert run("fsck", site=sites[n]).code == 0
+        assert "0 key(s) in conflict" in run("conflicts", site=sites[n]).out
+
+
 def test_a_triggers_skipped_update_during_an_import_does_not_settle_a_conflict(tmp_path):
     """Each site's trigger keeps a running total of the items' quantities; the two sites
     change different items, so their totals are concurrent writes of one row: a conflict,

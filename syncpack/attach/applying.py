@@ -11,6 +11,7 @@ import os
 from contextlib import nullcontext
 from itertools import chain as joined, compress, repeat
 from pathlib import Path
+from typing import Callable
 
 from syncpack import children
 from syncpack.attach import capturing, rows, schema, writer
@@ -94,6 +95,65 @@ def apply_pending(site: Site, app: appdb.Connection, infos: dict[str, appdb.Tabl
         # a row that takes a UNIQUE value from a row its transaction deleted
         _apply_together(app, infos, order, stuck, done, clashes)
     return done, clashes
+
+
+# Passes of restore_removed: a row written back may fire triggers that remove others.
+RESTORE_PASSES = 3
+
+
+def restore_removed(site: Site, infos: dict[str, appdb.TableInfo],
+                    removed: Callable[[], dict[str, list[tuple]]],
+                    write: Callable[[str, list[str], list[bytes]], None],
+                    token: bytes | None) -> int:
+    """Before an apply's commit: rows the apply wrote that the application's triggers then
+    deleted, written back as the family's record says.
+
+    A trigger that keeps a row by deleting and inserting it again (a summary of an order's
+    lines) did both at the origin, which sent the row as it left it.  Here its INSERT is
+    skipped (skip_trigger_writes) but its DELETE cannot be, and it may run after the row was
+    written: the row was gone, and its delete, captured as this site's own change, went back
+    and removed it everywhere.  A row the apply did not write this time is left deleted: a
+    trigger's cascade of this site's own rows is this site's change, as before.  ``removed``
+    gives the rows deleted so (appdb.removed_since), ``write`` writes records (table, keys,
+    records); ``token``: the import whose marks name the rows it wrote as they arrived.
+    Returns the rows written back."""
+    tried: set[tuple[str, str]] = set()
+    total = 0
+    for _ in range(RESTORE_PASSES):
+        found = 0
+        for name, key_values in removed().items():
+            single = len(infos[name].pk) == 1
+            keys = []
+            for k in key_values:
+                try:
+                    key = rows.encode_key(k, single)
+                except (TypeError, ValueError):
+                    continue
+                if (name, key) not in tried:
+                    tried.add((name, key))
+                    keys.append(key)
+            mine = attached.written_now(site.conn, name, keys, token)
+            current = attached.versions_for(site.conn, name, sorted(mine))
+            back = [(k, v.value) for k, v in
+                    ((k, capturing.visible(site, name, vs, k)) for k, vs in current.items())
+                    if v is not None and v.value is not None]
+            if back:
+                write(name, [k for k, _v in back], [v for _k, v in back])
+                found += len(back)
+        if not found:
+            break
+        total += found
+    return total
+
+
+def restore_here(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
+                 start: int, token: bytes | None) -> int:
+    """:func:`restore_removed` in this process's write transaction on ``app``, which began
+    after change number ``start``."""
+    def write(name: str, keys: list[str], raws: list[bytes]) -> None:
+        writer.write_batch(appdb.Writer(app, infos[name]), keys, raws)
+    return restore_removed(site, infos, lambda: appdb.removed_since(app, infos, start), write,
+                           token)
 
 
 def _visible_part(site: Site, name: str, part: list[tuple[str, int, bytes | None]]
@@ -296,6 +356,8 @@ class DirectApply:
             app.close()
             raise
         self.app, self.infos = app, infos
+        # our write transaction's first change number (the child's is the same: upto)
+        self.start = appdb.max_seq(app) if self.child is None else upto
         self.writers = {n: appdb.Writer(app, t) for n, t in infos.items()}
         self.paused: set[str] = set()
         self.written: set[str] = set()
@@ -434,6 +496,7 @@ class DirectApply:
                         # the application half done until the second commit (or, after a
                         # crash between the two, until the next command).
                         done, clashes = apply_pending(site, app, self.infos)
+                    restore_here(site, app, self.infos, self.start, self.token)
                     if not intend(site, app, self.token, done, clashes) and self.marks:
                         appdb.note_applied(app, self.token)
                 appdb.end_write(app, ok)
@@ -461,12 +524,20 @@ class DirectApply:
         try:
             if ok and attached.has_pending(self.site.conn):
                 written = self._pending_to_child()
+            if ok:
+                restore_removed(self.site, self.infos, self.child.removed,
+                                self._put_in_child, self.token)
             # the token goes in the child's transaction (writer.Elsewhere.end)
             noted = ok and intend(self.site, None, self.token, {}, {}, written)
             token = self.token if self.marks or noted else None
             return (self.child.end(ok, token) and ok), written
         except children.ChildEnded:
             return False, {}
+
+    def _put_in_child(self, name: str, keys: list[str], raws: list[bytes]) -> None:
+        """Records written by the child, waited for (a row it refuses stays as it is)."""
+        self.child.put(name, keys, raws, [b""] * len(keys))
+        self.child.refused(wait=True)
 
     def _pending_to_child(self) -> dict[str, list[str]]:
         """The keys still pending (deletes, keys in conflict, rows to try again) written by

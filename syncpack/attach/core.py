@@ -177,7 +177,9 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
         infos, grown = schema.follow(site, app, infos, refused)     # peers' new columns
         done, clashes = ({}, {})
         if attached.has_pending(site.conn):
+            start = appdb.max_seq(app)
             done, clashes = applying.apply_pending(site, app, infos)
+            applying.restore_here(site, app, infos, start, None)
             applying.intend(site, app, os.urandom(8), done, clashes)
         capturing.forget_taken(app, site)
     schema.record(site, grown)

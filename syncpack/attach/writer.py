@@ -18,7 +18,9 @@ the store's marks make the rows pending again (attach/applying.py, recover).
 The child runs :func:`main`.  Request ``{"path", "tables", "upto", "schema", "module",
 "pause_at"}``, answered ``{"ok": bool}``; then per ``["put", table, keys, records]`` the
 positions of the records not written (the ordinary apply retries them and records why), in
-order, and per ``["delete", table, keys]`` the positions of the keys not deleted; ``["end", commit, token]`` answered ``{"done": committed}`` (the token is written with the
+order, and per ``["delete", table, keys]`` the positions of the keys not deleted;
+``["removed"]`` answered with the rows the application's triggers deleted meanwhile
+(appdb.removed_since); ``["end", commit, token]`` answered ``{"done": committed}`` (the token is written with the
 commit: appdb.note_applied).  Input that ends before ``end``
 rolls back.
 """
@@ -194,6 +196,12 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
                     children.write_frame(out, {"done": commit})
                     out.flush()
                     return
+                if frame[0] == "removed":
+                    gone = appdb.removed_since(app, infos, req["upto"])
+                    children.write_frame(out, {n: [list(k) for k in ks]
+                                               for n, ks in gone.items()})
+                    out.flush()
+                    continue
                 if frame[0] == "delete":
                     _op, name, keys = frame
                     children.write_frame(out, delete_batch(writers[name], keys))
@@ -267,6 +275,15 @@ class Elsewhere:
                 raise children.ChildEnded("the process writing the application's rows failed")
             out += [(table, keys[i], csns[i]) for i in answer]
         return out
+
+    def removed(self) -> dict[str, list[tuple]]:
+        """Per table, the key values of rows the application's triggers deleted as the child
+        wrote (appdb.removed_since); every batch sent must have been answered."""
+        self._outbox.put(["removed"])
+        answer = self._inbox.get()
+        if not isinstance(answer, dict):
+            raise children.ChildEnded("the process writing the application's rows failed")
+        return {n: [tuple(k) for k in ks] for n, ks in answer.items()}
 
     def end(self, commit: bool, token: bytes | None) -> bool:
         """Commit (or roll back) everything written, with ``token`` (appdb.note_applied);

@@ -1365,6 +1365,29 @@ def has_forgettable(conn: Connection, upto: int, keep: Iterable[str] = ()) -> bo
         (upto, *keep)).fetchone() is not None
 
 
+def removed_since(conn: Connection, infos: dict[str, TableInfo], start: int
+                  ) -> dict[str, list[tuple]]:
+    """Per table of ``infos``, the key values of rows noted changed after change number
+    ``start`` that are no longer there.  Inside syncpack's own write transaction, where its
+    writes are quiet, these are rows that the application's triggers (or its foreign keys'
+    actions) deleted as syncpack wrote other rows."""
+    if not has_table(conn, CHANGES):
+        return {}
+    out: dict[str, list[tuple]] = {}
+    for name, t in infos.items():
+        if not t.pk:
+            continue
+        ks = ", ".join(f"c.k{i}" for i in range(len(t.pk)))
+        # the row's column on the left: the table's collation and affinity compare
+        same = " AND ".join(f"x.{q(c)} = c.k{i}" for i, c in enumerate(t.pk))
+        gone = conn.execute(
+            f"SELECT DISTINCT {ks} FROM {CHANGES} c WHERE c.seq > ? AND c.tbl = ? AND "
+            f"NOT EXISTS (SELECT 1 FROM {q(t.name)} x WHERE {same})", (start, name)).fetchall()
+        if gone:
+            out[name] = [tuple(k) for k in gone]
+    return out
+
+
 def kept_keys(conn: Connection, t: TableInfo) -> list[tuple]:
     """The key values of every change of ``t`` still in the change table."""
     if not has_table(conn, CHANGES):

@@ -604,6 +604,21 @@ def recover_inflight(conn: Connection) -> int:
     return n
 
 
+def written_now(conn: Connection, collection: str, keys: list[str], token: bytes | None
+                ) -> set[str]:
+    """Of ``keys``, those an apply is writing into the application's open transaction: pending
+    (their visible record is written before the commit), or with a version in the marks of
+    import ``token`` (written as it arrived)."""
+    out = set()
+    for key in keys:
+        if conn.execute("SELECT 1 FROM attach_pending WHERE collection=? AND key=? LIMIT 1",
+                        (collection, key)).fetchone() is not None or token is not None and \
+                conn.execute("SELECT 1 " + _IN_RANGE + " WHERE v.collection=? AND v.key=? "
+                             "AND f.token=? LIMIT 1", (collection, key, token)).fetchone():
+            out.add(key)
+    return out
+
+
 def inflight_tokens(conn: Connection) -> set[bytes]:
     return {bytes(r[0]) for r in conn.execute("SELECT DISTINCT token FROM attach_inflight")}
 
