@@ -330,6 +330,51 @@ def test_restore_refuses_writes_until_own_ops_return_and_never_reuses_epochs(fam
         assert s.get("t", "b4") == "after the restore"
 
 
+def test_a_restored_site_waits_for_its_ops_when_every_site_exports_before_importing(family):
+    """After the restore, one round in which every site exports before any imports: the
+    peers' packets were written before they heard of the restore, and carry none of B's ops.
+    They had received B's packets numbered beyond what the restored copy remembers sending,
+    so their reply read as an answer to B's report of being behind, their true claims were
+    dismissed, and B went back to normal and wrote under epochs the family held (a fork
+    at every site).  Now B stays recovering until its ops are back, and never reuses one."""
+    fam = three_sites(family)
+
+    def round_() -> None:
+        outs = {n: cli_export(fam, n)[0] for n in fam.sites}
+        for n in fam.sites:
+            cli_import(fam, n, *[outs[m] for m in fam.sites if m != n])
+
+    round_()
+    round_()
+    copy = backup(fam, "B")
+    for i in range(3):
+        assert run("put", "t", f"b{i}", f'"{i}"', site=fam.path("B")).code == 0
+    round_()
+    round_()
+    b = site_id(fam, "B")
+    newest_b = raw_vector(fam, "A")[b]
+    put_back(fam, "B", copy)
+    assert run("restore", site=fam.path("B")).code == 0
+    for _ in range(2):
+        round_()
+        st = status(fam, "B")
+        assert st["state"] == "recovering" or raw_vector(fam, "B")[b] == newest_b, st
+        if st["state"] == "recovering":
+            _refuses_local_writes(fam, "B")
+            rec = st["recovery"]
+            assert rec["claims_dismissed"] == [], rec
+            assert rec["waiting_for_reports_from"] or rec["needed_epoch"] == newest_b, rec
+    fam.full_exchange()
+    assert status(fam, "B")["state"] == "normal"
+    assert raw_vector(fam, "B")[b] == newest_b
+    assert run("put", "t", "b4", '"after the restore"', site=fam.path("B")).code == 0
+    fam.full_exchange()
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for n in fam.sites:
+        assert status(fam, n)["forks"] == [], n
+
+
 def test_restore_without_the_command_is_detected_on_import(family):
     fam = three_sites(family)
     copy = _history_after_backup(fam)

@@ -65,6 +65,16 @@ def note_report(site: Site, h, applied: bool) -> None:
     me = site.site_id
     claim = h.vector.get(me, 0)
     held = site.vector().get(me, 0)
+    if h.recv_seq > stored.link(site.conn, h.sender)["out_seq"]:
+        # It received packets of ours this store does not remember: we were restored from a
+        # copy older than them.  Our next packet is numbered after them, and only that one
+        # tells it of the restore (else its reply to a packet it got before would read as
+        # an answer to our report of being behind, and dismiss its true claim).
+        stored.raise_out_seq(site.conn, h.sender, h.recv_seq)
+        if site.state == RECOVERING:
+            asked = _id_map(site, "recover_asked")
+            asked[h.sender] = max(asked.get(h.sender, 1), h.recv_seq + 1)
+            _set_id_map(site, "recover_asked", asked)
     if h.tip is not None and h.tip[0] > held:
         held = _unstash_through(site, *h.tip) or held
     # Our own signed acknowledgement, relayed back: proof of how much of our history we held

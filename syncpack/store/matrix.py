@@ -200,6 +200,10 @@ def set_in_seq(conn, peer: bytes, seq: int) -> None:
     conn.execute("UPDATE links SET in_seq=? WHERE peer=?", (seq, peer))
 
 
+def raise_out_seq(conn, peer: bytes, seq: int) -> None:
+    conn.execute("UPDATE links SET out_seq=max(out_seq, ?) WHERE peer=?", (seq, peer))
+
+
 def note_sent(conn, peer: bytes, seq: int, told: dict[bytes, int]) -> None:
     """We wrote the peer packets up to link sequence ``seq`` telling it vector ``told``."""
     conn.execute("UPDATE links SET out_seq=max(out_seq, ?), told=? WHERE peer=?",
