@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import shutil
 
 from conftest import run
 from syncpack.exchange import packets
@@ -156,6 +157,40 @@ def test_pieces_left_waiting_by_a_damaged_one_go_once_their_block_came_again(fam
     assert family.digest("a") == family.digest("b")
     st = run("status", site=family.path("b"), json_mode=True).json
     assert st["parked"] == [], st["parked"]
+
+
+def test_pieces_parked_and_imported_again_are_told_as_a_packet_parked_is(family, tmp_path):
+    """Half the pieces of a block on a stick, imported twice, then all of them: a piece parked
+    and imported again was listed both as parked and as a duplicate ("applied before", which
+    it never was), and at the end the parked copies were listed as duplicates beside the
+    same packets applied.  And lspacket counted the block's ops in every piece, where export
+    counts them once, in the first."""
+    family.init("a")
+    family.add("b", via="a")
+    family.put("a", "big", "k1", os.urandom(150_000).hex())
+    out = tmp_path / "out"
+    r = run("export", "--to", "b", "--create-out", "--out", out, "--max-size", "64K",
+            site=family.path("a"), json_mode=True)
+    assert r.code == 0
+    exported = [p["ops"] for p in r.json["packets"]]
+    assert exported[0] == 1 and set(exported[1:]) == {0}, exported
+    listed = run("lspacket", out / "b" / "a", json_mode=True).json["packets"]
+    assert [p["ops"] for p in listed] == exported
+    pieces = sorted((out / "b" / "a").iterdir())
+    stick = tmp_path / "stick"
+    stick.mkdir()
+    for p in pieces[:2]:
+        shutil.copy(p, stick / p.name)
+    for _ in range(2):
+        doc = run("import", stick, site=family.path("b"), json_mode=True).json
+        assert doc["applied"] == [] and doc["duplicates"] == [], doc
+        assert sorted(p["path"] for p in doc["parked"]) == sorted(
+            str(stick / p.name) for p in pieces[:2]), doc
+    doc = run("import", out / "b", site=family.path("b"), json_mode=True).json
+    assert doc["duplicates"] == [] and doc["parked"] == [], doc
+    assert len(doc["applied"]) == len(pieces) and doc["ops_applied"] == 1, doc
+    assert family.digest("a") == family.digest("b")
+    assert run("status", site=family.path("b"), json_mode=True).json["parked"] == []
 
 
 def test_an_export_removes_the_temporary_files_a_killed_export_left(family):

@@ -402,7 +402,9 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
             out.append({"path": printable(path), "kind": h.kind, "from": nm(h.sender),
                         "to": nm(h.recipient), "family_id": h.family.hex(),
                         "packet_id": h.packet_id.hex(), "seq": h.seq, "part": h.part,
-                        "final": h.final, "created_ms": h.created_ms, "ops": h.count,
+                        "final": h.final, "created_ms": h.created_ms,
+                        # as export counts them: a block's ops once, in its first piece
+                        "ops": h.count if not h.piece or h.piece[0] == 0 else 0,
                         "bytes": pk.env.size,
                         "ranges": {nm(o): [lo, hi] for o, (lo, hi) in sorted(h.ranges.items())},
                         "vector": {nm(o): e for o, e in sorted(h.vector.items())},

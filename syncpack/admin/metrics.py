@@ -53,7 +53,8 @@ FAMILIES: list[tuple[str, str, str]] = [
      "Always 1 per piece of fork evidence; labels name the origin, the fork epoch and the "
      "state (open: frozen here; healed; ended)."),
     ("syncpack_peer_lag_ops", "gauge",
-     "Ops this site holds that the peer is not known to hold (what the next export sends)."),
+     "Ops this site holds that the peer is not known to hold (as the peer's acknowledgements "
+     "and this site's packets tell)."),
     ("syncpack_peer_unacked_ops", "gauge",
      "Ops sent to the peer that it has not acknowledged yet."),
     ("syncpack_peer_last_packet_received_timestamp_seconds", "gauge",

@@ -484,9 +484,16 @@ def _join_pieces(site: Site, pending: list[_Candidate], res: ImportResult,
             off = c.pk.header.piece[0]
             if chosen and off == chosen[-1].pk.header.piece[0]:
                 if c.piece_data == chosen[-1].piece_data:
-                    res.duplicates.append(c.display)
-                    if c.parked_file:
+                    prev = chosen[-1]
+                    if prev.parked_file and not c.parked_file:
+                        # the copy parked before: this one goes on in its place (listed as
+                        # applied or parked, as a packet parked and imported again is)
+                        drop_parked(site, prev.pk.header, prev.parked_file)
+                        chosen[-1] = c
+                    elif c.parked_file:
                         drop_parked(site, c.pk.header, c.parked_file)
+                    else:
+                        res.duplicates.append(c.display)
                     continue
                 bad = "two pieces at the same offset hold different bytes"
                 break
