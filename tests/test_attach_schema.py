@@ -749,6 +749,30 @@ def test_a_unique_index_the_application_drops_takes_syncpacks_trigger_on_it_alon
     assert r.code == 0, r
 
 
+def test_a_column_no_index_names_drops_beside_expression_and_partial_unique_indexes(tmp_path):
+    """The triggers that note rows a REPLACE removes under a UNIQUE index on an expression or
+    with a WHERE clause named every column of the table, so SQLite refused the application's
+    DROP COLUMN of a column no index names ('no such column: NEW.note'), which it does not
+    without syncpack.  They name only the columns the index does; a REPLACE is still seen."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE u(id TEXT PRIMARY KEY NOT NULL, email TEXT, note TEXT)",
+             "CREATE UNIQUE INDEX u_email ON u(lower(email))",
+             "CREATE TABLE p(id TEXT PRIMARY KEY NOT NULL, v INTEGER, note TEXT)",
+             "CREATE UNIQUE INDEX p_v ON p(v) WHERE v > 100",
+             "INSERT INTO u VALUES ('u1', 'X@y', 'n'), ('u2', 'z@y', 'n')",
+             "INSERT INTO p VALUES ('p1', 101, 'n'), ('p2', 5, 'n')"])
+    sp(sites["a"], "attach", db, "--table", "u", "--table", "p")
+    app(db, ["ALTER TABLE u DROP COLUMN note"], ["ALTER TABLE p DROP COLUMN note"])
+    sp(sites["a"], "attach", db, "--refresh")       # the family takes the new shape
+    app(db, ["INSERT OR REPLACE INTO u VALUES ('u3', 'x@Y')",
+             "INSERT OR REPLACE INTO p VALUES ('p3', 101)"])
+    sp(sites["a"], "capture")
+    for t, gone in (("u", "u1"), ("p", "p1")):
+        assert run("get", t, gone, site=sites["a"]).code != 0, t    # the REPLACE's delete
+    assert run("fsck", site=sites["a"]).code == 0
+
+
 def test_capture_says_why_a_new_table_of_the_family_was_not_created(three):
     """A peer's definition this site refuses left the table only 'available', and no command
     said why; capture tells it, as it tells a refused column."""

@@ -901,9 +901,14 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
     # table's affinities from its first, empty, arm: a bare NEW.c has none, so a term such
     # as "active = '1'" on an INTEGER column was false for the new row and true in the index.
     columns = _all_columns(conn, t)
-    names = ", ".join(q(c) for c in columns)
+    # Only the columns the terms may name: a trigger naming a column keeps SQLite from
+    # dropping it, and the application's DROP COLUMN of one no index uses would fail
+    used = [c for c in columns
+            if any(_names_column(c, " ".join(terms) + " " + (where or ""))
+                   for terms, where in t.other_uniques)] or columns
+    names = ", ".join(q(c) for c in used)
     row = (f"(SELECT {names} FROM {tq} WHERE 0 UNION ALL SELECT "
-           + ", ".join(f"NEW.{q(c)}" for c in columns) + ")")
+           + ", ".join(f"NEW.{q(c)}" for c in used) + ")")
     other = []
     for terms, where in t.other_uniques:
         lhs = terms[0] if len(terms) == 1 else "(" + ", ".join(terms) + ")"
