@@ -877,6 +877,28 @@ def test_an_update_from_a_peer_fires_the_applications_update_triggers_once(tmp_p
     assert table(dbs["b"], "tally") == table(dbs["a"], "tally")
 
 
+def test_a_losing_version_arriving_does_not_rewrite_the_row_that_shows_the_winner(tmp_path):
+    """a and b update one row concurrently; b's version wins.  When a's losing version reached
+    b, the row (already b's) was written again with the values it held, and the
+    application's UPDATE trigger logged an update nobody made."""
+    schema = ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v TEXT)",
+              "CREATE TABLE hist(n INTEGER PRIMARY KEY, id TEXT, oldv TEXT, newv TEXT)",
+              "CREATE TRIGGER hu AFTER UPDATE ON items BEGIN "
+              "INSERT INTO hist(id, oldv, newv) VALUES (NEW.id, OLD.v, NEW.v); END"]
+    sites, dbs = attached_pair(tmp_path, schema, ["INSERT INTO items VALUES ('k1', 'a0')"],
+                               ["items"])
+    exchange(tmp_path, sites, rounds=1)
+    app(dbs["a"], ["UPDATE items SET v = 'a1' WHERE id = 'k1'"])
+    app(dbs["b"], ["UPDATE items SET v = 'b1' WHERE id = 'k1'"])    # later: it wins
+    exchange(tmp_path, sites, rounds=2)
+    assert table(dbs["a"], "items") == table(dbs["b"], "items") == [
+        ("k1", "text", "b1", "text")]
+    assert [r[4:7:2] for r in table(dbs["b"], "hist")] == [("a0", "b1")]
+    assert [r[4:7:2] for r in table(dbs["a"], "hist")] == [("a0", "a1"), ("a1", "b1")]
+    for n in sites:
+        assert '"key": "k1"' in run("--json", "conflicts", site=sites[n]).out
+
+
 @pytest.mark.parametrize("schema, writes", [
     # a swap of UNIQUE values through a temporary one: each row alone clashes with the other
     (["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, u TEXT UNIQUE, v)",

@@ -173,6 +173,12 @@ def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | 
     :func:`_apply_together` (up to :data:`TOGETHER_MAX`)."""
     name = w.t.name
     vis = _visible_part(site, name, part)
+    shown = _rows_showing(w, vis, {k for k, n, _v in part if n > 1})
+    if shown:
+        # a key in conflict whose row shows the pick already (this site's version won): no
+        # write, or the application's UPDATE triggers would fire for a change nobody made
+        vis = [(k, v) for k, v in vis if k not in shown]
+        done[name] = done.get(name, 0) + len(shown)
     keys = [k for k, v in vis if v is not None]
     raws = [v for _k, v in vis if v is not None]
     why = writer.write_batch(w, keys, raws)
@@ -183,6 +189,26 @@ def _apply_part(site: Site, w: appdb.Writer, part: list[tuple[str, int, bytes | 
             stuck.setdefault(name, {})[keys[i]] = raws[i]
     done[name] = done.get(name, 0) + len(keys) - len(why)
     return any(v is None for _k, v in vis)
+
+
+def _rows_showing(w: appdb.Writer, vis: list[tuple[str, bytes | None]],
+                  several: set[str]) -> set[str]:
+    """Of the keys in ``several`` (with more than one surviving version), those whose row in
+    ``w``'s table holds their visible record ``vis`` already."""
+    out: set[str] = set()
+    if not several:
+        return out
+    # a column the record predates is written with its default (appdb.Writer)
+    defaults = appdb.constant_defaults(w.conn, w.t)
+    for key, v in vis:
+        if key not in several or v is None:
+            continue
+        key_vals = writer.row_key(w, key)
+        row = appdb.fetch_row(w.conn, w.t, key_vals) if key_vals is not None else None
+        if row is not None and rows.same_row(codec.shown_value(v),
+                                             dict(zip(w.t.columns, row)), defaults):
+            out.add(key)
+    return out
 
 
 # Refusals that rows written together may avoid (a swap of UNIQUE values, rows whose deferred
