@@ -200,13 +200,16 @@ def _rows_showing(w: appdb.Writer, vis: list[tuple[str, bytes | None]],
         return out
     # a column the record predates is written with its default (appdb.Writer)
     defaults = appdb.constant_defaults(w.conn, w.t)
+    cols = set(w.t.columns)
     for key, v in vis:
         if key not in several or v is None:
             continue
+        record = codec.shown_value(v)
+        if not isinstance(record, dict) or not set(record) <= cols:
+            continue    # written, it waits for a column (or is refused): as ever
         key_vals = writer.row_key(w, key)
         row = appdb.fetch_row(w.conn, w.t, key_vals) if key_vals is not None else None
-        if row is not None and rows.same_row(codec.shown_value(v),
-                                             dict(zip(w.t.columns, row)), defaults):
+        if row is not None and rows.same_row(record, dict(zip(w.t.columns, row)), defaults):
             out.add(key)
     return out
 
