@@ -536,6 +536,25 @@ def test_a_malformed_system_entry_is_refused_before_it_can_stop_other_sites(
     assert run("status", site=family.path("A")).code == 0
 
 
+@pytest.mark.parametrize("value", [{"policy": "priority"}, None])
+def test_a_member_cannot_change_a_collections_conflict_policy(family, tmp_path, value):
+    """A policy is set before a collection's first record and never changes (commands.md):
+    'collection create' refuses an existing collection.  A member writing over the entry
+    itself (another policy, or none, which is the family's default) changed how every site
+    decided that collection's conflicts from then on."""
+    fam = three(family)
+    assert run("collection", "create", "parts", "--policy", "lww", site=fam.path("A")).code == 0
+    fam.full_exchange()
+    with fam.open("B") as s, s.transaction(_system=True) as tx:
+        tx.write_raw("$collections", "parts",
+                     None if value is None else codec.encode_value(value))
+    [pb] = fam.export("B", "A")
+    err = refused(fam, "A", pb, tmp_path)
+    assert "conflict policy of collection parts" in err, err
+    with fam.open("A") as s:
+        assert s.policy_of("parts") == "lww"
+
+
 def test_a_member_that_retires_an_honest_one_is_seen_and_undone(family):
     """C retires B and tells only A: A refuses B's packets and sends it nothing from then on,
     and nothing could undo a retirement.  Now every site that knows lists whom C retired,

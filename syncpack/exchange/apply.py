@@ -550,6 +550,15 @@ class _Applier:
         if op.collection.startswith(SYS_PREFIX):
             self.flush()
             check_system_entry(site, op.collection, op.key, op.value)
+            if op.collection == COLLECTIONS and op.replaced:
+                # 'collection create' never writes over an entry: two concurrent creates
+                # are both kept and one picked, as for any key; a write over one is a
+                # member changing how every site decides that collection from then on
+                raise PacketBodyError(
+                    f"op {op.key!r} of syncpack's collection {COLLECTIONS!r} would change the "
+                    f"conflict policy of collection {op.key}, which never changes; refused",
+                    hint="a collection's policy is set once, by 'collection create' before "
+                         "its first record")
             self.system = True
             site.apply_version(op, op.csn)
             site.invalidate()
