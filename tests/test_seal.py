@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import run
@@ -183,3 +185,37 @@ def test_a_lost_packet_before_sealing_was_required_is_sent_again_and_the_rule_ar
     r = run("import", d, site=family.path("a"), json_mode=True)
     assert r.code == 0 and r.json["rejected"] == [], r
     assert run("get", "col", "k2", site=family.path("a")).out.strip() == "2"
+
+
+def test_a_site_that_lifts_the_rule_keeps_sealing_until_its_peers_hold_the_lifting(trio):
+    """The rule is on everywhere; b turns it off and writes.  b went unsealed at once, and
+    a and c, still under the rule, refused its packets, the one that lifts it among them:
+    b's writes never left it, while its own status said nothing was owed.  b now seals to
+    each peer until that peer holds the write that lifted the rule."""
+    fam = trio
+    assert run("require-sealing", "on", site=fam.path("a")).code == 0
+    fam.full_exchange(rounds=2)
+    assert run("require-sealing", "off", site=fam.path("b")).code == 0
+    fam.put("b", "col", "from-b", 1)
+    for _ in range(3):
+        for src in ("a", "b", "c"):
+            for dst in ("a", "b", "c"):
+                if src != dst:
+                    d = fam.medium()
+                    assert run("export", "--to", dst, "--out", d,
+                               site=fam.path(src)).code == 0
+                    r = run("import", d, site=fam.path(dst), json_mode=True)
+                    assert r.code == 0 and r.json["rejected"] == [], (src, dst, r)
+    for n in ("a", "b", "c"):
+        assert run("get", "col", "from-b", site=fam.path(n)).out.strip() == "1", n
+        with Site.open(fam.path(n)) as s:
+            assert not s.requires_sealing(), n
+    assert fam.digest("a") == fam.digest("b") == fam.digest("c")
+    # the rule lifted everywhere: what goes now is plain again
+    fam.put("b", "col", "later", 2)
+    d = fam.medium()
+    r = run("export", "--to", "a", "--out", d, site=fam.path("b"), json_mode=True)
+    assert r.code == 0, r
+    path = r.json["packets"][0]["path"]
+    with open(path, "rb") as f:
+        assert not codec.read_envelope(f, os.path.getsize(path)).header.sealed

@@ -90,6 +90,7 @@ from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef,
     plan_packets, sealer_for
 from syncpack.progress import expect
 from syncpack.site import Site
+from syncpack.exchange.links import seal_key
 from syncpack.exchange.sync import ExportedPacket, PeerPlan, plan_exports, run_export
 
 STRATEGIES = ("merge", "shuffle")
@@ -473,7 +474,7 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         exports.begin_snapshot(conn)  # one read snapshot: plan, log catch-up and coverage check
         try:
             plans = plan_exports(site, peers, now, failed, sign=sign, max_size=max_size)
-            seal = [site.seal_key(p.peer, encrypt) for p in plans]
+            seal = [seal_key(site, p.peer, encrypt) for p in plans]
             sizes = [exports.block_sizes(conn, p.blocks) for p in plans]
             # Every cut is decided here, before any job: executors only fill planned bodies.
             cuts = {i: plan_packets(p.blocks, sizes[i], p.template, max_size, seed, seal[i])

@@ -3,8 +3,10 @@ for one site, joined with what only the site knows (its roster, its id)."""
 
 from __future__ import annotations
 
-from syncpack.format.csn import pack_csn
+from syncpack.format.csn import csn_hlc, csn_origin, csn_seq, pack_csn
+from syncpack.replicated import FAMILY, FAMILY_KEY
 from syncpack.rules import planning
+from syncpack.rules.conflict import pick
 from syncpack.site import Site
 from syncpack.store import chain, log
 from syncpack.store import matrix as stored
@@ -12,6 +14,7 @@ from syncpack.store.matrix import ranges_blob, ranges_from_blob, vec_blob, vec_f
 
 __all__ = ["matrix", "link", "ensure_link", "raise_matrix", "believed", "waiting_gaps",
            "acknowledgements", "store_acknowledgements", "own_acknowledgement", "ack_floor",
+           "seal_key",
            "vec_blob", "vec_from_blob", "ranges_blob", "ranges_from_blob"]
 
 
@@ -40,6 +43,27 @@ def believed(site: Site, peer: bytes) -> tuple[dict[bytes, int], dict[bytes, int
     base = m.base if m else {}
     reseeded = log.newest_snapshot_to(site.conn, peer) > link(site, peer)["peer_recv_seq"]
     return planning.belief(sent, acked, base), planning.reported(acked, sent, peer, reseeded)
+
+
+def seal_key(site: Site, peer: bytes, encrypt: bool) -> bytes | None:
+    """The peer's X25519 key when a packet to it goes sealed, else None: asked for, the
+    family's rule, or the rule lifted here by a write the peer is not known to hold.  Until
+    it holds that write the peer still requires sealing, and would refuse our unsealed
+    packets, the one that lifts the rule among them: the site that lifted it was cut off
+    for good (its own status clean)."""
+    return site.seal_key(peer, encrypt or _lifted_unheard(site, peer))
+
+
+def _lifted_unheard(site: Site, peer: bytes) -> bool:
+    if site.requires_sealing():
+        return False
+    vs = site.versions(FAMILY, FAMILY_KEY)
+    if not vs:
+        return False
+    csn = pick(vs, "lww", {}).csn
+    origin = csn_origin(csn)
+    epoch = chain.epoch_of(site.conn, csn_hlc(csn), origin, csn_seq(csn))
+    return epoch is not None and believed(site, peer)[0].get(origin, 0) < epoch
 
 
 def waiting_gaps(site: Site, sender: bytes | None = None) -> dict[bytes, tuple[int, int]]:

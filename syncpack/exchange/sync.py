@@ -27,8 +27,9 @@ from syncpack.format.csn import pack_csn
 from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBodyError, PacketError, PacketPolicyError,
                      PacketSenderError, ScrubbedError,
                      SyncpackError, UsageError)
-from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement, raise_matrix,
-                     ranges_blob, tip_for, vec_blob, vec_from_blob, waiting_gaps)
+from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement,
+                                     raise_matrix, ranges_blob, seal_key, tip_for, vec_blob,
+                                     vec_from_blob, waiting_gaps)
 from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, PartInfo,
                                        atomic_opener, build_update_packets, order_blocks,
                                        packet_dir, packet_name)
@@ -308,7 +309,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
                 opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part))
                 parts = build_update_packets(block_stream(site, plan.blocks), plan.template, sign,
                                              max_size, opener, seed, progress,
-                                             seal_to=site.seal_key(plan.peer, encrypt))
+                                             seal_to=seal_key(site, plan.peer, encrypt))
                 written.append((plan, parts))
             exports.end_snapshot(conn, keep=True)
         except BaseException:
