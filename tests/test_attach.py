@@ -1306,6 +1306,28 @@ TRIGGERED = [
 ]
 
 
+def test_a_record_leaving_out_a_column_whose_default_is_computed_is_refused(tmp_path):
+    """A column whose DEFAULT is computed at each write (random(), CURRENT_TIMESTAMP): a
+    record without it (a partial 'put', or a member's) was written at each site with that
+    site's own value, and the tables differed with fsck clean and digests equal.  'put'
+    refuses it; arriving, it is a clash listed by 'conflicts', written nowhere."""
+    schema = ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v INTEGER, "
+              "tok INTEGER NOT NULL DEFAULT (abs(random())), at TEXT DEFAULT CURRENT_TIMESTAMP)"]
+    sites, dbs = attached_pair(tmp_path, schema, ["INSERT INTO items(id, v) VALUES ('k1', 1)"],
+                               ["items"])
+    r = run("put", "items", "k2", '{"id": "k2", "v": 2}', site=sites["a"])
+    assert r.code == 1 and "leaves out column tok" in r.err and "nothing was written" in r.err, r
+    with Site.open(sites["a"]) as s, s.transaction() as tx:     # as a member may sign it
+        tx.put("items", "k3", {"id": "k3", "v": 3})
+    exchange(tmp_path, sites, rounds=2)
+    assert table(dbs["a"], "items") == table(dbs["b"], "items")
+    assert [r[0] for r in table(dbs["a"], "items")] == ["k1"]
+    for n in sites:
+        listed = json.loads(run("--json", "conflicts", site=sites[n]).out)["conflicts"]
+        assert [(c["key"], "leaves out column tok" in (c["constraint"] or "")) for c in listed
+                ] == [("k3", True)], (n, listed)
+
+
 def test_the_applications_triggers_write_replicated_tables_at_the_origin_only(tmp_path):
     """What an application's trigger writes into a replicated table (an audit row, the
     row's own edit count) travels from the origin as rows; the trigger does not write it

@@ -928,6 +928,13 @@ def check_values(site: Site, collection: str, records: list[tuple[str, object]])
         rowid = made and made.rowid_key
         _check_rows(collection, here["pk"], here["columns"], records, rowid is not None,
                     made.generated if made else frozenset())
+        computed = made.computed if made else {}
+        for k, v in records:
+            text = isinstance(v, dict) and computed and appdb.lacks_computed(v, computed)
+            if text:
+                raise AttachError(f"the value for key {k!r} is not a whole row of attached "
+                                  f"table {collection}: {text}; nothing was written",
+                                  hint="give every column of the row")
         odd = [(k, v[rowid]) for k, v in records if isinstance(v, dict) and rowid in v
                and (not isinstance(v[rowid], int) or isinstance(v[rowid], bool))]
         if odd:

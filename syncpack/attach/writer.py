@@ -56,6 +56,12 @@ def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: lis
     if values is None:
         values = codec.decode_records(raws)
     why = rows.refused_records(values, keys, w.t.pk)
+    if w.computed:
+        # left out, the column would get another value at each site, unseen
+        for i, v in enumerate(values):
+            text = i not in why and isinstance(v, dict) and appdb.lacks_computed(v, w.computed)
+            if text:
+                why[i] = text
     at = range(len(values))
     if why:
         at = [i for i in at if i not in why]

@@ -475,6 +475,25 @@ def constant_defaults(conn: Connection, t: TableInfo) -> dict[str, object]:
     return out
 
 
+def computed_defaults(conn: Connection, table: str) -> dict[str, str]:
+    """Column -> its DEFAULT, for the columns whose DEFAULT is computed at each write
+    (``random()``, ``CURRENT_TIMESTAMP``): a record that leaves one out would get another
+    value at each site.  Only CREATE TABLE makes such columns (ADD COLUMN refuses them)."""
+    return {col: dflt for _cid, col, _decl, _nn, dflt, _pk, hidden in conn.execute(
+        f"PRAGMA table_xinfo({q(table)})").fetchall()
+        if not hidden and dflt is not None and not _CONSTANT_DEFAULT.fullmatch(dflt)}
+
+
+def lacks_computed(record: dict, computed: dict[str, str]) -> str | None:
+    """Why ``record`` cannot be written into a table whose columns ``computed`` have
+    computed defaults, or None: it leaves one out."""
+    for c, dflt in computed.items():
+        if c not in record:
+            return (f"the record leaves out column {c}, whose DEFAULT {dflt} each site would "
+                    f"compute for itself")
+    return None
+
+
 def rowid_alias(conn: Connection, t: TableInfo) -> bool:
     """``t`` is keyed by its rowid (one column declared INTEGER PRIMARY KEY)."""
     return len(t.pk) == 1 and _keyed_by_rowid(conn, t.name, t.pk[0])
@@ -594,6 +613,7 @@ class Declared(NamedTuple):
     affinity: dict[str, str]        # column -> type affinity
     rowid_key: str | None           # the key column that is an alias of the rowid (integers)
     generated: frozenset[str]       # columns SQLite computes, which a row never gives
+    computed: dict[str, str]        # column -> its DEFAULT computed at each write
 
 
 def declared(name: str, sql: str) -> Declared | None:
@@ -609,7 +629,8 @@ def declared(name: str, sql: str) -> Declared | None:
             return None
         generated = frozenset(r[1] for r in mem.execute(f"PRAGMA table_xinfo({q(name)})")
                               if r[6])
-        return Declared(dict(t.affinity), t.pk[0] if rowid_alias(mem, t) else None, generated)
+        return Declared(dict(t.affinity), t.pk[0] if rowid_alias(mem, t) else None, generated,
+                        computed_defaults(mem, name))
     except (AttachError, apsw.Error):
         return None
     finally:
@@ -1510,6 +1531,7 @@ class Writer:
         where = " AND ".join(f"{q(c)} = ?" for c in t.pk)
         self._delete = f"DELETE FROM {q(t.name)} WHERE {where}"
         self._cols = set(t.columns)
+        self.computed = computed_defaults(conn, t.name)
         self._sql: dict[tuple[tuple[str, ...], int], str] = {}
         # The upsert's target names the primary key's own index: by columns alone it may match
         # a UNIQUE index on the same columns under another collation ('bob' against 'Bob'
@@ -1604,6 +1626,9 @@ class Writer:
             missing = [c for c in row if c not in self._cols and c not in self.t.dropped]
             if missing:
                 return waiting_text(self.t.name, missing)
+        left_out = lacks_computed(row, self.computed) if self.computed else None
+        if left_out:
+            return left_out
         odd = next((c for c in cols if not _storable(row[c])), None)
         if odd is not None:     # what no application wrote: a lying member's record
             return f"column {odd} holds {_kind(row[odd])}, which is not a value SQLite stores"
