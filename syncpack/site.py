@@ -444,6 +444,20 @@ class Site:
             self._sign = key.sign
         return self._sign
 
+    def check_sealing_key(self) -> None:
+        """Raise :class:`SiteError` unless this site's sealing key loads and is the one the
+        family seals to: else every sealed packet would fail to open, each with a hint that
+        blames the packet."""
+        key = keys.load_box_key(self.path)
+        me = self.members_by_id(include_retired=True).get(self.site_id)
+        if me is not None and len(me.x25519) == 32 and \
+                key.public_key().public_bytes_raw() != me.x25519:
+            raise SiteError(
+                f"the sealing key in {self.path / keys.KEY_DIR} is not the one the family "
+                f"knows for site {self.name} (keys put back from another site, or made again "
+                f"by keygen?); sealed packets to this site cannot be opened, nothing was "
+                f"imported", hint="restore this site's own keys directory from its backup")
+
     def seal_pending(self, max_block: int | None = None,
                      reseal_above: int | None = None) -> int:
         """Seal our unsealed ops into blocks (before they leave in a packet or a snapshot

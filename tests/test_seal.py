@@ -219,3 +219,34 @@ def test_a_site_that_lifts_the_rule_keeps_sealing_until_its_peers_hold_the_lifti
     path = r.json["packets"][0]["path"]
     with open(path, "rb") as f:
         assert not codec.read_envelope(f, os.path.getsize(path)).header.sealed
+
+
+@pytest.mark.parametrize("damage", ["missing", "another site's"])
+def test_an_import_with_a_sealing_key_it_cannot_use_changes_nothing_and_says_so(trio, tmp_path,
+                                                                                damage):
+    """b's sealing key is missing, or is another site's (keys made again by keygen): the
+    import applied the unsealed packet, stopped at the first sealed one and told only the
+    key's trouble, hiding what it had applied; with a foreign key each sealed packet was
+    refused with the hint to import it at its recipient, which b is."""
+    fam = trio
+    fam.put("c", "col", "from-c", 1)
+    d = fam.medium()
+    assert run("export", "--to", "b", "--out", d, site=fam.path("a")).code == 0
+    assert run("export", "--to", "b", "--out", d, "--encrypt", site=fam.path("c")).code == 0
+    box = fam.path("b") / "keys" / "box.key"
+    kept = box.read_bytes()
+    if damage == "missing":
+        box.unlink()
+    else:
+        assert run("keygen", tmp_path / "other", "--site", "other").code == 0
+        box.write_bytes((tmp_path / "other" / "keys" / "box.key").read_bytes())
+    before = fam.digest("b")
+    r = run("import", d, site=fam.path("b"))
+    assert r.code != 0 and "Traceback" not in r.err, r
+    assert ("is missing" if damage == "missing" else "not the one the family knows") in r.err
+    assert "restore" in r.err and "nothing was imported" in r.err or damage == "missing", r
+    assert fam.digest("b") == before
+    box.write_bytes(kept)
+    r = run("import", d, site=fam.path("b"), json_mode=True)
+    assert r.code == 0 and len(r.json["applied"]) == 2, r
+    assert run("get", "col", "from-c", site=fam.path("b")).out.strip() == "1"

@@ -614,6 +614,10 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 snaps.setdefault((h.sender, h.seq), []).append(c)
             else:
                 cands.append(c)
+        if any(c.pk.header.sealed for c in opened):
+            # before anything applies: a missing, damaged or foreign key failed the first
+            # sealed packet midway, the import stopped there and hid what it had applied
+            site.check_sealing_key()
         with site.write_txn():
             forks.end_retired(site)
         # rows of attached tables go into the application's tables as they arrive
