@@ -301,6 +301,24 @@ def test_mkreplica_export_prints_the_real_next_command(ab, tmp_path):
     assert run("digest", site=newdir).out == run("digest", site=ab.path("a")).out
 
 
+def test_a_new_site_whose_keys_were_made_again_is_told_why_its_packet_does_not_fit(ab,
+                                                                                    tmp_path):
+    """keygen run again between 'mkreplica export' and 'mkreplica import': the import said no
+    replica-creation packet was found (it is there, made for the first keys) and to pass the
+    directory it was given, which it was; every next step led back to the same words."""
+    import shutil
+    newdir = tmp_path / "n"
+    pub = run("keygen", newdir, "--site", "n", json_mode=True).json["public_key"]
+    usb = tmp_path / "usb"
+    assert run("mkreplica", "export", "--site", "n", "--pubkey", pub, "--out", usb,
+               "--create-out", site=ab.path("a")).code == 0
+    shutil.rmtree(newdir)
+    assert run("keygen", newdir, "--site", "n").code == 0
+    r = run("mkreplica", "import", usb / "n" / "a", site=newdir)
+    assert r.code == 1 and "made for a site named n with other keys" in r.err, r
+    assert "put back the keys directory" in r.err and "rmreplica n" in r.err, r
+
+
 def test_the_python_api_is_documented_and_typed():
     root = Path(syncpack.__file__).parent
     assert (root / "py.typed").is_file()

@@ -187,6 +187,7 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
                         hint="mkreplica import seeds a new site made with 'syncpack keygen'")
     groups: dict[tuple[bytes, int], list] = {}
     errors: list[str] = []
+    other_keys: list[str] = []     # made for this site's name under another key pair
     opened = []
     try:
         for path, named in find_packet_files(paths):
@@ -198,12 +199,26 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
                 continue
             opened.append(pk)
             h = pk.header
+            if h.kind == codec.KIND_SNAPSHOT and h.recipient != site.site_id and any(
+                    m.get("name") == site.name and m.get("id") == h.recipient
+                    for m in h.roster if isinstance(m, dict)):
+                other_keys.append(printable(path))
+                continue
             if h.kind != codec.KIND_SNAPSHOT or h.recipient != site.site_id:
                 if named:
                     errors.append(f"{printable(path)}: not a replica-creation packet for "
                                   f"{site.name}")
                 continue
             groups.setdefault((h.sender, h.seq), []).append(pk)
+        if not groups and other_keys:
+            raise PacketFormatError(
+                f"the replica-creation packet {other_keys[0]} was made for a site named "
+                f"{site.name} with other keys than this site's (its keys made again by "
+                f"'syncpack keygen' after 'mkreplica export'?); nothing was imported",
+                hint=f"put back the keys directory whose site.pub the sender was given; or "
+                     f"have the sender retire {site.name} ('syncpack rmreplica "
+                     f"{site.name}') and make a replica for a new site, made with keygen "
+                     f"under another name, from its keys/site.pub")
         if not groups:
             raise PacketFormatError(
                 "no replica-creation packet for this site was found" +
