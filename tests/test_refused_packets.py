@@ -1000,3 +1000,17 @@ def test_a_patch_that_cannot_be_rebuilt_is_refused_whole(patched, tmp_path, case
     assert family.digest("a") == family.digest("b")
     with family.open("b") as s:
         assert s.get("parts", "k")["qty"] == 2
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"\x81\x91\x01\x02", "a map key is a list or a map"),
+    (b"\xc1", "a byte no msgpack value starts with"),
+    (b"\x91" * 100_000 + b"\x01", "nested too deep")])
+def test_malformed_msgpack_is_told_in_words_of_the_data(data, says):
+    """A damaged header read as msgpack said "unhashable type: 'list'" (Python's words), or
+    nothing at all after the colon."""
+    from syncpack.errors import PacketFormatError
+    from syncpack.format import codec
+    with pytest.raises(PacketFormatError) as e:
+        codec.unpack_untrusted(data)
+    assert str(e.value).endswith(says), e.value

@@ -233,9 +233,14 @@ def unpack_untrusted(data: bytes) -> Any:
     except UnicodeDecodeError:
         # (a ValueError, whose own text names codec internals, not the data)
         raise PacketFormatError("malformed msgpack: a text field is not UTF-8") from None
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
-            TypeError) as e:
-        raise PacketFormatError(f"malformed msgpack: {e}") from None
+    except TypeError:
+        # msgpack's own words ("unhashable type: 'list'") name Python, not the data
+        raise PacketFormatError("malformed msgpack: a map key is a list or a map") from None
+    except msgpack.StackError:
+        raise PacketFormatError("malformed msgpack: nested too deep") from None
+    except (msgpack.ExtraData, msgpack.FormatError, ValueError) as e:
+        why = str(e) or "a byte no msgpack value starts with"
+        raise PacketFormatError(f"malformed msgpack: {why}") from None
 
 
 # --- ops --------------------------------------------------------------------------------------
