@@ -1354,7 +1354,7 @@ def test_the_applications_triggers_write_replicated_tables_at_the_origin_only(tm
 
 
 REBUILT = [
-    "CREATE TABLE zlines(id TEXT PRIMARY KEY NOT NULL, oid TEXT, qty INT)",
+    "CREATE TABLE zlines(id TEXT PRIMARY KEY NOT NULL, oid TEXT, qty INT, note TEXT)",
     "CREATE TABLE summary(oid TEXT PRIMARY KEY NOT NULL, total INT)",
     # the order's summary row rebuilt by every change of its lines: deleted, then made again
     *[f"CREATE TRIGGER z_{e} AFTER {e} ON zlines BEGIN "
@@ -1379,9 +1379,16 @@ def test_a_row_a_trigger_rebuilds_survives_where_a_peers_row_fires_it(tmp_path, 
     if writer_process:
         monkeypatch.setattr(writer, "ELSEWHERE_AT", 1)
     sites, dbs = attached_pair(tmp_path, REBUILT, [], ["zlines", "summary"])
-    app(dbs["a"], [f"INSERT INTO zlines VALUES ('l{i:05d}', 'o{i % 3}', 1)" for i in range(rows)])
+    app(dbs["a"], [f"INSERT INTO zlines(id, oid, qty) VALUES ('l{i:05d}', 'o{i % 3}', 1)"
+                   for i in range(rows)])
     exchange(tmp_path, sites, rounds=2)
     want = [(f"o{j}", "text", len(range(j, rows, 3)), "integer") for j in range(min(rows, 3))]
+    for n in sites:
+        assert table(dbs[n], "summary") == want, n
+    # an edit the summary does not see: the origin's trigger rebuilt it the same, so no
+    # record of it travels, and the peer's trigger deleted it all the same
+    app(dbs["a"], ["UPDATE zlines SET note = 'seen' WHERE id = 'l00000'"])
+    exchange(tmp_path, sites, rounds=2)
     for n in sites:
         assert table(dbs[n], "summary") == want, n
     app(dbs["a"], ["UPDATE zlines SET qty = 7 WHERE id = 'l00000'"])
@@ -1394,6 +1401,28 @@ def test_a_row_a_trigger_rebuilds_survives_where_a_peers_row_fires_it(tmp_path, 
     for n in sites:
         assert run("fsck", site=sites[n]).code == 0
         assert "0 key(s) in conflict" in run("conflicts", site=sites[n]).out
+
+
+def test_a_trigger_keeps_its_own_conflict_clause_when_a_peers_row_fires_it(tmp_path):
+    """The application's UPDATE trigger notes each edited row in a table of its own with
+    INSERT OR IGNORE.  syncpack wrote a peer's row with an upsert, under which SQLite runs the
+    row's UPDATE triggers as OR ABORT whatever they say: from the second edit of a row on,
+    the trigger's insert failed and the peer's row was refused as a clash at every import."""
+    schema = ["CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, v INTEGER)",
+              "CREATE TABLE seen(id TEXT PRIMARY KEY NOT NULL, n INTEGER DEFAULT 0)",
+              "CREATE TRIGGER t_au AFTER UPDATE ON t BEGIN "
+              "INSERT OR IGNORE INTO seen(id) VALUES (NEW.id); "
+              "UPDATE seen SET n = n + 1 WHERE id = NEW.id; END"]
+    sites, dbs = attached_pair(tmp_path, schema, ["INSERT INTO t VALUES ('k', 1)"], ["t"])
+    for v in (2, 3, 4):
+        app(dbs["a"], [f"UPDATE t SET v = {v} WHERE id = 'k'"])
+        exchange(tmp_path, sites, rounds=1)
+    assert table(dbs["a"], "t") == table(dbs["b"], "t") == [("k", "text", 4, "integer")]
+    assert table(dbs["b"], "seen") == table(dbs["a"], "seen") == [
+        ("k", "text", 3, "integer")]
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == [], n
+        assert run("fsck", site=sites[n]).code == 0
 
 
 def test_a_triggers_skipped_update_during_an_import_does_not_settle_a_conflict(tmp_path):

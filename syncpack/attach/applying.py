@@ -17,10 +17,10 @@ from syncpack import children
 from syncpack.attach import capturing, rows, schema, writer
 from syncpack.errors import AttachError
 from syncpack.format import codec
-from syncpack.format.csn import csn_origin, csn_origins
+from syncpack.format.csn import csn_hlc, csn_origin, csn_origins, csn_seq
 from syncpack.pipeline import Pending, Worker
 from syncpack.site import Site, wall_ms
-from syncpack.store import appdb, attached
+from syncpack.store import appdb, attached, chain, matrix
 # Rows written per statement batch.
 APPLY_CHUNK = 10_000
 
@@ -105,20 +105,37 @@ def restore_removed(site: Site, infos: dict[str, appdb.TableInfo],
                     removed: Callable[[], dict[str, list[tuple]]],
                     write: Callable[[str, list[str], list[bytes]], None],
                     token: bytes | None) -> int:
-    """Before an apply's commit: rows the apply wrote that the application's triggers then
-    deleted, written back as the family's record says.
+    """Before an apply's commit: rows the application's triggers deleted as the apply wrote
+    others, written back as the family's record says, where the write's origin held them.
 
     A trigger that keeps a row by deleting and inserting it again (a summary of an order's
-    lines) did both at the origin, which sent the row as it left it.  Here its INSERT is
-    skipped (skip_trigger_writes) but its DELETE cannot be, and it may run after the row was
-    written: the row was gone, and its delete, captured as this site's own change, went back
-    and removed it everywhere.  A row the apply did not write this time is left deleted: a
-    trigger's cascade of this site's own rows is this site's change, as before.  ``removed``
+    lines) did both at the origin, which sent the row as it left it, or nothing when it came
+    out the same.  Here its INSERT is skipped (skip_trigger_writes) but its DELETE cannot be:
+    the row was gone, and its delete, captured as this site's own change, went back and
+    removed it everywhere.  What the origin's trigger deleted for good arrives as its delete,
+    so a row still shown by the family's record after the apply is written back: one the
+    apply wrote, a peer's, or one of ours every member acknowledged.  A row of ours the
+    origin may lack (a child added here meanwhile, whose parent a peer deleted) stays
+    deleted: a trigger's cascade, this site's change, as before.  ``removed``
     gives the rows deleted so (appdb.removed_since), ``write`` writes records (table, keys,
     records); ``token``: the import whose marks name the rows it wrote as they arrived.
     Returns the rows written back."""
     tried: set[tuple[str, str]] = set()
     total = 0
+    floor: list[dict[bytes, int]] = []
+
+    def known(csn: bytes) -> bool:
+        # held where the write that fired the trigger was made: a peer's version, or one of
+        # ours that every member acknowledged (one of ours the others may lack, a child
+        # added here meanwhile, is this site's cascade)
+        origin = csn_origin(csn)
+        if origin != site.site_id:
+            return True
+        if not floor:
+            floor.append(matrix.ack_floor(site.conn, site.site_id, list(site.members_by_id())))
+        epoch = chain.epoch_of(site.conn, csn_hlc(csn), origin, csn_seq(csn))
+        return epoch is not None and epoch <= floor[0].get(origin, 0)
+
     for _ in range(RESTORE_PASSES):
         found = 0
         for name, key_values in removed().items():
@@ -133,10 +150,11 @@ def restore_removed(site: Site, infos: dict[str, appdb.TableInfo],
                     tried.add((name, key))
                     keys.append(key)
             mine = attached.written_now(site.conn, name, keys, token)
-            current = attached.versions_for(site.conn, name, sorted(mine))
-            back = [(k, v.value) for k, v in
-                    ((k, capturing.visible(site, name, vs, k)) for k, vs in current.items())
-                    if v is not None and v.value is not None]
+            back = []
+            for k, vs in attached.versions_for(site.conn, name, keys).items():
+                v = capturing.visible(site, name, vs, k)
+                if v is not None and v.value is not None and (k in mine or known(v.csn)):
+                    back.append((k, v.value))
             if back:
                 write(name, [k for k, _v in back], [v for _k, v in back])
                 found += len(back)

@@ -1522,6 +1522,11 @@ def _refusal_text(e: BaseException) -> str:
     return str(e).replace("ConstraintError: ", "")
 
 
+# A conflict clause in a table's definition (`UNIQUE ON CONFLICT REPLACE`); found in a string
+# literal too, which only costs such a table the OR ABORT it does not need.
+_OWN_CONFLICT_CLAUSE = re.compile(r"(?i)\bON\s+CONFLICT\b")
+
+
 class Writer:
     """Writes visible records into one table, one row per savepoint: a row the local schema
     refuses (UNIQUE, CHECK, NOT NULL, FOREIGN KEY) is rolled back alone and reported."""
@@ -1540,6 +1545,23 @@ class Writer:
         self._target = ", ".join(q(c) if rowid_alias(conn, t) else f"{q(c)} COLLATE BINARY"
                                  for c in t.pk)
         self._exists = f"SELECT 1 FROM {q(t.name)} WHERE {where}"
+        # OR ABORT where the table's definition has a conflict clause of its own: a clash is
+        # the row's, whatever it says (REPLACE would delete this site's row uncaptured,
+        # IGNORE would drop the peer's, both silently).  Not elsewhere: the outer statement's
+        # OR also overrides those of the statements in the application's triggers, and a
+        # trigger's INSERT OR IGNORE into a table of its own then failed the peer's row.
+        self._or_abort = " OR ABORT" if _OWN_CONFLICT_CLAUSE.search(t.create_sql or "") else ""
+        # An upsert that updates a row runs the row's UPDATE triggers under OR ABORT whatever
+        # they say (SQLite's rule): a table with UPDATE triggers of the application's gets
+        # a plain UPDATE, then an INSERT where no row was there
+        self._split = conn.execute(
+            "SELECT 1 FROM sqlite_schema WHERE type='trigger' AND tbl_name=? AND "
+            "substr(name, 1, ?) <> ? AND sql LIKE '%UPDATE%' LIMIT 1",
+            (t.name, len(TRIGGER_PREFIX), TRIGGER_PREFIX)).fetchone() is not None
+        rest = [c for c in t.columns if c not in t.pk]
+        self._update = (f"UPDATE{self._or_abort} {q(t.name)} SET "
+                        + ", ".join(f"{q(c)} = ?" for c in rest) + f" WHERE {where}"
+                        if rest else None)
         # The applying marker names the table written (see _trigger_parts), and for a table
         # whose own triggers delete rows of it, each row's key as it is written: the rows
         # such a trigger deletes beside it are captured.  Such a table's rows are then
@@ -1606,17 +1628,40 @@ class Writer:
             tail = ("DO UPDATE SET " + ", ".join(f"{q(c)}=excluded.{q(c)}" for c in rest)
                     if rest else "DO NOTHING")
             sql = self._sql[cols, rows] = (
-                # OR ABORT: a clash is the row's, whatever the table's own ON CONFLICT
-                # clause says (REPLACE would delete this site's row uncaptured, IGNORE would
-                # drop the peer's, both silently)
-                f"INSERT OR ABORT INTO {q(self.t.name)}({names}) VALUES {marks} "
+                f"INSERT{self._or_abort} INTO {q(self.t.name)}({names}) VALUES {marks} "
                 f"ON CONFLICT({self._target}) {tail}")
         return sql
 
     def _upsert_all(self, cols: tuple[str, ...], args: list[tuple]) -> None:
         """Every row of ``args``, in order, several rows to a statement (db.execute_rows)."""
+        if self._splits(cols):
+            for values in args:
+                self._write(cols, values)
+            return
         db.execute_rows(self.conn, self._upsert(cols),
                         self._upsert(cols, db.rows_per_statement(len(cols))), args, len(cols))
+
+    def _splits(self, cols: tuple[str, ...]) -> bool:
+        """Whether a row of ``cols`` is written by UPDATE, then INSERT (see __init__): a
+        record with every column (one that lacks some is written by the upsert, which sets
+        those to their defaults)."""
+        return self._split and self._update is not None and len(cols) == len(self._cols) \
+            and set(cols) == self._cols
+
+    def _write(self, cols: tuple[str, ...], values: list | tuple) -> None:
+        """One row of ``cols`` holding ``values``."""
+        if not self._splits(cols):
+            self.conn.execute(self._upsert(cols), values)
+            return
+        row = dict(zip(cols, values))
+        key = [row[c] for c in self.t.pk]
+        self.conn.execute(self._update, [row[c] for c in self.t.columns if c not in self.t.pk]
+                          + key)
+        # (a row there that a trigger's RAISE(IGNORE) kept as it was is no row to insert)
+        if not self.conn.changes() and self.conn.execute(self._exists, key).fetchone() is None:
+            self.conn.execute(f"INSERT{self._or_abort} INTO {q(self.t.name)}("
+                              + ", ".join(q(c) for c in cols) + ") VALUES ("
+                              + ", ".join("?" for _ in cols) + ")", values)
 
     def put(self, row: dict) -> str | None:
         cols = tuple(c for c in row if c in self._cols)
@@ -1637,7 +1682,7 @@ class Writer:
             checks.append((self._check_put, [row.get(c) for c in self.t.pk]))
         if self._check_update:
             checks.append((self._check_update, []))
-        return self._one(self._upsert(cols), [row[c] for c in cols], checks,
+        return self._one(cols, [row[c] for c in cols], checks,
                          [row.get(c) for c in self.t.pk], deleting=False)
 
     def _writing(self) -> None:
@@ -1702,7 +1747,7 @@ class Writer:
             cols = tuple(c for c in r if c in self._cols)
             key = [r.get(c) for c in self.t.pk]
             self._writing_row(key)
-            self.conn.execute(self._upsert(cols), [r[c] for c in cols])
+            self._write(cols, [r[c] for c in cols])
             if self._ignored(key, deleting=False):
                 raise apsw.ConstraintError(IGNORED)
 
@@ -1762,15 +1807,19 @@ class Writer:
             note_changed(self.conn, touched)
         return err
 
-    def _one(self, sql: str, args: list, checks: list[tuple[str, list]], key: list,
-             deleting: bool) -> str | None:
-        """``sql`` in a savepoint of its own; any of ``checks`` (SQL, arguments) finding a
-        row after it is a deferred foreign key broken, and rolls it back."""
+    def _one(self, sql: str | tuple[str, ...], args: list, checks: list[tuple[str, list]],
+             key: list, deleting: bool) -> str | None:
+        """``sql`` (or, given the columns, the write of a row of them) in a savepoint of its
+        own; any of ``checks`` (SQL, arguments) finding a row after it is a deferred foreign
+        key broken, and rolls it back."""
         self._writing()
         self._writing_row(key)
         self.conn.execute("SAVEPOINT syncpack_row")
         try:
-            self.conn.execute(sql, args)
+            if isinstance(sql, tuple):
+                self._write(sql, args)
+            else:
+                self.conn.execute(sql, args)
             if self._ignored(key, deleting):
                 raise apsw.ConstraintError(IGNORED)
             if any(self.conn.execute(*c).fetchone() is not None for c in checks):
