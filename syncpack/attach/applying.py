@@ -47,7 +47,7 @@ def apply_pending(site: Site, app: appdb.Connection, infos: dict[str, appdb.Tabl
         done.setdefault(name, 0)
         # a table marked row by row keeps its triggers: they capture what its own triggers
         # delete beside the rows written
-        big = len(first) >= capturing.PAUSE_CAPTURE_AT and not w.row_marks
+        big = len(first) >= capturing.PAUSE_CAPTURE_AT and not w.keeps_capture
         with appdb.capture_paused(app, t) if big else nullcontext():
             for part in joined([first], parts):
                 if _apply_part(site, w, part, done, clashes, stuck):

@@ -84,7 +84,7 @@ def write_batch(w: appdb.Writer, keys: list[str], raws: list[bytes], values: lis
         return why
     name = w.t.name
     if paused is not None and name not in paused and len(values) >= pause_at and \
-            not w.row_marks:
+            not w.keeps_capture:
         appdb.drop_capture(w.conn, name)
         paused.add(name)
     for j, err in enumerate(w.put_many(values)):

@@ -1568,6 +1568,14 @@ class Writer:
         # written one at a time, its capture triggers never set aside.
         marked = marker_key_cols(conn)
         self.row_marks = marked >= len(t.pk) and bool(self_deleting_triggers(conn, t))
+        # Its capture triggers are never set aside for a large batch when a trigger of the
+        # application's may delete its rows: a row so deleted as another table is written is
+        # then noted (and written back, attach/applying.py restore_removed), not lost unseen
+        self.keeps_capture = self.row_marks or any(
+            re.search(r"(?i)\bDELETE\b", sql or "") and _names_column(t.name, sql or "")
+            for (sql,) in conn.execute(
+                "SELECT sql FROM sqlite_schema WHERE type='trigger' AND substr(name, 1, ?) <> ?",
+                (len(TRIGGER_PREFIX), TRIGGER_PREFIX)))
         if self.row_marks:
             sets = ", ".join(f"k{i} = ?{i + 2}" for i in range(len(t.pk)))
             self._mark = f"UPDATE {APPLYING} SET x = ?1, {sets}"
