@@ -552,7 +552,7 @@ def test_a_unique_index_on_the_key_under_another_collation_clashes_as_a_conflict
     assert table(dbs["a"], "users") == table(dbs["b"], "users") == []
 
 
-@pytest.mark.parametrize("name", ["_syncpack_mine", "\x01items", "$items"])
+@pytest.mark.parametrize("name", ["_syncpack_mine", "_SYNCPACK_Mine", "\x01items", "$items"])
 def test_a_reserved_table_name_is_refused_at_attach_and_from_a_peer(tmp_path, name):
     """A name syncpack uses in the file (its own tables, the change table's notes of keys a
     REPLACE may have removed, which start with \x01 and the table's name) or in the store

@@ -467,7 +467,8 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         return f"table {name} is already attached"
     # (a name starting with appdb.MAYBE would read as another table's notes in the change
     # table, which marks the keys a REPLACE may have removed that way)
-    if name.startswith((SYS_PREFIX, appdb.TRIGGER_PREFIX, "sqlite_", appdb.MAYBE)):
+    # SQLite matches names whatever their case: _SYNCPACK_x is a name of ours as well
+    if name.casefold().startswith((SYS_PREFIX, appdb.TRIGGER_PREFIX, "sqlite_", appdb.MAYBE)):
         return f"table name {name!r} is reserved"
     try:
         check_collection(name)      # its rows travel as the collection of its name
