@@ -2644,6 +2644,34 @@ def test_a_command_with_nothing_to_do_writes_nothing_into_the_application_file(t
     sp(sites["a"], "fsck")
 
 
+def test_status_captures_without_writing_into_the_application_file(tmp_path):
+    """'status' (a monitor scrapes it every few seconds) captures what the application wrote,
+    and then wrote into the application's file only to forget the change rows it took: an
+    application transaction that had read before it and wrote after it got 'database is
+    locked' at once, a routine error with syncpack only.  The rows are forgotten by the next
+    export, import or capture, and taken once."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["PRAGMA journal_mode=WAL", SCHEMA[0], "INSERT INTO items(id, i) VALUES ('k', 1)"])
+    sp(sites["a"], "attach", db, "--table", "items")
+    app(db, ["INSERT INTO items(id, i) VALUES ('new', 2)"])
+    p = subprocess.Popen([sys.executable, "-c", _READ_THEN_WRITE, str(db), "app"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "reading\n"
+    doc = run("--json", "status", site=sites["a"]).json
+    out, _ = p.communicate("go\n", timeout=60)
+    assert out == "written False\n", out
+    assert run("get", "items", "new", site=sites["a"]).code == 0     # captured by status
+    pending = {t["table"]: t["pending"] for t in doc["attached"]["tables"]}
+    assert pending == {"items": 0}, doc["attached"]
+    r = run("--json", "capture", site=sites["a"])
+    assert r.json["captured"] == 1, r.json        # 'app' only: 'new' is not taken again
+    with sqlite3.connect(db) as c:                # and the change rows are forgotten now
+        assert c.execute("SELECT count(*) FROM _syncpack_changes WHERE tbl != ''"
+                         ).fetchone()[0] == 0
+    sp(sites["a"], "fsck")
+
+
 def test_attach_warns_once_of_foreign_key_actions_the_application_may_not_run(tmp_path):
     """syncpack writes with foreign keys on, so a peer's delete of a parent cascades at every
     site; an application that leaves them off (SQLite's default) never cascades itself, and

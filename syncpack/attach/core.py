@@ -189,22 +189,32 @@ def _cycle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo])
             "clashes": sum(len(v) for v in clashes.values()), "refused": refused}
 
 
-def _idle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -> bool:
+def _idle(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
+          tidy: bool = True) -> bool:
     """Whether :func:`_cycle` would write nothing into the application's file: everything is
     captured and its change rows forgotten, no record waits to be written, the capture's
-    triggers are all there and current, and no column of the family's is missing."""
+    triggers are all there and current, and no column of the family's is missing.
+
+    Without ``tidy`` ('status', and a monitor scraping it every few seconds), change rows
+    captured but not yet forgotten, and changes committed after the read snapshot, are no
+    reason to write: the next export, import or capture takes them.  A write of syncpack's
+    ends the snapshot of an application transaction that read and is about to write, which
+    then fails at once (BUSY_SNAPSHOT), and a monitor must not make that routine."""
     att = attached.attachment(site.conn)
     if att is None:
         return True
     captured = att[1]
-    if attached.has_pending(site.conn) or appdb.max_seq(app) != captured:
+    if attached.has_pending(site.conn):
         return False
+    if appdb.max_seq(app) < captured if not tidy else appdb.max_seq(app) != captured:
+        return False    # (below it: the file went back, which heal must see to)
     if any(not appdb.has_capture(app, n) or not appdb.capture_current(app, t)
            for n, t in infos.items()):
         return False
     if schema.to_follow(site, infos):
         return False
-    return not appdb.has_forgettable(app, captured, list(attached.stopped(site.conn)))
+    return not tidy or not appdb.has_forgettable(app, captured,
+                                                 list(attached.stopped(site.conn)))
 
 
 # How long a command that must answer (status) waits for the application's write lock.
@@ -267,7 +277,7 @@ def _sync_app_locked(site: Site, wait: bool) -> dict:
             infos = schema.review(site, app, infos, back)
             early = sum(_take_back(site, app, infos[n]) for n in back if n in infos)
             early += capturing.take_changes(site, app, infos)
-            idle = _idle(site, app, infos)
+            idle = _idle(site, app, infos, tidy=wait)
         if idle:
             # nothing to write: a write committed for nothing would still end the
             # read snapshot of an application transaction about to write (SQLite's
