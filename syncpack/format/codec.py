@@ -636,13 +636,23 @@ class Envelope:
     size: int
 
 
+def _read_exactly(f: BinaryIO, n: int) -> bytes:
+    """``n`` bytes, or a packet error: a file that reads shorter than its size said is one
+    being rewritten in place (a shared drop), or no plain file at all."""
+    b = f.read(n)
+    if len(b) != n:
+        raise PacketFormatError("packet is shorter than its size said (the file changed while "
+                                "it was read, or is not a plain file)")
+    return b
+
+
 def read_envelope(f: BinaryIO, size: int) -> Envelope:
     """Check size, magic, version and framing, and parse the header (in that order)."""
     if size < MIN_PACKET:
         raise PacketFormatError(f"file is {size} bytes, too small to be a packet "
                                 f"(at least {MIN_PACKET})")
     f.seek(0)
-    magic, version = _PREFIX.unpack(f.read(_PREFIX.size))
+    magic, version = _PREFIX.unpack(_read_exactly(f, _PREFIX.size))
     if magic != MAGIC:
         raise PacketFormatError("not a syncpack packet (bad magic)")
     if version not in SUPPORTED_VERSIONS:
@@ -657,7 +667,7 @@ def read_envelope(f: BinaryIO, size: int) -> Envelope:
                                      f"syncpack reads (up to {FORMAT_VERSION})")
         raise PacketVersionError(f"unknown packet format version {version}")
     f.seek(size - _FOOTER.size)
-    hlen, sig, end = _FOOTER.unpack(f.read(_FOOTER.size))
+    hlen, sig, end = _FOOTER.unpack(_read_exactly(f, _FOOTER.size))
     if end != END_MAGIC:
         raise PacketFormatError("packet is truncated or damaged (bad end marker)")
     if hlen > MAX_HEADER_BYTES:
@@ -665,7 +675,7 @@ def read_envelope(f: BinaryIO, size: int) -> Envelope:
     if hlen > size - MIN_PACKET:
         raise PacketFormatError("header length runs past the start of the file")
     f.seek(size - _FOOTER.size - hlen)
-    hbytes = f.read(hlen)
+    hbytes = _read_exactly(f, hlen)
     hdr, origins = header_from_wire(unpack_untrusted(hbytes))
     body_len = size - MIN_PACKET - hlen
     if hdr.body_len != body_len:
