@@ -275,6 +275,43 @@ def test_a_resync_snapshot_for_a_carelessly_restored_site_is_refused_and_rounds_
             assert s.get("t", "b3") == "after the backup"
 
 
+def test_a_resync_snapshot_is_refused_after_a_peers_packet_set_the_restored_tip_aside(family):
+    """As above, but the restored site wrote as many ops as it lost (the same top epoch) and
+    imported an ordinary packet first: the peer's tip named another op there, so the site set
+    its own aside and entered recovery.  The snapshot then compared its tip with the changelog
+    only, found nothing there, and was applied: every write made since the restore was lost
+    at every site, status clean.  The op set aside counts as the site's own."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.put("B", "t", "b0", "before the backup")
+    fam.full_exchange(1)
+    copy = backup(fam, "B")
+    for i in range(3):
+        fam.put("B", "t", f"b{i + 1}", "after the backup")
+    fam.full_exchange(1)
+    put_back(fam, "B", copy)
+    for i in range(3):
+        fam.put("B", "t", f"careless{i}", "written after the copy came back")
+    fam.put("A", "t", "a1", "news")
+    out, _packets = cli_export(fam, "A", "B")
+    cli_import(fam, "B", out)
+    assert status(fam, "B")["state"] == "recovering"
+    snap = fam.medium()
+    assert run("resync", "--to", "B", "--out", snap, site=fam.path("A")).code == 0
+    r = run("import", snap, site=fam.path("B"))
+    assert r.code == 1 and "restored from a backup and then written to" in r.err, r
+
+    rounds(fam, ["A", "B"], 4)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in ("A", "B"):
+        with fam.open(name) as s:
+            assert [s.get("t", f"careless{i}") for i in range(3)] == \
+                ["written after the copy came back"] * 3
+            assert s.get("t", "b3") == "after the backup"
+
+
 def shared_medium_rounds(fam: Family, names: list[str], n: int) -> None:
     """As a batch round over one medium does: every site exports to all first, then every
     site imports what is there for it (so each packet was written before its sender saw

@@ -916,7 +916,9 @@ def _check_own_history(site: Site, h: Header) -> None:
         return
     me = site.site_id
     e, csn = h.tip
-    ours = chain.op_id_at(site.conn, me, e)
+    # or the op set aside under it, when a peer's packet already named another there (the
+    # re-seed would drop it as covered, and the writes below it with the changelog)
+    ours = chain.op_id_at(site.conn, me, e) or stash.op_id_at(site.conn, me, e)
     if ours is not None and pack_csn(ours[0], me, ours[1]) != csn:
         raise SnapshotForkError(
             f"snapshot from {site.name_of(h.sender)} holds another op than this site's own as "
