@@ -312,6 +312,41 @@ def test_a_resync_snapshot_is_refused_after_a_peers_packet_set_the_restored_tip_
             assert s.get("t", "b3") == "after the backup"
 
 
+def test_a_careless_restore_of_a_site_that_trimmed_its_own_history_heals(family):
+    """A site that trims what every member acknowledged (scrub, as a batch file may ask)
+    is restored from a copy and written to.  Its ops were set aside from the fork on by
+    reading its history from epoch 0, where the trimmed cover has a hole: nothing was read,
+    everything was deleted, and the writes made since the restore stayed at that site
+    alone, every status clean and fsck passing.  They are issued again and reach all."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    names = ["A", "B", "C"]
+    rounds(fam, names, 1)
+    for i in range(5):
+        fam.put("A", "t", f"v1-{i}", 1)
+    rounds(fam, names, 3)
+    assert run("scrub", site=fam.path("A")).code == 0
+    with fam.open("A") as s:
+        assert s.floors()[s.site_id] > 0
+    copy = backup(fam, "A")
+    for i in range(5):
+        fam.put("A", "t", f"v2-{i}", 2)
+    rounds(fam, names, 2)
+    put_back(fam, "A", copy)                 # no 'syncpack restore'
+    for i in range(3):
+        fam.put("A", "t", f"v3-{i}", 3)
+    rounds(fam, names, 6)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in names:
+        with fam.open(name) as s:
+            assert [s.get("t", f"v3-{i}") for i in range(3)] == [3, 3, 3]
+            assert [s.get("t", f"v2-{i}") for i in range(5)] == [2] * 5
+        assert fsck_ok(fam, name)
+
+
 def shared_medium_rounds(fam: Family, names: list[str], n: int) -> None:
     """As a batch round over one medium does: every site exports to all first, then every
     site imports what is there for it (so each packet was written before its sender saw

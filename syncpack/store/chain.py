@@ -416,7 +416,12 @@ def trim(conn, origin: bytes, floor: int) -> int:
 
 def take_all(conn, origin: bytes) -> list[Op]:
     """Remove and return every op of ``origin`` we hold (a restore's set-aside)."""
-    ops = list(iter_ops(conn, origin, 0, (1 << 63) - 1))
+    # From the lowest epoch held, not from 0: below a trimmed history the cover has a hole
+    # at its start, none of the ops were read, and all were deleted
+    low = conn.execute("SELECT min(x) FROM (SELECT min(lo) AS x FROM blocks WHERE origin=?1 "
+                       "UNION ALL SELECT min(epoch) - 1 FROM changelog WHERE origin=?1)",
+                       (origin,)).fetchone()[0]
+    ops = list(iter_ops(conn, origin, low or 0, (1 << 63) - 1))
     settle_own(conn, origin)
     conn.execute("DELETE FROM blocks WHERE origin=?", (origin,))
     conn.execute("DELETE FROM changelog WHERE origin=?", (origin,))
