@@ -709,7 +709,15 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                     mine = chain.block_ending_at(conn, o, info.hi)
                     if mine is not None and mine.lo == info.lo and mine.hash == info.block_hash:
                         continue        # the very block we hold (relayed to us twice)
-                if info.lo < vec.get(o, 0) and o != site.site_id:
+                if info.lo < vec.get(o, 0) and o == site.site_id:
+                    # Our own ops, relayed back over epochs we hold (a block goes whole):
+                    # another op in one of them is the family's version of a history we
+                    # forked, which a peer's tip named higher up.  Applied, it stood beside
+                    # ours, the store no longer a replay of its changelog.
+                    e = next(forks.differing_epochs(site, info, vec[o]), None)
+                    if e is not None:
+                        raise ForkDetected(e)
+                elif info.lo < vec.get(o, 0):
                     found = forks.contradiction(site, info) or \
                         forks.differing_op(site, info, vec[o])
                     if found is not None:

@@ -21,6 +21,8 @@ Everything here runs inside the caller's write transaction.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from syncpack.admin import recovery
 from syncpack.errors import ForkedMemberError
 from syncpack.format import blocks
@@ -77,6 +79,17 @@ def differing_op(site: Site, theirs: blocks.BlockInfo, held_to: int
     whose blocks the headers alone do not tell apart (the same start and clock, other ends),
     which this site sees in the bodies.  The ops were compared only by their clocks, so the
     other version's record was skipped as held, and the sites held two values for good."""
+    for epoch in differing_epochs(site, theirs, held_to):
+        ours = store.headers_overlapping(site.conn, theirs.origin, epoch - 1, epoch)
+        if ours:
+            a, b = rules.canonical(ours[0], bytes(theirs.raw[:blocks.HEADER_LEN]))
+            return epoch, a, b
+    return None
+
+
+def differing_epochs(site: Site, theirs: blocks.BlockInfo, held_to: int) -> Iterator[int]:
+    """The epochs up to ``held_to`` at which ``theirs`` holds another op than the one we
+    hold, in order."""
     hi = min(theirs.hi, held_to)
     mine = {op.epoch: op for op in chain.iter_ops(site.conn, theirs.origin, theirs.lo, hi)}
     for op in blocks.decode_ops(theirs):
@@ -84,11 +97,7 @@ def differing_op(site: Site, theirs: blocks.BlockInfo, held_to: int
             break
         held = mine.get(op.epoch)
         if held is not None and _op_bytes(held) != _op_bytes(op):
-            ours = store.headers_overlapping(site.conn, theirs.origin, op.epoch - 1, op.epoch)
-            if ours:
-                a, b = rules.canonical(ours[0], bytes(theirs.raw[:blocks.HEADER_LEN]))
-                return op.epoch, a, b
-    return None
+            yield op.epoch
 
 
 def _op_bytes(op) -> tuple:
