@@ -885,3 +885,57 @@ def test_a_careless_restore_heals_when_its_transactions_travel_in_parts(family):
         with fam.open(name) as s:
             assert sum(1 for k in range(700) if s.get("t", f"v3-{k}")["tag"] == 3) == 700
             assert s.get("t", "v2-299")["tag"] == 2 and s.get("t", "after") == 4
+
+
+def test_a_careless_restore_heals_when_a_part_of_the_left_version_was_parked(family):
+    """As batch runs it (each site imports, removing what it applied, then exports): the
+    restored site's writes went out as one transaction in several parts before it knew of
+    the fork.  The first part proved the fork, the later ones were parked while it was open;
+    the site then kept the family's version and issued its writes again over the same
+    epochs.  The parked part, retried, no longer continued what its peers held, and was
+    taken as new evidence of a fork: they refused the site's packets for good.  A part the
+    member sent before it told which version it kept, that contradicts what is held, is its
+    left version, not applied."""
+    import os
+    fam = family
+    fam.init("a")
+    fam.add("b", via="a")
+    fam.add("c", via="a")
+    names = ["a", "b", "c"]
+    root = fam.root
+    (root / "media").mkdir(exist_ok=True)
+    (root / "cfg").mkdir()
+    for s in names:
+        (root / "cfg" / f"{s}.toml").write_text(
+            f'site = "../{s}"\n[[import]]\npath = "../media/{s}"\nremove_after_import = true\n'
+            f'[[export]]\nout = "../media"\nto = "all"\nmax_size = "64K"\n')
+
+    def batch(n: int) -> None:
+        for _ in range(n):
+            for s in names:
+                run("-q", "batch", root / "cfg" / f"{s}.toml")
+
+    def txn(n: int, prefix: str, tag: int) -> None:
+        with fam.open("a") as s, s.transaction() as tx:
+            for i in range(n):
+                tx.put("t", f"{prefix}-{i}", {"tag": tag, "p": os.urandom(50).hex()})
+
+    batch(1)
+    txn(100, "v1", 1)
+    batch(2)
+    copy = backup(fam, "a")
+    txn(600, "v2", 2)
+    batch(2)
+    put_back(fam, "a", copy)                 # no 'syncpack restore'
+    txn(1500, "v3", 3)
+    batch(10)
+    fam.put("a", "t", "after", 4)
+    batch(4)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in names:
+        assert all(f["state"] == "healed" for f in status(fam, name)["forks"])
+        assert fsck_ok(fam, name)
+        with fam.open(name) as s:
+            assert s.get("t", "v3-1499")["tag"] == 3 and s.get("t", "v2-599")["tag"] == 2
+            assert s.get("t", "after") == 4

@@ -641,6 +641,7 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                 stored.ensure_origin(conn, o)
             frozen = forks.frozen(site)
             lost = forks.lost_versions(site)
+            left = forks.sent_before_healing(site, h)
             bad_anchor: dict[bytes, EpochCollisionError] = {}
             anchored = _check_anchors(site, h, frozen, bad_anchor)
             skipped: set[bytes] = set()
@@ -658,7 +659,9 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                 # chain comparison could blame its origin.
                 peek = blocks.read_block_header(raw)
                 origin = peek.origin
-                if origin in bad_anchor:
+                if origin in bad_anchor and origin in left:
+                    skipped.add(origin)     # its version left at the fork: not applied
+                elif origin in bad_anchor:
                     # The range does not continue our history of this origin: a fork if its
                     # first block proves one, else an epoch collision.
                     if cursor.get(origin) == peek.lo:
@@ -688,6 +691,10 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                 except blocks.BlockChainError:
                     if origin == site.site_id:
                         raise ForkDetected(peek.lo) from None   # our history forked: recover
+                    if origin in left:
+                        skipped.add(origin)
+                        cursor[origin] = peek.hi
+                        continue
                     _prove_fork(site, raw, sender, prev)
                     raise
                 except PacketSenderError:
@@ -720,6 +727,9 @@ def apply_packet(site: Site, pk: OpenPacket | JoinedPiecesPacket, *, progress=No
                 elif info.lo < vec.get(o, 0):
                     found = forks.contradiction(site, info) or \
                         forks.differing_op(site, info, vec[o])
+                    if found is not None and o in left:
+                        skipped.add(o)
+                        continue
                     if found is not None:
                         raise ForkFound(o, *found)
                 # decoded on the other core while the window before it is applied

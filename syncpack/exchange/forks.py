@@ -238,6 +238,38 @@ def note_kept(site: Site, h: Header) -> None:
             _revert_trimmed(site, f, keep)
         _lose(site, f, keep)
         store.set_state(site.conn, f, store.HEALED)
+        _note_told_healed(site, f.origin, h.seq, f.epoch)
+
+
+# How many heals told by the forked member itself a site remembers (the newest).
+MAX_TOLD_HEALED = 64
+
+
+def _told_healed(site: Site) -> list[tuple[bytes, int, int]]:
+    raw = site.meta("fork_told_healed")
+    return [(bytes(o), s, e) for o, s, e in codec.unpackb(raw)] if raw else []
+
+
+def _note_told_healed(site: Site, origin: bytes, seq: int, epoch: int) -> None:
+    """The packet ``seq`` of ``origin`` was the first to tell us which version it kept at its
+    fork from ``epoch``."""
+    have = [t for t in _told_healed(site) if t[:1] != (origin,) or t[2] != epoch]
+    site.set_meta("fork_told_healed", codec.packb(
+        [[o, s, e] for o, s, e in ([(origin, seq, epoch)] + have)[:MAX_TOLD_HEALED]]))
+
+
+def sent_before_healing(site: Site, h: Header) -> set[bytes]:
+    """The origins of ``h``'s ranges whose ops it may carry from a version it left at a fork:
+    ``h`` is a packet of the forked member itself, numbered before the one that told us
+    which version it kept, and its range reaches the fork.  A transaction that travelled in
+    parts has its later parts parked here while the fork is open; the member then kept the
+    other version and issued its ops again, and such a part, retried, no longer continues
+    what we hold.  It is not new evidence of a fork."""
+    out = set()
+    for origin, seq, epoch in _told_healed(site):
+        if origin == h.sender and h.seq < seq and h.ranges.get(origin, (0, 0))[1] >= epoch:
+            out.add(origin)
+    return out
 
 
 def kept_for_header(site: Site) -> list[bytes]:
