@@ -619,3 +619,36 @@ def test_a_spoke_shows_another_spoke_it_never_exchanges_with_as_caught_up(family
     peers = run("status", site=north, json_mode=True).json["peers"]
     assert peers["east"]["lag_ops"] == 1, peers
     assert peers["east"]["last_received_ms"] is None      # true: never directly
+
+
+def test_a_medium_removed_during_an_export_writes_nothing_and_records_nothing(tmp_path,
+                                                                            monkeypatch):
+    """The outbox deleted (the medium pulled) after the first peer's packet was written: the
+    next peer's directory was made again, with the outbox, and the export said every packet
+    was written, the first gone with the medium, and recorded as sent."""
+    import shutil
+    from syncpack.errors import OutboxError
+    from syncpack.exchange import sync
+    fam = Family(tmp_path)
+    fam.init("a")
+    fam.add("b", via="a")
+    fam.add("c", via="a")
+    fam.put("a", "t", "k", 1)
+    out = tmp_path / "usb"
+    out.mkdir()
+    build = sync.build_update_packets
+
+    def then_pulled(*args, **kwargs):
+        parts = build(*args, **kwargs)
+        shutil.rmtree(out, ignore_errors=True)
+        return parts
+
+    monkeypatch.setattr(sync, "build_update_packets", then_pulled)
+    with fam.open("a") as s, pytest.raises(OutboxError, match="is gone"):
+        sync.export(s, out, to=["b", "c"])
+    assert not out.exists()
+    monkeypatch.undo()
+    for peer in ("b", "c"):                  # nothing was recorded as sent
+        fam.sync("a", peer)
+        with fam.open(peer) as s:
+            assert s.get("t", "k") == 1

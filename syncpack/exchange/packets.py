@@ -542,13 +542,24 @@ def prepare_outbox(out: str | os.PathLike, create: bool, how_to_create: str) -> 
     return p
 
 
-def atomic_opener(directory: Path, name_for: Callable[[int], str]) -> Opener:
+def atomic_opener(directory: Path, name_for: Callable[[int], str],
+                  outbox: Path | None = None) -> Opener:
     """Files written under a temporary name, fsynced, renamed, and the directory fsynced: a
-    crash or a full medium never leaves a partial packet under a packet's name."""
+    crash or a full medium never leaves a partial packet under a packet's name.  ``directory``
+    is made inside ``outbox`` (one the export found there when it began), which must still
+    be there."""
 
     def opener(part: int):
         final = directory / name_for(part)
         tmp = temp_name(final)
+        if outbox is not None and not outbox.is_dir():
+            # The medium was removed (or the directory deleted) during the export: made
+            # again, it would hold only the packets from here on, the earlier ones gone
+            # with it, and the export would say all were written.
+            raise OutboxError(f"outbox {outbox} is gone: the medium was removed or the "
+                              f"directory deleted while the export wrote to it",
+                              hint="put the medium back and export again; nothing was "
+                                   "recorded as sent")
         try:
             # A file where a directory should be (OUT itself, or OUT/<to>/<from>) is a typed
             # export error naming the directory, like any other failure to write there.

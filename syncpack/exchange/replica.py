@@ -71,7 +71,8 @@ def write_snapshot(site: Site, recipient: bytes, recipient_name: str, out_dir: P
                   # a re-seeded member checks that its own history is the one we hold
                   tip=tip_for(site, recipient, vec))
     d = packet_dir(out_dir, site.name, recipient_name)
-    opener = atomic_opener(d, lambda part: packet_name(seq, part, "snapshot"))
+    opener = atomic_opener(d, lambda part: packet_name(seq, part, "snapshot"),
+                           outbox=Path(out_dir) if Path(out_dir).is_dir() else None)
     series = PartSeries(tmpl, sign, max_size, opener, seed, seal_to)
     try:
         if progress:

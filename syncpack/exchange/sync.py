@@ -300,13 +300,16 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
     def write(peers: list[bytes], now: int, sign) -> list[tuple[PeerPlan, list[PartInfo]]]:
         written: list[tuple[PeerPlan, list[PartInfo]]] = []
         conn = site.conn
+        # there now, it must stay there (a library caller may leave it for the first packet)
+        outbox = out if out.is_dir() else None
         exports.begin_snapshot(conn)  # one read snapshot for plan and ops alike
         try:
             plans = plan_exports(site, peers, now, failed, sign, max_size)
             expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
-                opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part))
+                opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part),
+                                       outbox=outbox)
                 parts = build_update_packets(block_stream(site, plan.blocks), plan.template, sign,
                                              max_size, opener, seed, progress,
                                              seal_to=seal_key(site, plan.peer, encrypt))
