@@ -42,8 +42,9 @@ key                        meaning
 ``  remove_after_import``  ``true``: after the import has committed, delete the files of packets
                            this site has applied (now or before: duplicates).  Only files inside
                            ``path`` that are packets addressed to this site and recorded as applied
-                           in its store are deleted; parked, rejected, skipped and foreign files
-                           stay.  Default ``false``
+                           in its store are deleted (not those reached through a link to another
+                           directory); parked, rejected, skipped and foreign files stay.  Default
+                           ``false``
 ``  required``             ``true``: a missing ``path`` is an error (a medium that should be
                            mounted); default ``false``: a missing inbox means nothing arrived yet
 ``[[export]]``             an outbox; repeat the table for an outbox per peer
@@ -435,6 +436,7 @@ def remove_applied(site: Site, inbox: Path, shown: list[str], unsealed: list[str
     matched back by that same escaping, so a packet whose name holds a control character is
     removed too (it is still checked like any other)."""
     root = Path(os.path.abspath(inbox))
+    real_root = Path(os.path.realpath(inbox))
     real = {printable(f): f for f, _named in find_packet_files([root])}
     removed = []
     stale = set(unsealed)
@@ -442,6 +444,13 @@ def remove_applied(site: Site, inbox: Path, shown: list[str], unsealed: list[str
         p = Path(os.path.abspath(real.get(s, s)))
         if p != root and root not in p.parents:
             continue  # e.g. a packet parked in an earlier round from another inbox
+        # Its directory, links resolved, inside the inbox's too: through a link to another
+        # directory (an archive), the import reads packets, but deleting one there would
+        # delete the archive's copy.  (A link to a file is itself in the inbox: deleting it
+        # leaves its target.)
+        where = Path(os.path.realpath(p.parent))
+        if where != real_root and real_root not in where.parents:
+            continue
         if not p.is_file():
             continue
         try:

@@ -911,3 +911,22 @@ def test_unsealed_packets_left_from_before_sealing_are_removed_once_refused(fami
     for n in ("boston", "sanfran", "bangalore"):
         assert run("--json", "batch", site_config(family, n, media)).code == 0, n
     assert run("get", "parts", "g1", site=family.path("boston")).out.strip() == "1"
+
+
+def test_remove_after_import_leaves_packets_reached_through_a_link_to_another_directory(
+        family):
+    """An inbox holding a link to an archive of packets: the import reads through it, and the
+    round deleted the archive's copies of the packets it applied, outside the inbox."""
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    archive = family.root / "archive"
+    with family.open("boston") as s:
+        [pk] = sync.export(s, archive, to=["sanfran"])
+    media = family.root / "media"
+    (media / "sanfran").mkdir(parents=True)
+    (media / "sanfran" / "from-archive").symlink_to(archive / "sanfran")
+    r = run("batch", site_config(family, "sanfran", media, scrub=False))
+    assert r.code == 0, r
+    with family.open("sanfran") as s:
+        assert s.get("parts", "p1") == {"qty": 1}
+    assert pk.path.exists(), "a packet outside the inbox was deleted"
