@@ -560,8 +560,10 @@ class _Round:
             text += f", removed {len(removed)} file(s)"
         self.log.line("import", text)
         for p in res.parked:
-            self.log.line("import", f"parked {p['path']}: waiting for "
-                                    f"{_ranges_text(p['waiting_for'])}")
+            w = _ranges_text(p["waiting_for"])
+            if p.get("waiting_for_pieces"):
+                w = f"the other pieces of its block ({w})"
+            self.log.line("import", f"parked {p['path']}: waiting for {w}")
         for r in res.rejected:
             self.log.line("import", f"REJECTED {r['path']}: {r['error']}")
         for g in res.forgotten:

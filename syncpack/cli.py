@@ -940,6 +940,8 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
         lines = []
         for p in res.parked:
             w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
+            if p.get("waiting_for_pieces"):
+                w = f"the other pieces of its block ({w})"
             lines.append(f"parked {p['path']}: waiting for {w}")
         # Last, after any error: the counts of everything that was found, so a directory of
         # other sites' packets does not read as an import that worked.

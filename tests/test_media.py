@@ -186,6 +186,10 @@ def test_pieces_parked_and_imported_again_are_told_as_a_packet_parked_is(family,
         assert doc["applied"] == [] and doc["duplicates"] == [], doc
         assert sorted(p["path"] for p in doc["parked"]) == sorted(
             str(stick / p.name) for p in pieces[:2]), doc
+        # told as waiting for the block's other pieces, not for epochs it holds itself
+        assert all(p["waiting_for_pieces"] for p in doc["parked"]), doc
+    text = run("import", stick, site=family.path("b")).out
+    assert "waiting for the other pieces of its block" in text, text
     doc = run("import", out / "b", site=family.path("b"), json_mode=True).json
     assert doc["duplicates"] == [] and doc["parked"] == [], doc
     assert len(doc["applied"]) == len(pieces) and doc["ops_applied"] == 1, doc

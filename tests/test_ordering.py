@@ -81,7 +81,8 @@ def test_out_of_order_arrival_ends_like_in_order_arrival(links):
     r = jimport(sanfran, p3["path"])
     assert r["applied"] == [] and r["ops_applied"] == 0
     assert r["parked"] == [{"path": p3["path"],
-                            "waiting_for": {"boston": [held, p3["ranges"]["boston"][0]]}}]
+                            "waiting_for": {"boston": [held, p3["ranges"]["boston"][0]]},
+                            "waiting_for_pieces": False}]
     assert state(sanfran)[1]["boston"] == held
     st = run("status", site=sanfran, json_mode=True).json
     assert [(p["from"], p["waiting_for"]) for p in st["parked"]] == [
@@ -92,7 +93,8 @@ def test_out_of_order_arrival_ends_like_in_order_arrival(links):
     # p1 applies; p3 still waits, now only for p2's epochs.
     r = jimport(sanfran, p1["path"])
     assert r["applied"] == [p1["path"]] and r["ops_applied"] == p1["ops"]
-    assert r["parked"] == [{"path": p3["path"], "waiting_for": {"boston": p2["ranges"]["boston"]}}]
+    assert r["parked"] == [{"path": p3["path"], "waiting_for": {"boston": p2["ranges"]["boston"]},
+                            "waiting_for_pieces": False}]
     assert run("status", site=sanfran, json_mode=True).json["parked"][0]["waiting_for"] == {
         "boston": p2["ranges"]["boston"]}
 

@@ -860,7 +860,8 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
         if not c.parked_file and (h.sender, h.packet_id) in parked_ids:
             continue  # named again while parked: it stays parked, reported once
         gaps = planning.gaps(h.ranges, vec)
-        if h.piece is not None and not gaps:
+        pieces = h.piece is not None and not gaps
+        if pieces:
             gaps = dict(h.ranges)       # waits for the block's other pieces
         if not gaps and (h.sender, h.packet_id) in unproven:
             # waits for the roster entries of origins not known yet (an earlier packet)
@@ -869,4 +870,5 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
         if not c.parked_file:
             park(site, c.pk, gaps, c.display)
         res.parked.append({"path": c.display, "waiting_for": {
-            site.name_of(o): [lo, hi] for o, (lo, hi) in sorted(gaps.items())}})
+            site.name_of(o): [lo, hi] for o, (lo, hi) in sorted(gaps.items())},
+            "waiting_for_pieces": pieces})
