@@ -239,49 +239,9 @@ def test_a_second_history_under_the_very_same_clock_converges_everywhere(family)
     assert len(values) == 1, values
 
 
-def test_a_resync_snapshot_for_a_carelessly_restored_site_is_refused_and_rounds_heal_it(family):
-    """A restored site that wrote before anyone told it: a snapshot a peer makes for it
-    holds the family's version of epochs the site now holds with other ops.  Applied, it
-    trimmed those ops as covered (the writes were lost) and kept the site's later ones,
-    chained to a history nobody else held: peers refused the site's packets for good.  It
-    is refused, nothing changed, and ordinary rounds heal the site keeping its writes."""
-    fam = family
-    fam.init("A")
-    fam.add("B", via="A")
-    fam.put("B", "t", "b0", "before the backup")
-    fam.full_exchange(1)
-    copy = backup(fam, "B")
-    for i in range(3):
-        fam.put("B", "t", f"b{i + 1}", "after the backup")
-    fam.full_exchange(1)
-    put_back(fam, "B", copy)                 # no 'syncpack restore'
-    for i in range(4):
-        fam.put("B", "t", f"careless{i}", "written after the copy came back")
-    snap = fam.medium()
-    assert run("resync", "--to", "B", "--out", snap, site=fam.path("A")).code == 0
-    before = run("digest", site=fam.path("B"), json_mode=True).json
-    r = run("import", snap, site=fam.path("B"))
-    assert r.code == 1 and "restored from a backup and then written to" in r.err, r
-    assert "nothing was changed" in r.err and "hint: exchange ordinary packets" in r.err, r
-    assert run("digest", site=fam.path("B"), json_mode=True).json == before
-
-    rounds(fam, ["A", "B"], 4)
-    assert_no_epoch_reuse(fam)
-    assert_converged(fam)
-    for name in ("A", "B"):
-        with fam.open(name) as s:
-            assert [s.get("t", f"careless{i}") for i in range(4)] == \
-                ["written after the copy came back"] * 4
-            assert s.get("t", "b3") == "after the backup"
-
-
-def test_a_resync_snapshot_is_refused_after_a_peers_packet_set_the_restored_tip_aside(family):
-    """As above, but the restored site wrote as many ops as it lost (the same top epoch) and
-    imported an ordinary packet first: the peer's tip named another op there, so the site set
-    its own aside and entered recovery.  The snapshot then compared its tip with the changelog
-    only, found nothing there, and was applied: every write made since the restore was lost
-    at every site, status clean.  The op set aside counts as the site's own."""
-    fam = family
+def restored_and_written(fam: Family, careless: int) -> None:
+    """B writes three ops that reach A, is put back from a copy taken before them (no
+    'syncpack restore'), and writes ``careless`` ops."""
     fam.init("A")
     fam.add("B", via="A")
     fam.put("B", "t", "b0", "before the backup")
@@ -291,8 +251,49 @@ def test_a_resync_snapshot_is_refused_after_a_peers_packet_set_the_restored_tip_
         fam.put("B", "t", f"b{i + 1}", "after the backup")
     fam.full_exchange(1)
     put_back(fam, "B", copy)
-    for i in range(3):
+    for i in range(careless):
         fam.put("B", "t", f"careless{i}", "written after the copy came back")
+
+
+def healed_keeping_both(fam: Family, careless: int) -> None:
+    """Ordinary rounds heal B, and both the lost and the careless writes are everywhere."""
+    rounds(fam, ["A", "B"], 4)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in ("A", "B"):
+        with fam.open(name) as s:
+            assert [s.get("t", f"careless{i}") for i in range(careless)] == \
+                ["written after the copy came back"] * careless
+            assert s.get("t", "b3") == "after the backup"
+
+
+def test_a_resync_snapshot_for_a_carelessly_restored_site_is_refused_and_rounds_heal_it(family):
+    """A restored site that wrote before anyone told it: a snapshot a peer makes for it
+    holds the family's version of epochs the site now holds with other ops.  Applied, it
+    trimmed those ops as covered (the writes were lost) and kept the site's later ones,
+    chained to a history nobody else held: peers refused the site's packets for good.  It
+    is refused, nothing changed, and ordinary rounds heal the site keeping its writes."""
+    fam = family
+    restored_and_written(fam, 4)
+    snap = fam.medium()
+    assert run("resync", "--to", "B", "--out", snap, site=fam.path("A")).code == 0
+    before = run("digest", site=fam.path("B"), json_mode=True).json
+    r = run("import", snap, site=fam.path("B"))
+    assert r.code == 1 and "restored from a backup and then written to" in r.err, r
+    assert "nothing was changed" in r.err and "hint: exchange ordinary packets" in r.err, r
+    assert run("digest", site=fam.path("B"), json_mode=True).json == before
+
+    healed_keeping_both(fam, 4)
+
+
+def test_a_resync_snapshot_is_refused_after_a_peers_packet_set_the_restored_tip_aside(family):
+    """As above, but the restored site wrote as many ops as it lost (the same top epoch) and
+    imported an ordinary packet first: the peer's tip named another op there, so the site set
+    its own aside and entered recovery.  The snapshot then compared its tip with the changelog
+    only, found nothing there, and was applied: every write made since the restore was lost
+    at every site, status clean.  The op set aside counts as the site's own."""
+    fam = family
+    restored_and_written(fam, 3)
     fam.put("A", "t", "a1", "news")
     out, _packets = cli_export(fam, "A", "B")
     cli_import(fam, "B", out)
@@ -302,14 +303,7 @@ def test_a_resync_snapshot_is_refused_after_a_peers_packet_set_the_restored_tip_
     r = run("import", snap, site=fam.path("B"))
     assert r.code == 1 and "restored from a backup and then written to" in r.err, r
 
-    rounds(fam, ["A", "B"], 4)
-    assert_no_epoch_reuse(fam)
-    assert_converged(fam)
-    for name in ("A", "B"):
-        with fam.open(name) as s:
-            assert [s.get("t", f"careless{i}") for i in range(3)] == \
-                ["written after the copy came back"] * 3
-            assert s.get("t", "b3") == "after the backup"
+    healed_keeping_both(fam, 3)
 
 
 def test_a_careless_restore_of_a_site_that_trimmed_its_own_history_heals(family):
