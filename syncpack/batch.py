@@ -418,10 +418,6 @@ def acquire_lock(site_dir: Path, site_name: str) -> int:
 
 # --- the round --------------------------------------------------------------------------------
 
-def _ranges_text(waiting: dict) -> str:
-    return ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in waiting.items())
-
-
 def remove_applied(site: Site, inbox: Path, shown: list[str], unsealed: list[str] = (),
                    errors: list[tuple[str, OSError]] | None = None) -> list[str]:
     """Delete those of ``shown`` (paths an import reported applied or duplicate) that are files
@@ -560,10 +556,7 @@ class _Round:
             text += f", removed {len(removed)} file(s)"
         self.log.line("import", text)
         for p in res.parked:
-            w = _ranges_text(p["waiting_for"])
-            if p.get("waiting_for_pieces"):
-                w = f"the other pieces of its block ({w})"
-            self.log.line("import", f"parked {p['path']}: waiting for {w}")
+            self.log.line("import", f"parked {p['path']}: waiting for {sync.waiting_text(p)}")
         for r in res.rejected:
             self.log.line("import", f"REJECTED {r['path']}: {r['error']}")
         for g in res.forgotten:
@@ -812,8 +805,7 @@ def format_summary(doc: dict) -> str:
                 t += f"; removed {len(e['removed'])} file(s)"
             lines.append(t)
             for p in e["parked"]:
-                lines.append(f"    parked {p['path']}: waiting for "
-                             f"{_ranges_text(p['waiting_for'])}")
+                lines.append(f"    parked {p['path']}: waiting for {sync.waiting_text(p)}")
     for e in doc["outboxes"]:
         who = e["to"] if isinstance(e["to"], str) else ", ".join(e["to"])
         pk = e["packets"]

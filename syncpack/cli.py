@@ -939,10 +939,7 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
     if not obj.json:
         lines = []
         for p in res.parked:
-            w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
-            if p.get("waiting_for_pieces"):
-                w = f"the other pieces of its block ({w})"
-            lines.append(f"parked {p['path']}: waiting for {w}")
+            lines.append(f"parked {p['path']}: waiting for {sync.waiting_text(p)}")
         # Last, after any error: the counts of everything that was found, so a directory of
         # other sites' packets does not read as an import that worked.
         lines.append(_import_summary(res))
@@ -1127,9 +1124,8 @@ def status(obj: Ctx, fmt):
                          f"{d['packets_sent']:>6} {d['packets_received']:>6}  "
                          f"{_utc(d['last_sent_ms']):17}  {_utc(d['last_received_ms'])}")
     for p in doc["parked"]:
-        w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in p["waiting_for"].items())
         lines.append(f"parked: packet {p['seq']}.{p['part']} from {printable(p['from'])} "
-                     f"waits for {printable(w)}")
+                     f"waits for {printable(sync.waiting_text(p))}")
     for t in doc["incomplete_transactions"]:
         lines.append(f"incomplete: a transaction of {printable(t['origin'])} from epoch "
                      f"{t['epochs'][0]}, {t['parts']} part(s) held up to epoch {t['epochs'][1]}; "

@@ -253,7 +253,7 @@ def _told_healed(site: Site) -> list[tuple[bytes, int, int]]:
 def _note_told_healed(site: Site, origin: bytes, seq: int, epoch: int) -> None:
     """The packet ``seq`` of ``origin`` was the first to tell us which version it kept at its
     fork from ``epoch``."""
-    have = [t for t in _told_healed(site) if t[:1] != (origin,) or t[2] != epoch]
+    have = [t for t in _told_healed(site) if (t[0], t[2]) != (origin, epoch)]
     site.set_meta("fork_told_healed", codec.packb(
         [[o, s, e] for o, s, e in ([(origin, seq, epoch)] + have)[:MAX_TOLD_HEALED]]))
 

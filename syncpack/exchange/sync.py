@@ -751,6 +751,13 @@ def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult,
     res.ops_applied += n
 
 
+def waiting_text(parked: dict) -> str:
+    """What a parked packet (an entry of ``ImportResult.parked`` or of status's ``parked``)
+    waits for, for people: the missing epochs, inclusive, or its block's other pieces."""
+    w = ", ".join(f"{o} epochs {lo + 1}-{hi}" for o, (lo, hi) in parked["waiting_for"].items())
+    return f"the other pieces of its block ({w})" if parked.get("waiting_for_pieces") else w
+
+
 def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress) -> None:
     def order(c: _Candidate):
         h = c.pk.header
