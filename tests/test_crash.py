@@ -8,7 +8,7 @@ after a random delay inside its measured run time; then the store must open, ``f
 clean, no packet may be half-written under its final name, every committed local transaction
 must be whole, the re-run must complete, and the result must equal an uninterrupted run.
 
-For long runs: ``/work/venv/bin/python tools/crash_run.py --kills 200``.
+For long runs: ``.venv/bin/python tools/crash_run.py --kills 200``.
 """
 
 from __future__ import annotations

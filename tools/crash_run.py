@@ -28,8 +28,8 @@ Commands cycled through:
 
 Usage::
 
-    /work/venv/bin/python tools/crash_run.py --kills 200
-    /work/venv/bin/python tools/crash_run.py --kills 30 --commands import,scrub --ops 20000
+    .venv/bin/python tools/crash_run.py --kills 200
+    .venv/bin/python tools/crash_run.py --kills 30 --commands import,scrub --ops 20000
 
 Prints a tally (kills per command, where they landed, failures) and exits 1 on any failure.
 ``tests/test_crash.py`` runs the same harness with about 20 kills.

@@ -12,13 +12,13 @@ finding; libFuzzer's ``-rss_limit_mb`` and ``-timeout`` catch unbounded memory a
 
 Setup (atheris 3.0 wheels exist for CPython 3.11 on x86_64 Linux)::
 
-    /work/venv/bin/pip install atheris
+    .venv/bin/pip install atheris
 
 Seed corpus: freshly made packets (``--make-corpus DIR`` builds a small family and writes an
 update packet, a parked-gap packet and a snapshot into DIR) plus ``formats/vectors/*.spk``::
 
-    /work/venv/bin/python tools/fuzz_atheris.py --make-corpus /tmp/spk-corpus
-    /work/venv/bin/python tools/fuzz_atheris.py /tmp/spk-corpus formats/vectors \\
+    .venv/bin/python tools/fuzz_atheris.py --make-corpus /tmp/spk-corpus
+    .venv/bin/python tools/fuzz_atheris.py /tmp/spk-corpus formats/vectors \\
         -rss_limit_mb=1024 -timeout=10 -max_total_time=600
 
 All arguments other than ``--make-corpus`` go to libFuzzer (``-runs=N``, ``-jobs=N``, a crash
@@ -88,7 +88,7 @@ def run_once(args: list[str]) -> int:
     for p in files:
         test_one_input(p.read_bytes())
     print(f"atheris is not installed: ran the harness once on {len(files)} inputs, no finding "
-          f"(/work/venv/bin/pip install atheris to fuzz)")
+          f"(.venv/bin/pip install atheris to fuzz)")
     return 0
 
 

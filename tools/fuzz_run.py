@@ -31,8 +31,8 @@ refused for another reason) counts as a bad apply.
 
 Usage::
 
-    /work/venv/bin/python tools/fuzz_run.py               # 10,000 cases
-    /work/venv/bin/python tools/fuzz_run.py -n 50000 --seed 3
+    .venv/bin/python tools/fuzz_run.py               # 10,000 cases
+    .venv/bin/python tools/fuzz_run.py -n 50000 --seed 3
 
 Exits 1 if any traceback, change on reject or bad apply was seen.
 """
