@@ -581,7 +581,8 @@ class _Round:
 
     def do_export(self, spec: ExportSpec) -> None:
         to_shown = "all" if spec.to is None else spec.to
-        entry: dict[str, Any] = {"out": str(spec.out), "to": to_shown, "packets": []}
+        entry: dict[str, Any] = {"out": str(spec.out), "to": to_shown, "packets": [],
+                                 "did_not_fit": {}}
         self.outboxes.append(entry)
         who = "all" if spec.to is None else ",".join(spec.to)
         try:
@@ -609,7 +610,8 @@ class _Round:
             pkts = sync.export(self.site, spec.out, to=to or [], all_peers=to is None,
                                max_size=spec.max_size, progress=self.progress,
                                encrypt=spec.encrypt, failed=failed,
-                               seal_max=min(e.max_size for e in self.cfg.exports) // 2)
+                               seal_max=min(e.max_size for e in self.cfg.exports) // 2,
+                               did_not_fit=entry["did_not_fit"])
         except SyncpackError as e:
             # the summary must not say "nothing to send" for an outbox that failed, and the
             # error names the peers the outbox serves, not only the shared directory
@@ -628,6 +630,8 @@ class _Round:
                                     f"{sum(p.bytes for p in pkts)} bytes")
         else:
             self.log.line("export", f"{spec.out} -> {who}: nothing to send")
+        if entry["did_not_fit"]:
+            self.log.line("export", sync.did_not_fit_text(entry["did_not_fit"], spec.out))
 
     def do_scrub(self, spec: ScrubSpec) -> None:
         doc = recovery.scrub(self.site, spec.dry_run, spec.min_age_ms)
@@ -816,6 +820,8 @@ def format_summary(doc: dict) -> str:
                          f"{sum(p['ops'] for p in pk)} ops, {sum(p['bytes'] for p in pk)} bytes")
         else:
             lines.append(f"  export {e['out']} -> {who}: nothing to send")
+        if e.get("did_not_fit"):
+            lines.append("    " + sync.did_not_fit_text(e["did_not_fit"], e["out"]))
     if doc["scrub"] is not None:
         s = doc["scrub"]
         verb = "would remove" if s["dry_run"] else "removed"

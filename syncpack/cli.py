@@ -847,6 +847,7 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     # directory) does not hold back the others' packets, whichever engine builds them (it
     # gets our vector without ops where it can, and the command exits 1 naming it).
     failed: list[SyncpackError] = []
+    did_not_fit: dict[str, int] = {}
     with obj.progress("export") as tick:
         if engine == "spark":
             pkts = spark_job.export_spark(s, out, list(to), all_peers, max_size,
@@ -855,9 +856,9 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
                                              encrypt=encrypt, failed=failed)
         else:
             pkts = sync.export(s, out, list(to), all_peers, max_size, progress=tick,
-                               encrypt=encrypt, failed=failed)
+                               encrypt=encrypt, failed=failed, did_not_fit=did_not_fit)
     with _no_interrupt():       # the work is committed: Ctrl-C no longer cuts it short
-        _export_report(obj, s, pkts, failed)
+        _export_report(obj, s, pkts, failed, did_not_fit, out)
 
 
 def _warn_stopped(obj: Ctx, s: Site, what: str) -> None:
@@ -867,13 +868,16 @@ def _warn_stopped(obj: Ctx, s: Site, what: str) -> None:
         obj.warn(f"{why}; its changes are not in {what} ({hint})")
 
 
-def _export_report(obj: Ctx, s: Site, pkts: list, failed: list[SyncpackError]) -> None:
-    doc = {"packets": [p.to_json() for p in pkts]}
+def _export_report(obj: Ctx, s: Site, pkts: list, failed: list[SyncpackError],
+                   did_not_fit: dict[str, int], out) -> None:
+    doc = {"packets": [p.to_json() for p in pkts], "did_not_fit": did_not_fit}
     if failed:
         doc["failed"] = [{"to": e.peer, "error": e.message, "hint": e.hint} for e in failed]
     obj.emit(doc, "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
     if not pkts and not failed:
         obj.say("nothing to send: every peer already holds our changes and our vector")
+    if did_not_fit:
+        obj.warn(sync.did_not_fit_text(did_not_fit, out))
     _warn_stopped(obj, s, "these packets")
     for e in failed:
         echo_error(e.message, e.hint)

@@ -139,3 +139,20 @@ def test_a_peers_own_origin_counts_what_our_unanswered_snapshot_brought_it(acked
         assert out.get(peer, 0) == max(acked.get(peer, 0), sent.get(peer, 0))
     else:
         assert out == acked
+
+
+ranges_st = st.dictionaries(st.sampled_from(ORIGINS),
+                            st.tuples(epochs, epochs).map(lambda t: (min(t), max(t))), max_size=4)
+
+
+@given(ranges_st, st.data())
+def test_ops_left_by_a_cut_short_export_are_the_planned_ops_past_what_was_written(planned, data):
+    # What an export writes of each origin is a prefix of its planned range.
+    reached = {o: data.draw(st.integers(lo, hi)) for o, (lo, hi) in planned.items()}
+    written = [{o: (lo, reached[o]) for o, (lo, _hi) in planned.items() if reached[o] > lo}]
+    total = sum(hi - lo for lo, hi in planned.values())
+    left = planning.ops_beyond(planned, written)
+    assert left == sum(hi - reached[o] for o, (_lo, hi) in planned.items())
+    assert planning.ops_beyond(planned, []) == total
+    assert planning.ops_beyond(planned, [planned]) == 0
+    assert 0 <= left <= total

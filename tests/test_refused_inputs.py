@@ -722,8 +722,9 @@ def test_mkreplica_export_onto_a_medium_that_fills_midway(family, tmp_path, monk
             "--max-size", "64K", site=a)
     monkeypatch.setattr(packets._GuardedFile, "write", real_write)
     refused(r, "is full")
-    # all or nothing: a smaller --max-size would cut the same bytes into more files
-    assert "hint: an export writes all its packets or none" in r.err, r
+    # a snapshot goes whole or not at all: a smaller --max-size would cut the same bytes
+    # into more files
+    assert "hint: free space on the medium" in r.err and "nothing was sent" in r.err, r
     assert "smaller --max-size" not in r.err, r
     big = packets._os_error(OSError(errno.EFBIG, "File too large"), out)
     assert "smaller --max-size" in big.hint, big.hint

@@ -138,6 +138,45 @@ def too_big_error(what: str, n: int, max_size: int, need: int) -> ExportError:
                                          "records, never inside one")
 
 
+class MediumRoom:
+    """The free space of the medium an export writes to, spent as its parts are planned.
+
+    An export that needs more than the medium holds (a backlog larger than the stick) writes
+    the whole blocks that fit, ends with a final part, and leaves the rest for the next trip:
+    what was written is recorded as sent, so the next export begins after it.  Writing
+    nothing instead left a peer's backlog stuck for good on a medium of that size.  Costs are
+    bounds (whole allocation units, and one unit more per file for its directory entry and
+    its temporary name), so a medium's own bookkeeping never turns a planned fit into a
+    full medium; if it does anyway, the export fails whole, as before."""
+
+    def __init__(self, free: int, unit: int):
+        self.unit = max(unit, 512)
+        self.left = free - 16 * self.unit - 64 * 1024
+        self.short = False      # whether some block did not fit
+
+    @classmethod
+    def of(cls, directory: Path) -> "MediumRoom | None":
+        """The room of the file system ``directory`` is (or will be made) on; None when it
+        cannot be told."""
+        p = Path(os.path.abspath(directory))
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        try:
+            st = os.statvfs(p)
+        except (OSError, AttributeError):
+            return None
+        return cls(st.f_bavail * st.f_frsize, st.f_frsize or st.f_bsize)
+
+    def cap(self, max_size: int) -> int:
+        """The packet size limit for this medium: half its room at most (a block larger
+        than the medium could never go), never below the smallest limit allowed."""
+        return max(MIN_MAX_SIZE, min(max_size, self.left // 2))
+
+    def cost(self, n: int) -> int:
+        """What a file of at most ``n`` bytes takes of the medium."""
+        return -(-n // self.unit) * self.unit + self.unit
+
+
 class CutRule:
     """Where a stream of blocks is cut into parts: a part takes blocks while their bytes fit
     its body's room, and a block never splits.  Decided from sizes alone, so the writer that
@@ -154,6 +193,8 @@ class CutRule:
                                               sealed)
         self.out = 0
         self.count = 0
+        # the most a part's file holds besides its blocks' bytes (header, framing, sealing)
+        self.extra = max_size - min(self.room, self.piece_room)
 
     def oversized(self, n: int) -> bool:
         """A block no part can hold: it travels as pieces (:meth:`pieces`)."""
@@ -164,12 +205,32 @@ class CutRule:
         a packet of its own (formats/PACKET.md section 6.4); the parts around it start
         afresh."""
         self.out = self.count = 0
+        return self.pieces_of(n)
+
+    def pieces_of(self, n: int) -> list[tuple[int, int]]:
         return [(off, min(self.piece_room, n - off)) for off in range(0, n, self.piece_room)]
+
+    def would_cut(self, n: int) -> bool:
+        """Whether a block of ``n`` bytes (not oversized) begins a new part."""
+        return self.out + n > self.room and self.count > 0
+
+    def fits_medium(self, medium: MediumRoom, spent: int, n: int) -> bool:
+        """Whether a block of ``n`` bytes can still go on ``medium``, ``spent`` being what the
+        parts finished so far take there: with it, the open part, and room to finish after
+        it (a final part of its own after a block that travels as pieces)."""
+        if self.oversized(n):
+            need = (medium.cost(self.extra + self.out) if self.count else 0) + sum(
+                medium.cost(self.extra + ln) for _off, ln in self.pieces_of(n))
+        elif self.would_cut(n):
+            need = medium.cost(self.extra + self.out) + medium.cost(self.extra + n)
+        else:
+            need = medium.cost(self.extra + self.out + n)
+        return spent + need + medium.cost(self.extra) <= medium.left
 
     def place(self, n: int, items: int) -> bool:
         """Take a block of ``n`` bytes and ``items`` ops; True when a new part must begin
         with it.  A block that no part can hold is an error."""
-        cut = self.out + n > self.room and self.count > 0
+        cut = self.would_cut(n)
         if cut:
             self.out = self.count = 0
         if self.out + n > self.room:
@@ -310,24 +371,34 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
                          sign: Callable[[bytes], bytes], max_size: int, opener: Opener,
                          seed: bytes | None = None,
                          progress: Callable[[int], None] | None = None,
-                         seal_to: bytes | None = None) -> list[PartInfo]:
+                         seal_to: bytes | None = None,
+                         medium: MediumRoom | None = None) -> list[PartInfo]:
     """Write ``blocks`` (in :func:`order_blocks` order) as one or more packets of at most
     ``max_size`` bytes, cutting only between blocks.  The blocks are copied, never decoded.
 
     ``opener(part)`` returns a writable file and a ``commit(ok)`` callable that makes the file
     durable under its final name and returns that name (or discards it when ``ok`` is false).
     The template gives every header field except the per-part ones.  With ``seal_to`` (the
-    recipient's X25519 public key) every body is sealed so only the recipient can read it."""
+    recipient's X25519 public key) every body is sealed so only the recipient can read it.
+    With ``medium``, blocks stop where the medium would be full (:class:`MediumRoom`): the
+    parts written so far stay, the last of them final, and ``medium.short`` is set."""
     template = blocks_template(template)
     rule = CutRule(template, max_size, bool(seal_to))
+    if medium is not None and medium.cost(rule.extra) > medium.left:
+        medium.short = True     # not even a packet without blocks: none for this peer
+        return []
     series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
     fields = _PartFields(template)
     try:
         it = iter(blocks)
         b = next(it, None)
         while b is not None:
-            nxt = next(it, None)
             n = len(b.data)
+            if medium is not None and not rule.fits_medium(
+                    medium, sum(medium.cost(p.size) for p in series.parts), n):
+                medium.short = True
+                break
+            nxt = next(it, None)
             if rule.oversized(n):
                 # A block larger than any part (one record larger than the medium, or
                 # another origin's block a relay cannot re-cut): its bytes travel in pieces,
@@ -357,6 +428,8 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
     except BaseException:
         series.abort()
         raise
+    if medium is not None:
+        medium.left -= sum(medium.cost(p.size) for p in series.parts)
     return series.parts
 
 
@@ -622,12 +695,13 @@ def _os_error(e: OSError, directory: Path) -> ExportError:
                                hint="use a smaller --max-size (a batch outbox's max_size; a "
                                     "FAT32 medium takes files below 4G); nothing was sent")
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        # all or nothing: a smaller --max-size cuts the same bytes into more files
+        # A snapshot goes whole on one medium; an update export planned by the free space
+        # it read (MediumRoom), so something else filled the medium meanwhile.  Either way
+        # nothing of this run is kept (a smaller --max-size cuts the same bytes finer).
         return MediumFullError(f"the medium at {directory} is full ({e.strerror}); "
                                f"no partial packet was left",
-                               hint="an export writes all its packets or none: free space "
-                                    "on the medium, use a larger one, or export to fewer "
-                                    "peers at a time (--to PEER, a batch outbox's to); nothing "
+                               hint="free space on the medium (is another program writing "
+                                    "to it?) or use a larger one, and export again; nothing "
                                     "was sent")
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return ExportError(f"cannot write packets into {directory}: {e.strerror or e}",

@@ -30,8 +30,8 @@ from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBod
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement,
                                      raise_matrix, ranges_blob, seal_key, tip_for, vec_blob,
                                      vec_from_blob, waiting_gaps)
-from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, PartInfo,
-                                       atomic_opener, build_update_packets, order_blocks,
+from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MediumRoom,
+                                       PartInfo, atomic_opener, build_update_packets, order_blocks,
                                        packet_dir, packet_name)
 from syncpack.progress import expect
 from syncpack.admin.recovery import RECOVERING, stash_own
@@ -290,12 +290,24 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
            progress: Callable[[int], None] | None = None,
            encrypt: bool = False,
            failed: list[SyncpackError] | None = None,
-           seal_max: int | None = None) -> list[ExportedPacket]:
+           seal_max: int | None = None,
+           did_not_fit: dict[str, int] | None = None) -> list[ExportedPacket]:
     """Write packets for the named peers (or all).  With ``failed``, peers that cannot be
     served (a resync needed, say) are reported there and the others still get their packets.
     ``seal_max`` bounds the blocks our unsealed ops become (default: half of ``max_size``;
-    a caller exporting to several media passes half of the smallest)."""
+    a caller exporting to several media passes half of the smallest).
+
+    A medium too small for everything gets what fits, peer by peer in the order given
+    (:class:`~syncpack.exchange.packets.MediumRoom`); the ops left for the next trip are
+    counted per peer name in ``did_not_fit``.  On a small medium, packets are at most half
+    its free space whatever ``max_size`` says, so that our transactions are sealed into
+    blocks that fit it, one trip at a time."""
     out = Path(out_dir)
+    medium = MediumRoom.of(out)
+    if medium is not None:
+        max_size = medium.cap(max_size)
+        if seal_max is not None:
+            seal_max = min(seal_max, max_size // 2)
 
     def write(peers: list[bytes], now: int, sign) -> list[tuple[PeerPlan, list[PartInfo]]]:
         written: list[tuple[PeerPlan, list[PartInfo]]] = []
@@ -312,8 +324,15 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
                                        outbox=outbox)
                 parts = build_update_packets(block_stream(site, plan.blocks), plan.template, sign,
                                              max_size, opener, seed, progress,
-                                             seal_to=seal_key(site, plan.peer, encrypt))
-                written.append((plan, parts))
+                                             seal_to=seal_key(site, plan.peer, encrypt),
+                                             medium=medium)
+                if parts:
+                    written.append((plan, parts))
+                if medium is not None and medium.short:
+                    medium.short = False
+                    left = planning.ops_beyond(plan.ranges, [p.header.ranges for p in parts])
+                    if did_not_fit is not None and left:
+                        did_not_fit[plan.name] = left
             exports.end_snapshot(conn, keep=True)
         except BaseException:
             exports.end_snapshot(conn)
@@ -324,6 +343,14 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         return written
 
     return run_export(site, to, all_peers, max_size, now_ms, seal_max, write)
+
+
+def did_not_fit_text(did_not_fit: dict[str, int], out) -> str:
+    """What an export cut short by a full medium tells its administrator."""
+    left = ", ".join(f"{n} op(s) for {peer}" for peer, n in did_not_fit.items())
+    return (f"the medium at {out} is full: {left} did not fit; the packets "
+            f"written carry what did, so import them at the far end and export again to "
+            f"send the rest")
 
 
 Writer = Callable[[list[bytes], int, Callable[[bytes], bytes]],

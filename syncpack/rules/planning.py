@@ -86,6 +86,17 @@ def gaps(ranges: Mapping[bytes, tuple[int, int]], vector: Vector) -> Ranges:
     return out
 
 
+def ops_beyond(planned: Mapping[bytes, tuple[int, int]],
+               written: list[Mapping[bytes, tuple[int, int]]]) -> int:
+    """Ops of the ``planned`` ranges past what the ``written`` ranges reach: what an export
+    cut short by a full medium leaves for the next one (each origin's ops travel in order)."""
+    reached: dict[bytes, int] = {}
+    for ranges in written:
+        for o, (_lo, hi) in ranges.items():
+            reached[o] = max(reached.get(o, 0), hi)
+    return sum(max(0, hi - max(lo, reached.get(o, 0))) for o, (lo, hi) in planned.items())
+
+
 def merge_max(a: Vector, b: Vector) -> dict[bytes, int]:
     """Per origin, the more of two vectors: what either says is held."""
     return {o: max(a.get(o, 0), b.get(o, 0)) for o in a.keys() | b.keys()}
