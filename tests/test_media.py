@@ -324,3 +324,42 @@ def test_peers_sharing_a_small_medium_are_served_in_turn_until_all_converge(fami
         assert trips < 15
     assert short >= 1
     assert family.digest("a") == family.digest("b") == family.digest("c")
+
+
+def test_stale_pieces_in_a_batch_inbox_drain_once_their_block_came_again(family, tmp_path):
+    """An inbox that a batch round drains (remove_after_import) holds the pieces of a block,
+    one of them lost; the sender sends the block again, whole set, into the same inbox.  The
+    new set applies; the old pieces are then of no use, and must leave the inbox like any
+    packet whose contents arrived, not be read again and told as duplicates every round."""
+    family.init("a")
+    family.add("b", via="a")
+    family.full_exchange(rounds=1)
+    family.put("a", "big", "k1", os.urandom(150_000).hex())
+    inbox = tmp_path / "inbox"
+    assert run("export", "--to", "b", "--create-out", "--out", inbox, "--max-size", "64K",
+               site=family.path("a")).code == 0
+    old = sorted((inbox / "b" / "a").iterdir())
+    assert len(old) >= 3
+    old[1].unlink()     # lost on the way
+    cfg = tmp_path / "b.toml"
+    cfg.write_text(f'site = "{family.path("b")}"\n\n[[import]]\npath = "{inbox / "b"}"\n'
+                   f'remove_after_import = true\n')
+    rounds = []
+    for i in range(4):
+        r = run("batch", cfg, json_mode=True)
+        assert r.code == 0, r
+        rounds.append(r.json)
+        if i == 0:
+            # b tells a what it lacks; a sends the block again into the same inbox
+            back = tmp_path / f"back{i}"
+            assert run("export", "--to", "a", "--create-out", "--out", back,
+                       site=family.path("b")).code == 0
+            assert run("import", back, site=family.path("a")).code == 0
+            assert run("export", "--to", "b", "--out", inbox, "--max-size", "64K",
+                       site=family.path("a")).code == 0
+    assert family.digest("a") == family.digest("b")
+    left = sorted(p for p in (inbox / "b").rglob("*.spk"))
+    assert left == [], (left, rounds[1:])
+    assert rounds[-1]["counts"]["duplicates"] == 0, rounds[-1]
+    st = run("status", site=family.path("b"), json_mode=True).json
+    assert st["parked"] == [], st["parked"]

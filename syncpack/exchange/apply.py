@@ -853,6 +853,20 @@ def drop_parked(site: Site, h: Header, f: Path) -> None:
     f.unlink(missing_ok=True)
 
 
+def pass_over(site: Site, h: Header, shown: str, parked_file: Path | None) -> None:
+    """A packet of no use: its ops came by other packets (the pieces of a block the sender sent
+    again, cut anew).  Noted as received without ops, so an inbox drained after import lets it
+    go (left there, it was read and told as a duplicate every round), and a later import tells
+    it as one; its parked copy goes."""
+    with site.write_txn() as conn:
+        log.record_in(conn, h.sender, h.packet_id, h.seq, h.part, h.kind, 0, shown, wall_ms(),
+                      again_ok=True)
+        if parked_file is not None:
+            log.unpark(conn, h.sender, h.packet_id)
+    if parked_file is not None:
+        parked_file.unlink(missing_ok=True)
+
+
 # --- snapshots: one path for replica creation and hard resync ----------------------------------
 
 def _check_record(site: Site, rec, h: Header, roster: dict[str, Member]) -> None:

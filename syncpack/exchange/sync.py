@@ -21,7 +21,7 @@ from syncpack.store import attached, chain, exports, history
 from syncpack.store import forks as fork_store
 from syncpack.exchange import forks
 from syncpack.exchange.apply import (ForkDetected, ForkFound, apply_packet, apply_snapshot,
-                                     drop_parked, is_known, note_header, park)
+                                     drop_parked, is_known, note_header, park, pass_over)
 from syncpack.format.codec import Header
 from syncpack.format.csn import pack_csn
 from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBodyError, PacketError, PacketPolicyError,
@@ -546,9 +546,8 @@ def _join_pieces(site: Site, pending: list[_Candidate], res: ImportResult,
                 # Its epochs came meanwhile (the sender sent them again after a piece was lost
                 # or damaged): these pieces will never be needed.
                 for c in cs:
-                    if c.parked_file:
-                        drop_parked(site, c.pk.header, c.parked_file)
-                    else:
+                    pass_over(site, c.pk.header, c.display, c.parked_file)
+                    if not c.parked_file:
                         res.duplicates.append(c.display)
                 continue
             out.extend(chosen)      # waits for the missing pieces
