@@ -1835,7 +1835,9 @@ def test_a_lying_definition_creates_nothing_and_stops_nothing(tmp_path, create_s
     app(db, ["INSERT INTO counters VALUES (1, 'x')"])
     sp(sites["b"], "capture")
     r = run("attach", db, "--table", "items", site=sites["b"])
-    assert r.code == 1 and "does not create a table keyed by" in r.err, r
+    # (keyed by another column than it says, the record is no row of it either)
+    assert r.code == 1 and ("does not create a table keyed by" in r.err or
+                            "not rows of the family's table items (key 'k1')" in r.err), r
     sp(sites["b"], "fsck")
     exchange(tmp_path, {"a": sites["a"], "b": sites["b"]}, rounds=1)
     assert run("get", "counters", "1", site=sites["a"]).code == 0
@@ -2905,3 +2907,42 @@ def test_rows_a_trigger_deletes_from_the_very_table_syncpack_writes_are_captured
     app(dbs["a"], ["INSERT INTO tree VALUES ('p3', NULL)"])
     exchange(tmp_path, sites)
     assert run("--json", "capture", site=sites["b"]).json["captured"] == 0
+
+
+def test_a_lying_definition_does_not_make_a_plain_collection_a_table(tmp_path):
+    """A member publishes a table definition under the name of a collection the family writes
+    through the API.  Followed, every site with an attached database got a table it never
+    asked for, and its own writes to the collection were refused as 'not a row'.  The
+    collection's records are not rows of that table: nothing is created, the sites keep
+    writing, and an administrator's attach of the name is refused, nothing changed."""
+    sites = make_family(tmp_path, ("a", "b", "c"))
+    dbs = {n: tmp_path / f"{n}.db" for n in ("b", "c")}
+    for n, db in dbs.items():
+        app(db, ["CREATE TABLE counters(id INTEGER PRIMARY KEY, v TEXT)"])
+        sp(sites[n], "attach", db, "--table", "counters")
+    sp(sites["b"], "put", "parts", "p-100", '{"name": "bolt", "qty": 40}')
+    exchange(tmp_path, sites, rounds=1)
+    with Site.open(sites["a"]) as s, s.transaction(_system=True) as tx:
+        tx.write_raw("$tables", "parts", codec.encode_value(
+            {"create_sql": "CREATE TABLE parts(name TEXT PRIMARY KEY, qty INTEGER)",
+             "pk": ["name"], "columns": ["name", "qty"]}))
+        # and a record of its own that is a row, first in key order
+        tx.put("parts", "!", {"name": "!", "qty": 0})
+    exchange(tmp_path, sites, rounds=2)
+    for n, db in dbs.items():
+        assert sqlite3.connect(db).execute(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'parts'").fetchone() == (0,), n
+        sp(sites[n], "put", "parts", f"p-{n}", '{"name": "nut", "qty": 4}')
+        r = sp(sites[n], "capture")
+        assert "table parts of the family was not created here" in r.err, r
+        assert "not rows of the family's table parts" in r.err, r
+        before = sqlite3.connect(db).execute("SELECT name, sql FROM sqlite_schema").fetchall()
+        r = run("attach", db, "--table", "parts", site=sites[n])
+        assert r.code == 1 and "not rows of the family's table parts" in r.err, r
+        assert "nothing was attached" in r.err, r
+        assert sqlite3.connect(db).execute(
+            "SELECT name, sql FROM sqlite_schema").fetchall() == before
+    exchange(tmp_path, sites, rounds=2)
+    assert run("get", "parts", "p-b", site=sites["c"]).out.strip() == '{"name": "nut", "qty": 4}'
+    for n in sites:
+        sp(sites[n], "fsck")

@@ -329,7 +329,9 @@ def _follow_new_tables(site: Site) -> list[str]:
             for name in names:
                 if name.casefold() in taken or appdb.table_info(app, name) is not None:
                     continue
-                if _check_table(site, app, name, attached.tables(site.conn)) is not None:
+                problem = _check_table(site, app, name, attached.tables(site.conn))
+                if problem is not None:
+                    why[name] = problem
                     continue
                 try:
                     _attach_locked(site, app, path, [name], False, unasked=True)
@@ -486,6 +488,9 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         return f"table name {name!r} cannot name a collection: {e}"
     t = appdb.table_info(app, name)
     d = _definition(site, name)
+    stray = _not_only_rows(site, name, d) if d is not None else None
+    if stray is not None:
+        return stray
     if t is None:
         if appdb.is_view(app, name):
             return f"{name} is a view; only ordinary tables can be replicated"
@@ -531,6 +536,41 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
         return (f"table {name} is keyed by ({', '.join(t.pk)}) here but by "
                 f"({', '.join(d.get('pk', []))}) in the family")
     return None
+
+
+def _not_only_rows(site: Site, name: str, d: dict) -> str | None:
+    """Why the family's table ``name`` (definition ``d``) is not to be attached here: its
+    collection holds records no such table could hold.  A definition published for a
+    collection that holds other things (a lying member's, or two sites' names that met):
+    followed, the application would get a table it never asked for, and this site's own
+    writes to the collection would be refused."""
+    stray = _record_not_a_row(site, name, list(d.get("pk", [])))
+    if stray is None:
+        return None
+    return (f"the collection {name} holds records that are not rows of the family's table "
+            f"{name} (key {stray!r}): that name is a collection of the family, not only a "
+            f"table")
+
+
+def _record_not_a_row(site: Site, name: str, pk: list[str], chunk: int = 4096) -> str | None:
+    """The key of a record of collection ``name`` that no table keyed by ``pk`` could hold,
+    or None: every record is a row of it (the first such key ends the scan)."""
+    batch: list[tuple[str, object]] = []
+
+    def first_refused() -> str | None:
+        refused = rows.refused_records([v for _k, v in batch], [k for k, _v in batch], pk)
+        return batch[min(refused)][0] if refused else None
+
+    for _c, key, value in site.records(name, shown=True):
+        if value is None:
+            continue
+        batch.append((key, value))
+        if len(batch) >= chunk:
+            found = first_refused()
+            if found is not None:
+                return found
+            batch.clear()
+    return first_refused() if batch else None
 
 
 def _collated_key(app: appdb.Connection, t: appdb.TableInfo) -> str | None:
