@@ -11,6 +11,7 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import given, strategies as st
 
 from conftest import run
 from syncpack.exchange import packets
@@ -363,3 +364,14 @@ def test_stale_pieces_in_a_batch_inbox_drain_once_their_block_came_again(family,
     assert rounds[-1]["counts"]["duplicates"] == 0, rounds[-1]
     st = run("status", site=family.path("b"), json_mode=True).json
     assert st["parked"] == [], st["parked"]
+
+
+@given(st.integers(1024, 1 << 42), st.integers(0, 1 << 42), st.sampled_from([512, 4096, 32768]))
+def test_a_medium_lowers_the_packet_limit_never_raises_it(max_size, free, unit):
+    room = packets.MediumRoom(free, unit)
+    cap = room.cap(max_size)
+    assert cap <= max_size
+    assert cap == max_size or cap >= packets.MIN_MAX_SIZE
+    # lowered above the floor: two packets of it fit what is left
+    if packets.MIN_MAX_SIZE < cap < max_size:
+        assert 2 * cap <= room.left

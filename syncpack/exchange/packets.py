@@ -170,7 +170,7 @@ class MediumRoom:
     def cap(self, max_size: int) -> int:
         """The packet size limit for this medium: half its room at most (a block larger
         than the medium could never go), never below the smallest limit allowed."""
-        return max(MIN_MAX_SIZE, min(max_size, self.left // 2))
+        return min(max_size, max(MIN_MAX_SIZE, self.left // 2))
 
     def cost(self, n: int) -> int:
         """What a file of at most ``n`` bytes takes of the medium."""
