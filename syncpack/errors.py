@@ -260,7 +260,7 @@ class InvalidValueError(UsageError):
     exit_code = 2
 
     default_hint = ("store JSON values only: dicts with string keys, lists, strings, finite "
-                    "numbers, true/false/null")
+                    "numbers (integers within 64 bits), true/false/null")
 
 
 class InvalidNameError(UsageError):

@@ -136,7 +136,12 @@ def encode_value(value: Any) -> bytes:
     """A record value as stored and shipped.  Raises TypeError/ValueError for unencodable input."""
     try:
         return packb(value)
-    except (TypeError, ValueError, OverflowError) as e:
+    except OverflowError:
+        # JSON has no bound on integers; the format (and SQLite) holds 64 bits
+        raise ValueError("value cannot be encoded: an integer outside 64 bits (from "
+                         "-9223372036854775808 to 18446744073709551615); write a larger "
+                         "number as a string") from None
+    except (TypeError, ValueError) as e:
         raise ValueError(f"value cannot be encoded: {e}") from None
 
 
