@@ -435,6 +435,9 @@ def test_chepoch_refuses_more_than_this_site_holds(ab):
     r = run("chepoch", "b", f"a={held + 999999}", site=a)
     assert r.code == 1 and "more than this site holds" in r.err and f"a={held}" in r.err, r
     assert run("lsepoch", site=a, json_mode=True).json == before
+    # an ORIGIN=EPOCH without its origin is malformed, as one without '=' (a usage error)
+    r = run("chepoch", "b", "=1", site=a)
+    assert r.code == 2 and "expected ORIGIN=EPOCH" in r.err, r
     assert run("chepoch", "b", f"a={held}", site=a).code == 0
 
 

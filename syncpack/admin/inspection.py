@@ -67,7 +67,7 @@ def chepoch(site: Site, peer: str, settings: list[str]) -> dict:
     given: set[str] = set()
     for s in settings:
         origin, sep, epoch = s.partition("=")
-        if not sep:
+        if not sep or not origin:
             raise InvalidValueError(f"expected ORIGIN=EPOCH, got {s!r}",
                              hint="for example: syncpack chepoch sanfran boston=120")
         if not epoch.isascii() or not epoch.isdigit():    # int() also takes '+3', '1_0'
