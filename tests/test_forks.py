@@ -933,3 +933,50 @@ def test_a_careless_restore_heals_when_a_part_of_the_left_version_was_parked(fam
         with fam.open(name) as s:
             assert s.get("t", "v3-1499")["tag"] == 3 and s.get("t", "v2-599")["tag"] == 2
             assert s.get("t", "after") == 4
+
+
+def test_two_running_copies_of_a_site_are_told_and_the_one_kept_heals(family):
+    """A site's directory copied to a new machine while the old one goes on: two copies sign
+    two histories under one name, and packets for the site reach whichever copy imports them
+    first.  The copy outrun waits in 'recovering', and must say what to do (stop the other
+    copy), not only suggest a restore; once the other copy is stopped for good, the one kept
+    heals by ordinary rounds and its writes reach the family."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    shared_medium_rounds(fam, ["A", "B", "C"], 2)
+    b2 = twin(fam, "B")
+    fam.put("B", "t", "old-machine", 1)
+    fam.put(b2, "t", "new-machine", 2)
+    for i in range(4):
+        medium = fam.medium()
+        for a in ("A", "B", b2, "C"):
+            assert run("-q", "export", "--all", "--out", medium, site=fam.path(a)).code == 0
+        # one inbox for the site: whichever copy imports first takes its packets
+        first, second = ("B", b2) if i % 2 == 0 else (b2, "B")
+        for name, inbox in (("A", "A"), (first, "B"), ("C", "C")):
+            if (medium / inbox).exists():
+                run("-q", "import", medium / inbox, site=fam.path(name))
+        shutil.rmtree(medium / "B", ignore_errors=True)
+    states = {n: status(fam, n) for n in ("B", b2)}
+    waiting = [n for n, st in states.items() if st["state"] == "recovering"]
+    assert waiting, states
+    kept = waiting[0]
+    assert "if another copy of this site still runs, stop it" in \
+        states[kept]["recovery"]["reason"], states[kept]
+    r = run("status", site=fam.path(kept))
+    assert "stop it" in r.out, r
+    # the other copy is stopped for good; the one kept goes on under the site's name
+    other = "B" if kept == b2 else b2
+    drop(fam, other)
+    if kept != "B":
+        fam.sites["B"] = fam.sites.pop(kept)
+    shared_medium_rounds(fam, ["A", "B", "C"], 6)
+    for name in ("A", "B", "C"):
+        assert status(fam, name)["state"] == "normal", status(fam, name)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    written_there = "new-machine" if kept == b2 else "old-machine"
+    with fam.open("C") as s:
+        assert s.get("t", written_there) is not None

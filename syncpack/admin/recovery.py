@@ -23,6 +23,13 @@ from syncpack.exchange.verify import resolved_acks
 NORMAL, RECOVERING = "normal", "recovering"
 SCRUB_STEP = 50_000
 
+# Why a site's own epoch can hold another op at a peer.  A copy of the site that still runs
+# elsewhere (its directory copied to a new machine, the old one left on) signs one history
+# while this one signs another, and packets for the site reach whichever imports them:
+# neither can heal until one stops, and the one that goes on then heals by rounds.
+COPIED = ("restored from a backup or copied, then written to? if another copy of this site "
+          "still runs, stop it: this one heals once it runs alone")
+
 
 # --- restore ---------------------------------------------------------------------------------
 
@@ -110,8 +117,7 @@ def note_report(site: Site, h, applied: bool) -> None:
                 tips[h.sender] = h.tip[0]
                 _set_id_map(site, "recover_tip_claims", tips)
                 stash_own(site, f"{site.name_of(h.sender)} holds a different op as epoch "
-                                f"{h.tip[0]} of this site (restored from a backup, then "
-                                f"written to?)", from_epoch=h.tip[0])
+                                f"{h.tip[0]} of this site ({COPIED})", from_epoch=h.tip[0])
     if h.tip is not None and not tip_differs and h.tip[0] <= held:
         tips = _id_map(site, "recover_tip_claims")
         if tips.pop(h.sender, None) is not None:

@@ -170,8 +170,8 @@ def _heal_own(site: Site, f: store.Fork) -> None:
             # kept block: one of ours written after the restore (a peer's tip had set aside
             # only what lay above it), which sealed would sign that epoch once more
             recovery.stash_own(site, f"this site signed two versions of its epoch {f.epoch} "
-                                     f"(a peer holds the other one: restored from a backup, "
-                                     f"then written to?)", from_epoch=f.epoch)
+                                     f"(a peer holds the other one: {recovery.COPIED})",
+                           from_epoch=f.epoch)
     store.set_state(site.conn, f, store.HEALED)
 
 
