@@ -1624,6 +1624,8 @@ def _attached_text(doc: dict) -> str:
         return "\n".join(["nothing attached", *family])
     lines = [f"database {doc['database']}",
              *([f"  CANNOT BE READ: {printable(doc['problem'])}"] if doc.get("problem") else []),
+             *([f"  FILE BEHIND: {printable(doc['file_behind'])}"] if doc.get("file_behind")
+               else []),
              *([f"  STORE BEHIND: {doc['store_behind']}"] if doc.get("store_behind") else []),
              *([f"  BUSY: {printable(doc['busy'])}; figures unknown ('?') until it is free"]
                if doc.get("busy") else []),

@@ -2154,6 +2154,40 @@ def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again
         sp(sites[n], "fsck")
 
 
+@pytest.mark.parametrize("after", [3, 8, 20])
+def test_an_application_file_restored_and_written_to_before_any_command_loses_nothing(
+        tmp_path, after):
+    """The application's file restored from an older copy, and the application writes
+    before any syncpack command runs: fewer changes than the site captured after the backup,
+    as many, or more.  Once its change numbers had caught up with what the store captured,
+    the restore went unnoticed: the capture took only the changes numbered past the store's
+    mark, the others were never captured (only fsck saw the table differ), and the newer
+    records were not written back.  The change row under the store's own number tells it."""
+    sites, dbs = two_attached(tmp_path)
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(6)])
+    exchange(tmp_path, sites)
+    backup = tmp_path / "backup.db"
+    with sqlite3.connect(dbs["a"]) as src, sqlite3.connect(backup) as dst:
+        src.backup(dst)
+    app(dbs["a"], *[[f"INSERT INTO items(id, i) VALUES ('m{i}', {i})"] for i in range(8)])
+    exchange(tmp_path, sites)
+    with sqlite3.connect(backup) as src, sqlite3.connect(dbs["a"]) as dst:
+        src.backup(dst)                                     # the careless restore
+    app(dbs["a"], *[[f"INSERT INTO items(id, i) VALUES ('n{i}', {100 + i})"]
+                    for i in range(after)])
+    doc = run("attached", site=sites["a"], json_mode=True).json
+    assert "is behind the store" in (doc["file_behind"] or ""), doc    # and status says it
+    exchange(tmp_path, sites)
+    assert run("attached", site=sites["a"], json_mode=True).json["file_behind"] is None
+    ids = [r[0] for r in table(dbs["a"], "items")]
+    assert sorted(ids) == sorted([f"k{i}" for i in range(6)] + [f"m{i}" for i in range(8)]
+                                 + [f"n{i}" for i in range(after)]), ids
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    assert run("conflicts", site=sites["a"], json_mode=True).json["conflicts"] == []
+    for n in sites:
+        sp(sites[n], "fsck")
+
+
 def test_an_import_whose_application_file_fails_after_applying_says_the_packets_stay(
         tmp_path, monkeypatch):
     """The store applied the packet; then the application's file could not be written (here:

@@ -74,6 +74,7 @@ def take_changes(site: Site, app: appdb.Connection, infos: dict[str, appdb.Table
     upto = appdb.max_seq(app)
     if upto <= since:
         return 0
+    last = appdb.change_row(app, upto)
     now = wall_ms()
     conn = site.conn
     written = 0
@@ -90,6 +91,8 @@ def take_changes(site: Site, app: appdb.Connection, infos: dict[str, appdb.Table
         with blocks.gc_paused(), site.transaction() as tx:
             written = _capture_in(site, tx, app, infos, since, upto, elsewhere)
             attached.set_captured(conn, upto)
+            attached.note_tail(conn, upto, None if last is None else
+                               appdb.change_fingerprint(last))
             attached.touch(conn, list(infos), "last_capture_ms", now)
             if upto - since >= PAUSE_CAPTURE_AT:
                 attached.resume_triggers(conn)
@@ -218,7 +221,7 @@ def heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -
     the changes of the application's it took."""
     since = attached.attachment(site.conn)[1]
     taken = 0
-    went_back = appdb.went_back(app, since)
+    went_back = file_went_back(site, app)
     for name, t in infos.items():
         there = appdb.has_capture(app, name)
         if there and not went_back and not appdb.capture_current(app, t):
@@ -233,7 +236,22 @@ def heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -
                     taken += _went_back(site, tx, app, t, changed)
             else:
                 taken += load_rows(site, app, t, rescan=True, waiting_too=True)
+    if went_back:
+        # every change row in the file was compared above: none is to be captured again
+        with site.write_txn() as conn:
+            upto = appdb.max_seq(app)
+            attached.set_captured(conn, upto)
+            last = appdb.change_row(app, upto)
+            attached.note_tail(conn, upto, None if last is None else
+                               appdb.change_fingerprint(last))
     return taken
+
+
+def file_went_back(site: Site, app: appdb.Connection) -> bool:
+    """Whether the attached file went back behind what the store captured of it
+    (appdb.went_back); the caller holds a transaction on ``app``."""
+    captured = attached.attachment(site.conn)[1]
+    return appdb.went_back(app, captured, attached.tail(site.conn, captured))
 
 
 def changed_keys(app: appdb.Connection, t: appdb.TableInfo) -> dict[str, tuple]:

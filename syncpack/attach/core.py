@@ -275,9 +275,14 @@ def _sync_app_locked(site: Site, wait: bool) -> dict:
                 if n in infos and _is_gone_why(why, n)]
         with appdb.read_txn(app):
             infos = schema.review(site, app, infos, back)
+            # A file gone back is compared whole under the write lock (capturing.heal): a
+            # capture of its numbers now would take the application's new changes under
+            # numbers the store already captured, and pass over the rest.
+            went_back = capturing.file_went_back(site, app)
             early = sum(_take_back(site, app, infos[n]) for n in back if n in infos)
-            early += capturing.take_changes(site, app, infos)
-            idle = _idle(site, app, infos, tidy=wait)
+            if not went_back:
+                early += capturing.take_changes(site, app, infos)
+            idle = _idle(site, app, infos, tidy=wait) if not went_back else not wait
         if idle:
             # nothing to write: a write committed for nothing would still end the
             # read snapshot of an application transaction about to write (SQLite's
@@ -926,12 +931,12 @@ def report(site: Site, wait_ms: int = BRIEF_WAIT_MS) -> dict:
     att = attached.attachment(site.conn)
     if att is None:
         return {"database": None, "busy": None, "tables": [], "available": schema.available(site),
-                "problem": None, "store_behind": None, "failing": None}
+                "problem": None, "file_behind": None, "store_behind": None, "failing": None}
     path, since = att
     tables = attached.tables(site.conn)
     counts: dict[str, int] | None = {}
     row_counts: dict[str, int | None] = {n: None for n in tables}
-    problem = busy = None
+    problem = busy = file_behind = None
     stopped = attached.stopped(site.conn)
     try:
         # never a long wait: 'status' from a monitor must answer while the application
@@ -945,6 +950,8 @@ def report(site: Site, wait_ms: int = BRIEF_WAIT_MS) -> dict:
         try:
             problem = _not_the_file(site, app, path, note=False)
             with appdb.read_txn(app):
+                if problem is None and capturing.file_went_back(site, app):
+                    file_behind = _behind_store(path)
                 counts = appdb.pending_counts(app, since, stopped)
                 for n in tables:
                     if appdb.has_table(app, n):
@@ -962,6 +969,7 @@ def report(site: Site, wait_ms: int = BRIEF_WAIT_MS) -> dict:
          "stopped": stopped.get(n),
          "last_capture": d["last_capture_ms"], "last_apply": d["last_apply_ms"]}
         for n, d in tables.items()], "available": schema.available(site), "problem": problem,
+        "file_behind": file_behind,
         "store_behind": STORE_BEHIND if attached.store_behind_since(site.conn) else None,
         "failing": attached.failing(site.conn)}
 
@@ -1069,6 +1077,12 @@ _GIVE_A_KEY = ("give each row with NULL in a key column a key, or delete it, and
                "key columns NOT NULL (docs/attach.md, 'Keys that are never NULL')")
 
 
+def _behind_store(path: str) -> str:
+    return (f"attached database {path} is behind the store (restored from an older copy?): "
+            f"the next capture writes the newer records into it again, and a row the "
+            f"application changed since becomes a conflict")
+
+
 def check_hint(site: Site, problems: list[str]) -> str:
     """What to do when fsck finds only attached tables unlike the records (``problems``: rows
     written where the capture could not see them): take the tables' rows as they are, as
@@ -1084,7 +1098,7 @@ def check_hint(site: Site, problems: list[str]) -> str:
     try:
         foreign = _not_the_file(site, app, path, note=False)
         with appdb.read_txn(app):
-            behind = appdb.went_back(app, captured)
+            behind = capturing.file_went_back(site, app)
             gone = [n for n in attached.tables(site.conn) if not appdb.has_table(app, n)]
     finally:
         app.close()
@@ -1095,7 +1109,7 @@ def check_hint(site: Site, problems: list[str]) -> str:
     if behind:
         # A refresh here would take the old rows as this site's changes and roll the whole
         # family back to them; the capture's own path writes the newer records in again.
-        return ("run 'syncpack capture' (or any export, import or status): it writes the "
+        return ("run 'syncpack capture' (or any export or import): it writes the "
                 "newer records into the restored file again, and a row the application "
                 "changed since the restore becomes a conflict (docs/attach.md)")
     hint = (f"'syncpack attach {arg(path)} --refresh' takes the attached tables' rows as they "
@@ -1148,10 +1162,8 @@ def check(site: Site) -> list[str]:
         problems.append(STORE_BEHIND.replace("this file", f"the attached database {path}"))
     try:
         with appdb.read_txn(app):
-            if appdb.went_back(app, since):
-                return [f"attached database {path} is behind the store (restored from an "
-                        f"older copy?): the next capture writes the newer records into it "
-                        f"again, and a row the application changed since becomes a conflict"]
+            if capturing.file_went_back(site, app):
+                return [_behind_store(path)]
             for name, t in infos.items():
                 if name in stopped:
                     continue        # 'attached' and 'status' show why; refresh compares it

@@ -1134,11 +1134,42 @@ def schema_version(conn: Connection) -> int:
     return conn.execute("PRAGMA schema_version").fetchone()[0]
 
 
-def went_back(conn: Connection, captured: int) -> bool:
-    """Whether the file's change numbers are below ``captured``, what the store captured of
-    it: the file was restored from an older copy (or its change table emptied), since only
-    syncpack removes change rows and it always keeps the largest number."""
-    return has_table(conn, CHANGES) and max_seq(conn) < captured
+def went_back(conn: Connection, captured: int, tail: str | None = None) -> bool:
+    """Whether the file went back behind ``captured``, what the store captured of it: it was
+    restored from an older copy (or its change table emptied).  Its change numbers are then
+    below ``captured``, since only syncpack removes change rows and it always keeps the
+    largest; or, once the application has written past that number again, the change row
+    numbered ``captured`` is another change than the one captured under it (``tail``, its
+    :func:`change_fingerprint` noted at the capture).  A row captured and then forgotten is
+    gone, or is the row of no table that stands for the largest number."""
+    if not has_table(conn, CHANGES):
+        return False
+    if max_seq(conn) < captured:
+        return True
+    if tail is None:
+        return False
+    row = change_row(conn, captured)
+    return row is not None and row[0] != "" and change_fingerprint(row) != tail
+
+
+def change_row(conn: Connection, seq: int) -> tuple | None:
+    """(table name, then each key value as its type and the hex of its bytes) of the change
+    row numbered ``seq``, or None.  As bytes: a key may be TEXT that is not UTF-8."""
+    if not has_table(conn, CHANGES):
+        return None
+    ks = ", ".join(f"typeof(k{i}) || ':' || hex(k{i})" for i in range(key_cols(conn)))
+    row = conn.execute(f"SELECT hex(tbl), {ks} FROM {CHANGES} WHERE seq = ?",
+                       (seq,)).fetchone()
+    return None if row is None else tuple(row)
+
+
+def change_fingerprint(row: tuple) -> str:
+    """What tells one change row from another under the same number: its table and key
+    values with their types (key columns added later, NULL, do not count)."""
+    vals = list(row)
+    while vals and vals[-1] == "null:":
+        vals.pop()
+    return "|".join(vals)
 
 
 def store_behind(conn: Connection, captured: int) -> bool:

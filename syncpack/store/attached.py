@@ -121,6 +121,29 @@ def end_failing(conn: Connection) -> None:
     meta.remove(conn, _FAILING)
 
 
+# What the change row numbered as far as the store captured held ([number, fingerprint]): a
+# file restored from an older copy and written past that number again holds another change
+# there (appdb.went_back).
+_TAIL = "attached_capture_tail"
+
+
+def note_tail(conn: Connection, seq: int, fingerprint: str | None) -> None:
+    if fingerprint is None:
+        meta.remove(conn, _TAIL)
+    else:
+        meta.put(conn, _TAIL, json.dumps([seq, fingerprint]))
+
+
+def tail(conn: Connection, captured: int) -> str | None:
+    """The fingerprint of the change row numbered ``captured`` when it was captured, if
+    noted."""
+    raw = meta.get(conn, _TAIL)
+    if not raw:
+        return None
+    seq, fingerprint = json.loads(raw)
+    return fingerprint if seq == captured else None
+
+
 def set_captured(conn: Connection, seq: int) -> None:
     conn.execute("UPDATE attached SET captured_seq=max(captured_seq, ?)", (seq,))
 
@@ -153,6 +176,7 @@ def remove_table(conn: Connection, name: str) -> None:
         conn.execute("DROP TRIGGER IF EXISTS attach_versions_del")
         end_store_behind(conn)
         end_failing(conn)
+        meta.remove(conn, _TAIL)
 
 
 def family_table(conn: Connection, definitions: str, collection: str) -> bool:
