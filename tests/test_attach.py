@@ -2111,6 +2111,23 @@ def test_syncpacks_tables_dropped_from_the_file_come_back_with_nothing_lost(tmp_
         sp(sites[n], "fsck")
 
 
+def copy_db(src: Path, dst: Path) -> None:
+    """SQLite's online backup of ``src`` into ``dst`` (a restore, when ``dst`` is in use)."""
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+
+
+def six_rows_backed_up(tmp_path: Path) -> tuple[dict, dict, Path]:
+    """Sites a and b with items attached, six rows of a's everywhere, and a backup of a's
+    file taken then."""
+    sites, dbs = two_attached(tmp_path)
+    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(6)])
+    exchange(tmp_path, sites)
+    backup = tmp_path / "backup.db"
+    copy_db(dbs["a"], backup)
+    return sites, dbs, backup
+
+
 def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again(tmp_path):
     """The application's file restored from an older copy: its rows are the backup's, while
     the store holds what came after (this site's later changes and the peers').  The next
@@ -2118,12 +2135,7 @@ def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again
     restore becomes a conflict, not a silent loss of either write.  Before, the restored
     change table numbered below what the store had captured: the application's next changes
     were never captured."""
-    sites, dbs = two_attached(tmp_path)
-    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(6)])
-    exchange(tmp_path, sites)
-    backup = tmp_path / "backup.db"
-    with sqlite3.connect(dbs["a"]) as src, sqlite3.connect(backup) as dst:
-        src.backup(dst)
+    sites, dbs, backup = six_rows_backed_up(tmp_path)
     app(dbs["a"], ["UPDATE items SET i = 10 WHERE id = 'k1'", "DELETE FROM items WHERE id='k5'"],
         ["UPDATE items SET i = 0 WHERE id = 'k0'"], ["UPDATE items SET i = 3 WHERE id = 'k3'"])
     app(dbs["b"], ["UPDATE items SET i = 20 WHERE id = 'k2'", "UPDATE items SET i = 40 "
@@ -2132,8 +2144,7 @@ def test_an_application_file_restored_from_a_backup_gets_the_newer_records_again
     want = table(dbs["a"], "items")
     assert [r[2] for r in want] == [0, 10, 20, 3, 40]
 
-    with sqlite3.connect(backup) as src, sqlite3.connect(dbs["a"]) as dst:
-        src.backup(dst)                                     # the careless restore
+    copy_db(backup, dbs["a"])                               # the careless restore
     r = run("fsck", site=sites["a"])
     assert r.code == 1 and "is behind the store" in r.err, r
     # not --refresh: it would take the backup's rows as this site's changes and roll the
@@ -2163,16 +2174,10 @@ def test_an_application_file_restored_and_written_to_before_any_command_loses_no
     the restore went unnoticed: the capture took only the changes numbered past the store's
     mark, the others were never captured (only fsck saw the table differ), and the newer
     records were not written back.  The change row under the store's own number tells it."""
-    sites, dbs = two_attached(tmp_path)
-    app(dbs["a"], [f"INSERT INTO items(id, i) VALUES ('k{i}', {i})" for i in range(6)])
-    exchange(tmp_path, sites)
-    backup = tmp_path / "backup.db"
-    with sqlite3.connect(dbs["a"]) as src, sqlite3.connect(backup) as dst:
-        src.backup(dst)
+    sites, dbs, backup = six_rows_backed_up(tmp_path)
     app(dbs["a"], *[[f"INSERT INTO items(id, i) VALUES ('m{i}', {i})"] for i in range(8)])
     exchange(tmp_path, sites)
-    with sqlite3.connect(backup) as src, sqlite3.connect(dbs["a"]) as dst:
-        src.backup(dst)                                     # the careless restore
+    copy_db(backup, dbs["a"])                               # the careless restore
     app(dbs["a"], *[[f"INSERT INTO items(id, i) VALUES ('n{i}', {100 + i})"]
                     for i in range(after)])
     doc = run("attached", site=sites["a"], json_mode=True).json

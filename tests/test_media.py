@@ -132,18 +132,24 @@ def test_export_all_still_serves_the_others_when_one_peer_needs_a_resync(family,
     assert r.code == 1 and ("c", 0) in [(p["to"], p["ops"]) for p in r.json["packets"]], r
 
 
+def _big_record_in_pieces(family, out) -> list:
+    """a puts a record larger than a 64K packet and exports it to b: its pieces, in order."""
+    family.put("a", "big", "k1", os.urandom(150_000).hex())
+    assert run("export", "--to", "b", "--create-out", "--out", out, "--max-size", "64K",
+               site=family.path("a")).code == 0
+    pieces = sorted((out / "b" / "a").iterdir())
+    assert len(pieces) >= 3
+    return pieces
+
+
 def test_pieces_left_waiting_by_a_damaged_one_go_once_their_block_came_again(family, tmp_path):
     """A record larger than --max-size travels in pieces.  One is damaged on the medium and
     deleted, as operations.md says; the sender sends the block again in later rounds.  The
     pieces parked meanwhile are then of no use: they go, and nothing stays parked."""
     family.init("a")
     family.add("b", via="a")
-    family.put("a", "big", "k1", os.urandom(150_000).hex())
     first = tmp_path / "first"
-    assert run("export", "--to", "b", "--create-out", "--out", first, "--max-size", "64K",
-               site=family.path("a")).code == 0
-    pieces = sorted((first / "b" / "a").iterdir())
-    assert len(pieces) >= 3
+    pieces = _big_record_in_pieces(family, first)
     damaged = pieces[1]
     raw = bytearray(damaged.read_bytes())
     raw[500] ^= 0xFF
@@ -335,12 +341,8 @@ def test_stale_pieces_in_a_batch_inbox_drain_once_their_block_came_again(family,
     family.init("a")
     family.add("b", via="a")
     family.full_exchange(rounds=1)
-    family.put("a", "big", "k1", os.urandom(150_000).hex())
     inbox = tmp_path / "inbox"
-    assert run("export", "--to", "b", "--create-out", "--out", inbox, "--max-size", "64K",
-               site=family.path("a")).code == 0
-    old = sorted((inbox / "b" / "a").iterdir())
-    assert len(old) >= 3
+    old = _big_record_in_pieces(family, inbox)
     old[1].unlink()     # lost on the way
     cfg = tmp_path / "b.toml"
     cfg.write_text(f'site = "{family.path("b")}"\n\n[[import]]\npath = "{inbox / "b"}"\n'
