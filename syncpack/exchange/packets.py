@@ -389,15 +389,19 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
         return []
     series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
     fields = _PartFields(template)
+    spent = counted = 0     # what the parts finished so far take of the medium
     try:
         it = iter(blocks)
         b = next(it, None)
         while b is not None:
             n = len(b.data)
-            if medium is not None and not rule.fits_medium(
-                    medium, sum(medium.cost(p.size) for p in series.parts), n):
-                medium.short = True
-                break
+            if medium is not None:
+                for p in series.parts[counted:]:
+                    spent += medium.cost(p.size)
+                counted = len(series.parts)
+                if not rule.fits_medium(medium, spent, n):
+                    medium.short = True
+                    break
             nxt = next(it, None)
             if rule.oversized(n):
                 # A block larger than any part (one record larger than the medium, or
