@@ -2182,8 +2182,11 @@ def test_an_application_file_restored_and_written_to_before_any_command_loses_no
                     for i in range(after)])
     doc = run("attached", site=sites["a"], json_mode=True).json
     assert "is behind the store" in (doc["file_behind"] or ""), doc    # and status says it
+    behind = 'syncpack_attached_behind{site="a",side="file"}'
+    assert f"{behind} 1" in run("status", "--format", "prometheus", site=sites["a"]).out
     exchange(tmp_path, sites)
     assert run("attached", site=sites["a"], json_mode=True).json["file_behind"] is None
+    assert f"{behind} 0" in run("status", "--format", "prometheus", site=sites["a"]).out
     ids = [r[0] for r in table(dbs["a"], "items")]
     assert sorted(ids) == sorted([f"k{i}" for i in range(6)] + [f"m{i}" for i in range(8)]
                                  + [f"n{i}" for i in range(after)]), ids

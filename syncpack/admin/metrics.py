@@ -81,6 +81,10 @@ FAMILIES: list[tuple[str, str, str]] = [
     ("syncpack_attached_failing", "gauge",
      "1 while capturing from or writing into the attached application database fails (the "
      "error is in 'syncpack attached'), else 0; absent when nothing is attached."),
+    ("syncpack_attached_behind", "gauge",
+     "1 while the attached application database (side=\"file\") or the store "
+     "(side=\"store\") is behind the other, restored from an older copy (see 'syncpack "
+     "attached'), else 0; absent when nothing is attached."),
     ("syncpack_batch_last_run_timestamp_seconds", "gauge",
      "Unix time the last batch round ended."),
     ("syncpack_batch_last_run_ok", "gauge",
@@ -182,6 +186,9 @@ def samples(status: dict, batch: BatchRound | None = None) \
     if att.get("database"):
         out["syncpack_attached_database_unreadable"].append((site, int(bool(att.get("problem")))))
         out["syncpack_attached_failing"].append((site, int(bool(att.get("failing")))))
+        for side in ("file", "store"):
+            out["syncpack_attached_behind"].append(
+                ({**site, "side": side}, int(bool(att.get(f"{side}_behind")))))
     if batch is not None:
         out["syncpack_batch_last_run_timestamp_seconds"].append((site, batch.finished_s))
         out["syncpack_batch_last_run_ok"].append((site, int(batch.ok)))
