@@ -66,14 +66,14 @@ LOCK_WAIT_S = 60.0
 
 
 class _SiteName(_Text):
-    """A site name, by the one rule (format/names.py), refused as a usage error (exit 2)
-    like any other malformed value."""
+    """The name of a new site, by the one rule (format/names.py), refused as a usage error
+    (exit 2) like any other malformed value."""
     name = "name"
 
     def convert(self, value, param, ctx):
         value = super().convert(value, param, ctx)
         try:
-            names.check_site_name(value)
+            names.check_new_site_name(value)
         except SyncpackError as e:
             self.fail(f"{e.message} ({e.hint})", param, ctx)
         return value

@@ -36,7 +36,7 @@ from .errors import (InvalidNameError, InvalidValueError, LockedError, NotJoined
                      RecoveringError, SiteClosedError, SiteError, TransactionTooLargeError,
                      UsageError)
 from syncpack.fileops import locked
-from syncpack.format.names import check_site_name
+from syncpack.format.names import check_new_site_name
 from syncpack.format.values import json_value_encoder
 
 _encode_json = json_value_encoder()
@@ -152,7 +152,7 @@ class Site:
 
     @classmethod
     def _create_dir(cls, path: Path, site: str) -> tuple[Path, db.Connection, keys.PublicIdentity]:
-        check_site_name(site)
+        check_new_site_name(site)
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
             raise SiteError(f"{p} already exists and is not an empty directory",

@@ -99,7 +99,9 @@ def abc(family):
 
 
 BAD_NAMES = [".", "..", "a/b", "/abs", "/tmp/evil", "../evil", "a\nb", "x" * 300, "-rf", ".hidden",
-             "a\\b", "", "a\x00b", "name."]
+             "a\\b", "", "a\x00b", "name.",
+             # device names of Windows: such a directory on a stick cannot be opened there
+             "CON", "nul", "Aux.site", "com1", "LPT9"]
 
 
 # --- 1. names become paths --------------------------------------------------------------------
@@ -118,7 +120,8 @@ def test_init_and_keygen_refuse_unsafe_site_names(tmp_path, name):
 
 
 def test_init_and_keygen_accept_safe_names(tmp_path):
-    for i, name in enumerate(["boston", "boston_hub", "site-2", "x.y", "_x", "A" * 64]):
+    for i, name in enumerate(["boston", "boston_hub", "site-2", "x.y", "_x", "A" * 64,
+                              "console", "com10", "nul_site", "lpt"]):
         assert run("init", tmp_path / f"i{i}", "--family", "f", "--site", name).code == 0
         assert run("keygen", tmp_path / f"k{i}", "--site", name).code == 0
 

@@ -18,6 +18,7 @@ from syncpack.attach import core as attach_core
 from syncpack.format import codec, keys
 from syncpack.exchange.apply import apply_snapshot
 from syncpack.format.codec import Header
+from syncpack.format.names import check_new_site_name
 from syncpack.format.csn import csn_hlc
 from syncpack.errors import PacketError, PacketFormatError, SiteError, UsageError
 from syncpack.exchange.links import ensure_link, link, raise_matrix, tip_for
@@ -119,6 +120,7 @@ def mkreplica_export(site: Site, name: str, pubkey: str | os.PathLike, out_dir: 
     """Add ``name`` to the family and write its replica-creation packet(s), atomically: if the
     packets cannot be written, the member is not added."""
     check_priority(priority)
+    check_new_site_name(name)
     if site.state == "recovering":
         raise SiteError(f"site {site.name!r} is recovering from a restore and cannot add "
                         f"members now", hint="finish the recovery first, or add the site at "
