@@ -1099,3 +1099,36 @@ def test_an_edit_after_a_table_is_made_again_is_not_lost_to_a_waiting_record(tmp
     assert table(dbs["a"], "items") == [("k1", "text", c["visible"]["qty"], "integer"),
                                         ("k2", "text", 8, "integer")]
     sp(sites["a"], "fsck")
+
+
+def test_a_column_added_while_detached_travels_with_the_next_attach(tmp_path):
+    """b's application adds a column while b's table is detached, then b attaches it again.
+    The attach published the table's definition without a schema op for the column, so the
+    peers never added it, and every later row of b's (its edits of the old columns too)
+    waited at the peers for good.  It is now published as an ADD COLUMN made while attached
+    is, and a column the peers could not add is refused, nothing changed."""
+    sites = make_family(tmp_path, ("a", "b", "c"))
+    dbs = attached_everywhere(tmp_path, sites, SCHEMA[0],
+                              ["INSERT INTO items(id, qty) VALUES ('k1', 1), ('k2', 2)"],
+                              "items")
+    sp(sites["b"], "detach", dbs["b"])
+    app(dbs["b"], ["ALTER TABLE items ADD COLUMN z INTEGER DEFAULT 0"])
+    sp(sites["b"], "attach", dbs["b"], "--table", "items")
+    app(dbs["b"], ["UPDATE items SET qty = 11 WHERE id = 'k1'"],
+        ["UPDATE items SET qty = 22, z = 5 WHERE id = 'k2'"])
+    exchange(tmp_path, sites, rounds=3)
+    converged(sites, dbs, tables=("items",))
+    assert [(r[0], r[2], r[6]) for r in table(dbs["c"], "items")] == [
+        ("k1", 11, 0), ("k2", 22, 5)]
+    assert run("conflicts", site=sites["a"], json_mode=True).json["conflicts"] == []
+    # a column ALTER TABLE ADD COLUMN could not add at the peers: refused, nothing changed
+    sp(sites["c"], "detach", dbs["c"])
+    app(dbs["c"], ["CREATE TABLE items2 AS SELECT * FROM items", "DROP TABLE items",
+                   "CREATE TABLE items(id TEXT PRIMARY KEY, qty INTEGER, t TEXT, "
+                   "z INTEGER DEFAULT 0, u TEXT NOT NULL)",
+                   "INSERT INTO items(id, qty, t, z, u) SELECT id, qty, t, z, 'x' FROM items2",
+                   "DROP TABLE items2"])
+    before = run("--json", "attached", site=sites["c"]).json
+    r = run("attach", dbs["c"], "--table", "items", site=sites["c"])
+    assert r.code == 1 and "the peers cannot add: u" in r.err, r
+    assert run("--json", "attached", site=sites["c"]).json == before

@@ -673,6 +673,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         odd_types = {n: rows.type_warning(n, new[n].affinity, made and made.affinity)
                      for n in names if (d := _definition(site, n)) is not None
                      for made in [appdb.declared(n, d["create_sql"])]}
+        added = {n: schema.unpublished(site, app, t) for n, t in new.items()}
         for t in new.values():
             appdb.install_capture(app, t)
         appdb.set_owner(app, site.site_id, str(site.path.resolve()))
@@ -693,7 +694,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 attached.add_table(conn, n, t.pk, t.columns, t.create_sql)
                 attached.set_shape(conn, n, schema.shape_of(t))
             for n, t in new.items():
-                d = schema.definition(t, schema.definitions(site, n))
+                d = schema.definition(t, schema.definitions(site, n), added[n])
                 if _definition(site, n) != d:
                     tx.write_raw(TABLES, n, codec.encode_value(d))
             told: set[str] = set()

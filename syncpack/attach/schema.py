@@ -19,6 +19,7 @@ import dataclasses
 from typing import Iterable
 
 from syncpack.attach import shapes
+from syncpack.errors import AttachError
 from syncpack.format import codec
 from syncpack.rules import sqltext
 from syncpack.site import TABLES, Site
@@ -136,6 +137,31 @@ def _new_ops(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[s
         if text is None or not shapes.defines(text, c):
             text = appdb.column_sql(app, t.name, c)
         ops.append({"column": c, "def": text})
+    return ops
+
+
+def unpublished(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> list[dict]:
+    """Schema ops for the columns of ``t`` that the family's table has never had: added by
+    the application while the table was not attached here (detached, or before this site's
+    first attach of a table a peer attached).  Published with the definition an attach
+    writes, they are added at every site as an ADD COLUMN made while attached is;
+    left out, every later row of this site waited for them at the peers, for good.  Raises
+    :class:`AttachError` for a column the peers could not add."""
+    prev = definitions(site, t.name)
+    if not prev:
+        return []       # the first attach in the family: its columns are the definition
+    known = shapes.columns_of(prev) | {op["column"] for op in shapes.ops_of(prev)}
+    base = next((d["create_sql"] for d in prev if isinstance(d.get("create_sql"), str)), "")
+    # as the application wrote them where its ALTER TABLE appended them to the family's text
+    ops = _new_ops(site, app, t, [c for c in t.columns if c not in known], base)
+    refused = [f"{op['column']} ({why})" for op in ops
+               if (why := appdb.column_refusal(op["def"], t.name, attached.tables(site.conn)))]
+    if refused:
+        raise AttachError(f"table {t.name} has columns the family's table lacks, which the "
+                          f"peers cannot add: {'; '.join(refused)}; nothing was changed",
+                          hint="drop those columns, or give them a form ALTER TABLE ADD "
+                               "COLUMN takes (a DEFAULT for NOT NULL, no UNIQUE or PRIMARY "
+                               "KEY)")
     return ops
 
 

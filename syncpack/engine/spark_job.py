@@ -62,6 +62,7 @@ to a temporary directory, a cluster master needs one named.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import pickle
@@ -160,8 +161,10 @@ def _jvm_output_to(path: Path) -> Iterator[None]:
 class SparkSessionHandle:
     """A Spark session for one command: stops it at the end only if it started it."""
 
-    def __init__(self, spark, created: bool, workdir: Path | None, log_file: Path | None):
+    def __init__(self, spark, created: bool, workdir: Path | None, log_file: Path | None,
+                 log_handler: logging.Handler | None = None):
         self.spark, self.created, self.workdir, self.log_file = spark, created, workdir, log_file
+        self.log_handler = log_handler
 
     @property
     def sc(self):
@@ -173,6 +176,9 @@ class SparkSessionHandle:
                 self.spark.stop()
             except Exception:   # its JVM already gone (killed): nothing left to stop
                 keep_log = True
+            if self.log_handler is not None:
+                logging.getLogger().removeHandler(self.log_handler)
+                self.log_handler.close()
             if self.workdir is not None and not keep_log:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -208,6 +214,13 @@ def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = No
     log4j = workdir / "log4j2.properties"
     log4j.write_text(_LOG4J2)
     log_file = workdir / "spark.log"
+    log_handler = None
+    if not logging.getLogger().handlers:
+        # py4j tells of a JVM gone mid-command through the root logger (logging.exception),
+        # which unconfigured sets itself up to print the traceback on stderr, beside the
+        # job's one error line: into the Spark log instead, which that error's hint names.
+        log_handler = logging.FileHandler(log_file)
+        logging.getLogger().addHandler(log_handler)
     java_opts = f"-Dlog4j2.configurationFile=file:{log4j} -Dlog4j.configurationFile=file:{log4j}"
     settings = {
         "spark.ui.enabled": "false",
@@ -232,6 +245,9 @@ def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = No
         with _jvm_output_to(log_file):
             spark = builder.getOrCreate()
     except Exception as e:  # pyspark raises several kinds when the JVM cannot start
+        if log_handler is not None:
+            logging.getLogger().removeHandler(log_handler)
+            log_handler.close()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SparkUnavailableError(f"Spark did not start ({msg})",
                                     hint=f"see {log_file}; check JAVA_HOME and --spark-master, "
@@ -239,7 +255,7 @@ def start_session(master: str = DEFAULT_MASTER, conf: dict[str, str] | None = No
     spark.sparkContext.setLogLevel("ERROR")
     if not local:
         _ship_package(spark.sparkContext, workdir)
-    return SparkSessionHandle(spark, True, workdir, log_file)
+    return SparkSessionHandle(spark, True, workdir, log_file, log_handler)
 
 
 def _ship_package(sc, workdir: Path) -> None:
