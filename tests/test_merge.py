@@ -390,3 +390,19 @@ def test_resolving_a_field_from_a_site_that_never_set_it_is_refused(tmp_path):
     fam.full_exchange(rounds=1)
     for s in SITES:
         assert _get(fam, s) == {"qty": 1, "bin": "C"}
+
+
+def test_a_field_whose_name_holds_an_equals_sign_is_resolved_by_name(tmp_path):
+    """--field FIELD=SITE: a site name never holds '=', a field name may (a column 'x=y');
+    split at the first '=', it named a field 'x' that no version has."""
+    fam = Family(tmp_path)
+    _three(fam)
+    run("put", "parts", "p-1", json.dumps({"x=y": 5, "bin": "A"}), site=fam.path("b"))
+    run("put", "parts", "p-1", json.dumps({"x=y": 9, "bin": "A"}), site=fam.path("a"))
+    fam.full_exchange(rounds=1)
+    r = run("conflicts", "resolve", "parts", "p-1", "--field", "x=y=a", site=fam.path("c"))
+    assert r.code == 0, r
+    fam.full_exchange(rounds=1)
+    for s in SITES:
+        assert _get(fam, s)["x=y"] == 9, s
+        assert run("conflicts", site=fam.path(s), json_mode=True).json["conflicts"] == []

@@ -131,7 +131,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
                          hint="'syncpack conflicts COLLECTION' lists the surviving versions")
     seen: set[str] = set()
     for fp in field_picks:      # malformed is a usage error whatever the key's state
-        f, sep, who = fp.partition("=")
+        f, sep, who = fp.rpartition("=")   # a site name holds no "=", a field name may
         if not sep or not f or not who:
             raise InvalidValueError(f"--field {fp!r}: expected FIELD=SITE",
                                     hint="for example: --field qty=boston (see "
@@ -192,7 +192,7 @@ def _chosen(site: Site, collection: str, key: str, vs: list[Version], pick_versi
         held = set().union(*(fields.to_fields(v.value) or {} for v in vs if v.value is not None),
                            m.conflicts if m is not None and m.fields is not None else ())
         for fp in field_picks:
-            f, _sep, who = fp.partition("=")
+            f, _sep, who = fp.rpartition("=")
             if f not in held:
                 # a misspelt field settled the conflict with the visible value, unasked
                 raise UsageError(f"no surviving version of {collection}/{key} has a field "
