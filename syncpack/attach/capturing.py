@@ -90,9 +90,7 @@ def take_changes(site: Site, app: appdb.Connection, infos: dict[str, appdb.Table
         # and again, each time walking every live object (1M rows: 1.5 s of 15).
         with blocks.gc_paused(), site.transaction() as tx:
             written = _capture_in(site, tx, app, infos, since, upto, elsewhere)
-            attached.set_captured(conn, upto)
-            attached.note_tail(conn, upto, None if last is None else
-                               appdb.change_fingerprint(last))
+            _note_captured(conn, upto, last)
             attached.touch(conn, list(infos), "last_capture_ms", now)
             if upto - since >= PAUSE_CAPTURE_AT:
                 attached.resume_triggers(conn)
@@ -238,13 +236,17 @@ def heal(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo]) -
                 taken += load_rows(site, app, t, rescan=True, waiting_too=True)
     if went_back:
         # every change row in the file was compared above: none is to be captured again
+        upto = appdb.max_seq(app)
         with site.write_txn() as conn:
-            upto = appdb.max_seq(app)
-            attached.set_captured(conn, upto)
-            last = appdb.change_row(app, upto)
-            attached.note_tail(conn, upto, None if last is None else
-                               appdb.change_fingerprint(last))
+            _note_captured(conn, upto, appdb.change_row(app, upto))
     return taken
+
+
+def _note_captured(conn, upto: int, last: tuple | None) -> None:
+    """The store has captured the file's changes up to number ``upto``, whose change row is
+    ``last``: noted with the row's fingerprint, which tells a file gone back behind it."""
+    attached.set_captured(conn, upto)
+    attached.note_tail(conn, upto, None if last is None else appdb.change_fingerprint(last))
 
 
 def file_went_back(site: Site, app: appdb.Connection) -> bool:
