@@ -152,7 +152,6 @@ class MediumRoom:
     def __init__(self, free: int, unit: int):
         self.unit = max(unit, 512)
         self.left = free - 16 * self.unit - 64 * 1024
-        self.short = False      # whether some block did not fit
 
     @classmethod
     def of(cls, directory: Path) -> "MediumRoom | None":
@@ -381,12 +380,11 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
     The template gives every header field except the per-part ones.  With ``seal_to`` (the
     recipient's X25519 public key) every body is sealed so only the recipient can read it.
     With ``medium``, blocks stop where the medium would be full (:class:`MediumRoom`): the
-    parts written so far stay, the last of them final, and ``medium.short`` is set."""
+    parts written so far stay, the last of them final (the ranges they reach tell where)."""
     template = blocks_template(template)
     rule = CutRule(template, max_size, bool(seal_to))
     if medium is not None and medium.cost(rule.extra) > medium.left:
-        medium.short = True     # not even a packet without blocks: none for this peer
-        return []
+        return []       # not even a packet without blocks: none for this peer
     series = PartSeries(template, sign, max_size, opener, seed, seal_to, raw_body=True)
     fields = _PartFields(template)
     spent = counted = 0     # what the parts finished so far take of the medium
@@ -400,7 +398,6 @@ def build_update_packets(blocks: Iterable[BlockRef], template: Header,
                     spent += medium.cost(p.size)
                 counted = len(series.parts)
                 if not rule.fits_medium(medium, spent, n):
-                    medium.short = True
                     break
             nxt = next(it, None)
             if rule.oversized(n):

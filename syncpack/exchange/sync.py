@@ -328,10 +328,9 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
                                              medium=medium)
                 if parts:
                     written.append((plan, parts))
-                if medium is not None and medium.short:
-                    medium.short = False
+                if did_not_fit is not None and medium is not None:
                     left = planning.ops_beyond(plan.ranges, [p.header.ranges for p in parts])
-                    if did_not_fit is not None and left:
+                    if left:
                         did_not_fit[plan.name] = left
             exports.end_snapshot(conn, keep=True)
         except BaseException:
