@@ -1132,3 +1132,37 @@ def test_a_column_added_while_detached_travels_with_the_next_attach(tmp_path):
     r = run("attach", dbs["c"], "--table", "items", site=sites["c"])
     assert r.code == 1 and "the peers cannot add: u" in r.err, r
     assert run("--json", "attached", site=sites["c"]).json == before
+
+
+@pytest.mark.parametrize("edit_before_refresh", [False, True])
+def test_under_merge_a_site_that_dropped_a_column_leaves_its_value_alone_where_it_is_kept(
+        tmp_path, edit_before_refresh):
+    """A column drop rolled out site by site: a drops 'note' and refreshes; b, still on the
+    old release, sets the note of a row; a, later, sets its qty.  a's row has no note, so a's
+    capture counted the note as removed, and b's note was erased at b (no conflict listed),
+    though a never changed it.  A column the family dropped is no field a site without it
+    writes: its value in the record a's change is based on is kept."""
+    sites = make_family(tmp_path, ("a", "b"))
+    sp(sites["a"], "collection", "create", "items", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE items(id TEXT PRIMARY KEY NOT "
+                              "NULL, qty INTEGER, note TEXT)",
+                              ["INSERT INTO items VALUES ('k', 1, 'n1')"], "items", rounds=1)
+    app(dbs["a"], ["ALTER TABLE items DROP COLUMN note"])
+    if edit_before_refresh:     # taken by the refresh's comparison of the whole table
+        assert sp(sites["a"], "capture", ok=False).code == 1
+        app(dbs["a"], ["UPDATE items SET qty = 2 WHERE id = 'k'"])
+    else:
+        sp(sites["a"], "attach", dbs["a"], "--refresh", "--table", "items")
+    app(dbs["b"], ["UPDATE items SET note = 'important' WHERE id = 'k'"])
+    exchange(tmp_path, sites)
+    if edit_before_refresh:
+        sp(sites["a"], "attach", dbs["a"], "--refresh", "--table", "items")
+    else:
+        app(dbs["a"], ["UPDATE items SET qty = 2 WHERE id = 'k'"])
+    exchange(tmp_path, sites)
+    assert table(dbs["a"], "items") == [("k", "text", 2, "integer")]
+    assert table(dbs["b"], "items") == [("k", "text", 2, "integer", "important", "text")]
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+        sp(sites[n], "fsck")

@@ -117,6 +117,8 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
     # column (sent as one, it overrode a peer's real edit of the column).
     defaults = {n: appdb.constant_defaults(app, t) for n, t in infos.items()
                 if used[n] and site.policy_of(n) == "merge" and schema.has_added_columns(site, n)}
+    dropped = {n: t.dropped for n, t in infos.items()
+               if used[n] and t.dropped and site.policy_of(n) == "merge"}
     held: dict[str, dict] = {}
 
     def constants(name: str, t: appdb.TableInfo) -> dict:
@@ -143,11 +145,11 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
             bk: list[str] = []
             br: list[bytes | None] = []
             bv: list[bytes] = []
-            untouched = defaults.get(name)
+            untouched, gone = defaults.get(name), dropped.get(name)
             for key, raw in zip(keys, raws):
                 vs = current.get(key, ())
-                if untouched and raw is not None and len(vs) == 1 and vs[0][1] is not None:
-                    raw = rows.without_unset(raw, vs[0][1], untouched)
+                if untouched or gone:
+                    raw = merge_write(raw, vs, untouched, gone)
                 if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
                     continue    # nothing new (written back as it was, or born and gone)
                 if len(vs) > 1 and shows_visible(site, name, key, vs, raw,
@@ -164,6 +166,21 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
             tx.write_columns(name, bk, br, bv)
             written += len(bk)
     return written
+
+
+def merge_write(raw: bytes | None, vs: list[tuple[bytes, bytes | None]],
+                untouched: dict | None, dropped: frozenset[str] | None) -> bytes | None:
+    """Record ``raw`` of a row whose key's surviving versions are ``vs``, as a write under
+    'merge' changes it: a column added since the one version's record that still holds its
+    default is no change (rows.without_unset), nor a column the family dropped that the
+    table lacks (rows.with_dropped_kept)."""
+    if raw is None or len(vs) != 1 or vs[0][1] is None:
+        return raw
+    if untouched:
+        raw = rows.without_unset(raw, vs[0][1], untouched)
+    if dropped:
+        raw = rows.with_dropped_kept(raw, vs[0][1], dropped)
+    return raw
 
 
 def shown(vs: list[tuple[bytes, bytes | None]], unseen: set[bytes] | tuple,
@@ -361,6 +378,7 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
     then = attached.detached_columns(conn, name) if left else None
     added = [c for c in t.columns if c not in then] if then else []
     added_defaults = appdb.constant_defaults(app, t) if added else {}
+    gone = t.dropped if rescan and t.dropped and site.policy_of(name) == "merge" else None
     for items in scanned(app, t):
         if rescan:
             seen_keys.update(k for k, _r in items)
@@ -385,6 +403,7 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
                 continue    # no change of the application's: as in a capture
             if rescan:
                 replaced = [c for c, _v in vs]
+                raw = merge_write(raw, vs, None, gone) if gone else raw
             elif was is not None:
                 # what the row showed when it was left, survivors or not: a version replaced
                 # since by a peer's edit is still what the application's change is based on

@@ -302,7 +302,8 @@ def _take_back(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
     tables' captures moved that on: its changes meanwhile are taken as a refresh takes them,
     and its capture resumes only in the same store commit as the last of them, so a crash in
     between takes them again (finding nothing new).  Returns the changes taken."""
-    taken = _capture_stopped(site, app, t)
+    t = schema.with_dropped(site, t)
+    taken = _capture_stopped(site, app, t, t.dropped)
     with site.transaction() as tx:
         taken += capturing.load_rows_in(site, tx, app, t, rescan=True)
         attached.set_stopped(site.conn, t.name, None)
@@ -830,11 +831,13 @@ def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
             yield key, csns, b""
 
 
-def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
+def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo,
+                     dropped: frozenset[str]) -> int:
     """The keys of ``t`` changed while its capture was stopped and still waiting for peers'
     records: each current row (or its absence) becomes a local op concurrent with the
-    versions the application has not seen, as capture makes it.  (The other changed keys are
-    found by the refresh's comparison of the whole table.)  Returns the ops written."""
+    versions the application has not seen, as capture makes it (``dropped``: the columns the
+    family dropped, this refresh's included).  (The other changed keys are found by the
+    refresh's comparison of the whole table.)  Returns the ops written."""
     conn = site.conn
     pending = set(attached.pending_keys(conn, t.name))
     keys = {k: v for k, v in capturing.changed_keys(app, t).items() if k in pending}
@@ -843,12 +846,20 @@ def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> i
     current = attached.versions_for(conn, t.name, list(keys))
     unseen = attached.unseen_for(conn, t.name, list(keys))
     replaced = chain.replaced_of_many(conn, set().union(*unseen.values()))
+    gone = dropped if dropped and site.policy_of(t.name) == "merge" else None
+    # what the unseen versions replaced, which the row still shows where nothing else is
+    under = chain.values_of_many(conn, {r for rs in replaced.values() for r in rs}) \
+        if gone else {}
     batch = []
     for key, vals in keys.items():
         raw = capturing.record_of(t, appdb.fetch_row(app, t, vals))
         vs = current.get(key, ())
         u = unseen.get(key, set())
         seen = [c for c, _v in vs if c not in u]
+        if gone:
+            base = [cv for cv in vs if cv[0] not in u] or [
+                (r, under[r]) for c in u for r in replaced.get(c, ()) if r in under]
+            raw = capturing.merge_write(raw, base, None, gone)
         if seen and len(seen) == len(vs) and any(v == raw for c, v in vs):
             continue
         # the row still shows what the unseen versions replaced: as a capture, the op
@@ -887,10 +898,11 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
                 capturing.take_changes(site, app, live)       # what can be captured as usual, first
                 for n in names:
                     t = appdb.table_info(app, n)
-                    if n not in live:
-                        _capture_stopped(site, app, t)
-                    prev = schema.definitions(site, n)
                     old_cols = set(current[n]["columns"])
+                    if n not in live:
+                        _capture_stopped(site, app, t, schema.with_dropped(site, t).dropped
+                                         | (old_cols - set(t.columns)))
+                    prev = schema.definitions(site, n)
                     d = schema.definition(t, prev, dropped=old_cols - set(t.columns))
                     with site.transaction() as tx:
                         if _definition(site, n) != d or len(prev) > 1:
@@ -902,9 +914,9 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
                     # whose key has a peer record waiting may hold a change no trigger saw
                     unseen = not appdb.has_capture(app, n)
                     appdb.install_capture(app, t)       # the key may have changed
-                    changes = capturing.load_rows(site, app, t, rescan=True,
-                                                  waiting_too=unseen)
                     live[n] = schema.with_dropped(site, t)
+                    changes = capturing.load_rows(site, app, live[n], rescan=True,
+                                                  waiting_too=unseen)
                     out.append({"table": n, "columns": t.columns, "primary_key": t.pk,
                                 "changes": changes})
                 live, grown = schema.follow(site, app, live, [])

@@ -205,6 +205,25 @@ def without_unset(raw: bytes, base_raw: bytes, defaults: dict[str, Any]) -> byte
     return without_defaults(raw, [c for c in defaults if c not in base], defaults)
 
 
+def with_dropped_kept(raw: bytes, base_raw: bytes, dropped: frozenset[str]) -> bytes:
+    """Record ``raw`` of a row, plus the values its key's record ``base_raw`` holds of
+    columns the family dropped (``dropped``) and the row lacks: a table without a column
+    says nothing of it, and under 'merge' a record lacking it removed the field, erasing the
+    value at the sites that still keep the column (their application still uses it)."""
+    try:
+        base, new = codec.decode_value(base_raw), codec.decode_value(raw)
+    except ValueError:
+        return raw
+    if not isinstance(base, dict) or not isinstance(new, dict):
+        return raw
+    if not any(c in base and c not in new for c in dropped):
+        return raw
+    # in the base record's order, so a row written back unchanged is the same bytes
+    out = {c: new[c] if c in new else v for c, v in base.items() if c in new or c in dropped}
+    out.update((c, v) for c, v in new.items() if c not in out)
+    return codec.encode_value(out)
+
+
 def without_defaults(raw: bytes, columns: list[str], defaults: dict[str, Any]) -> bytes:
     """Record ``raw`` of a row, less those of ``columns`` that hold their default
     (``defaults``)."""
