@@ -1166,3 +1166,21 @@ def test_under_merge_a_site_that_dropped_a_column_leaves_its_value_alone_where_i
     for n in sites:
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
         sp(sites[n], "fsck")
+
+
+_names = st.sampled_from(["id", "qty", "note", "bin", "loc"])
+_vals = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=5), st.binary(max_size=5))
+
+
+@given(st.dictionaries(_names, _vals), st.dictionaries(_names, _vals),
+       st.frozensets(_names))
+def test_a_row_keeps_the_dropped_columns_its_base_record_held(base, new, dropped):
+    from syncpack.attach import rows
+    new = {c: v for c, v in new.items() if c not in dropped}     # the table lacks them
+    out = codec.decode_value(rows.with_dropped_kept(codec.encode_value(new),
+                                                    codec.encode_value(base), dropped))
+    assert out == {**new, **{c: base[c] for c in dropped if c in base}}
+    # a row written back as its record was is the record's very bytes
+    same = {c: v for c, v in base.items() if c not in dropped}
+    assert rows.with_dropped_kept(codec.encode_value(same), codec.encode_value(base),
+                                  dropped) == codec.encode_value(base)
