@@ -1184,3 +1184,31 @@ def test_a_row_keeps_the_dropped_columns_its_base_record_held(base, new, dropped
     same = {c: v for c, v in base.items() if c not in dropped}
     assert rows.with_dropped_kept(codec.encode_value(same), codec.encode_value(base),
                                   dropped) == codec.encode_value(base)
+
+
+def test_a_column_spelt_in_another_case_than_the_familys_is_refused_at_attach(tmp_path):
+    """SQLite takes 'Note' and 'note' for one column; records name it exactly.  b's own
+    table spelt the family's column 'note': attached, it was published as a new column that
+    no site could add ('duplicate column name'), and each site's rows waited at the other
+    for good, said to wait for a column 'added at a peer, not yet here'."""
+    sites = make_family(tmp_path, ("a", "b"))
+    app(tmp_path / "a.db", ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, Note TEXT)",
+                            "INSERT INTO items VALUES ('k1', 'A')"])
+    sp(sites["a"], "attach", tmp_path / "a.db", "--table", "items")
+    exchange(tmp_path, sites, rounds=1)
+    db = tmp_path / "b.db"
+    app(db, ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, note TEXT)",
+             "INSERT INTO items VALUES ('k2', 'B')"])
+    before = schema_text(db)
+    r = sp(sites["b"], "attach", db, "--table", "items", ok=False)
+    assert r.code == 1 and "Note" in r.err and 'RENAME COLUMN "note" TO "Note"' in r.err, r
+    assert "Traceback" not in r.err
+    assert schema_text(db) == before
+    assert attached_doc(sites["b"])["tables"] == []
+    app(db, ["ALTER TABLE items RENAME COLUMN note TO Note"])
+    sp(sites["b"], "attach", db, "--table", "items")
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert table(tmp_path / f"{n}.db", "items") == [("k1", "text", "A", "text"),
+                                                        ("k2", "text", "B", "text")]
+        sp(sites[n], "fsck")

@@ -151,6 +151,7 @@ def unpublished(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> list[d
     if not prev:
         return []       # the first attach in the family: its columns are the definition
     known = shapes.columns_of(prev) | {op["column"] for op in shapes.ops_of(prev)}
+    _same_but_case(t, known)
     base = next((d["create_sql"] for d in prev if isinstance(d.get("create_sql"), str)), "")
     # as the application wrote them where its ALTER TABLE appended them to the family's text
     ops = _new_ops(site, app, t, [c for c in t.columns if c not in known], base)
@@ -163,6 +164,24 @@ def unpublished(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> list[d
                                "COLUMN takes (a DEFAULT for NOT NULL, no UNIQUE or PRIMARY "
                                "KEY)")
     return ops
+
+
+def _same_but_case(t: appdb.TableInfo, known: set[str]) -> None:
+    """Refuse a column of ``t`` that is one of the family's ``known`` columns spelt in
+    another case: SQLite takes the two for one column (it folds ASCII letters only), while
+    records name their fields exactly, so each site's rows would wait at the other for a
+    column no site can add ('duplicate column name')."""
+    folded = {k.encode().lower(): k for k in known}
+    clash = [(c, folded[c.encode().lower()]) for c in t.columns
+             if c not in known and c.encode().lower() in folded]
+    if clash:
+        mine, theirs = clash[0]
+        raise AttachError(
+            f"column {mine} of table {t.name} is the family's column {theirs} spelt in "
+            f"another case: SQLite takes them for one column, replication does not; nothing "
+            f"was changed",
+            hint=f"rename it as the family spells it (ALTER TABLE {appdb.q(t.name)} RENAME "
+                 f"COLUMN {appdb.q(mine)} TO {appdb.q(theirs)}), then attach again")
 
 
 def _publish(site: Site, t: appdb.TableInfo, ops: list[dict], new_shape: dict) -> None:
