@@ -93,6 +93,28 @@ def _utf8_path(value: str) -> str | None:
     return None
 
 
+def _empty_path(value: str) -> str | None:
+    """Why ``value`` cannot be a path: an empty one would name the current directory (the
+    operating system's reading), most likely from a script's unset variable."""
+    if value == "":
+        return "the path is empty (an unset variable in a script?); name the file or directory"
+    return None
+
+
+class _Where(_Text):
+    """A path or URI kept as text (it may name another machine's file system), not empty."""
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if why := _empty_path(value):
+            self.fail(why, param, ctx)
+        return value
+
+
+WHERE = _Where()
+
+
 class _Path(click.Path):
     """click.Path for a path that is not UTF-8 refused as a usage error (exit 2) before
     anything is made, where it failed part-way through (a half-made site directory).
@@ -107,7 +129,7 @@ class _Path(click.Path):
         self.want_file, self.want_dir = file_okay, dir_okay
 
     def convert(self, value, param, ctx):
-        if isinstance(value, str) and (why := _utf8_path(value)):
+        if isinstance(value, str) and (why := _utf8_path(value) or _empty_path(value)):
             self.fail(why, param, ctx)
         value = super().convert(value, param, ctx)
         if not self.want_dir and os.path.isdir(value):
@@ -798,10 +820,10 @@ def fsck(obj: Ctx):
               "PySpark from the Parquet log (same bytes as 'local').")
 @click.option("--spark-master", "spark_master", metavar="URL", default="local[*]",
               show_default=True, help="Spark master for --engine spark.")
-@click.option("--log", "log_dir", metavar="DIR", type=TEXT,
+@click.option("--log", "log_dir", metavar="DIR", type=WHERE,
               help="Parquet log to read with --engine spark "
               "(default: the site's own log, brought up to date first).")
-@click.option("--staging", metavar="URI", type=TEXT,
+@click.option("--staging", metavar="URI", type=WHERE,
               help="Where --engine spark's executors put packet bodies for this machine "
                    "to finish: a path or URI every executor can write and this machine can "
                    "read (needed on a cluster; default with a local master: a temporary "
@@ -1432,7 +1454,7 @@ def rmreplica(obj: Ctx, name, undo):
 # --- scheduled rounds -------------------------------------------------------------------------
 
 @cli.command()
-@click.argument("config", metavar="CONFIG.toml")
+@click.argument("config", metavar="CONFIG.toml", type=WHERE)
 @click.pass_obj
 def batch(obj: Ctx, config):
     """Run one scheduled round at one site: the imports, exports and scrub named in CONFIG.toml.
@@ -1508,7 +1530,7 @@ def log_group():
 
 
 @log_group.command("export")
-@click.argument("directory", metavar="[DIR]", required=False, type=TEXT)
+@click.argument("directory", metavar="[DIR]", required=False, type=WHERE)
 @click.pass_obj
 def log_export(obj: Ctx, directory):
     """Append to the Parquet log at DIR (default SITE/log) the ops it does not hold yet.

@@ -873,6 +873,37 @@ def test_paths_that_are_not_utf8_are_usage_errors_with_nothing_made(family, tmp_
     assert run("digest", site=a).out == before
 
 
+def test_an_empty_path_is_a_usage_error_not_the_current_directory(abc, tmp_path,
+                                                                   monkeypatch):
+    """An unset variable in a cron job ('import "$INBOX"') gives an empty argument, which
+    the system reads as the current directory: import applied what it found there, site
+    directories included, and export, resync and mkreplica export wrote packets into it."""
+    a = abc.path("a")
+    pkt = abc.export("a", "b")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    shutil.copytree(pkt[0].parent, cwd / "a")      # an inbox the empty path would find
+    monkeypatch.chdir(cwd)
+    before, names = observe(abc.path("b")), sorted(os.listdir(cwd))
+    for args, site in [(("import", ""), abc.path("b")),
+                       (("export", "--to", "b", "--out", "", "--create-out"), a),
+                       (("resync", "--to", "b", "--out", ""), a),
+                       (("mkreplica", "export", "--site", "d", "--pubkey",
+                         abc.path("b") / "keys" / "site.pub", "--out", ""), a),
+                       (("log", "export", ""), a), (("lspacket", ""), a),
+                       (("mkreplica", "import", ""), None), (("init", "", "--family", "f",
+                                                             "--site", "x"), None),
+                       (("keygen", "", "--site", "x"), None), (("batch", ""), None),
+                       (("load", ""), a), (("attach", "", "--table", "t"), a),
+                       (("status",), ""),
+                       (("export", "--all", "--out", "o", "--create-out", "--engine", "spark",
+                         "--log", ""), a)]:
+        r = run(*args, site=site)
+        assert r.code == 2 and "the path is empty" in r.err, (args, r)
+    assert sorted(os.listdir(cwd)) == names
+    assert observe(abc.path("b")) == before
+
+
 def test_malformed_values_are_usage_errors_like_click_s_own(family):
     """One rule for malformed values (exit 2, as click gives for the values it checks): an
     ORIGIN=EPOCH that is not one and a family without a name exited 1."""
