@@ -40,6 +40,17 @@ from syncpack.format.names import check_new_site_name
 from syncpack.format.values import json_value_encoder
 
 _encode_json = json_value_encoder()
+
+
+def encode_record_value(value: Any) -> bytes:
+    """A value an application writes (:meth:`Transaction.put`), encoded: plain JSON (see
+    :mod:`syncpack.format.values`) within what one record may hold.  Raises
+    :class:`InvalidValueError`."""
+    raw = _encode_json(value)
+    if len(raw) > codec.MAX_VALUE_BYTES:
+        raise InvalidValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
+                                f"(this one is {len(raw)}); peers would refuse it")
+    return raw
 # Also re-exported: applications and the packages above know these names from here.
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
                                  SYS_PREFIX, TABLES, Member, Replicated, check_priority)
@@ -586,11 +597,7 @@ class Transaction:
         for anything else, and :class:`UsageError` for a bad collection or key."""
         check_collection(collection)
         check_key(key)
-        raw = _encode_json(value)
-        if len(raw) > codec.MAX_VALUE_BYTES:
-            raise InvalidValueError(f"a value is limited to {codec.MAX_VALUE_BYTES} bytes encoded "
-                             f"(this one is {len(raw)}); peers would refuse it")
-        self.write_raw(collection, key, raw)
+        self.write_raw(collection, key, encode_record_value(value))
 
     def delete(self, collection: str, key: str) -> None:
         """Delete ``collection``/``key`` (a tombstone is recorded even if it is absent,

@@ -926,6 +926,22 @@ def test_malformed_values_are_usage_errors_like_click_s_own(family):
     assert r.code == 2 and "needs a name" in r.err and not (family.root / "x").exists(), r
 
 
+@pytest.mark.parametrize("value", ["NaN", '{"a": 1e999}', "[Infinity]",
+                                   "18446744073709551616", '"\\ud800"'])
+def test_a_resolving_value_is_held_to_what_put_takes(abc, value):
+    """'conflicts resolve --value' wrote non-finite numbers that put refuses (they then
+    replicated), and told a too-large integer or a lone surrogate as exit 1 without a hint,
+    in Python's own words."""
+    a, b = abc.path("a"), abc.path("b")
+    abc.put("b", "parts", "p1", {"qty": 2})
+    abc.full_exchange(rounds=1)
+    assert run("put", "parts", "p1", value, site=a).code == 2
+    before = observe(a)
+    r = run("conflicts", "resolve", "parts", "p1", "--value", value, site=a)
+    assert r.code == 2 and "hint:" in r.err and "codec" not in r.err, r
+    assert observe(a) == before
+
+
 def test_an_export_to_this_site_itself_says_what_to_do(family):
     a = family.init("a")
     family.add("b", via="a")

@@ -19,7 +19,7 @@ from syncpack.errors import InvalidValueError, SyncpackError, UsageError, arg
 from syncpack.store import attached, fields, versions
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX,
                                  check_priority, group_versions)
-from syncpack.site import Site, check_collection
+from syncpack.site import Site, check_collection, encode_record_value
 
 
 def _decoded(raw: bytes | None) -> Any:
@@ -147,10 +147,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
                          hint=f"'syncpack conflicts {arg(collection)}' lists the keys in "
                               f"conflict")
     if has_value:
-        try:
-            raw = codec.encode_value(value)
-        except ValueError as e:
-            raise UsageError(str(e), hint=getattr(e, "hint", None)) from None
+        raw = encode_record_value(value)       # what put takes, nothing else
         attach_core.check_values(site, collection, [(key, value)])
     else:
         raw = _chosen(site, collection, key, vs, pick_version, field_picks)
