@@ -1212,3 +1212,44 @@ def test_a_column_spelt_in_another_case_than_the_familys_is_refused_at_attach(tm
         assert table(tmp_path / f"{n}.db", "items") == [("k1", "text", "A", "text"),
                                                         ("k2", "text", "B", "text")]
         sp(sites[n], "fsck")
+
+
+@pytest.mark.parametrize("change", ["added", "dropped"])
+def test_under_merge_a_merged_row_keeps_a_peers_edit_of_an_added_or_dropped_column(
+        tmp_path, change):
+    """The rules that keep a peer's edit of an added column (a row still at its default) and
+    of a dropped one (a site without it says nothing of it) looked at a key's one surviving
+    version: a row whose record merged two concurrent edits has two, and its next edit of
+    another field overrode the peer's edit (added: a conflict the peer lost; dropped: the
+    value erased, silently)."""
+    sites = make_family(tmp_path, ("a", "b", "c"))
+    sp(sites["a"], "collection", "create", "t", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    cols = "id TEXT PRIMARY KEY NOT NULL, w TEXT, x TEXT" + (", note TEXT" if change == "dropped"
+                                                             else "")
+    row = "('r1', 'w0', 'x0'" + (", 'B')" if change == "dropped" else ")")
+    dbs = attached_everywhere(tmp_path, sites, f"CREATE TABLE t({cols})",
+                              [f"INSERT INTO t VALUES {row}"], "t", rounds=1)
+    app(dbs["a"], ["UPDATE t SET w = 'wa'"])
+    app(dbs["c"], ["UPDATE t SET x = 'xc'"])
+    exchange(tmp_path, sites)           # r1 now merges two versions, without a conflict
+    if change == "added":
+        app(dbs["a"], ["ALTER TABLE t ADD COLUMN note TEXT DEFAULT 'none'"])
+        exchange(tmp_path, sites, rounds=1)
+        app(dbs["b"], ["UPDATE t SET note = 'B'"])
+        app(dbs["c"], ["UPDATE t SET w = 'C'"])
+        exchange(tmp_path, sites)
+        for n in sites:
+            assert [r[::2] for r in table(dbs[n], "t")] == [("r1", "C", "xc", "B")], n
+    else:
+        app(dbs["a"], ["ALTER TABLE t DROP COLUMN note"])
+        sp(sites["a"], "attach", dbs["a"], "--refresh", "--table", "t")
+        exchange(tmp_path, sites, rounds=1)
+        app(dbs["a"], ["UPDATE t SET w = 'wa2'"])
+        exchange(tmp_path, sites)
+        assert [r[::2] for r in table(dbs["a"], "t")] == [("r1", "wa2", "xc")]
+        for n in ("b", "c"):
+            assert [r[::2] for r in table(dbs[n], "t")] == [("r1", "wa2", "xc", "B")], n
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+        sp(sites[n], "fsck")

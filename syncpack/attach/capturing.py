@@ -148,8 +148,10 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
             untouched, gone = defaults.get(name), dropped.get(name)
             for key, raw in zip(keys, raws):
                 vs = current.get(key, ())
-                if untouched or gone:
-                    raw = merge_write(raw, vs, untouched, gone)
+                u = unseen.get(key, ())
+                if (untouched or gone) and raw is not None and vs:
+                    raw = merge_write(raw, shown_record(site, name, key, vs, u), untouched,
+                                      gone)
                 if len(vs) == 1 and vs[0][1] == raw or (raw is None and not vs):
                     continue    # nothing new (written back as it was, or born and gone)
                 if len(vs) > 1 and shows_visible(site, name, key, vs, raw,
@@ -159,7 +161,6 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
                     # skipped while writing a peer's row of another table still fires this
                     # table's capture trigger) settles nothing; 'conflicts resolve' does.
                     continue
-                u = unseen.get(key, ())
                 bk.append(key)
                 br.append(raw)
                 bv.append(b"".join(shown(vs, u, replaced)))
@@ -168,18 +169,27 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
     return written
 
 
-def merge_write(raw: bytes | None, vs: list[tuple[bytes, bytes | None]],
-                untouched: dict | None, dropped: frozenset[str] | None) -> bytes | None:
-    """Record ``raw`` of a row whose key's surviving versions are ``vs``, as a write under
-    'merge' changes it: a column added since the one version's record that still holds its
+def shown_record(site: Site, name: str, key: str, vs: list[tuple[bytes, bytes | None]],
+                 unseen: set[bytes] | tuple = ()) -> bytes | None:
+    """The record a row of ``key`` shows: the visible one of its surviving versions ``vs``
+    but those not yet written into the table (``unseen``); under 'merge', versions merged
+    without a conflict show as one record.  None for none, or a delete."""
+    v = visible(site, name, [cv for cv in vs if cv[0] not in unseen], key)
+    return None if v is None else v.value
+
+
+def merge_write(raw: bytes | None, base: bytes | None, untouched: dict | None,
+                dropped: frozenset[str] | None) -> bytes | None:
+    """Record ``raw`` of a row that showed record ``base`` (:func:`shown_record`), as a
+    write under 'merge' changes it: a column added since ``base`` that still holds its
     default is no change (rows.without_unset), nor a column the family dropped that the
     table lacks (rows.with_dropped_kept)."""
-    if raw is None or len(vs) != 1 or vs[0][1] is None:
+    if raw is None or base is None:
         return raw
     if untouched:
-        raw = rows.without_unset(raw, vs[0][1], untouched)
+        raw = rows.without_unset(raw, base, untouched)
     if dropped:
-        raw = rows.with_dropped_kept(raw, vs[0][1], dropped)
+        raw = rows.with_dropped_kept(raw, base, dropped)
     return raw
 
 
@@ -403,7 +413,8 @@ def load_rows_in(site: Site, tx, app: appdb.Connection, t: appdb.TableInfo,
                 continue    # no change of the application's: as in a capture
             if rescan:
                 replaced = [c for c, _v in vs]
-                raw = merge_write(raw, vs, None, gone) if gone else raw
+                if gone and vs:
+                    raw = merge_write(raw, shown_record(site, name, key, vs), None, gone)
             elif was is not None:
                 # what the row showed when it was left, survivors or not: a version replaced
                 # since by a peer's edit is still what the application's change is based on
