@@ -337,12 +337,51 @@ def fail(ctx_obj: Ctx | None, message: str, hint: str | None, code: int = 1):
     sys.exit(code)
 
 
+def _given_twice(ctx: click.Context, command: click.Command, args: list[str],
+                 group: bool) -> None:
+    """Refuse an option that takes one value given twice (a usage error): click keeps the
+    last, so 'resync --to b --to c' re-seeded c alone while its operator believed b was,
+    and '--policy lww --policy merge' made a policy that can never change again.  A group's
+    own options end at its first argument (the subcommand's name)."""
+    takes_value = {o: p for p in command.params if isinstance(p, click.Option)
+                   and not p.is_flag and not p.count for o in p.opts}
+    seen: dict[str, str] = {}
+    i = 0
+    while i < len(args) and args[i] != "--":
+        name, _eq, _v = args[i].partition("=") if args[i].startswith("--") else (
+            args[i], "", "")
+        p = takes_value.get(name)
+        if p is None:
+            if group and not args[i].startswith("-"):
+                return
+            i += 1
+            continue
+        if not p.multiple:
+            if p.name in seen:
+                opt = name if name == seen[p.name] else f"{seen[p.name]}/{name}"
+                raise click.UsageError(f"{opt} was given twice; it takes one value (name "
+                                       f"it once)", ctx=ctx)
+            seen[p.name] = name
+        i += 1 if _eq else 2
+
+
+class Command(click.Command):
+    """A command whose one-value options are refused when given twice (_given_twice)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _given_twice(ctx, self, args, group=False)
+        return super().parse_args(ctx, args)
+
+
 class Group(click.Group):
     """Turns library errors into ``error:``/``hint:`` lines and exit 1, never a traceback."""
+
+    command_class = Command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if ctx.parent is None:
             args = _json_first(args)
+        _given_twice(ctx, self, args, group=True)
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -926,6 +926,34 @@ def test_malformed_values_are_usage_errors_like_click_s_own(family):
     assert r.code == 2 and "needs a name" in r.err and not (family.root / "x").exists(), r
 
 
+def test_an_option_of_one_value_given_twice_is_a_usage_error(abc, tmp_path):
+    """click keeps the last of an option given twice: 'resync --to b --to c' re-seeded c
+    alone while its operator believed b was too, and '--policy lww --policy merge' made a
+    policy that never changes again.  Options that take several ('export --to b --to c')
+    and flags given twice are as before."""
+    a = abc.path("a")
+    tmp_path = tmp_path / "w"
+    tmp_path.mkdir()
+    before = observe(a)
+    for args, site in [(("resync", "--to", "b", "--to", "c", "--out", tmp_path / "r"), a),
+                       (("collection", "create", "cc", "--policy", "lww", "--policy", "merge"),
+                        a),
+                       (("export", "--to", "b", "--out=" + str(tmp_path / "o1"), "--out",
+                         tmp_path / "o2", "--create-out"), a),
+                       (("--site", a, "--site", abc.path("b"), "status"), None)]:
+        r = run(*args, site=site)
+        assert r.code == 2 and "given twice" in r.err, (args, r)
+    assert not any(tmp_path.iterdir())
+    assert observe(a) == before
+    r = run("--json", "export", "--to", "b", "--to", "c", "--out", tmp_path / "o",
+            "--create-out", "--json", site=a)
+    assert r.code == 0 and {p["to"] for p in r.json["packets"]} == {"b", "c"}, r
+    # after '--', and after the command's name for the program's own options, what looks
+    # like an option is an argument
+    r = run("put", "--", "parts", "--site", "1", site=a)
+    assert r.code == 0 and run("get", "parts", "--", "--site", site=a).out.strip() == "1", r
+
+
 @pytest.mark.parametrize("value", ["NaN", '{"a": 1e999}', "[Infinity]",
                                    "18446744073709551616", '"\\ud800"'])
 def test_a_resolving_value_is_held_to_what_put_takes(abc, value):
