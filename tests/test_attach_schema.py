@@ -1253,3 +1253,26 @@ def test_under_merge_a_merged_row_keeps_a_peers_edit_of_an_added_or_dropped_colu
     for n in sites:
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
         sp(sites[n], "fsck")
+
+
+def test_names_are_one_as_sqlite_folds_them_ascii_letters_only(tmp_path):
+    """'--all-tables' left out every table whose name began with 'sqlite' (a LIKE whose '_'
+    matched any character), and a peer's table 'straße' was taken for this application's
+    'STRASSE' (Python's casefold; SQLite keeps both), so it was never created here."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dba, dbb = tmp_path / "a.db", tmp_path / "b.db"
+    app(dba, ['CREATE TABLE "SQLiteStats"(id TEXT PRIMARY KEY NOT NULL, v INTEGER)',
+              "CREATE TABLE sqlitex(id TEXT PRIMARY KEY NOT NULL, v INTEGER)",
+              'CREATE TABLE "straße"(id TEXT PRIMARY KEY NOT NULL, v INTEGER)',
+              "INSERT INTO \"straße\" VALUES ('k', 1)"])
+    r = sp(sites["a"], "attach", dba, "--all-tables", "--json")
+    assert {t["table"] for t in json.loads(r.out)["tables"]} == {"SQLiteStats", "sqlitex",
+                                                                  "straße"}
+    app(dbb, ["CREATE TABLE STRASSE(id TEXT PRIMARY KEY NOT NULL, note TEXT)",
+              "CREATE TABLE sqlitex(id TEXT PRIMARY KEY NOT NULL, v INTEGER)"])
+    sp(sites["b"], "attach", dbb, "--table", "sqlitex")
+    exchange(tmp_path, sites)
+    assert table(dbb, '"straße"') == [("k", "text", 1, "integer")]
+    assert table(dbb, "STRASSE") == []
+    for n in sites:
+        sp(sites[n], "fsck")

@@ -36,6 +36,7 @@ from syncpack.attach import applying, capturing, reader, rows, schema, shapes, w
 from syncpack.errors import (AttachBusyError, AttachError, InvalidNameError, LockedError,
                              UsageError, arg)
 from syncpack.format import codec
+from syncpack.rules import sqltext
 from syncpack.rules.conflict import Version
 from syncpack.site import SYS_PREFIX, TABLES, Site, check_collection, wall_ms
 from syncpack.store import appdb, attached, chain
@@ -329,11 +330,11 @@ def _follow_new_tables(site: Site) -> list[str]:
         # SQLite's names ignore case: a peer's 'Items' beside this application's 'items'
         # is a table the application has (creating it failed at every capture)
         plain, virtual = appdb.user_tables(app)
-        taken = {n.casefold() for n in [*plain, *virtual]}
+        taken = {sqltext.fold(n) for n in [*plain, *virtual]}
         while names:
             refused = []
             for name in names:
-                if name.casefold() in taken or appdb.table_info(app, name) is not None:
+                if sqltext.fold(name) in taken or appdb.table_info(app, name) is not None:
                     continue
                 problem = _check_table(site, app, name, attached.tables(site.conn))
                 if problem is not None:
@@ -486,7 +487,7 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     # (a name starting with appdb.MAYBE would read as another table's notes in the change
     # table, which marks the keys a REPLACE may have removed that way)
     # SQLite matches names whatever their case: _SYNCPACK_x is a name of ours as well
-    if name.casefold().startswith((SYS_PREFIX, appdb.TRIGGER_PREFIX, "sqlite_", appdb.MAYBE)):
+    if sqltext.fold(name).startswith((SYS_PREFIX, appdb.TRIGGER_PREFIX, "sqlite_", appdb.MAYBE)):
         return f"table name {name!r} is reserved"
     try:
         check_collection(name)      # its rows travel as the collection of its name
@@ -502,7 +503,7 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
             return f"{name} is a view; only ordinary tables can be replicated"
         if d is None:
             plain, _virtual = appdb.user_tables(app)
-            alike = [n for n in plain if n.casefold() == name.casefold()]
+            alike = [n for n in plain if sqltext.fold(n) == sqltext.fold(name)]
             if alike:
                 # the table's own spelling names the collection at every site
                 return (f"no table {name} in the database (names are matched exactly: did you "

@@ -171,9 +171,9 @@ def _same_but_case(t: appdb.TableInfo, known: set[str]) -> None:
     another case: SQLite takes the two for one column (it folds ASCII letters only), while
     records name their fields exactly, so each site's rows would wait at the other for a
     column no site can add ('duplicate column name')."""
-    folded = {k.encode().lower(): k for k in known}
-    clash = [(c, folded[c.encode().lower()]) for c in t.columns
-             if c not in known and c.encode().lower() in folded]
+    folded = {sqltext.fold(k): k for k in known}
+    clash = [(c, folded[sqltext.fold(c)]) for c in t.columns
+             if c not in known and sqltext.fold(c) in folded]
     if clash:
         mine, theirs = clash[0]
         raise AttachError(

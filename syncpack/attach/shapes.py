@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from syncpack.rules import sqltext
+
 # Every change that stops capture is explained with this hint.
 REFRESH_HINT = ("roll the change out at every site at the same release, then run 'syncpack "
                 "attach {db} --refresh --table {table}' at each; until then the table's changes "
@@ -100,7 +102,7 @@ def defines(text: str, column: str) -> bool:
         return False
     name = m.group(1).replace('""', '"') if m.group(1) is not None else \
         next(g for g in m.groups()[1:] if g is not None)
-    return name.lower() == column.lower()
+    return sqltext.fold(name) == sqltext.fold(column)
 
 
 def ops_of(definitions: list[Any]) -> list[dict]:

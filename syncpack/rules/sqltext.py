@@ -1,9 +1,20 @@
 """Pure reading of SQL text: where its quotes and comments are, where its top-level commas
-are, how many concatenations it holds.  No I/O; no parsing beyond that."""
+are, how many concatenations it holds, when two names are one.  No I/O; no parsing beyond
+that."""
 
 from __future__ import annotations
 
+import string
 from typing import Iterator
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def fold(name: str) -> str:
+    """``name`` as SQLite compares names of tables and columns: ASCII letters without case,
+    every other character as it is ('Items' is 'items', 'STRASSE' is not 'straße', 'Ä' is
+    not 'ä', where Python's lower() and casefold() make them one)."""
+    return name.translate(_ASCII_LOWER)
 
 
 def _outside_quotes(text: str) -> Iterator[tuple[int, str]]:

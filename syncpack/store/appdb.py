@@ -310,8 +310,8 @@ def user_tables(conn: Connection) -> tuple[list[str], list[str]]:
     plain, virtual = [], []
     for name, kind in conn.execute(
             "SELECT name, type FROM pragma_table_list WHERE schema = 'main' AND "
-            "type IN ('table', 'virtual', 'shadow') AND name NOT LIKE 'sqlite_%' AND "
-            "name NOT LIKE '\\_syncpack\\_%' ESCAPE '\\' ORDER BY name"):
+            "type IN ('table', 'virtual', 'shadow') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
+            "AND name NOT LIKE '\\_syncpack\\_%' ESCAPE '\\' ORDER BY name"):
         (plain if kind == "table" else virtual).append(name)
     return plain, virtual
 
@@ -795,7 +795,7 @@ def _references_ours(conn: Connection, table: str) -> str | None:
     """Why a foreign key of ``table`` (made from a peer's text) may not stand: it refers to a
     table of SQLite's or syncpack's."""
     for row in conn.execute(f"PRAGMA foreign_key_list({q(table)})").fetchall():
-        if row[2].lower().startswith(_NEVER_REFERENCED):
+        if sqltext.fold(row[2]).startswith(_NEVER_REFERENCED):
             return f"a foreign key refers to table {row[2]!r}, which is not the application's"
     return None
 
@@ -805,9 +805,9 @@ def _refers_elsewhere(conn: Connection, table: str, replicated: Collection[str])
     to a table that is not replicated here (nor ``table`` itself).  Such a table's rows are
     each site's own, and a peer's row referring to one of them would keep the application
     from deleting or changing it."""
-    ok = {n.lower() for n in replicated} | {table.lower()}
+    ok = {sqltext.fold(n) for n in replicated} | {sqltext.fold(table)}
     for row in conn.execute(f"PRAGMA foreign_key_list({q(table)})").fetchall():
-        if row[2].lower() not in ok:
+        if sqltext.fold(row[2]) not in ok:
             return (f"a foreign key refers to table {row[2]!r}, which is not attached here (its "
                     f"rows are this site's own, and the peers' rows referring to them would "
                     f"keep the application from changing them; attach it too)")
@@ -1239,7 +1239,7 @@ def _in_order(t: TableInfo) -> str:
     origin, not after it); any other as :func:`changed_records` finds them fastest, in no
     order promised (an order by last change: 1M rows took 2.1 s to the first row against
     0.3 s)."""
-    self_ref = t.name.lower() in {p.lower() for p in t.parents}
+    self_ref = sqltext.fold(t.name) in {sqltext.fold(p) for p in t.parents}
     return " ORDER BY c.s" if self_ref or t.by_change else ""
 
 
@@ -1525,7 +1525,7 @@ def self_deleting_triggers(conn: Connection, t: TableInfo) -> list[str]:
     found: set[str] = set()
 
     def authorize(action, table, _column, _db, trigger):
-        if (action == apsw.SQLITE_DELETE and trigger and (table or "").lower() == t.name.lower()
+        if (action == apsw.SQLITE_DELETE and trigger and sqltext.fold(table or "") == sqltext.fold(t.name)
                 and not trigger.startswith(TRIGGER_PREFIX)):
             found.add(trigger)
         return apsw.SQLITE_OK
@@ -1915,7 +1915,7 @@ def _actions_on(conn: Connection, table: str, cache: dict
                 "SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
             fks: dict[int, tuple[str, list, list, str]] = {}
             for r in conn.execute(f"PRAGMA foreign_key_list({q(child)})").fetchall():
-                if r[2].lower() == table.lower() and r[6] in ("CASCADE", "SET NULL",
+                if sqltext.fold(r[2]) == sqltext.fold(table) and r[6] in ("CASCADE", "SET NULL",
                                                                "SET DEFAULT"):
                     f = fks.setdefault(r[0], (child, [], [], r[6]))
                     f[1].append(r[3])
@@ -1934,7 +1934,7 @@ def foreign_key_actions(conn: Connection, table: str) -> list[str]:
     out = []
     for (child,) in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
         for r in conn.execute(f"PRAGMA foreign_key_list({q(child)})").fetchall():
-            if table.lower() not in (child.lower(), r[2].lower()):
+            if sqltext.fold(table) not in (sqltext.fold(child), sqltext.fold(r[2])):
                 continue
             for when, action in (("UPDATE", r[5]), ("DELETE", r[6])):
                 if action not in ("NO ACTION", "RESTRICT"):
@@ -1990,7 +1990,7 @@ def deletes_reach_further(conn: Connection, table: str) -> bool:
         return True
     for (other,) in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'").fetchall():
         for r in conn.execute(f"PRAGMA foreign_key_list({q(other)})").fetchall():
-            if r[2].lower() == table.lower():
+            if sqltext.fold(r[2]) == sqltext.fold(table):
                 return True
     return False
 
