@@ -825,8 +825,7 @@ def fsck(obj: Ctx):
     Example:
       syncpack --site boston fsck
     """
-    s = obj.open()
-    doc = inspection.fsck(s)
+    doc = inspection.fsck_opening(obj.open)
     if obj.json:
         obj.emit(doc)
     if not doc["ok"]:

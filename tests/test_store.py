@@ -371,7 +371,24 @@ def break_drop_version(p: Path):
     sql(p, ("DELETE FROM versions WHERE collection='parts' AND key='q2'",))
 
 
+def break_versions_page(p: Path):
+    """Bytes of the records' page damaged on disk: the roster is read from that table, so
+    fsck's own checks failed and it said only 'the site store cannot be used', with the
+    hint to run fsck."""
+    c = sqlite3.connect(str(p / DB_NAME), isolation_level=None)
+    try:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        root = c.execute("SELECT rootpage FROM sqlite_schema WHERE name='versions'").fetchone()[0]
+        size = c.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        c.close()
+    with open(p / DB_NAME, "r+b") as f:
+        f.seek((root - 1) * size + size - 200)
+        f.write(bytes(b ^ 0x5A for b in f.read(190)).ljust(190, b"\x5a"))
+
+
 @pytest.mark.parametrize("breaker, says", [
+    (break_versions_page, "sqlite integrity_check"),
     (break_delete_middle_op, "not contiguous"),
     (break_bump_vector, "vector says a is at epoch 9, changelog holds up to 8"),
     (break_change_value, "record parts/p1 differs from a replay"),

@@ -7,7 +7,7 @@ import os
 from itertools import chain as concat, groupby
 from operator import itemgetter
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from syncpack.admin import loading, writes
 from syncpack.attach import core as attach_core
@@ -221,6 +221,19 @@ def _load_batches(site: Site, parts, records: int, progress) -> dict:
     return {"loaded": loaded, "puts": loaded - deleted, "deletes": deleted}
 
 
+def fsck_opening(open_site: Callable[[], Site]) -> dict:
+    """:func:`fsck` of the site ``open_site`` opens: a store too damaged to open is a failed
+    check too (told as one, with its hint, not as an error whose hint is to run fsck)."""
+    try:
+        site = open_site()
+    except db.DatabaseError as e:
+        if isinstance(e, db.BusyErrors) or db.access_problem(e) is not None:
+            raise
+        return {"ok": False, "problems": [f"the store cannot be opened: {e}"],
+                "hint": DAMAGED_HINT, "changelog_ops": 0}
+    return fsck(site)
+
+
 def fsck(site: Site) -> dict:
     """Check the store's invariants; returns {"ok", "problems", ...}.  Under the site's lock:
     an import or capture running beside it commits the store and the attached file one after
@@ -232,49 +245,76 @@ def fsck(site: Site) -> dict:
 def _fsck(site: Site) -> dict:
     c = site.conn
     problems: list[str] = []
+    stats: dict = {}
     with db.read_txn(c):
         # read in the snapshot the checks use: a local write committed before it (through
         # the API, which takes no lock) would otherwise read as a vector the changelog lacks
         site.invalidate()
-        names = site.names()
-        vec = site.vector()
-        floors = site.floors()
         try:
             ic = db.integrity_check(c)
             if ic:
                 problems.append("sqlite integrity_check: " + "; ".join(ic))
         except Exception as e:  # a damaged file can fail the check itself
             problems.append(f"sqlite integrity_check failed: {e}")
-        stats = chain.held_ranges(c)
-        for o in set(stats) | set(vec):
-            nm = names.get(o, o.hex())
-            floor = floors.get(o, 0)
-            lo, hi, n = stats.get(o, (None, None, 0))
-            if n:
-                if lo > floor + 1 or chain.count_range(c, o, floor, hi) != hi - floor:
-                    problems.append(f"changelog of {nm} is not contiguous: {n} ops between "
-                                    f"epochs {lo} and {hi}, floor {floor}")
-                if vec.get(o) != hi:
-                    problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog "
-                                    f"holds up to {hi}")
-            elif vec.get(o, 0) != floor:
-                problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog holds "
-                                f"nothing above floor {floor}")
-        problems += _block_check(site)
-        max_hlc = chain.max_hlc(c)
-        if max_hlc > site.last_hlc():
-            problems.append("clock is behind a CSN in the changelog")
-        problems += _replay_check(site)
-    in_app = attach_core.check(site)
+        try:
+            stats = _store_checks(site, problems)
+        except db.DatabaseError as e:
+            return _unreadable(problems, e)
+    try:
+        in_app = attach_core.check(site)
+    except db.DatabaseError as e:
+        return _unreadable(problems, e)
     if in_app and not problems:
         # The store is sound and only the application's file differs from it: a backup of the
         # store would not help; taking the rows as they are does.
         hint = attach_core.check_hint(site, in_app)
     else:
-        hint = "restore the site from a backup, or re-seed it with a snapshot"
+        hint = DAMAGED_HINT
     problems += in_app
     return {"ok": not problems, "problems": problems, "hint": None if not problems else hint,
             "changelog_ops": sum(s[2] for s in stats.values()) if stats else 0}
+
+
+DAMAGED_HINT = "restore the site from a backup, or re-seed it with a snapshot"
+
+
+def _unreadable(problems: list[str], e: BaseException) -> dict:
+    """fsck's report when damage (which SQLite's own check named) stops its other checks:
+    said as their failure, rather than as an error whose hint is to run fsck."""
+    if isinstance(e, db.BusyErrors):
+        raise e
+    return {"ok": False, "hint": DAMAGED_HINT, "changelog_ops": 0,
+            "problems": problems + [f"the other checks could not read the store: {e}"]}
+
+
+def _store_checks(site: Site, problems: list[str]) -> dict:
+    """The checks of the store past SQLite's own, each failure added to ``problems``;
+    returns each origin's held changelog ranges."""
+    c = site.conn
+    names = site.names()
+    vec = site.vector()
+    floors = site.floors()
+    stats = chain.held_ranges(c)
+    for o in set(stats) | set(vec):
+        nm = names.get(o, o.hex())
+        floor = floors.get(o, 0)
+        lo, hi, n = stats.get(o, (None, None, 0))
+        if n:
+            if lo > floor + 1 or chain.count_range(c, o, floor, hi) != hi - floor:
+                problems.append(f"changelog of {nm} is not contiguous: {n} ops between "
+                                f"epochs {lo} and {hi}, floor {floor}")
+            if vec.get(o) != hi:
+                problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog "
+                                f"holds up to {hi}")
+        elif vec.get(o, 0) != floor:
+            problems.append(f"vector says {nm} is at epoch {vec.get(o)}, changelog holds "
+                            f"nothing above floor {floor}")
+    problems += _block_check(site)
+    max_hlc = chain.max_hlc(c)
+    if max_hlc > site.last_hlc():
+        problems.append("clock is behind a CSN in the changelog")
+    problems += _replay_check(site)
+    return stats
 
 
 def _block_check(site: Site) -> list[str]:
