@@ -82,6 +82,24 @@ class _SiteName(_Text):
 SITE_NAME = _SiteName()
 
 
+class _MemberName(_Text):
+    """The name of a member (a peer, an origin): what no site can be named is a usage error
+    (exit 2), as for a new site's name, not a member this family lacks (exit 1).  Names a
+    family already holds are not checked against rules added since (format/names.py)."""
+    name = "name"
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        try:
+            names.check_site_name(value)
+        except SyncpackError as e:
+            self.fail(f"{e.message} ({e.hint})", param, ctx)
+        return value
+
+
+MEMBER_NAME = _MemberName()
+
+
 def _utf8_path(value: str) -> str | None:
     """Why ``value`` cannot be a path syncpack uses, or None: the store records the paths of
     what it writes and reads (packets, the attached database), as UTF-8 text."""
@@ -846,7 +864,7 @@ def fsck(obj: Ctx):
 # --- sync -------------------------------------------------------------------------------------
 
 @cli.command("export")
-@click.option("--to", "to", type=TEXT, multiple=True, metavar="PEER",
+@click.option("--to", "to", type=MEMBER_NAME, multiple=True, metavar="PEER",
               help="Peer to export to (repeat).")
 @click.option("--all", "all_peers", is_flag=True, help="Export to every other member.")
 @click.option("--out", required=True, type=_Path(file_okay=False),
@@ -1122,7 +1140,7 @@ def _matrix_table(doc: dict) -> str:
 
 
 @cli.command()
-@click.argument("peer", type=TEXT)
+@click.argument("peer", type=MEMBER_NAME)
 @click.argument("settings", type=TEXT, nargs=-1, required=True, metavar="ORIGIN=EPOCH...")
 @click.pass_obj
 def chepoch(obj: Ctx, peer, settings):
@@ -1352,7 +1370,7 @@ def collection_ls(obj: Ctx):
 
 
 @cli.command()
-@click.argument("member", type=TEXT)
+@click.argument("member", type=MEMBER_NAME)
 @click.argument("priority", type=PRIORITY)
 @click.pass_obj
 def priority(obj: Ctx, member, priority):
@@ -1433,7 +1451,8 @@ def scrub(obj: Ctx, dry_run, min_age):
 
 
 @cli.command()
-@click.option("--to", "peer", type=TEXT, required=True, metavar="PEER", help="Member to re-seed.")
+@click.option("--to", "peer", type=MEMBER_NAME, required=True, metavar="PEER",
+              help="Member to re-seed.")
 @click.option("--out", required=True, type=_Path(file_okay=False),
               help="Directory (e.g. a mounted USB stick) to write the snapshot packet(s) into.")
 @click.option("--max-size", callback=_size, help="Largest packet, bytes or with K/M/G/T "
@@ -1463,7 +1482,7 @@ def resync(obj: Ctx, peer, out, max_size, encrypt, create_out):
 
 
 @cli.command()
-@click.argument("name", type=TEXT)
+@click.argument("name", type=MEMBER_NAME)
 @click.option("--undo", is_flag=True,
               help="Reinstate NAME instead: a retirement made by mistake, or written by a "
                    "member that lied; its packets are accepted again.")

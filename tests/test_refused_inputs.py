@@ -954,6 +954,22 @@ def test_an_option_of_one_value_given_twice_is_a_usage_error(abc, tmp_path):
     assert r.code == 0 and run("get", "parts", "--", "--site", site=a).out.strip() == "1", r
 
 
+def test_a_member_named_as_no_site_can_be_is_a_usage_error(abc, tmp_path):
+    """The exit codes' rule: a site name that cannot be one is exit 2, as keygen gives;
+    naming a peer so ('export --to ../x') was exit 1, 'no member named'."""
+    a = abc.path("a")
+    before = observe(a)
+    for args in (("export", "--to", "../x", "--out", tmp_path / "o", "--create-out"),
+                 ("export", "--to", "", "--out", tmp_path / "o", "--create-out"),
+                 ("resync", "--to", "a/b", "--out", tmp_path / "o"), ("priority", "", "5"),
+                 ("chepoch", "../x", "a=1"), ("rmreplica", "x" * 65)):
+        r = run(*args, site=a)
+        assert r.code == 2 and "invalid site name" in r.err, (args, r)
+    assert not (tmp_path / "o").exists() and observe(a) == before
+    r = run("export", "--to", "zz", "--out", tmp_path / "o", "--create-out", site=a)
+    assert r.code == 1 and "members: a, b, c" in r.err, r     # a name, of no member
+
+
 @pytest.mark.parametrize("value", ["NaN", '{"a": 1e999}', "[Infinity]",
                                    "18446744073709551616", '"\\ud800"'])
 def test_a_resolving_value_is_held_to_what_put_takes(abc, value):
