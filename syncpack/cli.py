@@ -184,6 +184,24 @@ class Ctx:
         self.verbose = verbose
         # Asked on Ctrl-C: (what was kept and what was rolled back, hint).
         self.interrupted: Callable[[], tuple[str, str | None]] | None = None
+        # The directories --create-out made, deepest first: a command that fails leaves
+        # them as they were, missing, where it wrote nothing into them.
+        self.made: list[Path] = []
+
+    def outbox(self, out: str, create: bool) -> None:
+        """Check (or with ``create``, make) the directory an export writes into."""
+        p = Path(out)
+        missing = [d for d in [p, *p.parents] if not os.path.lexists(d)]
+        packets.prepare_outbox(out, create, "pass --create-out to create it")
+        self.made = missing
+
+    def unmake_outbox(self) -> None:
+        for d in self.made:
+            try:
+                d.rmdir()
+            except OSError:     # something was written into it: kept
+                break
+        self.made = []
 
     def open(self, require_joined: bool = True) -> Site:
         s = Site.open(self.site_dir, require_joined=require_joined)
@@ -404,6 +422,15 @@ class Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
+            return self._invoke(ctx)
+        except BaseException as e:
+            if not (isinstance(e, SystemExit) and e.code in (0, None, 141)) and \
+                    isinstance(ctx.obj, Ctx):
+                ctx.obj.unmake_outbox()
+            raise
+
+    def _invoke(self, ctx: click.Context) -> Any:
+        try:
             return super().invoke(ctx)
         except BrokenPipeError:
             # The output's reader has gone ('syncpack conflicts | head -1'): the command's
@@ -511,10 +538,6 @@ def _create_out_option(f):
                         help="Create --out if it does not exist (default: a missing --out is "
                              "an error, so a mistyped or unmounted path never swallows "
                              "packets).")(f)
-
-
-def _outbox(out: str, create: bool) -> None:
-    packets.prepare_outbox(out, create, "pass --create-out to create it")
 
 
 def _size(ctx, param, value):
@@ -652,7 +675,7 @@ def mkreplica_export(obj: Ctx, name, pubkey, out, priority, max_size, encrypt, c
           --pubkey sanfran.pub --out /media/usb
     """
     s = obj.open()
-    _outbox(out, create_out)
+    obj.outbox(out, create_out)
     obj.on_interrupt(lambda: _mkreplica_interrupted(s, name))
     with obj.progress("snapshot", "records") as tick:
         parts = replica.mkreplica_export(s, name, pubkey, out, priority, max_size,
@@ -913,7 +936,7 @@ def export_(obj: Ctx, to, all_peers, out, max_size, engine, spark_master, log_di
     if engine == "spark":
         from syncpack.engine import spark_job
         spark_job.check_master(spark_master)
-    _outbox(out, create_out)
+    obj.outbox(out, create_out)
     obj.on_interrupt_of_one_commit(
         s, "packets of this run were written and recorded as sent before the interrupt "
            "('syncpack lsepoch' shows what each peer was sent); the next export writes only "
@@ -1470,7 +1493,7 @@ def resync(obj: Ctx, peer, out, max_size, encrypt, create_out):
       syncpack --site boston resync --to bangalore --out /media/usb
     """
     s = obj.open()
-    _outbox(out, create_out)
+    obj.outbox(out, create_out)
     obj.on_interrupt("no snapshot was recorded as sent (partial files were removed)",
                      "run the same resync again")
     with obj.progress("snapshot", "records") as tick:

@@ -954,6 +954,34 @@ def test_an_option_of_one_value_given_twice_is_a_usage_error(abc, tmp_path):
     assert r.code == 0 and run("get", "parts", "--", "--site", site=a).out.strip() == "1", r
 
 
+def test_a_failed_command_leaves_no_outbox_it_made(abc, tmp_path):
+    """--create-out made the directory before the command failed (a bad public key, a
+    member's name taken, a signing key gone), and left it behind, empty: a command that
+    fails changes nothing."""
+    a = abc.path("a")
+    before = observe(a)
+    junk = tmp_path / "junk.pub"
+    junk.write_text("not a key")
+    for args in (("mkreplica", "export", "--site", "d", "--pubkey", junk, "--out",
+                  tmp_path / "m" / "new", "--create-out"),
+                 ("mkreplica", "export", "--site", "b", "--pubkey",
+                  abc.path("b") / "keys" / "site.pub", "--out", tmp_path / "m" / "new",
+                  "--create-out")):
+        r = run(*args, site=a)
+        assert r.code in (1, 2) and not (tmp_path / "m").exists(), (args, r)
+    key = a / "keys" / "sign.key"
+    saved = key.read_bytes()
+    key.unlink()
+    try:
+        r = run("export", "--to", "b", "--out", tmp_path / "o" / "usb", "--create-out", site=a)
+        assert r.code == 1 and not (tmp_path / "o").exists(), r
+    finally:
+        key.write_bytes(saved)
+    assert observe(a) == before
+    r = run("export", "--to", "b", "--out", tmp_path / "o" / "usb", "--create-out", site=a)
+    assert r.code == 0 and any((tmp_path / "o" / "usb").rglob("*.spk")), r
+
+
 def test_a_member_named_as_no_site_can_be_is_a_usage_error(abc, tmp_path):
     """The exit codes' rule: a site name that cannot be one is exit 2, as keygen gives;
     naming a peer so ('export --to ../x') was exit 1, 'no member named'."""
