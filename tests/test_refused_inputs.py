@@ -982,6 +982,24 @@ def test_a_failed_command_leaves_no_outbox_it_made(abc, tmp_path):
     assert r.code == 0 and any((tmp_path / "o" / "usb").rglob("*.spk")), r
 
 
+def test_mkreplica_import_of_a_mistyped_path_or_one_named_twice(family, tmp_path):
+    """A mistyped path was told as 'ask the sender for a new snapshot'; the snapshot's
+    directory named twice (or with a file in it) as 'snapshot parts are incomplete: have
+    part(s) [0, 0]', with the hint to copy every part onto the medium."""
+    a = family.init("a")
+    d = tmp_path / "d"
+    assert run("keygen", d, "--site", "d").code == 0
+    usb = tmp_path / "usb"
+    assert run("mkreplica", "export", "--site", "d", "--pubkey", d / "keys" / "site.pub",
+               "--out", usb, "--create-out", site=a).code == 0
+    r = run("mkreplica", "import", tmp_path / "typo", site=d)
+    assert r.code == 1 and "check the path" in r.err and "new snapshot" not in r.err, r
+    snap = next(usb.rglob("*.spk"))
+    r = run("mkreplica", "import", usb, usb, snap, site=d)
+    assert r.code == 0, r
+    assert run("fsck", site=d).code == 0
+
+
 def test_a_member_named_as_no_site_can_be_is_a_usage_error(abc, tmp_path):
     """The exit codes' rule: a site name that cannot be one is exit 2, as keygen gives;
     naming a peer so ('export --to ../x') was exit 1, 'no member named'."""

@@ -188,12 +188,21 @@ def mkreplica_import(site: Site, paths: list[str | os.PathLike],
     if site.joined:
         raise SiteError(f"site {site.name!r} already belongs to family {site.family_name!r}",
                         hint="mkreplica import seeds a new site made with 'syncpack keygen'")
+    missing = [p for p in paths if not os.path.lexists(p)]
+    if missing:
+        raise PacketFormatError(f"{printable(missing[0])}: no such file or directory; "
+                                f"nothing was imported",
+                                hint="check the path (is the medium mounted?)")
     groups: dict[tuple[bytes, int], list] = {}
     errors: list[str] = []
     other_keys: list[str] = []     # made for this site's name under another key pair
     opened = []
+    seen: set[str] = set()
     try:
         for path, named in find_packet_files(paths):
+            if os.path.realpath(path) in seen:   # named twice, or found again in a directory
+                continue
+            seen.add(os.path.realpath(path))
             try:
                 pk = open_packet(path)
             except PacketError as e:
