@@ -196,7 +196,7 @@ class Site:
             raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}",
                              hint="lww: the newest write wins; priority: the higher-priority "
                                   "site")
-        if not family:
+        if not family.strip():      # blank is no name either: status would show none
             raise InvalidValueError("the family needs a name",
                                     hint="init DIR --family NAME --site NAME")
         check_priority(priority)

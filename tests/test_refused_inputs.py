@@ -922,8 +922,9 @@ def test_malformed_values_are_usage_errors_like_click_s_own(family):
     for size in ("65_536K", "1e6", "\uff16\uff14K", "+64K", "64 K", "0x10000"):
         r = run("export", "--to", "b", "--out", out, "--create-out", "--max-size", size, site=a)
         assert r.code == 2 and "not a size" in r.err and not out.exists(), (size, r)
-    r = run("init", family.root / "x", "--family", "", "--site", "x")
-    assert r.code == 2 and "needs a name" in r.err and not (family.root / "x").exists(), r
+    for blank in ("", "   ", "\t"):
+        r = run("init", family.root / "x", "--family", blank, "--site", "x")
+        assert r.code == 2 and "needs a name" in r.err and not (family.root / "x").exists(), r
 
 
 def test_an_option_of_one_value_given_twice_is_a_usage_error(abc, tmp_path):
