@@ -751,7 +751,12 @@ def put(obj: Ctx, collection, key, value):
     """
     if value == "-":
         # Large values do not fit the shell's argument limit.
-        value = sys.stdin.read()
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        try:
+            value = data.decode("utf-8-sig") if isinstance(data, bytes) else data
+        except UnicodeDecodeError as e:
+            raise click.BadParameter(f"standard input is not UTF-8 text (byte {e.start})",
+                                     param_hint="'JSON'") from None
     v = _json_value(value)
     _table_warning(obj, writes.put(obj.open(), collection, key, v))
     obj.emit({"collection": collection, "key": key, "value": v})

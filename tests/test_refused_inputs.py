@@ -1001,6 +1001,17 @@ def test_mkreplica_import_of_a_mistyped_path_or_one_named_twice(family, tmp_path
     assert run("fsck", site=d).code == 0
 
 
+def test_put_from_standard_input_says_when_it_is_not_utf8(family):
+    """Bytes that are not UTF-8 on put's standard input were told as 'not valid JSON
+    (Expecting value)'; load says 'not UTF-8' of the same bytes.  A byte-order mark, as some
+    editors write, is no part of the value."""
+    a = family.init("a")
+    r = run("put", "c", "k", "-", site=a, input=b'"a\xff"')
+    assert r.code == 2 and "not UTF-8" in r.err, r
+    r = run("put", "c", "k", "-", site=a, input='\ufeff{"x": "é"}'.encode())
+    assert r.code == 0 and run("get", "c", "k", site=a).out.strip() == '{"x": "é"}', r
+
+
 def test_a_member_named_as_no_site_can_be_is_a_usage_error(abc, tmp_path):
     """The exit codes' rule: a site name that cannot be one is exit 2, as keygen gives;
     naming a peer so ('export --to ../x') was exit 1, 'no member named'."""
