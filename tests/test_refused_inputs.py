@@ -280,9 +280,13 @@ def test_a_packet_cut_to_nothing_in_an_inbox_is_rejected_not_skipped(ab_packets)
     r = run("import", pkts[0].parent, site=fam.path("b"))
     line = refused(r, "0 bytes, too small to be a packet")
     assert pkts[0].name in line and "hint: " in r.err, r
+    # lspacket says it as import does (it printed nothing, exit 0)
+    r = run("lspacket", pkts[0].parent)
+    assert r.code == 1 and pkts[0].name in r.err and "too small" in r.err, r
     (pkts[0].parent / "notes.txt").write_text("")          # other files are still left alone
     pkts[0].unlink()
     assert run("import", pkts[0].parent, site=fam.path("b")).code == 0
+    assert run("lspacket", pkts[0].parent).code == 0
 
 
 def test_lspacket_with_a_site_that_is_none_says_so(ab_packets, tmp_path):

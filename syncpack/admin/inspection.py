@@ -27,7 +27,7 @@ from syncpack.admin.conflicts import count_conflicts
 from syncpack.exchange.links import (acknowledgements, believed, link, matrix,
                                      ranges_from_blob)
 from syncpack.exchange.verify import (DEFAULT_SKEW_MS, find_packet_files, open_packet,
-                                      printable, signature_state)
+                                      printable, signature_state, told_if_unreadable)
 from syncpack.progress import expect
 
 
@@ -428,7 +428,7 @@ def lspacket(paths: list[str], site: Site | None = None) -> dict:
         try:
             pk = open_packet(path)
         except PacketError as e:
-            if named:
+            if told_if_unreadable(path, named):     # as import tells it
                 errors.append({"path": printable(path), "error": str(e), "hint": e.hint})
             continue
         try:

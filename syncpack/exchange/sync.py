@@ -30,15 +30,15 @@ from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBod
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement,
                                      raise_matrix, ranges_blob, seal_key, tip_for, vec_blob,
                                      vec_from_blob, waiting_gaps)
-from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef, MediumRoom,
+from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, MediumRoom,
                                        PartInfo, atomic_opener, build_update_packets, order_blocks,
                                        packet_dir, packet_name)
 from syncpack.progress import expect
 from syncpack.admin.recovery import RECOVERING, stash_own
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import (DEFAULT_SKEW_MS, JoinedPiecesPacket, OpenPacket,
-                                      find_packet_files, has_magic, is_regular, open_packet,
-                                      piece_bytes, printable, verify)
+                                      find_packet_files, open_packet,
+                                      piece_bytes, printable, told_if_unreadable, verify)
 
 # The attached-application code (and all it imports) loads only at a site that has one: an
 # import elsewhere starts without it.
@@ -599,8 +599,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
                 # A damaged or too new packet is not silent, nor one with a packet's name
                 # that is cut short before its magic (a stick pulled out mid-copy): left out
                 # as 'not a packet', a -q round from cron never said it.
-                if named or has_magic(path) or path.name.endswith(PACKET_SUFFIX) and \
-                        is_regular(path):
+                if told_if_unreadable(path, named):
                     res.rejected.append({"path": shown, "error": str(e), "hint": e.hint})
                 else:
                     res.ignored.append(shown)   # in a directory: not a packet, left alone

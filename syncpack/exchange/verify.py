@@ -153,6 +153,14 @@ def find_packet_files(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, bo
     return out
 
 
+def told_if_unreadable(path: Path, named: bool) -> bool:
+    """Whether a file that does not open as a packet is told about (import rejects it,
+    lspacket lists it): one named on the command line, or one found in a directory that
+    begins as a packet or bears a packet's name (a stick pulled out mid-copy cuts a packet
+    short before its magic).  Any other file there is not a packet, and left alone."""
+    return named or has_magic(path) or path.name.endswith(PACKET_SUFFIX) and is_regular(path)
+
+
 def has_magic(path: Path) -> bool:
     """Whether a file found in a directory is to be told about when it does not open as a
     packet: it begins as one, or it cannot even be read to tell."""
