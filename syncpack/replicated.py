@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from syncpack.errors import UsageError
+from syncpack.errors import IntegrityError, UndecodableRecordError, UsageError
 from syncpack.format import codec
 from syncpack.rules.conflict import Version, pick
 from syncpack.store import fields, versions
@@ -109,7 +109,17 @@ class Replicated:
     def family_settings(self, conn) -> dict:
         """The family's replicated settings (name, policy, sealing rule)."""
         v = pick(versions.of_key(conn, FAMILY, FAMILY_KEY), "lww", {})
-        settings = codec.decode_value(v.value) if v is not None and v.value is not None else {}
+        try:
+            settings = codec.decode_value(v.value) if v is not None and v.value is not None \
+                else {}
+        except UndecodableRecordError:
+            # Read as no settings, a damaged store would drop the family's sealing rule;
+            # and no put can replace a record of syncpack's
+            raise IntegrityError(f"the family's settings ({FAMILY}/{FAMILY_KEY}) in this "
+                                 f"store are damaged: {len(v.value)} bytes that are not a "
+                                 f"value",
+                                 hint="run 'syncpack fsck'; restore the site from a backup, "
+                                      "or re-seed it with a snapshot") from None
         # Imports refuse malformed settings; a store that holds some anyway still opens.
         return settings if isinstance(settings, dict) else {}
 

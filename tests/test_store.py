@@ -626,3 +626,15 @@ def test_execute_rows_runs_every_row_in_order(tmp_path_factory, n, width):
     assert [tuple(r) for r in got] == rows
 
 
+
+
+def test_damaged_family_settings_are_told_as_damage_with_fsck_as_the_way(site_dir):
+    """A store whose family settings record is not a value (damaged on disk, or edited) made
+    every command fail with 'a record is not a value (1 bytes as its origin signed them)',
+    naming no record, with the hint to replace it by a put, which no user can do there."""
+    sql(site_dir, ("UPDATE versions SET value=x'c7' WHERE collection='$family'",))
+    r = run("put", "parts", "k", "1", site=site_dir)
+    assert r.code == 1 and "$family/settings" in r.err and "fsck" in r.err, r
+    assert "origin signed" not in r.err
+    r = run("fsck", site=site_dir)
+    assert r.code == 1 and "$family/settings" in r.out, r
