@@ -66,38 +66,26 @@ LOCK_WAIT_S = 60.0
 
 
 class _SiteName(_Text):
-    """The name of a new site, by the one rule (format/names.py), refused as a usage error
-    (exit 2) like any other malformed value."""
+    """A site's name, by the one rule (format/names.py), refused as a usage error (exit 2)
+    like any other malformed value: ``rule`` names the check, check_new_site_name for a site
+    made now, check_site_name for a member's (a family's names are not held to rules added
+    since; a name no site can have is a usage error, not a member the family lacks)."""
     name = "name"
+
+    def __init__(self, rule: str):
+        self.rule = rule
 
     def convert(self, value, param, ctx):
         value = super().convert(value, param, ctx)
         try:
-            names.check_new_site_name(value)
+            getattr(names, self.rule)(value)
         except SyncpackError as e:
             self.fail(f"{e.message} ({e.hint})", param, ctx)
         return value
 
 
-SITE_NAME = _SiteName()
-
-
-class _MemberName(_Text):
-    """The name of a member (a peer, an origin): what no site can be named is a usage error
-    (exit 2), as for a new site's name, not a member this family lacks (exit 1).  Names a
-    family already holds are not checked against rules added since (format/names.py)."""
-    name = "name"
-
-    def convert(self, value, param, ctx):
-        value = super().convert(value, param, ctx)
-        try:
-            names.check_site_name(value)
-        except SyncpackError as e:
-            self.fail(f"{e.message} ({e.hint})", param, ctx)
-        return value
-
-
-MEMBER_NAME = _MemberName()
+SITE_NAME = _SiteName("check_new_site_name")
+MEMBER_NAME = _SiteName("check_site_name")
 
 
 def _utf8_path(value: str) -> str | None:
