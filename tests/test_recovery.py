@@ -375,6 +375,40 @@ def test_a_restored_site_waits_for_its_ops_when_every_site_exports_before_import
         assert status(fam, n)["forks"] == [], n
 
 
+def test_a_restored_site_never_writes_over_its_packets_still_on_the_medium(family):
+    """The medium every site exports to and imports from (MEDIA, MEDIA/<site>) held a packet
+    of B's not yet imported when B was restored from a backup.  B's store numbered its next
+    packet from what the backup remembered sending: the same name, which replaced the packet
+    on the medium, and the change it carried was lost at every site, silently (digests
+    agreed, fsck passed)."""
+    fam = three_sites(family)
+    media = fam.root / "media"
+    for n in fam.sites:         # the rounds of a batch: one medium, a directory per site
+        assert run("export", "--all", "--out", media, "--create-out", site=fam.path(n)).code == 0
+    for n in fam.sites:
+        if (media / n).exists():
+            assert run("import", media / n, site=fam.path(n)).code == 0
+    copy = backup(fam, "B")
+    fam.put("B", "t", "b1", "on the medium only")
+    assert run("export", "--all", "--out", media, site=fam.path("B")).code == 0
+    waiting = {p: p.read_bytes() for p in media.rglob("*.spk") if p.parent.name == "B"
+               and p.parent.parent.name != "B"}
+    put_back(fam, "B", copy)
+    assert run("restore", site=fam.path("B")).code == 0
+    for _ in range(3):
+        for n in fam.sites:
+            assert run("export", "--all", "--out", media, site=fam.path(n)).code == 0
+            if n == "B":        # its packets of before the restore are still there, whole
+                assert all(p.read_bytes() == b for p, b in waiting.items())
+        for n in fam.sites:
+            if (media / n).exists():
+                assert run("import", media / n, site=fam.path(n)).code == 0
+    for n in fam.sites:
+        with fam.open(n) as s:
+            assert s.get("t", "b1") == "on the medium only", n
+    assert_converged(fam)
+
+
 def test_restore_without_the_command_is_detected_on_import(family):
     fam = three_sites(family)
     copy = _history_after_backup(fam)

@@ -489,7 +489,8 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         starter: _SessionStarter | None = None
         exports.begin_snapshot(conn)  # one read snapshot: plan, log catch-up and coverage check
         try:
-            plans = plan_exports(site, peers, now, failed, sign=sign, max_size=max_size)
+            plans = plan_exports(site, peers, now, failed, sign=sign, max_size=max_size,
+                                 out=Path(out_dir))
             seal = [seal_key(site, p.peer, encrypt) for p in plans]
             sizes = [exports.block_sizes(conn, p.blocks) for p in plans]
             # Every cut is decided here, before any job: executors only fill planned bodies.

@@ -59,6 +59,21 @@ def packet_name(seq: int, part: int, kind: str = "") -> str:
     return f"{seq:010d}-{part:04d}{'.' + kind if kind else ''}{PACKET_SUFFIX}"
 
 
+_PACKET_NAME = re.compile(r"(\d{10})-\d{4}(?:\.[a-z]+)?" + re.escape(PACKET_SUFFIX))
+
+
+def seq_on_medium(out: Path, sender: str, recipient: str) -> int:
+    """The highest link sequence number of the packets already in ``out`` for ``recipient``
+    from ``sender`` (0 for none, or none readable).  A site restored from a backup has
+    forgotten the packets it wrote since: numbered from its store alone, its next packet took
+    the name of one still on the medium, not yet imported, and replaced it (its ops lost)."""
+    try:
+        names = os.listdir(packet_dir(out, sender, recipient))
+    except (OSError, ExportError):
+        return 0
+    return max((int(m[1]) for n in names if (m := _PACKET_NAME.fullmatch(n))), default=0)
+
+
 def packet_dir(out: Path, sender: str, recipient: str) -> Path:
     """Media layout: OUT/<recipient>/<sender>/.  Both names are checked again here, whatever
     the roster holds, and the result must stay inside OUT."""

@@ -30,9 +30,9 @@ from syncpack.errors import (AttachError, ExportError, ForkFoundError, PacketBod
 from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_acknowledgement,
                                      raise_matrix, ranges_blob, seal_key, tip_for, vec_blob,
                                      vec_from_blob, waiting_gaps)
-from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, MediumRoom,
-                                       PartInfo, atomic_opener, build_update_packets, order_blocks,
-                                       packet_dir, packet_name)
+from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, MediumRoom, PartInfo,
+                                       atomic_opener, build_update_packets, order_blocks,
+                                       packet_dir, packet_name, seq_on_medium)
 from syncpack.progress import expect
 from syncpack.admin.recovery import RECOVERING, stash_own
 from syncpack.site import Site, wall_ms
@@ -196,8 +196,9 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
 def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                  failed: list[SyncpackError] | None = None,
                  sign: Callable[[bytes], bytes] | None = None,
-                 max_size: int | None = None) -> list[PeerPlan]:
-    """Inside a read snapshot: what each peer lacks, and the header it will get.  A peer that
+                 max_size: int | None = None, out: Path | None = None) -> list[PeerPlan]:
+    """Inside a read snapshot: what each peer lacks, and the header it will get (numbered
+    past any packet of ours already in ``out`` for it: packets.seq_on_medium).  A peer that
     cannot be served (below our changelog floor, or a roster name that cannot be a path)
     raises, or with ``failed`` is left out and its error collected, so one peer does not stop
     the packets for the others.  ``sign`` signs our acknowledgement for the header.  What the
@@ -253,7 +254,9 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
                       advisory=[codec.FEATURE_FORKS] if heads or evidence or kept else [],
                       family=site.family_id, sender=site.site_id,
-                      recipient=peer, packet_id=b"", seq=lk["out_seq"] + 1, part=0, final=True,
+                      recipient=peer, packet_id=b"",
+                      seq=max(lk["out_seq"], seq_on_medium(out, site.name, name)
+                              if out is not None else 0) + 1, part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),
                       tip=tip_for(site, peer, vec), anchors=_anchors(site, ranges, metas, peer),
@@ -316,7 +319,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         outbox = out if out.is_dir() else None
         exports.begin_snapshot(conn)  # one read snapshot for plan and ops alike
         try:
-            plans = plan_exports(site, peers, now, failed, sign, max_size)
+            plans = plan_exports(site, peers, now, failed, sign, max_size, out)
             expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
                 d = packet_dir(out, site.name, plan.name)
