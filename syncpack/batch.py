@@ -137,10 +137,11 @@ import errno
 import os
 import time
 import tomllib
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from syncpack.admin import inspection, metrics, recovery
 from syncpack.attach import core as attach_core
@@ -659,10 +660,14 @@ class _Round:
 
 def run_batch(config_path: str | os.PathLike,
               progress: Callable[[int], None] | None = None,
-              interrupted: dict | None = None) -> dict:
+              interrupted: dict | None = None,
+              when_done: Callable[[], ContextManager] = nullcontext) -> dict:
     """Run one round as configured in ``config_path``; returns the summary (module docstring).
     An interrupted round says in its log and its metrics what it kept, and in
-    ``interrupted["kept"]`` for the caller to tell.
+    ``interrupted["kept"]`` for the caller to tell.  Once every action has run, the round is
+    summed up, its metrics written and its end logged inside ``when_done()`` (the command
+    line holds off Ctrl-C and SIGTERM there: an interrupt then left the metrics of the round
+    before, saying all was well, and no end line in the log).
 
     Raises :class:`BatchConfigError` for a bad configuration (nothing done) and
     :class:`BatchLockedError` when another round holds the site (nothing done).  Failures of
@@ -719,29 +724,34 @@ def run_batch(config_path: str | os.PathLike,
                         except Exception:
                             pass
                     raise
-                if log.failed is not None:
-                    rnd.errors.append({"action": "log", "target": str(log_path),
-                                       "error": log.failed,
-                                       "hint": "free space on its disk, or set log to another "
-                                               "path; the round's actions ran"})
-                summary = _summary(cfg, site, log_path, started, rnd)
-                if cfg.metrics is not None:
-                    rnd.guarded("metrics", str(cfg.metrics),
-                                lambda: rnd.do_metrics(cfg.metrics, summary, t0))
-                    if len(rnd.errors) != summary["counts"]["errors"]:   # the write failed
-                        summary = _summary(cfg, site, log_path, started, rnd)
-                c = summary["counts"]
-                log.line("round", f"end: {summary['outcome']} (exit {summary['exit_code']}); "
-                                  f"applied {c['applied']}, parked {c['parked']}, rejected "
-                                  f"{c['rejected']}, exported {c['exported_packets']}, "
-                                  f"errors {c['errors']}")
-                return summary
+                with when_done():
+                    return _round_end(cfg, site, log, log_path, started, t0, rnd)
             finally:
                 os.close(lock_fd)  # releases the flock
         finally:
             log.close()
     finally:
         site.close()
+
+
+def _round_end(cfg, site: Site, log: "BatchLog", log_path: Path, started: str, t0: float,
+               rnd: "_Round") -> dict:
+    """A round whose actions have run: its summary, its metrics, its end line."""
+    if log.failed is not None:
+        rnd.errors.append({"action": "log", "target": str(log_path), "error": log.failed,
+                           "hint": "free space on its disk, or set log to another path; the "
+                                   "round's actions ran"})
+    summary = _summary(cfg, site, log_path, started, rnd)
+    if cfg.metrics is not None:
+        rnd.guarded("metrics", str(cfg.metrics),
+                    lambda: rnd.do_metrics(cfg.metrics, summary, t0))
+        if len(rnd.errors) != summary["counts"]["errors"]:   # the write failed
+            summary = _summary(cfg, site, log_path, started, rnd)
+    c = summary["counts"]
+    log.line("round", f"end: {summary['outcome']} (exit {summary['exit_code']}); applied "
+                      f"{c['applied']}, parked {c['parked']}, rejected {c['rejected']}, "
+                      f"exported {c['exported_packets']}, errors {c['errors']}")
+    return summary
 
 
 def write_metrics(path: Path, site: Site, summary: dict, t0: float,

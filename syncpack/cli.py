@@ -1559,7 +1559,8 @@ def batch(obj: Ctx, config):
                               "duplicates)"))
     with obj.progress("batch") as tick:
         from syncpack import batch as batch_mod     # only here: every other command starts faster
-        doc = batch_mod.run_batch(config, progress=tick, interrupted=told)
+        doc = batch_mod.run_batch(config, progress=tick, interrupted=told,
+                                  when_done=_no_interrupt)
     with _no_interrupt():       # the round has ended (its log says so): report it whole
         if obj.json:
             obj.emit(doc)

@@ -7,6 +7,8 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -930,3 +932,40 @@ def test_remove_after_import_leaves_packets_reached_through_a_link_to_another_di
     with family.open("sanfran") as s:
         assert s.get("parts", "p1") == {"qty": 1}
     assert pk.path.exists(), "a packet outside the inbox was deleted"
+
+
+def test_a_sigterm_once_the_actions_have_run_lets_the_round_end_and_write_its_metrics(family):
+    """'systemctl stop' landing after the round's export, while it summed the round up:
+    the metrics file kept the round before (all well, a stale backlog), the log had no end
+    line, and the message said the action in progress was rolled back though the export had
+    committed.  The actions done, the round ends whole (exit 0, as a finished command)."""
+    three_sites(family)
+    media = family.root / "shared_media"
+    media.mkdir()
+    prom = family.root / "boston.prom"
+    cfg = write_config(family.root / "etc" / "boston.toml", f"""
+site = "{family.path('boston')}"
+metrics = "{prom}"
+[[export]]
+out = "{media}"
+""")
+    assert batch.run_batch(cfg)["exit_code"] == 0
+    family.put("boston", "parts", "p9", {"qty": 9})
+    # the signal arrives in the summing-up, as a real one did (a window of ~100 ms)
+    code = ("import os, signal, sys\n"
+            "from syncpack import batch\n"
+            "real = batch._summary\n"
+            "def summary(*a, **kw):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return real(*a, **kw)\n"
+            "batch._summary = summary\n"
+            "from syncpack.console import main\n"
+            f"sys.argv = ['syncpack', 'batch', {str(cfg)!r}]\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r
+    log = (family.path("boston") / "batch.log").read_text().splitlines()
+    assert "round: end: ok" in log[-1] and "exported 2" in log[-1], log[-3:]
+    got = _prom(prom)
+    assert _one(got, "syncpack_batch_last_run_ok") == 1
