@@ -1276,3 +1276,28 @@ def test_names_are_one_as_sqlite_folds_them_ascii_letters_only(tmp_path):
     assert table(dbb, "STRASSE") == []
     for n in sites:
         sp(sites[n], "fsck")
+
+
+def test_a_site_on_the_old_release_attaching_again_does_not_bring_back_a_dropped_column(
+        tmp_path):
+    """c's release dropped column y (and c refreshed); b, still on the old release, detached
+    and attached its table again.  b's attach published y as a column the family lacked,
+    every site added it back (c's application had dropped it: its rows then held NULL, fsck
+    failed, and its hint, a refresh, published the NULLs over b's and a's values)."""
+    sites = make_family(tmp_path, ("a", "b", "c"))
+    sp(sites["a"], "collection", "create", "t", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, "
+                              "w TEXT, y TEXT)", ["INSERT INTO t VALUES ('r1', 'w0', 'y0')"],
+                              "t", rounds=1)
+    app(dbs["c"], ["ALTER TABLE t DROP COLUMN y"])
+    sp(sites["c"], "attach", dbs["c"], "--refresh", "--table", "t")
+    exchange(tmp_path, sites)
+    sp(sites["b"], "detach", dbs["b"], "--table", "t")
+    sp(sites["b"], "attach", dbs["b"], "--table", "t")
+    exchange(tmp_path, sites)
+    assert [c[0] for c in columns(dbs["c"], "t")] == ["id", "w"]
+    for n in ("a", "b"):
+        assert [r[::2] for r in table(dbs[n], "t")] == [("r1", "w0", "y0")], n
+    for n in sites:
+        sp(sites[n], "fsck")

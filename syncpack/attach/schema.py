@@ -152,6 +152,9 @@ def unpublished(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> list[d
         return []       # the first attach in the family: its columns are the definition
     known = shapes.columns_of(prev) | {op["column"] for op in shapes.ops_of(prev)}
     _same_but_case(t, known)
+    # a column the family dropped is one it had: a site on the old release still has it,
+    # and published again it was added back where the application had dropped it
+    known |= shapes.dropped_of(prev)
     base = next((d["create_sql"] for d in prev if isinstance(d.get("create_sql"), str)), "")
     # as the application wrote them where its ALTER TABLE appended them to the family's text
     ops = _new_ops(site, app, t, [c for c in t.columns if c not in known], base)
