@@ -1301,3 +1301,26 @@ def test_a_site_on_the_old_release_attaching_again_does_not_bring_back_a_dropped
         assert [r[::2] for r in table(dbs[n], "t")] == [("r1", "w0", "y0")], n
     for n in sites:
         sp(sites[n], "fsck")
+
+
+def test_under_merge_columns_a_record_leaves_out_are_no_change_of_a_later_edit(tmp_path):
+    """A record that leaves out columns (a put or a resolve of part of a row) stands for a
+    row holding their defaults.  The next edit of another column carried those defaults as
+    changes, and beat a peer's concurrent edit of them (listed as conflicts it lost)."""
+    sites = make_family(tmp_path, ("a", "b", "c"))
+    sp(sites["a"], "collection", "create", "t", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, "
+                              "p TEXT, q INTEGER, r TEXT DEFAULT 'rd')",
+                              ["INSERT INTO t VALUES ('k1', 'p0', 0, 'r0')"], "t", rounds=1)
+    sp(sites["c"], "put", "t", "k1", '{"id": "k1", "q": 3}')
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [r[::2] for r in table(dbs[n], "t")] == [("k1", None, 3, "rd")], n
+    app(dbs["c"], ["UPDATE t SET p = 'pc', r = 'rc'"])
+    app(dbs["b"], ["UPDATE t SET q = 20"])
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert [r[::2] for r in table(dbs[n], "t")] == [("k1", "pc", 20, "rc")], n
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+        sp(sites[n], "fsck")

@@ -112,11 +112,12 @@ def _capture_in(site: Site, tx, app: appdb.Connection, infos: dict[str, appdb.Ta
     any_pending = attached.has_pending(conn)
     # A table's first capture into an empty collection needs no look-ups.
     used = {n: attached.collection_used(conn, n) for n in infos}
-    # Under 'merge', a column added since a row's record was written holds its default in
-    # the row, and the record lacks it: written back unchanged, it is no change of that
-    # column (sent as one, it overrode a peer's real edit of the column).
+    # Under 'merge', a column a row's record lacks (added since it was written, or left out
+    # by a put or a resolve of part of a row) holds its default in the row: written back
+    # unchanged, it is no change of that column (sent as one, it overrode a peer's real
+    # edit of the column).
     defaults = {n: appdb.constant_defaults(app, t) for n, t in infos.items()
-                if used[n] and site.policy_of(n) == "merge" and schema.has_added_columns(site, n)}
+                if used[n] and site.policy_of(n) == "merge"}
     dropped = {n: t.dropped for n, t in infos.items()
                if used[n] and t.dropped and site.policy_of(n) == "merge"}
     held: dict[str, dict] = {}

@@ -54,11 +54,6 @@ def definition(t: appdb.TableInfo, previous: list[dict], added: list[dict] = (),
     return d
 
 
-def has_added_columns(site: Site, name: str) -> bool:
-    """Whether the family added columns to table ``name`` after it was first attached."""
-    return bool(shapes.ops_of(definitions(site, name)))
-
-
 def shape_of(t: appdb.TableInfo) -> dict:
     return shapes.shape(t.columns, t.affinity, t.pk, t.uniques)
 
