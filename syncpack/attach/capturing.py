@@ -12,7 +12,7 @@ from itertools import compress
 from pathlib import Path
 from typing import Iterator
 
-from syncpack.attach import reader, rows, schema
+from syncpack.attach import reader, rows
 from syncpack.format import blocks, codec
 from syncpack.format.csn import split_csns
 from syncpack.rules.conflict import Version, pick
