@@ -278,3 +278,35 @@ def test_a_peers_bulk_update_of_keys_this_site_rewrote_reads_each_replaced_block
     assert fam.digest("A") == fam.digest("B")
     with fam.open("B") as s:
         assert sorted(codec.decode_value(v.value) for v in s.versions("t", "k7")) == [-7, 8]
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1)
+                     | st.floats(allow_nan=False) | st.text(max_size=4),
+                     lambda kids: st.lists(kids, max_size=3)
+                     | st.dictionaries(st.text(max_size=3), kids, max_size=3), max_leaves=8)
+
+
+@given(_json)
+def test_a_value_is_identical_to_itself_and_not_to_its_look_alikes(v):
+    from syncpack.format.values import identical
+    assert identical(v, v)
+    assert not identical({"v": 1}, {"v": 1.0}) and not identical([0.0], [-0.0])
+    assert not identical(True, 1) and not identical({"a": [1]}, {"a": [True]})
+
+
+def test_under_merge_one_version_of_1_and_1_0_is_the_visible_one(family):
+    """Two sites set a field to 1 and to 1.0: a conflict of that field, rightly; but both
+    versions were marked as the visible one (Python takes 1 for 1.0)."""
+    family.init("a")
+    family.add("b", via="a")
+    family.full_exchange()
+    assert run("collection", "create", "m", "--policy", "merge", site=family.path("a")).code == 0
+    family.full_exchange()
+    family.put("a", "m", "k", {"v": 1})
+    family.put("b", "m", "k", {"v": 1.0})
+    family.full_exchange()
+    for n in ("a", "b"):
+        doc = run("conflicts", "m", site=family.path(n), json_mode=True).json
+        (c,) = doc["conflicts"]
+        assert [f["field"] for f in c["fields"]] == ["v"]
+        assert sum(v["winner"] for v in c["versions"]) == 1, c

@@ -13,6 +13,7 @@ from typing import Any
 from syncpack.admin import writes
 from syncpack.attach import core as attach_core
 from syncpack.format import codec
+from syncpack.format.values import identical
 from syncpack.rules.conflict import POLICIES, Version, pick
 from syncpack.format.csn import csn_origin, format_csn
 from syncpack.errors import InvalidValueError, SyncpackError, UsageError, arg
@@ -84,7 +85,7 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version],
                           "origin": names.get(csn_origin(v.csn), csn_origin(v.csn).hex()),
                           "deleted": v.deleted,
                           "winner": v == win if policy != "merge" else
-                          _decoded(v.value) == visible,
+                          identical(_decoded(v.value), visible),
                           "value": _decoded(v.value)}
                          for v in sorted(vs, key=lambda v: v.csn)]}
 

@@ -72,6 +72,21 @@ def _plain_json(value: Any) -> bool:
     return True
 
 
+def identical(a: Any, b: Any) -> bool:
+    """Whether two decoded values are the same value, not merely equal in Python: 1 is not
+    1.0, nor 0.0 -0.0, nor True 1, at any depth (two versions of a field that differ so are
+    a conflict, and only one of them is what a site shows)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(identical(a[k], b[k]) for k in a)
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(map(identical, a, b))
+    if type(a) is float:
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b) or a != a and b != b
+    return a == b
+
+
 def check_json_value(value: Any) -> None:
     """Raise :class:`InvalidValueError` unless ``value`` is plain JSON: ``None``, ``bool``,
     ``int``, finite ``float``, ``str`` (valid Unicode), and ``list``/``tuple``/``dict`` (string
