@@ -743,7 +743,9 @@ def test_metrics_key_must_name_a_prom_file(family):
     assert r.code == 1 and "metrics: must be a non-empty string" in r.err, r
 
 
-def test_metrics_written_when_a_round_is_interrupted(family, monkeypatch):
+def _one_good_round_with_metrics(family) -> tuple[Path, Path]:
+    """Three sites; boston's config exports to a shared medium and writes metrics, and one
+    round of it has run well.  Returns (config, metrics file)."""
     three_sites(family)
     media = family.root / "shared_media"
     media.mkdir()
@@ -755,6 +757,11 @@ metrics = "{prom}"
 out = "{media}"
 """)
     assert batch.run_batch(cfg)["exit_code"] == 0
+    return cfg, prom
+
+
+def test_metrics_written_when_a_round_is_interrupted(family, monkeypatch):
+    cfg, prom = _one_good_round_with_metrics(family)
     success = _one(_prom(prom), "syncpack_batch_last_success_timestamp_seconds")
 
     def interrupted(*a, **kw):
@@ -939,17 +946,7 @@ def test_a_sigterm_once_the_actions_have_run_lets_the_round_end_and_write_its_me
     the metrics file kept the round before (all well, a stale backlog), the log had no end
     line, and the message said the action in progress was rolled back though the export had
     committed.  The actions done, the round ends whole (exit 0, as a finished command)."""
-    three_sites(family)
-    media = family.root / "shared_media"
-    media.mkdir()
-    prom = family.root / "boston.prom"
-    cfg = write_config(family.root / "etc" / "boston.toml", f"""
-site = "{family.path('boston')}"
-metrics = "{prom}"
-[[export]]
-out = "{media}"
-""")
-    assert batch.run_batch(cfg)["exit_code"] == 0
+    cfg, prom = _one_good_round_with_metrics(family)
     family.put("boston", "parts", "p9", {"qty": 9})
     # the signal arrives in the summing-up, as a real one did (a window of ~100 ms)
     code = ("import os, signal, sys\n"
