@@ -197,8 +197,11 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                  failed: list[SyncpackError] | None = None,
                  sign: Callable[[bytes], bytes] | None = None,
                  max_size: int | None = None, out: Path | None = None) -> list[PeerPlan]:
-    """Inside a read snapshot: what each peer lacks, and the header it will get (numbered
-    past any packet of ours already in ``out`` for it: packets.seq_on_medium).  A peer that
+    """Inside a read snapshot: what each peer lacks, and the header it will get (while the
+    site recovers from a restore, numbered past any packet of ours already in ``out`` for
+    it: packets.seq_on_medium; two running copies of a site still write over each other's
+    packets there, which is how the one outrun learns of the other, recovery.COPIED).  A
+    peer that
     cannot be served (below our changelog floor, or a roster name that cannot be a path)
     raises, or with ``failed`` is left out and its error collected, so one peer does not stop
     the packets for the others.  ``sign`` signs our acknowledgement for the header.  What the
@@ -256,7 +259,8 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                       family=site.family_id, sender=site.site_id,
                       recipient=peer, packet_id=b"",
                       seq=max(lk["out_seq"], seq_on_medium(out, site.name, name)
-                              if out is not None else 0) + 1, part=0, final=True,
+                              if out is not None and recovering else 0) + 1,
+                      part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),
                       tip=tip_for(site, peer, vec), anchors=_anchors(site, ranges, metas, peer),
