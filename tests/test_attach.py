@@ -20,6 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from syncpack.attach import rows, writer
 from syncpack.format import codec
+from syncpack.format.values import identical
 from syncpack.store import appdb
 from syncpack.site import Site
 
@@ -1266,7 +1267,7 @@ def test_keys_round_trip_with_types(vals):
     if len(vals) == 1 and isinstance(vals[0], int):
         assert key == str(vals[0]) and back == (vals[0],)
     else:
-        assert rows.typed(dict(enumerate(back))) == rows.typed(dict(enumerate(vals)))
+        assert identical(dict(enumerate(back)), dict(enumerate(vals)))
 
 
 @given(st.dictionaries(st.sampled_from("abcdef"), st.lists(st.sampled_from("abcdef"),
@@ -1724,7 +1725,7 @@ def test_every_value_sqlite_would_convert_is_found(vals, affinity):
     records = [{"c": v} for v in vals]
     stored = appdb.as_stored({"c": affinity}, records)
     converted = {i for i, (r, s) in enumerate(zip(records, stored))
-                 if not rows.same_value(s["c"], r["c"])}       # -0.0 is not 0.0
+                 if not identical(s["c"], r["c"])}       # -0.0 is not 0.0
     assert converted <= set(rows.maybe_converted(records, {"c": affinity}))
     assert set(writer.conversions({"c": affinity}, records)) == converted
 

@@ -20,6 +20,7 @@ from operator import itemgetter, methodcaller
 from typing import Any, Callable, Iterable
 
 from syncpack.format import codec
+from syncpack.format.values import identical
 
 INT_AFFINITY = ("INTEGER", "REAL", "NUMERIC")
 
@@ -234,7 +235,7 @@ def without_defaults(raw: bytes, columns: list[str], defaults: dict[str, Any]) -
     if not isinstance(new, dict):
         return raw
     unset = [c for c in columns if c in new and c in defaults
-             and typed({c: new[c]}) == typed({c: defaults[c]})]
+             and identical(new[c], defaults[c])]
     if not unset:
         return raw
     return codec.encode_value({c: v for c, v in new.items() if c not in unset})
@@ -283,11 +284,6 @@ def is_negative_zero(v: float) -> bool:
     return v == 0.0 and copysign(1.0, v) < 0
 
 
-def same_value(a: Any, b: Any) -> bool:
-    """Whether two values SQLite returns or binds are the same (:func:`tagged`)."""
-    return tagged(a) == tagged(b)
-
-
 def may_alias(vals: tuple, affinities: list[str]) -> bool:
     """Whether SQLite may find another key's row by these key values: a number in a key
     column of no declared type (1.0 finds the INTEGER 1 there, 1 the REAL 1.0, -0.0 finds
@@ -295,17 +291,6 @@ def may_alias(vals: tuple, affinities: list[str]) -> bool:
     convert is refused before (writer.conversions); text under the key's BINARY collation
     finds only itself."""
     return any(a == "BLOB" and type(v) in (int, float) for v, a in zip(vals, affinities))
-
-
-def tagged(v: Any) -> tuple:
-    """A value tagged by its Python type, for exact comparison (1 != 1.0), and a float by
-    its sign as well (-0.0 != 0.0, though they compare equal in Python and in SQLite)."""
-    return type(v).__name__, v, copysign(1.0, v) if type(v) is float else 0
-
-
-def typed(row: dict) -> dict:
-    """A row with each value :func:`tagged`."""
-    return {k: tagged(v) for k, v in row.items()}
 
 
 def same_row(record: Any, row: dict, defaults: dict | None = None) -> bool:
@@ -317,10 +302,10 @@ def same_row(record: Any, row: dict, defaults: dict | None = None) -> bool:
     if not isinstance(record, dict):
         return False
     both = [c for c in row if c in record]
-    if typed({c: row[c] for c in both}) != typed({c: record[c] for c in both}):
+    if not identical({c: row[c] for c in both}, {c: record[c] for c in both}):
         return False
     newer = [c for c in row if c not in record and c in (defaults or {})]
-    return typed({c: row[c] for c in newer}) == typed({c: defaults[c] for c in newer})
+    return identical({c: row[c] for c in newer}, {c: defaults[c] for c in newer})
 
 
 def fk_order(parents: dict[str, list[str]]) -> list[str]:

@@ -37,6 +37,7 @@ from typing import BinaryIO
 from syncpack import children
 from syncpack.attach import child, rows
 from syncpack.format import codec
+from syncpack.format.values import identical
 from syncpack.store import appdb
 
 # An import of at least this many ops (as its packets' headers say) writes the application's
@@ -111,7 +112,7 @@ def conversions(affinity: dict[str, str], records: list[dict]
     out = {}
     for i, row, stored in zip(at, given, appdb.as_stored(affinity, given)):
         for c, v in row.items():
-            if not rows.same_value(stored[c], v):
+            if not identical(stored[c], v):
                 out[i] = (c, v, stored[c])
                 break
     return out
