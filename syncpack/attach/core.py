@@ -304,7 +304,7 @@ def _take_back(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
     and its capture resumes only in the same store commit as the last of them, so a crash in
     between takes them again (finding nothing new).  Returns the changes taken."""
     t = schema.with_dropped(site, t)
-    taken = _capture_stopped(site, app, t, t.dropped)
+    taken = _capture_stopped(site, app, t)
     with site.transaction() as tx:
         taken += capturing.load_rows_in(site, tx, app, t, rescan=True)
         attached.set_stopped(site.conn, t.name, None)
@@ -832,14 +832,16 @@ def _as_left(site: Site, app: appdb.Connection, t: appdb.TableInfo
             yield key, csns, b""
 
 
-def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo,
-                     dropped: frozenset[str]) -> int:
+def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
     """The keys of ``t`` changed while its capture was stopped and still waiting for peers'
     records: each current row (or its absence) becomes a local op concurrent with the
-    versions the application has not seen, as capture makes it (``dropped``: the columns the
-    family dropped, this refresh's included).  (The other changed keys are found by the
-    refresh's comparison of the whole table.)  Returns the ops written."""
+    versions the application has not seen, as capture makes it.  (The other changed keys are
+    found by the refresh's comparison of the whole table.)  Returns the ops written."""
     conn = site.conn
+    # the columns the family dropped, and those the recorded table has and ``t`` lacks (a
+    # refresh accepting their drop)
+    dropped = schema.with_dropped(site, t).dropped | (
+        set(attached.tables(conn)[t.name]["columns"]) - set(t.columns))
     pending = set(attached.pending_keys(conn, t.name))
     keys = {k: v for k, v in capturing.changed_keys(app, t).items() if k in pending}
     if not keys:
@@ -902,8 +904,7 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
                     t = appdb.table_info(app, n)
                     old_cols = set(current[n]["columns"])
                     if n not in live:
-                        _capture_stopped(site, app, t, schema.with_dropped(site, t).dropped
-                                         | (old_cols - set(t.columns)))
+                        _capture_stopped(site, app, t)
                     prev = schema.definitions(site, n)
                     d = schema.definition(t, prev, dropped=old_cols - set(t.columns))
                     with site.transaction() as tx:
