@@ -816,10 +816,12 @@ def load(obj: Ctx, file):
     """Load JSON lines in one transaction; a bad line rejects the whole file.
 
     Each line is {"collection", "key", "value"} or {"collection", "key", "delete": true}.
+    FILE - reads standard input.
 
     \b
-    Example:
+    Examples:
       syncpack load parts.jsonl
+      zcat parts.jsonl.gz | syncpack load -
     """
     s = obj.open()
     obj.on_interrupt_of_one_commit(

@@ -270,6 +270,18 @@ def test_load_of_a_missing_file(a, tmp_path):
     assert r.code == 1 and "error: " in r.err and "no such file" in r.err
 
 
+def test_load_dash_reads_standard_input(a):
+    lines = '{"collection": "std", "key": "k1", "value": 1}\n' \
+            '{"collection": "std", "key": "k2", "delete": true}\n'
+    r = run("load", "-", site=a, json_mode=True, input=lines)
+    assert r.code == 0, r
+    assert r.json == {"loaded": 2, "puts": 1, "deletes": 1}
+    assert run("get", "std", "k1", site=a).out.strip() == "1"
+    bad = run("load", "-", site=a, input='{"collection": "std", "key": "k3", "value": 3}\nnot json\n')
+    assert bad.code == 1 and "standard input line 2: not valid JSON" in bad.err
+    assert run("get", "std", "k3", site=a).code != 0
+
+
 # --- digest and fsck ----------------------------------------------------------------------------
 
 def test_digest_json_shape(a):

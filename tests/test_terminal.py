@@ -289,3 +289,26 @@ def test_ctrl_c_during_a_load_rolls_back_its_one_transaction(world, tmp_path, pa
     assert "Traceback" not in err and "Aborted!" not in err
     assert state(boston) == before
     assert run("fsck", site=boston).code == 0
+
+
+def test_a_load_from_a_pipe_at_a_terminal_loads_every_record(world, tmp_path):
+    """With a bar to fill, a regular file is counted first and read again; a FIFO (or
+    `<(zcat ...)`) cannot be read twice: counted, its records were consumed and the load said
+    'loaded 0 record(s)' with exit 0."""
+    boston = copy_site(world, "boston", tmp_path)
+    fifo = tmp_path / "lines.fifo"
+    os.mkfifo(fifo)
+    text = "".join(f'{{"collection": "piped", "key": "k{i}", "value": {i}}}\n'
+                   for i in range(300))
+
+    def feed():
+        with open(fifo, "w") as f:
+            f.write(text)
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    code, out, err = Terminal(["--site", boston, "load", fifo], tmp_path).finish()
+    t.join(10)
+    assert code == 0, err
+    assert "loaded 300 record(s)" in out
+    assert run("get", "piped", "k299", site=boston).out.strip() == "299"

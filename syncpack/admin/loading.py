@@ -17,6 +17,9 @@ import codecs
 import gc
 import json
 import os
+import stat
+import sys
+from contextlib import nullcontext
 from itertools import chain
 from json.scanner import make_scanner
 from pathlib import Path
@@ -36,6 +39,13 @@ LOAD_TXN_BYTES = 32 * 1024 * 1024
 # A file of at least this many bytes is parsed by a child process: its start (an interpreter
 # and the imports, 0.15-0.3 s of wall time) is then a small part of the load.
 ELSEWHERE_AT = 8 * 1024 * 1024
+# The path that names standard input, as for 'put -'.
+STDIN = "-"
+
+
+def named(p: Path) -> str:
+    """How the file ``p`` is named in a message."""
+    return "standard input" if str(p) == STDIN else str(p)
 
 Row = tuple[str, str, bytes | None]
 
@@ -54,7 +64,8 @@ def lines_of(p: Path) -> Iterator[str]:
     :class:`LoadError` naming their line and offset, raised once the lines before them are
     given (so the first bad line of a file is the one told, whatever is wrong with it)."""
     try:
-        f = open(p, "rb")
+        # standard input is read, not closed: it is the process's
+        f = open(p, "rb") if str(p) != STDIN else nullcontext(sys.stdin.buffer)
     except FileNotFoundError:
         raise LoadError(f"{p}: no such file", hint="check the path; nothing was loaded") from None
     except OSError as e:
@@ -62,7 +73,7 @@ def lines_of(p: Path) -> Iterator[str]:
     decode = codecs.getincrementaldecoder("utf-8-sig")().decode
     held: list[str] = []    # read, and after the last '\n' read so far
     at = newlines = 0       # bytes and '\n's read before this piece
-    with f:
+    with f as f:
         while True:
             try:
                 raw = f.read(READ_BYTES)
@@ -78,7 +89,7 @@ def lines_of(p: Path) -> Iterator[str]:
                 piece = piece[:piece.rfind("\n") + 1]      # the bad byte's line is not given
                 line = newlines + good.count(b"\n") + 1
                 offset = at + len(raw) - len(e.object) + e.start
-                bad = LoadError(f"{p} line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} "
+                bad = LoadError(f"{named(p)} line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} "
                                 f"at offset {offset} of the file)", hint=_NOT_UTF8_HINT)
             at += len(raw)
             newlines += raw.count(b"\n")
@@ -103,7 +114,7 @@ def lines_of(p: Path) -> Iterator[str]:
 
 
 def _unreadable(p: Path, e: OSError) -> LoadError:
-    return LoadError(f"{p}: cannot read ({e.strerror or e})",
+    return LoadError(f"{named(p)}: cannot read ({e.strerror or e})",
                      hint="a load file is UTF-8 JSON lines, readable by this user")
 
 
@@ -142,10 +153,10 @@ def batches(p: Path, lines: Iterable[str], ops: int = 0, size_limit: int = 0
             if end < 0 or (end != len(line) and not line[end:].isspace()):
                 d = json.loads(line)
         except json.JSONDecodeError as e:
-            raise LoadError(f"{p} line {n}: not valid JSON ({e.msg})",
+            raise LoadError(f"{named(p)} line {n}: not valid JSON ({e.msg})",
                             hint="nothing was loaded; fix the line and load the file again") from None
         except RecursionError:      # the parser's own limit, below the one of a value
-            raise LoadError(f"{p} line {n}: nested more than {MAX_DEPTH} levels deep",
+            raise LoadError(f"{named(p)} line {n}: nested more than {MAX_DEPTH} levels deep",
                             hint="nothing was loaded; fix the line and load the file again") from None
         try:
             if type(d) is not dict:
@@ -179,7 +190,7 @@ def batches(p: Path, lines: Iterable[str], ops: int = 0, size_limit: int = 0
             else:
                 raise ValueError("needs 'value' or 'delete': true")
         except (ValueError, SyncpackError) as e:
-            raise LoadError(f"{p} line {n}: {e}",
+            raise LoadError(f"{named(p)} line {n}: {e}",
                             hint="nothing was loaded; fix the line and load the file again") from None
         if len(rows) >= ops or size >= size_limit:
             yield rows, deletes
@@ -193,15 +204,19 @@ def parsed(p: Path, count: bool) -> tuple[int, Iterable[tuple[list[Row], int]]]:
     """(how many records the file holds if ``count``, else 0; its :func:`batches`, to be
     taken once and closed): read by a child process for a large file (closing them stops
     it), else here.  Counting reads the file once more, first."""
+    # Only a regular file is read twice (counted, then loaded) or by a child: a pipe, a
+    # FIFO or standard input is read once, here (counted first, a pipe's records were
+    # consumed by the count and the load found none, and said so as a success).
     try:
-        large = p.stat().st_size >= ELSEWHERE_AT
+        st = os.stat(p) if str(p) != STDIN else None
     except OSError:
-        large = False       # lines_of says what is wrong with it
-    if large:
+        st = None       # lines_of says what is wrong with it
+    regular = st is not None and stat.S_ISREG(st.st_mode)
+    if regular and st.st_size >= ELSEWHERE_AT:
         child = Elsewhere(p, count)
         if child:
             return child.records, child
-    return (records_in(p) if count else 0), batches(p, lines_of(p))
+    return (records_in(p) if count and regular else 0), batches(p, lines_of(p))
 
 
 # --- the child process ---------------------------------------------------------------------------
