@@ -1076,3 +1076,72 @@ def test_a_restored_spoke_behind_a_hub_finishes_its_recovery(family):
     assert_no_epoch_reuse(fam)
     with fam.open("D") as s:
         assert s.get("t", "x") == "before the restore" and s.get("t", "y") == "after the recovery"
+
+
+# --- a hub and its spokes: the members' word travels without changes to carry it ---------------
+
+def _hub_round(fam: Family, hub: str = "A") -> int:
+    """Every spoke to the hub, the hub to every spoke, through the command; the packets
+    written."""
+    written = 0
+    for spoke in (n for n in fam.sites if n != hub):
+        for src, dst in ((spoke, hub), (hub, spoke)):
+            out, packets = cli_export(fam, src, dst)
+            written += len(packets)
+            if packets:
+                cli_import(fam, dst, out)
+    return written
+
+
+def _hub_and_spokes(fam: Family) -> Family:
+    """A is the hub; B and C never meet."""
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    for _ in range(3):
+        _hub_round(fam)
+    return fam
+
+
+def test_a_spoke_hears_through_its_hub_that_the_other_spokes_hold_its_changes(family):
+    """B's change reaches C through A, and C's word that it holds it goes back through A:
+    before, A wrote B nothing once it had no change for it, so B showed a backlog of 1 op
+    for C for good and could never trim the change, every digest equal."""
+    fam = _hub_and_spokes(family)
+    fam.put("B", "t", "b1", "from B")
+    for _ in range(4):
+        _hub_round(fam)
+    assert_converged(fam)
+    peers = status(fam, "B")["peers"]
+    assert peers["C"]["lag_ops"] == 0, peers
+    r = run("scrub", "--dry-run", site=fam.path("B"), json_mode=True)
+    assert r.code == 0 and r.json["ops_removed"] >= 1, r
+    # and the rounds fall quiet: a word that says nothing new is no reason for a packet
+    assert _hub_round(fam) == 0
+
+
+def test_a_restored_spoke_returns_to_normal_through_ordinary_rounds(family):
+    """B is restored from a backup; C, the other spoke, has nothing to send and never meets B,
+    so its word of how much of B's history it holds reached B only once some member wrote a
+    change: B stayed recovering, refusing local writes, through any number of rounds."""
+    fam = _hub_and_spokes(family)
+    fam.put("B", "t", "b1", "before the backup")
+    for _ in range(2):
+        _hub_round(fam)
+    copy = backup(fam, "B")
+    fam.put("B", "t", "b2", "after the backup")
+    for _ in range(2):
+        _hub_round(fam)
+    put_back(fam, "B", copy)
+    assert run("restore", site=fam.path("B")).code == 0
+    for _ in range(6):
+        _hub_round(fam)
+    rec = status(fam, "B")["recovery"]
+    assert rec["state"] == "normal", json.dumps(rec)
+    with fam.open("B") as s:
+        assert s.get("t", "b2") == "after the backup"
+    assert run("put", "t", "b3", '"after the restore"', site=fam.path("B")).code == 0
+    for _ in range(3):
+        _hub_round(fam)
+    assert_converged(fam)
+    assert _hub_round(fam) == 0

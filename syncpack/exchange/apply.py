@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 from syncpack.admin import recovery
 from syncpack.format import blocks, codec, keys, values
 from syncpack.rules import planning
-from syncpack.store import attached, chain, db, fields, log, stash, versions
+from syncpack.store import attached, chain, db, exports, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
 from syncpack.format.csn import CSN_LEN, csn_hlc, csn_origin, pack_csn, split_csns
@@ -102,7 +102,11 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
         stored.forget_told(conn, peer)
     # only acknowledgements the verifier checked: a member we do not know yet is passed over
     known = site.members_by_id(include_retired=True)
-    store_acknowledgements(site, [a for a in resolved_acks(h) if a[0] in known])
+    acks = [a for a in resolved_acks(h) if a[0] in known]
+    store_acknowledgements(site, acks)
+    # what it gave us of the others' word, it has: not relayed back to it as news (its own
+    # word is another matter: what we hold of it goes back after a restore, _acks_for)
+    exports.record_acks_told(conn, peer, [(m, c) for m, c, _v, _s in acks if m != peer])
     forks.learn(site, h)
     recovery.note_report(site, h, applied)
 

@@ -193,6 +193,25 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
     return out
 
 
+def _grown_acks(site: Site, peer: bytes) -> bool:
+    """Whether a member's acknowledgement has grown since ``peer`` was last given it (one the
+    peer gave us, it has)."""
+    told = exports.acks_told(site.conn, peer)
+    members = site.members_by_id(include_retired=True)
+    return any(g > told.get(m, 0) for m, g in exports.ack_growths(site.conn)
+               if m != peer and m in members)
+
+
+def _restored_heard(site: Site, peer: bytes, vec: dict[bytes, int]) -> bool:
+    """Whether a member told us, since our last packet to ``peer``, that it holds less of its
+    own history than we do: restored from a backup, it waits for every member's word of how
+    much of it they hold, and ours goes through this peer (a spoke's hub has nothing else to
+    write it, and the restored spoke would wait for good)."""
+    ours = exports.acks_told(site.conn, peer).get(site.site_id, 0)
+    return any(m != peer and own < vec.get(m, 0)
+               for m, own in exports.own_epochs_acked_since(site.conn, ours))
+
+
 def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                  failed: list[SyncpackError] | None = None,
                  sign: Callable[[bytes], bytes] | None = None,
@@ -251,7 +270,9 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         kept, evidence, heads = forks.for_header(
             site, peer,
             None if max_size is None else max(max_size // FORK_ROOM_DIVISOR, FORK_ROOM_MIN))
-        if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering) and \
+        if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering,
+                                    _grown_acks(site, peer)
+                                    or _restored_heard(site, peer, vec)) and \
                 not heads and not fork_store.news_for(site.conn, peer) and not needs_snapshot:
             continue
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
@@ -408,9 +429,9 @@ def record_exports(site: Site, written: list[tuple[PeerPlan, list[PartInfo]]],
             ensure_link(site, plan.peer)
             exports.record_link_sent(conn, plan.peer, plan.template.seq,
                                      vec_blob(plan.template.vector))
+            # ours too: the time of our newest word to it (_restored_heard)
             exports.record_acks_told(conn, plan.peer,
-                                     [(m, c) for m, c, _v, _s in plan.template.acks
-                                      if m != site.site_id])
+                                     [(m, c) for m, c, _v, _s in plan.template.acks])
             fork_store.note_heads_told(conn, plan.peer, plan.heads)
             for p in parts:
                 h = p.header

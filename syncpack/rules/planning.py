@@ -126,17 +126,20 @@ def ack_floor(own: Vector, acknowledgements: list[Vector]) -> dict[bytes, int]:
 
 
 def should_send(ranges: Ranges, told: Vector | None, vector: Vector, unconfirmed: bool,
-                recovering: bool) -> bool:
+                recovering: bool, grown_acks: bool = False) -> bool:
     """Whether a packet goes to a peer: ops to send; or the peer has not seen our current
     vector (``told`` is None when we never told it, or must tell it again, which an empty
-    vector must not be mistaken for); or our last packets are unconfirmed.  A recovering site
-    always speaks to a peer it has not told its wound-back vector, so the peer learns it is
-    behind and answers."""
-    if ranges or unconfirmed:
+    vector must not be mistaken for); or our last packets are unconfirmed; or a member's
+    acknowledgement has grown since the peer was last given it (``grown_acks``: a spoke
+    hears through its hub that a member it never meets holds its changes).  A recovering site
+    always speaks: each packet asks the peer to answer with the members' newest word, which
+    the site waits for (a hub relays it from spokes the site never meets, and has nothing
+    else to write it)."""
+    if ranges or unconfirmed or grown_acks or recovering:
         return True
     current = {o: e for o, e in vector.items() if e}
     if told is None:
-        return bool(current) or recovering
+        return bool(current)
     return {o: e for o, e in told.items() if e} != current
 
 

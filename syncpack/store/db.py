@@ -48,7 +48,7 @@ def carray(items: tuple) -> object:
 BUSY_TIMEOUT_MS = 30_000
 
 DB_NAME = "syncpack.db"
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 # Each entry migrates from version i to i+1; never edit a released step, add one.
 MIGRATIONS: list[str] = [
@@ -268,6 +268,19 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX packets_out_kind ON packets_out(recipient, kind, seq);
     CREATE INDEX packets_out_at ON packets_out(recipient, at_ms);
+    """,
+    # 14: when each member's acknowledged vector last changed, and how much of its own
+    # history it holds in it.  A grown acknowledgement is a reason to write a peer a packet (a
+    # spoke learns that a member it never meets holds its changes: its backlog figure falls,
+    # it may trim); a newer one saying the same is not (every packet carries its sender's, so
+    # that would never fall quiet).  A member holding less of its own history than we do was
+    # restored from a backup and waits for every member's word, ours included, even through
+    # a hub that has nothing else to send it.
+    """
+    ALTER TABLE acks ADD COLUMN grew_ms INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE acks ADD COLUMN own_epoch INTEGER NOT NULL DEFAULT 0;
+    UPDATE acks SET grew_ms = created_ms,
+        own_epoch = coalesce((SELECT epoch FROM own_acks o WHERE o.member = acks.member), 0);
     """,
 ]
 

@@ -37,6 +37,18 @@ def ack_times(conn) -> Iterator[tuple[bytes, int]]:
     return iter(conn.execute("SELECT member, created_ms FROM acks").fetchall())
 
 
+def ack_growths(conn) -> Iterator[tuple[bytes, int]]:
+    """(member, created_ms of the first stored acknowledgement saying what its newest says)."""
+    return iter(conn.execute("SELECT member, grew_ms FROM acks").fetchall())
+
+
+def own_epochs_acked_since(conn, since_ms: int) -> list[tuple[bytes, int]]:
+    """(member, epochs of its own history it holds) of the acknowledgements created after
+    ``since_ms``."""
+    return conn.execute("SELECT member, own_epoch FROM acks WHERE created_ms > ?",
+                        (since_ms,)).fetchall()
+
+
 def ack_of(conn, member: bytes) -> tuple[bytes, bytes]:
     """A member's stored acknowledgement: (vector blob, signature)."""
     return conn.execute("SELECT vector, signature FROM acks WHERE member=?", (member,)).fetchone()

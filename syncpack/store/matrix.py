@@ -223,9 +223,12 @@ def store_acknowledgements(conn, me: bytes, acks) -> None:
     own origin (already verified by the verifier); ours (``me``) are not kept."""
     rows = [(m, c, vec_blob(v), sig, v.get(m, 0)) for m, c, v, sig in acks if m != me]
     conn.executemany(
-        "INSERT INTO acks VALUES (?, ?, ?, ?) ON CONFLICT(member) DO UPDATE SET "
-        "created_ms=excluded.created_ms, vector=excluded.vector, signature=excluded.signature "
-        "WHERE excluded.created_ms > acks.created_ms", [r[:4] for r in rows])
+        "INSERT INTO acks(member, created_ms, vector, signature, grew_ms, own_epoch) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(member) DO UPDATE SET "
+        "created_ms=excluded.created_ms, vector=excluded.vector, signature=excluded.signature, "
+        "grew_ms=CASE WHEN excluded.vector = acks.vector THEN acks.grew_ms "
+        "ELSE excluded.created_ms END, own_epoch=excluded.own_epoch "
+        "WHERE excluded.created_ms > acks.created_ms", [(*r[:4], r[1], r[4]) for r in rows])
     conn.executemany(
         "INSERT INTO own_acks VALUES (?, ?, ?, ?, ?) ON CONFLICT(member) DO UPDATE SET "
         "epoch=excluded.epoch, created_ms=excluded.created_ms, vector=excluded.vector, "
