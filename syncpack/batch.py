@@ -10,13 +10,14 @@ A round, in this order:
    acknowledgements peers need to trim their changelogs);
 3. **scrub** (optional) — :func:`syncpack.admin.recovery.scrub`, like ``syncpack scrub``.
 
-A failing action (a rejected packet, an unmounted required medium, a peer that needs a
-snapshot: with ``to = "all"`` that peer alone, the others still get their packets) is
-recorded and the round carries on with the next action; the outcome then says
-``failed`` and the exit code is 1, so a scheduler can alert.  So does an attached table whose
-capture a schema change stopped (action ``capture``): the round does everything else, but that
-table's changes go nowhere until an administrator acts.  Parked packets are not failures:
-they wait, inside the site, for the packets they miss and apply by themselves in a later round.
+A failing action (a rejected packet, an unmounted required medium, an outbox too full for
+even one packet, a peer that needs a snapshot: with ``to = "all"`` that peer alone, the
+others still get their packets) is recorded and the round carries on with the next action;
+the outcome then says ``failed`` and the exit code is 1, so a scheduler can alert.  So does
+an attached table whose capture a schema change stopped (action ``capture``): the round does
+everything else, but that table's changes go nowhere until an administrator acts.  Parked
+packets are not failures: they wait, inside the site, for the packets they miss and apply by
+themselves in a later round.
 
 Configuration
 -------------
@@ -151,7 +152,7 @@ from syncpack.outcome import error_outcome
 from syncpack.exchange.apply import is_known
 from .errors import (arg, BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
                      PacketError, SiteError, SyncpackError)
-from syncpack.exchange.packets import DEFAULT_MAX_SIZE, parse_size, prepare_outbox
+from syncpack.exchange.packets import DEFAULT_MAX_SIZE, MediumRoom, parse_size, prepare_outbox
 from syncpack.fileops import try_lock, write_atomic
 from syncpack.exchange.verify import find_packet_files, open_packet, printable
 from .site import Site
@@ -500,6 +501,7 @@ class _Round:
         done = sync.committed_since(self.site, self.importing)
         self.imported["applied"] += [p for p, _n in done]
         self.imported["ops_applied"] += sum(n for _p, n in done)
+        self._unpark([p for p, _n in done])
         kept = (f"{len(done)} packet(s) of the import in progress were applied and kept "
                 f"({sum(n for _p, n in done):,} op(s))" if done else
                 "no packet of the import in progress was applied")
@@ -570,15 +572,29 @@ class _Round:
 
     def _took(self, entry: dict, res: sync.ImportResult, removed: list[str]) -> None:
         """One inbox's import into its entry and the round's totals.  A packet parked at an
-        earlier round is retried by every inbox's import: counted once."""
+        earlier round is retried by every inbox's import: counted once.  The round's
+        ``parked`` is what is still parked once its imports are done: a packet one inbox
+        parked and a later inbox's import applied (its missing packet was there) is applied,
+        not both."""
         entry.update(res.to_json())
         entry["removed"] = removed
         for k in ("applied", "duplicates", "rejected", "skipped"):
             self.imported[k] += getattr(res, k)
-        known = {p["path"] for p in self.imported["parked"]}
-        self.imported["parked"] += [p for p in res.parked if p["path"] not in known]
+        self._unpark([*res.applied, *res.duplicates, *(r["path"] for r in res.rejected),
+                      *(g["path"] for g in res.forgotten)])
+        # the later import's entry says what the packet waits for now
+        latest = {p["path"]: p for p in res.parked}
+        self.imported["parked"] = [latest.pop(p["path"], p) for p in self.imported["parked"]]
+        self.imported["parked"] += latest.values()
         self.imported["removed"] += removed
         self.imported["ops_applied"] += res.ops_applied
+
+    def _unpark(self, gone: list[str]) -> None:
+        """Packets parked earlier in the round that have since left the parked set (a parked
+        packet keeps the path it was imported from, so a retry reports it by that path)."""
+        gone_set = set(gone)
+        self.imported["parked"] = [p for p in self.imported["parked"]
+                                   if p["path"] not in gone_set]
 
     def do_export(self, spec: ExportSpec) -> None:
         to_shown = "all" if spec.to is None else spec.to
@@ -624,6 +640,15 @@ class _Round:
         self.exported += entry["packets"]
         for e in failed or []:
             self.fail("export", f"{spec.out} -> {getattr(e, 'peer', '?')}", e.message, e.hint)
+        if entry["did_not_fit"] and not any(p.ops for p in pkts):
+            # not one op moves on a medium this full, this round or the next: a failure, as
+            # an outbox that cannot be written is, not "nothing to send" (a packet without
+            # ops, the vector, may still have fitted)
+            entry["failed"] = True
+            self.fail("export", f"{spec.out} -> {who}",
+                      MediumRoom.nothing_fit_text(entry["did_not_fit"], spec.out, len(pkts)),
+                      MediumRoom.MEDIUM_FULL_HINT)
+            return
         if pkts:
             peers = ", ".join(sorted({p.to for p in pkts}))
             self.log.line("export", f"{spec.out} -> {who}: {len(pkts)} packet(s) to {peers}, "
@@ -830,7 +855,7 @@ def format_summary(doc: dict) -> str:
                          f"{sum(p['ops'] for p in pk)} ops, {sum(p['bytes'] for p in pk)} bytes")
         else:
             lines.append(f"  export {e['out']} -> {who}: nothing to send")
-        if e.get("did_not_fit"):
+        if e.get("did_not_fit") and not e.get("failed"):    # else the error line tells it
             lines.append("    " + sync.did_not_fit_text(e["did_not_fit"], e["out"]))
     if doc["scrub"] is not None:
         s = doc["scrub"]

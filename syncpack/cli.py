@@ -970,14 +970,21 @@ def _export_report(obj: Ctx, s: Site, pkts: list, failed: list[SyncpackError],
     if failed:
         doc["failed"] = [{"to": e.peer, "error": e.message, "hint": e.hint} for e in failed]
     obj.emit(doc, "\n".join(f"{p.path}\t{p.to}\t{p.ops} ops\t{p.bytes} bytes" for p in pkts))
-    if not pkts and not failed:
+    # Not one op written while ops wait is no partial trip but a failure, as a medium that
+    # fills up midway is: a warning alone is silent under -q, and the backlog never moves on
+    # a medium that full (a packet without ops may still fit: the vector, not the backlog).
+    none_fit = bool(did_not_fit) and not any(p.ops for p in pkts)
+    if not pkts and not failed and not none_fit:
         obj.say("nothing to send: every peer already holds our changes and our vector")
-    if did_not_fit:
+    if did_not_fit and not none_fit:
         obj.warn(sync.did_not_fit_text(did_not_fit, out))
     _warn_stopped(obj, s, "these packets")
     for e in failed:
         echo_error(e.message, e.hint)
-    if failed:
+    if none_fit:
+        echo_error(packets.MediumRoom.nothing_fit_text(did_not_fit, out, len(pkts)),
+                   packets.MediumRoom.MEDIUM_FULL_HINT)
+    if failed or none_fit:
         sys.exit(1)
 
 

@@ -900,6 +900,45 @@ def test_a_packet_parked_earlier_is_counted_once_however_many_inboxes(family):
     assert r.json["counts"]["parked"] == 1 and len(r.json["imported"]["parked"]) == 1, r.json
 
 
+def test_a_packet_one_inbox_parks_and_a_later_inbox_applies_is_not_counted_parked(family):
+    three_sites(family)
+    in1, in2 = family.root / "in1", family.root / "in2"
+    family.put("boston", "parts", "p1", 1)
+    first = family.export("boston", "sanfran")
+    family.put("boston", "parts", "p2", 2)
+    second = family.export("boston", "sanfran")
+    # the later packet is in the first inbox: its import parks it, the second's applies it
+    for inbox, pkts in ((in1, second), (in2, first)):
+        inbox.mkdir()
+        for p in pkts:
+            shutil.copy(p, inbox / p.name)
+    prom = family.root / "sanfran.prom"
+    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
+site = "{family.path('sanfran')}"
+metrics = "{prom}"
+[[import]]
+path = "{in1}"
+[[import]]
+path = "{in2}"
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 0, r
+    doc = r.json
+    assert len(doc["inboxes"][0]["parked"]) == 1        # true when that import was done
+    assert doc["imported"]["parked"] == [] and doc["counts"]["parked"] == 0, doc
+    assert sorted(doc["imported"]["applied"]) == sorted(
+        str(d / p.name) for d, pkts in ((in1, second), (in2, first)) for p in pkts)
+    assert doc["counts"]["applied"] == 2
+    assert run("--json", "status", site=family.path("sanfran")).json["parked"] == []
+    end = (family.path("sanfran") / "batch.log").read_text().splitlines()[-1]
+    assert "applied 2, parked 0," in end, end
+    got = _prom(prom)
+    packets = {labels["result"]: v for labels, v in got["syncpack_batch_last_run_packets"]}
+    assert packets["parked"] == 0 and packets["applied"] == 2, packets
+    with family.open("sanfran") as s:
+        assert s.get("parts", "p2") == 2
+
+
 def test_unsealed_packets_left_from_before_sealing_are_removed_once_refused(family):
     """Packets written before the family required sealing, left in an inbox: refused at
     every round for ever (their ops come again, sealed), failing every round."""

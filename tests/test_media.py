@@ -231,12 +231,10 @@ def test_an_export_removes_the_temporary_files_a_killed_export_left(family):
     assert family.digest("b") == family.digest("a")
 
 
-@pytest.fixture
-def small_stick(tmp_path):
-    """A real file system of 1 MiB (tmpfs), as a small stick or a nearly full one is."""
+def _tmpfs(tmp_path, size: str):
     d = tmp_path / "stick"
     d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"a small file system cannot be mounted here: {r.stderr.strip()}")
@@ -244,6 +242,29 @@ def small_stick(tmp_path):
         yield d
     finally:
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+@pytest.fixture
+def small_stick(tmp_path):
+    """A real file system of 1 MiB (tmpfs), as a small stick or a nearly full one is."""
+    yield from _tmpfs(tmp_path, "1m")
+
+
+@pytest.fixture
+def full_stick(tmp_path):
+    """A real file system of 100 KiB (tmpfs): less than an export keeps free, so no packet
+    fits, as on a stick all but full."""
+    yield from _tmpfs(tmp_path, "100k")
+
+
+@pytest.fixture
+def nearly_full_stick(tmp_path):
+    """A real file system of 140 KiB (tmpfs): beyond what an export keeps free, room for a
+    packet without ops, not for one with a block of a few KiB (with 4 KiB units)."""
+    for d in _tmpfs(tmp_path, "140k"):
+        if packets.MediumRoom.of(d).unit != 4096:
+            pytest.skip("the sizes here are reckoned for 4 KiB allocation units")
+        yield d
 
 
 def _load(family, site: str, tag: str, n: int) -> None:
@@ -366,6 +387,72 @@ def test_stale_pieces_in_a_batch_inbox_drain_once_their_block_came_again(family,
     assert rounds[-1]["counts"]["duplicates"] == 0, rounds[-1]
     st = run("status", site=family.path("b"), json_mode=True).json
     assert st["parked"] == [], st["parked"]
+
+
+def test_a_medium_too_full_for_any_packet_is_an_error_not_nothing_to_send(family, full_stick):
+    """Not one packet fits: the export must not say there is nothing to send, nor that
+    packets written carry part of it.  It writes nothing, records nothing as sent, and fails
+    (exit 1, the error shown even with -q, as a medium that fills up midway does), since on
+    a medium this full the backlog never moves; a batch round counts it a failed action."""
+    family.init("a")
+    family.add("b", via="a")
+    family.full_exchange(rounds=1)
+    _load(family, "a", "w", 50)
+    a = family.path("a")
+    r = run("export", "--to", "b", "--out", full_stick, site=a)
+    assert r.code == 1, r
+    assert "nothing to send" not in r.out + r.err and "packets written" not in r.err, r
+    assert (f"error: the medium at {full_stick} is full: not one op fitted, no packet was "
+            f"written; 50 op(s) for b did not fit (it has ") in r.err, r
+    assert "hint: free space on the medium" in r.err, r
+    r = run("-q", "export", "--to", "b", "--out", full_stick, site=a)
+    assert r.code == 1 and r.out == "" and "error: the medium at" in r.err, r
+    r = run("export", "--to", "b", "--out", full_stick, site=a, json_mode=True)
+    assert r.code == 1 and r.json == {"packets": [], "did_not_fit": {"b": 50}}, r
+    assert _spk_files(full_stick) == []
+
+    cfg = family.root / "a.toml"
+    cfg.write_text(f'site = "{a}"\n\n[[export]]\nout = "{full_stick}"\nto = "all"\n')
+    r = run("batch", cfg)
+    assert r.code == 1, r
+    assert "nothing to send" not in r.out + r.err and "packets written" not in r.out, r
+    assert (f"error: export {full_stick} -> all: the medium at {full_stick} is full: not one "
+            f"op fitted, no packet was written") in r.err, r
+    doc = run("batch", cfg, json_mode=True).json
+    [box] = doc["outboxes"]
+    assert box["failed"] and box["packets"] == [] and box["did_not_fit"] == {"b": 50}, doc
+    assert [e["action"] for e in doc["errors"]] == ["export"] and doc["outcome"] == "failed"
+    log = (a / "batch.log").read_text()
+    assert "nothing to send" not in log and "is full: not one op fitted" in log
+    assert _spk_files(full_stick) == []
+
+    # nothing was recorded as sent: a medium with room gets all of it
+    roomy = family.root / "roomy"
+    roomy.mkdir()
+    r = run("export", "--to", "b", "--out", roomy, site=a, json_mode=True)
+    assert r.code == 0 and r.json["did_not_fit"] == {}, r
+    assert sum(p["ops"] for p in r.json["packets"]) == 50, r
+    assert run("import", roomy, site=family.path("b")).code == 0
+    assert family.digest("a") == family.digest("b")
+
+
+def test_a_medium_with_room_for_a_packet_without_ops_only_is_an_error_too(
+        family, nearly_full_stick):
+    """The medium takes this site's vector (a packet without ops) but not one op: the
+    backlog does not move there either, and the packet written carries none of it."""
+    family.init("a")
+    family.add("b", via="a")
+    family.full_exchange(rounds=1)
+    _load(family, "a", "w", 50)
+    r = run("export", "--to", "b", "--out", nearly_full_stick, site=family.path("a"),
+            json_mode=True)
+    assert r.code == 1, r
+    [pk] = r.json["packets"]
+    assert pk["ops"] == 0 and r.json["did_not_fit"] == {"b": 50}, r
+    assert "packets written carry" not in r.err, r
+    assert (f"error: the medium at {nearly_full_stick} is full: not one op fitted, only 1 "
+            f"packet(s) without ops (this site's vector and acknowledgements) were written; "
+            f"50 op(s) for b did not fit") in r.err, r
 
 
 @given(st.integers(1024, 1 << 42), st.integers(0, 1 << 42), st.sampled_from([512, 4096, 32768]))

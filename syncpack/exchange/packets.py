@@ -166,7 +166,11 @@ class MediumRoom:
 
     def __init__(self, free: int, unit: int):
         self.unit = max(unit, 512)
-        self.left = free - 16 * self.unit - 64 * 1024
+        self.free = free
+        # a margin beyond the per-file bounds, kept free: the file system's own metadata
+        # grows too, and a medium filled to its last byte fails the export whole
+        self.reserve = 16 * self.unit + 64 * 1024
+        self.left = free - self.reserve
 
     @classmethod
     def of(cls, directory: Path) -> "MediumRoom | None":
@@ -189,6 +193,24 @@ class MediumRoom:
     def cost(self, n: int) -> int:
         """What a file of at most ``n`` bytes takes of the medium."""
         return -(-n // self.unit) * self.unit + self.unit
+
+    MEDIUM_FULL_HINT = ("free space on the medium (packets on it can go once the far end has "
+                        "imported them) or use a larger one")
+
+    @classmethod
+    def nothing_fit_text(cls, did_not_fit: dict[str, int], out, written: int = 0) -> str:
+        """What an export that found no room for even one op tells: not "nothing to send",
+        nor that its packets carry part of what waits (``written`` packets without ops may
+        have fitted: the site's vector), and the reserve that the free space shown must
+        also hold."""
+        left = ", ".join(f"{n} op(s) for {peer}" for peer, n in did_not_fit.items())
+        room = cls.of(Path(out))
+        has = (f" (it has {room.free} bytes free; an export keeps {room.reserve} bytes of "
+               f"a medium free and needs room for a packet of a whole block beyond them)"
+               if room is not None else "")
+        what = (f"only {written} packet(s) without ops (this site's vector and "
+                f"acknowledgements) were written" if written else "no packet was written")
+        return f"the medium at {out} is full: not one op fitted, {what}; {left} did not fit{has}"
 
 
 class CutRule:
