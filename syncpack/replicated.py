@@ -13,6 +13,7 @@ from typing import Iterator
 
 from syncpack.errors import IntegrityError, UndecodableRecordError, UsageError
 from syncpack.format import codec
+from syncpack.rules import roster as roster_rule
 from syncpack.rules.conflict import Version, pick
 from syncpack.store import fields, versions
 
@@ -59,6 +60,33 @@ class Member:
     def from_value(cls, name: str, v: dict) -> "Member":
         return cls(name, v["id"], v["ed25519"], v.get("x25519", b""), int(v.get("priority", 0)),
                    {o: e for o, e in v.get("base", [])}, bool(v.get("retired", False)))
+
+
+def decoded_versions(vs: list[Version]) -> list[tuple[bytes, object]]:
+    """``(csn, value)`` of each version; None for a tombstone or bytes that are not a value
+    (what the roster rules take: such a version retires no one)."""
+    out = []
+    for v in vs:
+        try:
+            out.append((v.csn, None if v.value is None else codec.decode_value(v.value)))
+        except UndecodableRecordError:
+            out.append((v.csn, None))
+    return out
+
+
+def roster_value(vs: list[Version]) -> bytes | None:
+    """The visible value of a member's roster entry from its surviving versions: the newest
+    one's, retired if any of them is (rules/roster.py).  Its newest version's bytes unless the
+    retirement comes from another, so a key without a conflict reads as it was signed."""
+    newest = max(vs, key=lambda v: v.csn)
+    if len(vs) == 1 or newest.value is None:
+        return newest.value
+    decoded = decoded_versions(vs)
+    entry = roster_rule.entry(decoded)
+    if entry is None or roster_rule.says_retired(entry) == roster_rule.says_retired(
+            dict(decoded)[newest.csn]):
+        return newest.value
+    return codec.encode_value(entry)
 
 
 def group_versions(cur) -> Iterator[tuple[str, str, list[Version]]]:
@@ -153,6 +181,11 @@ class Replicated:
             # syncpack's own collections are lww whatever the family says: the priorities come
             # from the roster, which is read through here
             policy = "lww" if coll.startswith(SYS_PREFIX) else self.policy_of(conn, coll)
+            if coll == ROSTER:
+                raw = roster_value(vs)
+                if raw is not None:
+                    yield coll, key, raw
+                continue
             if policy == "merge" and len(vs) > 1:
                 raw = fields.visible_value(conn, coll, key, vs, self.priorities(conn))
                 if raw is not None:
@@ -166,6 +199,8 @@ class Replicated:
     def visible(self, conn, collection: str, key: str) -> bytes | None:
         """The visible value of ``collection``/``key`` (msgpack), or None."""
         vs = versions.of_key(conn, collection, key)
+        if collection == ROSTER:
+            return roster_value(vs) if vs else None
         policy = self.policy_of(conn, collection)
         if policy == "merge" and len(vs) > 1:
             return fields.visible_value(conn, collection, key, vs, self.priorities(conn))
@@ -181,7 +216,9 @@ class Replicated:
             if len(vs) == 1 and vs[0].value is None:
                 continue
             policy = self.policy_of(conn, coll)
-            if policy == "merge" and len(vs) > 1:
+            if coll == ROSTER:
+                visible = roster_value(vs)
+            elif policy == "merge" and len(vs) > 1:
                 visible = fields.visible_value(conn, coll, key, vs, prio)
             else:
                 v = pick(vs, policy, prio)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import run
 from test_recovery import (assert_converged, assert_no_epoch_reuse, raw_vector, site_id, status,
@@ -21,6 +22,7 @@ from test_recovery import (assert_converged, assert_no_epoch_reuse, raw_vector, 
 from packetkit import (rebuild, sign_key, snapshot_body, snapshot_records, state,
                        write)
 from syncpack.format import blocks, codec
+from syncpack.format.csn import csn_origin
 from syncpack.store import chain
 from syncpack.site import ROSTER, Member, Site
 
@@ -827,3 +829,128 @@ def test_a_site_whose_keys_are_anothers_signs_nothing(family, tmp_path):
     assert_converged(fam)
     with fam.open("B") as s:
         assert s.get("t", "k") == "written meanwhile"
+
+
+# --- a retirement against concurrent writes of the same roster entry ---------------------------
+
+def _retire_and_set_priority_concurrently(fam, first: str) -> None:
+    """A retires C and B sets C's priority, neither having heard of the other's write; the
+    one named ``first`` is written first (an older clock), so the other is the newest."""
+    writes = {"retire": ("rmreplica", "C", "A"), "priority": ("priority", "C", "5", "B")}
+    for what in (first, *(w for w in writes if w != first)):
+        *args, at = writes[what]
+        assert run(*args, site=fam.path(at)).code == 0
+        time.sleep(0.01)        # a later wall clock: the second write is the newest version
+    fam.sync("A", "B")
+    fam.sync("B", "A")
+    with fam.open("A") as s:
+        assert len(s.versions(ROSTER, "C")) == 2            # concurrent: both survive
+        newest = max(s.versions(ROSTER, "C"), key=lambda v: v.csn)
+        assert csn_origin(newest.csn) == site_id(fam, "A" if first == "priority" else "B")
+
+
+@pytest.mark.parametrize("first", ["retire", "priority"])
+def test_a_retirement_stands_against_a_concurrent_write_of_the_members_entry(family, first):
+    """Every roster write rewrites the whole entry: a priority set by a member that had not
+    heard of a retirement, and written later, undid it silently everywhere (status showed no
+    one retired, the member's packets were taken again).  And with the retirement the newest,
+    status said both writers retired the member.  Now the member stays retired at every site,
+    retired by A alone, the priority write still applies, and only a write made after the
+    retirement ('--undo') reinstates it."""
+    fam = three(family)
+    _retire_and_set_priority_concurrently(fam, first)
+    for n in ("A", "B"):
+        assert status(fam, n)["retired"] == [{"site": "C", "by": ["A"]}], n
+        with fam.open(n) as s:
+            assert s.roster()["C"].retired and s.get(ROSTER, "C")["retired"] is True
+            if first == "retire":
+                assert s.roster()["C"].priority == 5
+    fam.put("C", "t", "c", "from retired C")
+    for n in ("A", "B"):
+        r = run("import", *fam.export("C", n), site=fam.path(n))
+        assert r.code == 1 and "has been retired" in r.err, r
+    assert_converged(fam, ["A", "B"])
+
+    r = run("rmreplica", "C", "--undo", site=fam.path("B"), json_mode=True)
+    assert r.code == 0 and r.json == {"site": "C", "retired": False}, r
+    fam.sync("B", "A")
+    for n in ("A", "B"):
+        assert status(fam, n)["retired"] == [], n
+        with fam.open(n) as s:
+            assert len(s.versions(ROSTER, "C")) == 1
+    family.full_exchange(2)
+    assert_converged(fam)
+    with fam.open("A") as s:
+        assert s.get("t", "c") == "from retired C"
+
+
+def test_a_retired_member_unaware_of_it_cannot_reinstate_itself_by_its_own_write(family):
+    """A retires C.  C, not having heard, sets its own priority; B relays that write to A,
+    which took C back: status listed no one retired and A accepted C's packets again.  Now
+    C stays retired at A, and at B once B hears of it, and its packets are refused."""
+    fam = three(family)
+    assert run("rmreplica", "C", site=fam.path("A")).code == 0
+    time.sleep(0.01)
+    assert run("priority", "C", "7", site=fam.path("C")).code == 0    # newer than the retirement
+    fam.sync("C", "B")
+    r = run("import", *fam.export("B", "A"), site=fam.path("A"))
+    assert r.code == 0, r
+    assert status(fam, "A")["retired"] == [{"site": "C", "by": ["A"]}]
+    fam.put("C", "t", "c", "after its retirement")
+    r = run("import", *fam.export("C", "A"), site=fam.path("A"))
+    assert r.code == 1 and "has been retired" in r.err, r
+    fam.sync("A", "B")
+    assert status(fam, "B")["retired"] == [{"site": "C", "by": ["A"]}]
+    r = run("import", *fam.export("C", "B"), site=fam.path("B"))
+    assert r.code == 1 and "has been retired" in r.err, r
+    assert_converged(fam, ["A", "B"])
+
+
+# The rule itself (syncpack/rules/roster.py), on any set of surviving versions.
+
+_csns = st.binary(min_size=16, max_size=16)
+_entries = st.one_of(st.none(), st.fixed_dictionaries(
+    {"id": st.just(b"C" * 8), "priority": st.integers(-5, 5), "retired": st.booleans()}))
+_roster_versions = st.lists(st.tuples(_csns, _entries), min_size=1, max_size=6,
+                            unique_by=lambda v: v[0])
+
+
+@given(_roster_versions, st.randoms())
+@settings(max_examples=300, deadline=None)
+def test_the_roster_entry_read_is_the_newest_retired_if_any_version_is(vs, rnd):
+    from syncpack.rules import roster
+    got = roster.entry(vs)
+    shuffled = list(vs)
+    rnd.shuffle(shuffled)
+    assert roster.entry(shuffled) == got                # whatever order they arrived in
+    assert roster.retiring(shuffled) == roster.retiring(vs)
+    _csn, newest = max(vs)
+    if newest is None:
+        assert got is None
+        return
+    assert {k: v for k, v in got.items() if k != "retired"} == \
+        {k: v for k, v in newest.items() if k != "retired"}
+    assert got["retired"] == any(v is not None and v["retired"] for _c, v in vs)
+    assert roster.retiring(vs) == sorted(c for c, v in vs if v is not None and v["retired"])
+    if len(vs) == 1:
+        assert got == newest
+
+
+@given(_roster_versions)
+@settings(max_examples=200, deadline=None)
+def test_every_reader_of_the_roster_reads_the_rule(vs):
+    """The visible value (what get, digest and the roster read) is the rule's entry, and the
+    newest version's own bytes whenever the rule changes nothing."""
+    from syncpack.replicated import roster_value
+    from syncpack.rules import roster
+    from syncpack.rules.conflict import Version
+    stored = [Version(c, v is None, None if v is None else codec.encode_value(v)) for c, v in vs]
+    raw = roster_value(stored)
+    want = roster.entry(vs)
+    newest = max(stored, key=lambda v: v.csn)
+    if want is None:
+        assert raw == newest.value
+    else:
+        assert codec.decode_value(raw) == want
+        if want == codec.decode_value(newest.value):
+            assert raw == newest.value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from syncpack.format import codec
 from syncpack.rules import planning
+from syncpack.rules import roster as roster_rule
 from syncpack.store import chain, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_hlc, csn_origin, csn_seq, next_hlc, pack_csn, split_csns
@@ -16,7 +17,7 @@ from syncpack.store import forks as fork_store
 from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
-from syncpack.replicated import ROSTER
+from syncpack.replicated import ROSTER, decoded_versions
 from syncpack.site import Member, Site, wall_ms
 from syncpack.exchange.verify import resolved_acks
 
@@ -429,6 +430,9 @@ def retired_members(site: Site) -> list[dict]:
     out = []
     for name, m in sorted(site.roster().items()):
         if m.retired:
-            writers = {csn_origin(v.csn) for v in versions.of_key(site.conn, ROSTER, name)}
+            # only the versions that say retired: a concurrent write of the same entry (a
+            # priority) survives beside the retirement without having retired anyone
+            vs = decoded_versions(versions.of_key(site.conn, ROSTER, name))
+            writers = {csn_origin(csn) for csn in roster_rule.retiring(vs)}
             out.append({"site": name, "by": sorted(site.name_of(o) for o in writers)})
     return out

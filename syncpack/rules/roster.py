@@ -1,0 +1,44 @@
+"""Which roster entry a site reads when a member's entry has several surviving versions.
+
+Pure functions.  Every roster write (a priority, a retirement, its undo) rewrites the whole
+entry, so two concurrent writes each carry the other's fields as their writer last saw them.
+Read by last-writer-wins alone, a priority set by a member that had not yet heard of a
+retirement would silently undo it, even one set by the retired member itself, whose packets
+the family was told are refused from then on (docs/trust.md: nothing is dropped silently).
+
+So the entry read is the newest surviving version's, except that it is retired when any
+surviving version says so.  Only a write made after seeing the retirement (``rmreplica
+--undo``) supersedes it, and that one replaces every version its writer held.  The result
+depends only on the set of surviving versions, never on the order they arrived in, so every
+site that holds the same ops reads the same roster.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+
+def says_retired(value: Any) -> bool:
+    """Whether one decoded roster version retires its member (as ``Member.from_value``
+    reads the field)."""
+    return isinstance(value, dict) and bool(value.get("retired", False))
+
+
+def entry(versions: Iterable[tuple[bytes, Any]]) -> Any:
+    """The entry read from a member's surviving ``(csn, decoded value)`` versions; a
+    tombstone or an unreadable version is ``None``.  ``None`` when the newest is one."""
+    vs = list(versions)
+    if not vs:
+        return None
+    _csn, newest = max(vs, key=lambda v: v[0])
+    if not isinstance(newest, dict):
+        return None
+    if not says_retired(newest) and any(says_retired(v) for _c, v in vs):
+        return {**newest, "retired": True}
+    return newest
+
+
+def retiring(versions: Sequence[tuple[bytes, Any]]) -> list[bytes]:
+    """CSNs of the surviving versions that retire the member, sorted: the writes the family
+    should be told retired it (a version that only changed a priority did not)."""
+    return sorted(csn for csn, v in versions if says_retired(v))
