@@ -76,15 +76,15 @@ def decoded_versions(vs: list[Version]) -> list[tuple[bytes, object]]:
 
 def roster_value(vs: list[Version]) -> bytes | None:
     """The visible value of a member's roster entry from its surviving versions: the newest
-    one's, retired if any of them is (rules/roster.py).  Its newest version's bytes unless the
-    retirement comes from another, so a key without a conflict reads as it was signed."""
+    one's, retired if any of them is, with the lowest of their bases (rules/roster.py).  Its
+    newest version's bytes unless another version changes it, so a key without a conflict
+    reads as it was signed."""
     newest = max(vs, key=lambda v: v.csn)
     if len(vs) == 1 or newest.value is None:
         return newest.value
     decoded = decoded_versions(vs)
     entry = roster_rule.entry(decoded)
-    if entry is None or roster_rule.says_retired(entry) == roster_rule.says_retired(
-            dict(decoded)[newest.csn]):
+    if entry is None or entry == dict(decoded)[newest.csn]:
         return newest.value
     return codec.encode_value(entry)
 

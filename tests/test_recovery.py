@@ -1145,3 +1145,52 @@ def test_a_restored_spoke_returns_to_normal_through_ordinary_rounds(family):
         _hub_round(fam)
     assert_converged(fam)
     assert _hub_round(fam) == 0
+
+
+def test_a_member_added_at_two_sites_at_once_does_not_split_the_family(family):
+    """The first snapshot medium for D is lost, and the administrator adds D again at another
+    member before the two have exchanged: two roster entries for D, the same keys, each with
+    the base of its own snapshot.  Each side refused the other's entry ('would change the
+    state that member was created from'), and with it every packet, for good."""
+    fam = three_sites(family)
+    d = fam.root / "D"
+    pub = run("keygen", d, "--site", "D", json_mode=True).json["public_key"]
+    fam.put("A", "t", "a0", 0)          # the two snapshots hold different states
+    fam.put("B", "t", "b0", 0)
+    kept, second = fam.medium(), fam.medium()
+    assert run("mkreplica", "export", "--site", "D", "--pubkey", pub, "--out", kept,
+               site=fam.path("A")).code == 0
+    # the entry written last claims D holds b0, which the snapshot D took does not
+    assert run("mkreplica", "export", "--site", "D", "--pubkey", pub, "--out", second,
+               site=fam.path("B")).code == 0
+    assert run("mkreplica", "import", kept, site=d).code == 0
+    fam.sites["D"] = d
+    for n in ("A", "B", "C", "D"):
+        fam.put(n, "t", n.lower(), n)
+    for _ in range(4):
+        for src in fam.sites:
+            out, _ = cli_export(fam, src)
+            for dst in fam.sites:
+                if dst != src and (out / dst).exists():
+                    cli_import(fam, dst, out / dst)
+    assert_converged(fam)
+    with fam.open("C") as s:
+        assert {k: s.get("t", k) for k in ("a0", "b0", "a", "b", "c", "d")} == \
+            {"a0": 0, "b0": 0, "a": "A", "b": "B", "c": "C", "d": "D"}
+    with fam.open("D") as s:
+        assert s.get("t", "b0") == 0
+
+
+def test_a_roster_entry_raising_a_members_base_is_still_refused(family, tmp_path):
+    """What the check is for: a member rewriting another's entry (having seen it) to claim
+    it joined holding more, so that no site sends it what lies below."""
+    fam = three_sites(family)
+    with fam.open("B") as s:
+        m = s.member_named("C")
+        m.base = {**m.base, s.site_id: 10**6}
+        from syncpack.replicated import ROSTER
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "C", codec.encode_value(m.to_value()))
+    out, _ = cli_export(fam, "B", "A")
+    r = run("import", out, site=fam.path("A"), json_mode=True)
+    assert r.code != 0 and "created from" in r.out + r.err, r

@@ -909,8 +909,12 @@ def test_a_retired_member_unaware_of_it_cannot_reinstate_itself_by_its_own_write
 # The rule itself (syncpack/rules/roster.py), on any set of surviving versions.
 
 _csns = st.binary(min_size=16, max_size=16)
+_origins = st.sampled_from([b"A" * 8, b"B" * 8, b"D" * 8])
+_bases = st.dictionaries(_origins, st.integers(0, 9)).map(
+    lambda d: sorted([o, e] for o, e in d.items() if e))
 _entries = st.one_of(st.none(), st.fixed_dictionaries(
-    {"id": st.just(b"C" * 8), "priority": st.integers(-5, 5), "retired": st.booleans()}))
+    {"id": st.just(b"C" * 8), "priority": st.integers(-5, 5), "retired": st.booleans(),
+     "base": _bases}))
 _roster_versions = st.lists(st.tuples(_csns, _entries), min_size=1, max_size=6,
                             unique_by=lambda v: v[0])
 
@@ -928,9 +932,15 @@ def test_the_roster_entry_read_is_the_newest_retired_if_any_version_is(vs, rnd):
     if newest is None:
         assert got is None
         return
-    assert {k: v for k, v in got.items() if k != "retired"} == \
-        {k: v for k, v in newest.items() if k != "retired"}
+    assert {k: v for k, v in got.items() if k not in ("retired", "base")} == \
+        {k: v for k, v in newest.items() if k not in ("retired", "base")}
     assert got["retired"] == any(v is not None and v["retired"] for _c, v in vs)
+    # the base: origin by origin the lowest any surviving version claims (a member added at
+    # two sites at once has two; no site is led to believe it holds what it lacks)
+    held = [dict((bytes(o), e) for o, e in v["base"]) for _c, v in vs if v is not None]
+    for o in (b"A" * 8, b"B" * 8, b"D" * 8):
+        assert dict((bytes(x), e) for x, e in got["base"]).get(o, 0) == \
+            min(h.get(o, 0) for h in held)
     assert roster.retiring(vs) == sorted(c for c, v in vs if v is not None and v["retired"])
     if len(vs) == 1:
         assert got == newest

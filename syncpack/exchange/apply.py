@@ -128,7 +128,8 @@ def _wind_back(site: Site, peer: bytes, h: Header) -> None:
 # --- roster and membership: what one member may not do to another -----------------------------
 
 def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBodyError,
-                       roster: dict[str, Member] | None = None) -> None:
+                       roster: dict[str, Member] | None = None,
+                       replaced: bytes | None = None) -> None:
     """A roster entry arriving from anywhere (a packet, a snapshot) must name a safe site,
     carry well-formed keys, and never replace an existing member's id or keys, nor take
     another member's id: otherwise one member could sign as another."""
@@ -158,9 +159,13 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
         raise error(f"roster entry of {name} would replace that member's identity or keys; "
                     f"refused", hint="a member's keys never change; to replace a site, retire "
                                      "it and add a new one")
-    if old is not None and old.base != new.base:
-        # 'base' is what every site believes the member held when it joined: rewritten, no
-        # site sent it what lay below the lie, and nothing showed it (lag 0, fsck clean)
+    if old is not None and old.base != new.base and not planning.covers(old.base, new.base) \
+            and not _concurrent_entry(site, name, replaced):
+        # 'base' is what every site believes the member held when it joined: raised, no site
+        # sent it what lay below the lie, and nothing showed it (lag 0, fsck clean).  Lowered
+        # only costs ops sent again.  An entry written without having seen ours (the member
+        # added at two sites at once, each with its own snapshot) is another version of the
+        # key: every site reads the lowest base of the versions that survive.
         raise error(f"roster entry of {name} would change the state that member was created "
                     f"from; refused", hint="a member's roster entry keeps its identity, keys "
                                            "and starting state; only priority and retirement "
@@ -175,13 +180,23 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
                         f"case; refused")
 
 
+def _concurrent_entry(site: Site, name: str, replaced: bytes | None) -> bool:
+    """Whether a roster op (``replaced``: the versions it superseded; None for a snapshot's
+    record) was written without having seen any version of ``name``'s entry held here."""
+    if replaced is None:
+        return False
+    gone = set(split_csns(replaced))
+    return not any(v.csn in gone for v in versions.of_key(site.conn, ROSTER, name))
+
+
 def check_system_entry(site: Site, collection: str, key: str, raw: bytes | None,
-                       roster: dict[str, Member] | None = None) -> None:
+                       roster: dict[str, Member] | None = None,
+                       replaced: bytes | None = None) -> None:
     """syncpack's own replicated collections hold what every site reads on every import (the
     roster, the family settings, the conflict policies): an entry another site could not read
     would stop that site, so it is refused where it arrives."""
     if collection == ROSTER:
-        return check_roster_entry(site, key, raw, roster=roster)
+        return check_roster_entry(site, key, raw, roster=roster, replaced=replaced)
     try:
         value = None if raw is None else codec.decode_value(raw)
     except ValueError:
@@ -553,7 +568,7 @@ class _Applier:
                 return 1
         if op.collection.startswith(SYS_PREFIX):
             self.flush()
-            check_system_entry(site, op.collection, op.key, op.value)
+            check_system_entry(site, op.collection, op.key, op.value, replaced=op.replaced)
             if op.collection == COLLECTIONS and op.replaced:
                 # 'collection create' never writes over an entry: two concurrent creates
                 # are both kept and one picked, as for any key; a write over one is a

@@ -143,6 +143,11 @@ def should_send(ranges: Ranges, told: Vector | None, vector: Vector, unconfirmed
     return {o: e for o, e in told.items() if e} != current
 
 
+def covers(higher: Vector, lower: Vector) -> bool:
+    """Whether ``higher`` holds at least every epoch ``lower`` holds, origin by origin."""
+    return all(e <= higher.get(o, 0) for o, e in lower.items())
+
+
 def wind_back(sent: Vector, peer_vector: Vector, seen_hi: Vector) -> dict[bytes, int]:
     """Lost packets: the peer has seen our packets carrying up to ``seen_hi`` (or reports a
     gap up to it), yet its vector lacks them.  Returns origin -> lowered 'sent' estimate."""

@@ -7,7 +7,7 @@ retirement would silently undo it, even one set by the retired member itself, wh
 the family was told are refused from then on (docs/trust.md: nothing is dropped silently).
 
 So the entry read is the newest surviving version's, except that it is retired when any
-surviving version says so.  Only a write made after seeing the retirement (``rmreplica
+surviving version says so, and its base is the lowest of theirs (:func:`lowest_base`).  Only a write made after seeing the retirement (``rmreplica
 --undo``) supersedes it, and that one replaces every version its writer held.  The result
 depends only on the set of surviving versions, never on the order they arrived in, so every
 site that holds the same ops reads the same roster.
@@ -34,8 +34,30 @@ def entry(versions: Iterable[tuple[bytes, Any]]) -> Any:
     if not isinstance(newest, dict):
         return None
     if not says_retired(newest) and any(says_retired(v) for _c, v in vs):
-        return {**newest, "retired": True}
+        newest = {**newest, "retired": True}
+    low = lowest_base([v.get("base", []) for _c, v in vs if isinstance(v, dict)])
+    if low != newest.get("base", []):
+        newest = {**newest, "base": low}
     return newest
+
+
+def lowest_base(bases: list[Any]) -> list[list]:
+    """The member's base read from several versions of its entry (``[[origin, epoch], ...]``
+    each): origin by origin the lowest, an origin missing from one of them 0 (left out).
+    A member added at two sites at once, each seeding it with its own snapshot, has two
+    bases; the one its snapshot did not hold claims epochs it lacks, which no site would
+    ever send it.  The lower costs only ops sent again."""
+    maps = []
+    for b in bases:
+        try:
+            maps.append({bytes(o): e for o, e in b})
+        except (TypeError, ValueError):
+            return []       # unreadable: claim nothing held (the check at arrival refuses it)
+    if not maps:
+        return []
+    common = set.intersection(*(set(m) for m in maps))
+    return sorted([o, min(m[o] for m in maps)] for o in common
+                  if min(m[o] for m in maps) > 0)
 
 
 def retiring(versions: Sequence[tuple[bytes, Any]]) -> list[bytes]:
