@@ -14,6 +14,7 @@ Only this module knows the shape of those tables and triggers.
 
 from __future__ import annotations
 
+from collections import deque
 from contextlib import contextmanager
 import re
 from dataclasses import dataclass, field
@@ -899,8 +900,25 @@ def install_capture(conn: Connection, t: TableInfo, floor: int = 0) -> None:
                  f"{ins} SELECT '{tn}', {old} WHERE {moved}; END")
     conn.execute(f"CREATE TRIGGER {name('del')} AFTER DELETE ON {tq} {when('OLD')} "
                  f"BEGIN {ins} VALUES ('{tn}', {old}); END")
-    if t.uniques or t.other_uniques:
+    if t.uniques or t.other_uniques or rowid_names(conn, t):
         _install_replace_triggers(conn, t, when, ins, name)
+
+
+def rowid_names(conn: Connection, t: TableInfo) -> list[str]:
+    """The names under which a write may set the rowid of ``t`` when the rowid is a unique
+    key of its own: a rowid table whose primary key is not its alias.  A REPLACE that sets
+    it (``INSERT OR REPLACE INTO t(rowid, ...)``, ``UPDATE OR REPLACE t SET rowid = ...``)
+    removes the row holding that rowid, whatever its key, without a DELETE trigger.  A
+    column of the same name hides the rowid behind it; a WITHOUT ROWID table has none, and
+    an alias's clash is one on the key itself, which the key's own triggers see."""
+    if t.virtual or rowid_alias(conn, t):
+        return []
+    wr = conn.execute("SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?",
+                      (t.name,)).fetchone()
+    if wr is None or wr[0]:
+        return []
+    taken = {c.lower() for c in _all_columns(conn, t)}
+    return [n for n in ("rowid", "oid", "_rowid_") if n not in taken]
 
 
 def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
@@ -916,6 +934,18 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
     keys = (f"{ins} SELECT {MAYBE_SQL} || '{tn}', " + ", ".join(q(c) for c in t.pk)
             + f" FROM {tq} WHERE ")
     plain = [" AND ".join(f"{q(c)} = NEW.{q(c)}" for c in u) for u in t.uniques]
+    # The rowid is a unique key too.  In a BEFORE INSERT trigger NEW.rowid of a row whose
+    # rowid SQLite is to choose is -1, which no row holds unless one was given it: at worst
+    # a row noted as maybe removed that is still there, which is no change.
+    rowids = rowid_names(conn, t)
+    if rowids:
+        plain.append(f"{rowids[0]} = NEW.{rowids[0]}")
+    # Where the rowid is the only such key (a table keyed by text, the commonest), an INSERT
+    # that leaves the rowid to SQLite cannot clash on it, and the look-up a firing makes cost
+    # the application's bulk inserts a quarter more: the INSERT trigger fires only for a rowid
+    # given (one given as -1 would go unnoticed here; fsck would see its row differ).
+    only_rowid = bool(rowids) and not t.uniques and not t.other_uniques
+    given = f" AND NEW.{rowids[0]} <> -1" if only_rowid else ""
     # An index on expressions, or with a WHERE clause: its terms, evaluated on the new row by
     # a subquery where only the new row's columns are named, against the table's rows (the
     # same terms over the table, which the index serves).  The subquery's columns take the
@@ -947,6 +977,8 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
              if any(c in u for u in t.uniques) or any(
                  _names_column(c, " ".join(terms) + " " + (where or ""))
                  for terms, where in t.other_uniques)]
+    # UPDATE OF matches the names the UPDATE sets as spelt: each of the rowid's
+    named += rowids
     # A generated column is never set by name: an update of what it is computed from changes
     # it, so a table whose indexes name one fires for every update.
     generated = _generated_columns(conn, t)
@@ -955,10 +987,11 @@ def _install_replace_triggers(conn: Connection, t: TableInfo, when, ins: str,
 
     def statements(conds: list[str]) -> list[str]:
         out = []
-        for kind, event, extra in (("rep", "INSERT", ""), ("repu", update_of, f" AND {not_old}")):
+        for kind, event, extra, only in (("rep", "INSERT", "", given),
+                                         ("repu", update_of, f" AND {not_old}", "")):
             body = " ".join(f"{keys}{c}{extra};" for c in conds)
-            out.append(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when('NEW')} "
-                       f"BEGIN {body} END")
+            out.append(f"CREATE TRIGGER {name(kind)} BEFORE {event} ON {tq} {when('NEW')}"
+                       f"{only} BEGIN {body} END")
         return out
 
     if expect is not None:
@@ -1034,7 +1067,7 @@ def replace_triggers_current(conn: Connection, t: TableInfo) -> bool:
     held = dict(conn.execute(
         "SELECT name, sql FROM sqlite_schema WHERE type='trigger' AND tbl_name=? AND name IN "
         "(?, ?)", (t.name, f"{TRIGGER_PREFIX}{t.name}_rep", f"{TRIGGER_PREFIX}{t.name}_repu")))
-    if not (t.uniques or t.other_uniques):
+    if not (t.uniques or t.other_uniques or rowid_names(conn, t)):
         return not held
     expect: list[list[str]] = []
     _install_replace_triggers(conn, t, *_trigger_parts(t), expect)
@@ -1543,6 +1576,25 @@ def self_deleting_triggers(conn: Connection, t: TableInfo) -> list[str]:
     return sorted(found)
 
 
+def self_updating_keys(conn: Connection, t: TableInfo) -> list[str]:
+    """The foreign keys of ``t`` that refer to ``t`` itself by columns other than its primary
+    key with an ON UPDATE action (``up REFERENCES node(code) ON UPDATE CASCADE``), in words:
+    a row syncpack writes that changes such a column changes other rows of ``t`` by the
+    schema, which the whole table's applying marker kept from being captured.  (A record never
+    changes its key in place, and a delete's actions are noted by _cascade.)"""
+    fks: dict[int, tuple[str, list, list]] = {}
+    for r in conn.execute(f"PRAGMA foreign_key_list({q(t.name)})").fetchall():
+        if sqltext.fold(r[2]) == sqltext.fold(t.name) and r[5] in ("CASCADE", "SET NULL",
+                                                                   "SET DEFAULT"):
+            f = fks.setdefault(r[0], (r[5], [], []))
+            f[1].append(r[3])
+            f[2].append(r[4])
+    return [f"{', '.join(frm)} -> {t.name}({', '.join(to)}) ON UPDATE {action}"
+            for action, frm, to in fks.values()
+            if not any(c is None for c in to)
+            and sorted(map(sqltext.fold, to)) != sorted(map(sqltext.fold, t.pk))]
+
+
 def _refusal_text(e: BaseException) -> str:
     if isinstance(e, ApplicationOnlyError):
         return f"{e.needs}, which only the application defines"
@@ -1598,7 +1650,8 @@ class Writer:
         # such a trigger deletes beside it are captured.  Such a table's rows are then
         # written one at a time, its capture triggers never set aside.
         marked = marker_key_cols(conn)
-        self.row_marks = marked >= len(t.pk) and bool(self_deleting_triggers(conn, t))
+        self.row_marks = marked >= len(t.pk) and bool(self_deleting_triggers(conn, t)
+                                                      or self_updating_keys(conn, t))
         # Its capture triggers are never set aside for a large batch when a trigger of the
         # application's may delete its rows: a row so deleted as another table is written is
         # then noted (and written back, attach/applying.py restore_removed), not lost unseen
@@ -1942,28 +1995,47 @@ def foreign_key_actions(conn: Connection, table: str) -> list[str]:
     return sorted(set(out))
 
 
-def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict,
-             depth: int = 0) -> list[tuple[str, tuple]]:
+def _cascade(conn: Connection, table: str, pk: list[str], key: list, cache: dict
+             ) -> list[tuple[str, tuple]]:
     """(table, key values) of the rows that deleting ``key`` from
-    ``table`` would change through ON DELETE actions (a CASCADE's own cascades too)."""
-    actions = _actions_on(conn, table, cache)
-    if not actions or depth > 16:
-        return []
-    where = " AND ".join(f"{q(c)} IS ?" for c in pk)
+    ``table`` would change through ON DELETE actions (a CASCADE's own cascades too, however
+    deep).  Walked with a queue, not by recursion: a tree of a table referring to itself can
+    be any depth, and its rows removed below a cut-off were never noted (the applying marker
+    keeps that table's own triggers quiet), so they were lost unseen.  Each row is listed
+    once and its own children looked for once: rows whose references form a cycle end the
+    walk rather than loop."""
     out: list[tuple[str, tuple]] = []
-    for child, frm, to, action in actions:
-        parent = conn.execute(f"SELECT {', '.join(map(q, to))} FROM {q(table)} WHERE {where}",
-                              key).fetchone()
-        if parent is None:
+    # the deleted row itself is syncpack's write, not a change of the schema's
+    seen: set[tuple[str, tuple]] = {(table, tuple(key))}
+    # apart from seen: a row reached first by a SET NULL and then by a CASCADE is removed,
+    # and its children with it
+    walked = set(seen)
+    pks: dict[str, list[str]] = {table: pk}
+    todo = deque(seen)
+    while todo:
+        parent_table, parent_key = todo.popleft()
+        actions = _actions_on(conn, parent_table, cache)
+        if not actions:
             continue
-        cpk = key_columns(conn, child) or ["rowid"]
-        rows = conn.execute(
-            f"SELECT {', '.join(map(q, cpk))} FROM {q(child)} WHERE "
-            + " AND ".join(f"{q(c)} = ?" for c in frm), list(parent)).fetchall()
-        out += [(child, tuple(r)) for r in rows]
-        if action == "CASCADE":
-            for r in rows:
-                out += _cascade(conn, child, cpk, list(r), cache, depth + 1)
+        where = " AND ".join(f"{q(c)} IS ?" for c in pks[parent_table])
+        for child, frm, to, action in actions:
+            parent = conn.execute(f"SELECT {', '.join(map(q, to))} FROM {q(parent_table)} "
+                                  f"WHERE {where}", parent_key).fetchone()
+            if parent is None:
+                continue
+            cpk = pks.get(child)
+            if cpk is None:
+                cpk = pks[child] = key_columns(conn, child) or ["rowid"]
+            for r in conn.execute(
+                    f"SELECT {', '.join(map(q, cpk))} FROM {q(child)} WHERE "
+                    + " AND ".join(f"{q(c)} = ?" for c in frm), list(parent)):
+                row = (child, tuple(r))
+                if row not in seen:
+                    seen.add(row)
+                    out.append(row)
+                if action == "CASCADE" and row not in walked:
+                    walked.add(row)
+                    todo.append(row)
     return out
 
 
