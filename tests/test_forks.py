@@ -980,3 +980,47 @@ def test_two_running_copies_of_a_site_are_told_and_the_one_kept_heals(family):
     written_there = "new-machine" if kept == b2 else "old-machine"
     with fam.open("C") as s:
         assert s.get("t", written_there) is not None
+
+
+def test_a_careless_restore_of_a_spoke_heals_at_the_other_spokes_once_it_writes_them(family):
+    """A is the hub; B and C never meet.  C is put back from a backup and written to before
+    'syncpack restore'.  C's signed word that it kept the family's version ('kept') goes in
+    C's own packets only, so B, frozen by the evidence A relays, stays frozen through any
+    number of hub rounds (a member's later blocks are not taken as that word: an equivocating
+    member writing on would unfreeze every site on its own version).  What operations.md
+    says to do: one packet from C to B, carried there once, heals B."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+
+    def hub_round():
+        for spoke in ("B", "C"):
+            fam.sync(spoke, "A")
+        for spoke in ("B", "C"):
+            fam.sync("A", spoke)
+
+    hub_round()
+    copy = backup(fam, "C")
+    fam.put("C", "t", "w1", "before the restore")
+    hub_round()
+    hub_round()
+    put_back(fam, "C", copy)
+    fam.put("C", "t", "w2", "written before 'restore' was run")
+    assert run("restore", site=fam.path("C")).code == 0
+    for _ in range(4):
+        hub_round()
+    assert [f["state"] for f in forks_at(fam, "B")] == ["open"]
+    r = run("status", site=fam.path("B"))
+    assert "fork (open): C signed two histories" in r.out, r
+    out, _ = cli_export(fam, "C", "B")          # carried to B once
+    run("import", out, site=fam.path("B"))
+    for _ in range(2):
+        hub_round()
+    for name in ("A", "B", "C"):
+        assert all(f["state"] != "open" for f in forks_at(fam, name)), (name, forks_at(fam, name))
+        with fam.open(name) as s:
+            assert s.get("t", "w1") == "before the restore"
+            assert s.get("t", "w2") == "written before 'restore' was run"
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
