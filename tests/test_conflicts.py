@@ -310,3 +310,26 @@ def test_under_merge_one_version_of_1_and_1_0_is_the_visible_one(family):
         (c,) = doc["conflicts"]
         assert [f["field"] for f in c["fields"]] == ["v"]
         assert sum(v["winner"] for v in c["versions"]) == 1, c
+
+
+def test_under_merge_of_two_concurrent_deletes_one_is_the_visible_one(family):
+    """A delete makes the key a whole-record conflict, decided as under priority: one
+    version shows.  Both deletes were marked the winner (each is None, as the visible
+    value is)."""
+    family.init("a", priority=5)
+    family.add("b", via="a", priority=1)
+    family.add("c", via="a", priority=3)
+    family.full_exchange()
+    assert run("collection", "create", "m", "--policy", "merge", site=family.path("a")).code == 0
+    family.put("a", "m", "k", {"x": 0})
+    family.full_exchange()
+    for n in ("a", "b"):
+        assert run("delete", "m", "k", site=family.path(n)).code == 0
+    family.put("c", "m", "k", {"x": 9})
+    family.full_exchange()
+    for n in ("a", "b", "c"):
+        doc = run("conflicts", "m", site=family.path(n), json_mode=True).json
+        (c,) = doc["conflicts"]
+        assert c["visible"] is None
+        winners = [v["origin"] for v in c["versions"] if v["winner"]]
+        assert winners == ["a"], c

@@ -27,9 +27,11 @@ def _decoded(raw: bytes | None) -> Any:
     return None if raw is None else codec.shown_value(raw)
 
 
-def _field_rows(site: Site, coll: str, key: str, vs: list[Version]) -> tuple[list[dict], Any]:
+def _field_rows(site: Site, coll: str, key: str, vs: list[Version]
+                ) -> tuple[list[dict], Any, bytes | None]:
     """The fields that differ between the surviving versions (each with the value every site
-    holds and which one shows), and the visible value."""
+    holds and which one shows), the visible value, and the CSN of the version that shows
+    whole (None where fields of several were merged, or nothing shows)."""
     names = site.names()
     policy = site.policy_of(coll)
 
@@ -42,16 +44,17 @@ def _field_rows(site: Site, coll: str, key: str, vs: list[Version]) -> tuple[lis
             win = None if m is None else m.whole
             visible = None if win is None else _decoded(
                 next(v.value for v in vs if v.csn == win.csn))
-            return _plain_fields(vs, win.csn if win else None, who, names), visible
+            return _plain_fields(vs, win.csn if win else None, who, names), visible, \
+                None if win is None else win.csn
         rows = [{"field": f, "values": [
                     {"site": who(st), "version": format_csn(st, names), "absent": b is None,
                      "value": None if b is None else codec.unpackb(b),
                      "winner": st == m.winners[f]} for st, b in cand.items()]}
                 for f, cand in sorted(m.conflicts.items())]
-        return rows, fields.decoded(m.fields)
+        return rows, fields.decoded(m.fields), None
     win = pick(vs, policy, site.priorities())
     return _plain_fields(vs, None if win is None else win.csn, who, names), \
-        None if win is None else _decoded(win.value)
+        None if win is None else _decoded(win.value), None if win is None else win.csn
 
 
 def _plain_fields(vs: list[Version], win: bytes | None, who, names) -> list[dict]:
@@ -74,8 +77,7 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version],
               force: bool = False) -> dict | None:
     names = site.names()
     policy = site.policy_of(coll)
-    rows, visible = _field_rows(site, coll, key, vs)
-    win = None if policy == "merge" else pick(vs, policy, site.priorities())
+    rows, visible, whole = _field_rows(site, coll, key, vs)
     if policy == "merge" and not force and not rows and all(v.value is not None for v in vs) and \
             all(fields.to_fields(v.value) is not None for v in vs):
         return None      # concurrent writes to different fields: merged, nothing to decide
@@ -84,8 +86,11 @@ def _describe(site: Site, coll: str, key: str, vs: list[Version],
             "versions": [{"version": format_csn(v.csn, names), "csn": v.csn.hex(),
                           "origin": names.get(csn_origin(v.csn), csn_origin(v.csn).hex()),
                           "deleted": v.deleted,
-                          "winner": v == win if policy != "merge" else
-                          identical(_decoded(v.value), visible),
+                          # one version shows whole (every delete decodes to the
+                          # same None: each was marked the winner); under merge, a
+                          # record merged from several shows as each that equals it
+                          "winner": v.csn == whole if whole is not None or
+                          policy != "merge" else identical(_decoded(v.value), visible),
                           "value": _decoded(v.value)}
                          for v in sorted(vs, key=lambda v: v.csn)]}
 
