@@ -295,6 +295,18 @@ def test_links_resolve_inside_the_repository():
     assert (ROOT / "docs" / "README.md").exists()
 
 
+def test_docs_name_only_source_files_that_exist():
+    """The specs and guides name the module that implements what they describe: after the
+    package was laid out in subpackages, formats/ still named nine modules by their old
+    paths (syncpack/oplog.py, syncpack/blocks.py, ...)."""
+    bad = []
+    for f in [*doc_files(), *(ROOT / "formats").glob("*.md"), *(ROOT / "tools").glob("*.py")]:
+        for path in re.findall(r"(?<![\w/])syncpack/[\w/]+\.py", f.read_text()):
+            if not (ROOT / path).exists():
+                bad.append(f"{f.relative_to(ROOT)}: {path}")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
 def repository_files() -> list[Path]:
     """Files git would track (committed or not, ignored ones left out); without git (an
     unpacked source archive), every file outside hidden and build directories."""

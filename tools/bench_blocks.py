@@ -14,7 +14,7 @@ Workloads:
 
 Figures, each a median of ``--runs`` runs (default 5):
 
-* v2 blocks (``syncpack/blocks.py``), sealed every ``--block-ops`` ops at transaction ends:
+* v2 blocks (``syncpack/format/blocks.py``), sealed every ``--block-ops`` ops at transaction ends:
   bytes, encode time, verify (signature + body hash), ``decode_block`` into columns, into rows
   ``(collection, key, csn, value)`` for ``executemany``, and into ``Op`` objects;
 * the same columns as Arrow IPC (the alternative considered): bytes, decode to Python lists;
