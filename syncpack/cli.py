@@ -194,6 +194,15 @@ class Ctx:
     def open(self, require_joined: bool = True) -> Site:
         s = Site.open(self.site_dir, require_joined=require_joined)
         click.get_current_context().call_on_close(s.close)
+        if self.interrupted is None and require_joined:
+            # What a Ctrl-C tells of a command that says nothing more precise (a put, a
+            # priority, ...): whether its change had committed, read from the store then
+            # (it can land after the COMMIT, before the report)
+            self.on_interrupt_of_one_commit(
+                s, "its change had committed before the interrupt and is kept (do not run "
+                   "it again)",
+                "nothing was left half-done; a change in progress, if any, was rolled back "
+                "whole")
         # A command typed while another (a scheduled round's import, say) works on the site
         # waits for it a while, saying so, rather than failing at once.
         s.lock_wait_s = LOCK_WAIT_S
@@ -405,8 +414,17 @@ class Group(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if ctx.parent is None:
             args = _json_first(args)
-        _given_twice(ctx, self, args, group=True)
-        return super().parse_args(ctx, args)
+        try:
+            _given_twice(ctx, self, args, group=True)
+            return super().parse_args(ctx, args)
+        except KeyboardInterrupt:
+            # click would say "Aborted!" and exit 1
+            _hold_signals()
+            message = "interrupted while starting; nothing was done"
+            if "--json" in args:
+                click.echo(json.dumps({"error": message, "hint": None}))
+            fail(None, message, None, 130)
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -416,6 +434,12 @@ class Group(click.Group):
                     isinstance(ctx.obj, Ctx):
                 ctx.obj.unmake_outbox()
             raise
+        finally:
+            if ctx.parent is None and _STANDALONE:
+                # Done and told: an interrupt from here on (click's teardown, the
+                # interpreter's exit, where Python puts SIGINT's default action back) would
+                # turn a finished command into a signal death, or click's "Aborted!"
+                _hold_signals()
 
     def _invoke(self, ctx: click.Context) -> Any:
         try:
@@ -427,8 +451,10 @@ class Group(click.Group):
         except (SyncpackError, db.DatabaseError, OSError) as e:
             fail(ctx.obj, *error_outcome(e, getattr(ctx.obj, "site_dir", None)))
         except KeyboardInterrupt:
-            # A second Ctrl-C must not cut the report short; the work is already stopped.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            # A second Ctrl-C (or SIGTERM, or an interrupt a finaliser swallowed and
+            # console.interrupts_never_lost delivers again) must not cut the report short,
+            # nor end the process by the signal: the work is already stopped.
+            _hold_signals()
             note, hint = _interrupt_note(ctx.obj)
             fail(ctx.obj, f"interrupted; {note}", hint, 130)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
@@ -746,8 +772,10 @@ def put(obj: Ctx, collection, key, value):
             raise click.BadParameter(f"standard input is not UTF-8 text (byte {e.start})",
                                      param_hint="'JSON'") from None
     v = _json_value(value)
-    _table_warning(obj, writes.put(obj.open(), collection, key, v))
-    obj.emit({"collection": collection, "key": key, "value": v})
+    why = writes.put(obj.open(), collection, key, v)
+    with _no_interrupt():
+        _table_warning(obj, why)
+        obj.emit({"collection": collection, "key": key, "value": v})
 
 
 @cli.command()
@@ -761,8 +789,10 @@ def delete(obj: Ctx, collection, key):
     Example:
       syncpack delete parts p-099
     """
-    _table_warning(obj, writes.delete(obj.open(), collection, key))
-    obj.emit({"collection": collection, "key": key, "deleted": True})
+    why = writes.delete(obj.open(), collection, key)
+    with _no_interrupt():
+        _table_warning(obj, why)
+        obj.emit({"collection": collection, "key": key, "deleted": True})
 
 
 def _table_warning(obj: Ctx, why: str | None) -> None:
@@ -1010,6 +1040,14 @@ def import_(obj: Ctx, paths):
     # and turn a complete import's exit code into 130.
     with _no_interrupt():
         _import_report(obj, res)
+
+
+def _hold_signals() -> None:
+    try:
+        for n in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(n, signal.SIG_IGN)
+    except ValueError:      # not the main thread
+        pass
 
 
 @contextmanager
@@ -1813,7 +1851,21 @@ def main() -> None:
     # 'systemctl stop', a shutdown, 'kill': stopped as by Ctrl-C, so a batch round logs its
     # end and rewrites its metrics, and every command says what it kept
     signal.signal(signal.SIGTERM, _terminated)
-    cli(prog_name="syncpack")
+    try:
+        cli(prog_name="syncpack")
+    except SystemExit as e:
+        if e.code != 130:
+            raise
+        # Interrupted, told, and every site closed (click's context is gone).  Python can
+        # still count the interrupt as unhandled though it was caught here (at some points
+        # of its own machinery), and its orderly exit then ends the process by SIGINT: exit
+        # -2 where 130 was told, one run in a few dozen.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(130)
 
 
 if __name__ == "__main__":

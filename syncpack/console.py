@@ -53,12 +53,24 @@ def interrupts_never_lost() -> None:
     sys.unraisablehook = hook
 
 
+def _terminated(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    import signal
     try:
+        # 'systemctl stop' while the command line loads: told as a Ctrl-C then is (without
+        # this, SIGTERM's default action ended the process silently, exit 143)
+        signal.signal(signal.SIGTERM, _terminated)
         interrupts_never_lost()
         large_buffers_go_back()
         from syncpack.cli import main as run
     except KeyboardInterrupt:
+        # told once: a second interrupt now (another signal, or one a finaliser swallowed
+        # and interrupts_never_lost delivers again) would end the process by SIGINT itself
+        for n in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(n, signal.SIG_IGN)
         message = "interrupted while starting; nothing was done"
         args = sys.argv[1:]
         if "--json" in args[:args.index("--") if "--" in args else len(args)]:
@@ -68,5 +80,8 @@ def main() -> None:
             sys.stdout.flush()
         sys.stderr.write(f"error: {message}\n")
         sys.stderr.flush()
-        raise SystemExit(130) from None
+        # Nothing was opened, so nothing needs the interpreter's orderly exit, which a module
+        # half-imported when the interrupt came can still end by SIGINT (exit -2 seen)
+        import os
+        os._exit(130)
     run()
