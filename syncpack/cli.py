@@ -264,10 +264,10 @@ class Ctx:
         """:meth:`on_interrupt` for a command whose work is one store transaction: which of
         the two notes is true is read from the store then, for Ctrl-C can land after the
         COMMIT and before the report."""
-        before = inspection.commit_marker(site)
+        before = site.commit_marker()
 
         def note() -> tuple[str, str | None]:
-            if inspection.commit_marker(site) != before:
+            if site.commit_marker() != before:
                 return kept, None
             return rolled_back, hint
         self.on_interrupt(note)

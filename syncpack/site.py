@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 from syncpack.format import codec
 from syncpack.lazy import OnFirstUse
-from syncpack.store import chain, db, fields, matrix, meta, versions
+from syncpack.store import chain, db, exports, fields, matrix, meta, versions
 from syncpack.format.codec import Op, Record
 from syncpack.rules.conflict import POLICIES, Version
 from syncpack.format.blocks import SEQ_LIMIT
@@ -364,6 +364,16 @@ class Site:
         """The hybrid logical clock's state: at or above every CSN this site made or saw."""
         tip = chain.own_tip(self.conn, self.site_id)
         return max(int(self.meta("hlc", 0)), tip[1] if tip else 0)
+
+    def commit_marker(self) -> tuple:
+        """What any committed change of the store's own history moves (vector, floors, packets
+        recorded as sent), read in a connection of its own: a command stopped by Ctrl-C
+        compares it with the one taken before its work, to say truthfully whether its
+        transaction had committed before the interrupt (the window between COMMIT and the
+        report is real).  Here, not with the inspection commands: every command takes it,
+        a put too, which must start without their imports."""
+        with Site.open(self.path) as s:
+            return s.vector(), s.floors(), exports.packets_out_count(s.conn)
 
     def floors(self) -> dict[bytes, int]:
         """Per origin, the highest epoch no longer in the changelog (trimmed or seeded)."""

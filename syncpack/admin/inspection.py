@@ -14,8 +14,7 @@ from syncpack.attach import core as attach_core
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
 from syncpack.rules.replay import replay_key
-from syncpack.store import (attached, chain, db, exports, fields, log, scratch, stash,
-                            versions)
+from syncpack.store import attached, chain, db, fields, log, scratch, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.csn import csn_origin, hlc_ms, pack_csn, split_csns
 from syncpack.store import forks as fork_store
@@ -29,15 +28,6 @@ from syncpack.exchange.links import (acknowledgements, believed, link, matrix,
 from syncpack.exchange.verify import (DEFAULT_SKEW_MS, find_packet_files, open_packet,
                                       printable, signature_state, told_if_unreadable)
 from syncpack.progress import expect
-
-
-def commit_marker(site: Site) -> tuple:
-    """What any committed change of the store's own history moves (vector, floors, packets
-    recorded as sent), read in a connection of its own: a command stopped by Ctrl-C compares
-    it with the one taken before its work, to say truthfully whether its transaction had
-    committed before the interrupt (the window between COMMIT and the report is real)."""
-    with Site.open(site.path) as s:
-        return s.vector(), s.floors(), exports.packets_out_count(s.conn)
 
 
 def lsepoch(site: Site) -> dict:
