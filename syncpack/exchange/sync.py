@@ -12,7 +12,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Iterator
 
 from syncpack.format import blocks, codec
 from syncpack.rules import planning
@@ -159,7 +159,8 @@ def block_stream(site: Site, metas: Iterable[chain.StoredBlock]) -> Iterator[Blo
 
 
 def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
-              sign: Callable[[bytes], bytes] | None, budget: int = RELAY_ACK_BUDGET) -> list:
+              sign: Callable[[bytes], bytes] | None, told: dict[bytes, int],
+              members: Collection[bytes], budget: int = RELAY_ACK_BUDGET) -> list:
     """Our own signed acknowledgement, and the members' own ones this peer has not been
     given in their newest version, within the relay budget.  The peer's own comes back to it
     too: after a restore it is the proof of how much of its own history it once held."""
@@ -168,9 +169,6 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
         own = {o: e for o, e in vec.items() if e}
         out.append((site.site_id, now_ms, None,
                     sign(codec.ack_signed_bytes(site.family_id, site.site_id, now_ms, own))))
-    told = exports.acks_told(site.conn, peer)
-    # retired members' too: they prove what a re-seed may claim of their ops
-    members = site.members_by_id(include_retired=True)
     own = own_acknowledgement(site, peer)
     if own is not None and own[0] > told.get(peer, 0):
         out.append((peer, *own))
@@ -193,21 +191,21 @@ def _acks_for(site: Site, peer: bytes, vec: dict[bytes, int], now_ms: int,
     return out
 
 
-def _grown_acks(site: Site, peer: bytes) -> bool:
+def _grown_acks(site: Site, peer: bytes, told: dict[bytes, int],
+                members: Collection[bytes]) -> bool:
     """Whether a member's acknowledgement has grown since ``peer`` was last given it (one the
     peer gave us, it has)."""
-    told = exports.acks_told(site.conn, peer)
-    members = site.members_by_id(include_retired=True)
     return any(g > told.get(m, 0) for m, g in exports.ack_growths(site.conn)
                if m != peer and m in members)
 
 
-def _restored_heard(site: Site, peer: bytes, vec: dict[bytes, int]) -> bool:
+def _restored_heard(site: Site, peer: bytes, vec: dict[bytes, int],
+                    told: dict[bytes, int]) -> bool:
     """Whether a member told us, since our last packet to ``peer``, that it holds less of its
     own history than we do: restored from a backup, it waits for every member's word of how
     much of it they hold, and ours goes through this peer (a spoke's hub has nothing else to
     write it, and the restored spoke would wait for good)."""
-    ours = exports.acks_told(site.conn, peer).get(site.site_id, 0)
+    ours = told.get(site.site_id, 0)
     return any(m != peer and own < vec.get(m, 0)
                for m, own in exports.own_epochs_acked_since(site.conn, ours))
 
@@ -230,6 +228,8 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
     floor = site.floors()
     seeded = exports.seeded_epochs(site.conn)
     recovering = site.state == RECOVERING
+    # retired members' acknowledgements too: they prove what a re-seed may claim of their ops
+    ack_members = site.members_by_id(include_retired=True)
     plans = []
     for peer in peers:
         name = site.name_of(peer)
@@ -270,9 +270,10 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         kept, evidence, heads = forks.for_header(
             site, peer,
             None if max_size is None else max(max_size // FORK_ROOM_DIVISOR, FORK_ROOM_MIN))
+        told = exports.acks_told(site.conn, peer)
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering,
-                                    _grown_acks(site, peer)
-                                    or _restored_heard(site, peer, vec)) and \
+                                    _grown_acks(site, peer, told, ack_members)
+                                    or _restored_heard(site, peer, vec, told)) and \
                 not heads and not fork_store.news_for(site.conn, peer) and not needs_snapshot:
             continue
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
@@ -291,7 +292,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         # what the part headers hold besides the acknowledgements: the template and the ranges
         full = replace(tmpl, ranges=ranges)
         rest = len(codec.packb(full.to_wire(full.origin_table())))
-        tmpl.acks = _acks_for(site, peer, vec, now_ms, sign,
+        tmpl.acks = _acks_for(site, peer, vec, now_ms, sign, told, ack_members,
                               max(MIN_ACK_BUDGET, min(RELAY_ACK_BUDGET, HEADER_BUDGET - rest)))
         plans.append(PeerPlan(peer, name, ranges, tmpl, metas, [(o, hi) for o, hi, _ in heads]))
     return plans
