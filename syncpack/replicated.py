@@ -8,7 +8,7 @@ cached there until :meth:`Replicated.invalidate` (after changes to replicated se
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from syncpack.errors import IntegrityError, UndecodableRecordError, UsageError
@@ -50,6 +50,13 @@ class Member:
     priority: int
     base: dict[bytes, int]
     retired: bool
+    # the member that keeps this one's name, but for case (rules/roster.name_clashes): read
+    # as retired whatever its entry says (no write of the entry is offered for it: member_named
+    # and reinstate refuse it)
+    clashes_with: str = ""
+    # added at two sites at once with other keys each (rules/roster.identities): read as
+    # retired, as are its other identities
+    contested: bool = False
 
     def to_value(self) -> dict:
         return {"id": self.site_id, "ed25519": self.ed25519, "x25519": self.x25519,
@@ -60,6 +67,30 @@ class Member:
     def from_value(cls, name: str, v: dict) -> "Member":
         return cls(name, v["id"], v["ed25519"], v.get("x25519", b""), int(v.get("priority", 0)),
                    {o: e for o, e in v.get("base", [])}, bool(v.get("retired", False)))
+
+
+CLASH_HINT = ("add that site again under a name no member holds, even in other case "
+              "('syncpack keygen DIR --site NEWNAME', then 'syncpack mkreplica export'); or "
+              "retire the member that keeps the name, and it passes back")
+
+
+def clash_text(m: Member, family: str) -> str:
+    """What to say of a member read as retired because another keeps its name but for case."""
+    return (f"{m.name} shares its name, but for case, with member {m.clashes_with} of family "
+            f"{family!r} (the two added at once at two sites, or one by a lie); every site "
+            f"keeps {m.clashes_with} and reads {m.name} as retired: nothing is sent to it and "
+            f"its packets are refused")
+
+
+CONTESTED_HINT = ("add that site again under a new name, from one 'syncpack keygen' "
+                  "('syncpack mkreplica export' at one member only)")
+
+
+def contested_text(m: Member, family: str) -> str:
+    """What to say of a member added at two sites at once with other keys each."""
+    return (f"{m.name} was added to family {family!r} at two members at once, with the keys "
+            f"of two keygen runs; every site reads it as retired, under either key: nothing "
+            f"is sent to it and its packets are refused")
 
 
 def decoded_versions(vs: list[Version]) -> list[tuple[bytes, object]]:
@@ -109,6 +140,7 @@ class Replicated:
 
     def __init__(self) -> None:
         self._roster: dict[str, Member] | None = None
+        self._others: list[Member] = []
         self._policies: dict[str, str] | None = None
         self._default: str | None = None
 
@@ -122,13 +154,31 @@ class Replicated:
         """The family's members by name, retired ones included."""
         if self._roster is None:
             out: dict[str, Member] = {}
-            for _c, key, raw in self.visible_rows(conn, ROSTER):
+            others: list[Member] = []
+            for _c, key, vs in group_versions(versions.rows(conn, ROSTER)):
+                raw = roster_value(vs)
                 try:
-                    out[key] = Member.from_value(key, codec.decode_value(raw))
+                    m = Member.from_value(key, codec.decode_value(raw))
                 except (KeyError, TypeError, ValueError):
                     continue
-            self._roster = out
+                ids = roster_rule.identities(decoded_versions(vs)) if len(vs) > 1 else ()
+                if len(ids) > 1:
+                    m.contested = True
+                    others += [replace(m, site_id=i, ed25519=e, x25519=x)
+                               for i, e, x in ids if i != m.site_id]
+                out[key] = m
+            clashes = roster_rule.name_clashes((m.name, m.site_id, m.retired)
+                                                for m in out.values())
+            for name, keeper in clashes.items():
+                out[name] = replace(out[name], retired=True, clashes_with=keeper)
+            self._roster, self._others = out, others
         return self._roster
+
+    def contested_identities(self, conn) -> list[Member]:
+        """The identities a contested entry gives its member besides the one it is read
+        with (rules/roster.identities): retired, known only to check what they signed."""
+        self.roster(conn)
+        return self._others
 
     def priorities(self, conn) -> dict[bytes, int]:
         """Each member's priority under the ``priority`` policy, by site id."""

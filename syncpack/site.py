@@ -52,8 +52,9 @@ def encode_record_value(value: Any) -> bytes:
                                 f"(this one is {len(raw)}); peers would refuse it")
     return raw
 # Also re-exported: applications and the packages above know these names from here.
-from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER,  # noqa: F401
-                                 SYS_PREFIX, TABLES, Member, Replicated, check_priority)
+from syncpack.replicated import (CLASH_HINT, COLLECTIONS, CONTESTED_HINT,  # noqa: F401
+                                 FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES, Member,
+                                 Replicated, check_priority, clash_text, contested_text)
 
 keys = OnFirstUse("syncpack.format.keys")    # cryptography: only to create or sign
 
@@ -255,11 +256,14 @@ class Site:
 
     def members_by_id(self, include_retired: bool = False) -> dict[bytes, Member]:
         """Current members (and with ``include_retired`` the retired ones) by site id."""
-        return {m.site_id: m for m in self.roster().values() if include_retired or not m.retired}
+        out = {m.site_id: m for m in self.roster().values() if include_retired or not m.retired}
+        if include_retired:
+            out.update((m.site_id, m) for m in self._replicated.contested_identities(self.conn))
+        return out
 
     def names(self) -> dict[bytes, str]:
         """Site id -> name for every site ever in the roster (retired ones too)."""
-        names = {m.site_id: m.name for m in self.roster().values()}
+        names = {m.site_id: m.name for m in self.members_by_id(include_retired=True).values()}
         names.setdefault(self.site_id, self.name)
         return names
 
@@ -270,6 +274,10 @@ class Site:
     def member_named(self, name: str) -> Member:
         """The current member called ``name``; :class:`UsageError` if there is none."""
         m = self.roster().get(name)
+        if m is not None and m.clashes_with:
+            raise UsageError(clash_text(m, self.family_name), hint=CLASH_HINT)
+        if m is not None and m.contested:
+            raise UsageError(contested_text(m, self.family_name), hint=CONTESTED_HINT)
         if m is not None and m.retired:
             raise UsageError(f"{name} was retired from family {self.family_name!r}: nothing is "
                              f"sent to it and its packets are refused",

@@ -288,14 +288,33 @@ def test_a_roster_op_cannot_rewrite_the_state_another_member_was_created_from(fa
         assert s.roster()["C"].base == roster["C"].base
 
 
-def test_a_roster_op_cannot_add_a_member_named_like_another_but_for_case(family, tmp_path):
+def test_a_roster_op_naming_a_member_like_another_but_for_case_is_told_and_undone(family):
     """mkreplica refuses such a name (one packet directory for both on FAT32 and exFAT
-    media); a member's roster op was taken."""
-    roster, err = _roster_lie_refused_at_a(family, tmp_path, lambda r: Member(
-        "c", b"\x01" * 8, b"\x02" * 32, b"", 0, {}, False))
-    assert "only in case" in err, err
+    media), but two sites may each add one before they exchange, so an entry that does is
+    taken, and every site keeps the name for the lower site id.  Written by a lie, it takes
+    a member's name as a lying retirement would: 'status' names the writer, and retiring
+    the keeper gives the name back."""
+    three(family)
+    with family.open("B") as s:
+        evil = Member("c", b"\x00" * 8, b"\x02" * 32, b"", 0, {}, False)
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, evil.name, codec.encode_value(evil.to_value()))
+    family.sync("B", "A")
+    doc = status(family, "A")
+    assert {"site": "C", "by": [], "name_clash": "c", "name_clash_added_by": "B"} in \
+        doc["retired"], doc["retired"]
+    r = run("status", site=family.path("A"))
+    assert "retired: C: c, added by a write of B, has its name but for case" in r.out, r
+    r = run("export", "--to", "C", "--out", family.medium(), site=family.path("A"))
+    assert r.code == 1 and "shares its name, but for case, with member c" in r.err, r
+    assert run("rmreplica", "c", site=family.path("A")).code == 0
     with family.open("A") as s:
-        assert "c" not in s.roster() and s.roster()["C"].site_id == roster["C"].site_id
+        assert not s.roster()["C"].retired and s.roster()["c"].retired
+    family.sync("A", "C")
+    family.put("C", "t", "back", 1)
+    family.sync("C", "A")
+    with family.open("A") as s:
+        assert s.get("t", "back") == 1
 
 
 # --- 4. snapshots go through the same checks ---------------------------------------------------
@@ -964,3 +983,30 @@ def test_every_reader_of_the_roster_reads_the_rule(vs):
         assert codec.decode_value(raw) == want
         if want == codec.decode_value(newest.value):
             assert raw == newest.value
+
+
+_names = st.sampled_from(["boston", "Boston", "BOSTON", "bosTon", "Lima", "lima", "oslo"])
+_ids = st.binary(min_size=8, max_size=8)
+
+
+@given(st.lists(st.tuples(_names, _ids, st.booleans()), max_size=8,
+                unique_by=(lambda m: m[0], lambda m: m[1])), st.randoms())
+@settings(max_examples=300, deadline=None)
+def test_of_names_alike_but_for_case_every_site_keeps_the_same_one(members, rnd):
+    """Two sites may each add a name another holds but for case before they exchange: each
+    group of such names not retired keeps exactly one, the lowest site id, the same whatever
+    order the entries came in; a retired member is never the keeper and never shadowed."""
+    from syncpack.rules import roster
+    got = roster.name_clashes(members)
+    shuffled = list(members)
+    rnd.shuffle(shuffled)
+    assert roster.name_clashes(shuffled) == got
+    ids = {n: i for n, i, _r in members}
+    live = [n for n, _i, r in members if not r]
+    assert not set(got) - set(live) and not set(got.values()) - set(live)
+    kept = [n for n in live if n not in got]
+    assert len({n.casefold() for n in kept}) == len(kept)       # one per group
+    assert {n.casefold() for n in kept} == {n.casefold() for n in live}
+    for loser, keeper in got.items():
+        assert keeper in kept and keeper.casefold() == loser.casefold()
+        assert ids[keeper] < ids[loser]

@@ -17,7 +17,8 @@ from syncpack.store import forks as fork_store
 from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
-from syncpack.replicated import ROSTER, decoded_versions
+from syncpack.replicated import (CLASH_HINT, CONTESTED_HINT, ROSTER, clash_text,
+                                 contested_text, decoded_versions)
 from syncpack.site import Member, Site, wall_ms
 from syncpack.exchange.verify import resolved_acks
 
@@ -410,6 +411,10 @@ def reinstate(site: Site, name: str) -> dict:
     if m is None:
         raise UsageError(f"no member named {name!r} in family {site.family_name!r}",
                          hint="members, retired ones too: " + ", ".join(sorted(site.roster())))
+    if m.clashes_with:
+        raise UsageError(clash_text(m, site.family_name), hint=CLASH_HINT)
+    if m.contested:
+        raise UsageError(contested_text(m, site.family_name), hint=CONTESTED_HINT)
     if not m.retired:
         raise UsageError(f"{name} is not retired; nothing to undo")
     return _set_retired(site, m, False)
@@ -434,5 +439,13 @@ def retired_members(site: Site) -> list[dict]:
             # priority) survives beside the retirement without having retired anyone
             vs = decoded_versions(versions.of_key(site.conn, ROSTER, name))
             writers = {csn_origin(csn) for csn in roster_rule.retiring(vs)}
-            out.append({"site": name, "by": sorted(site.name_of(o) for o in writers)})
+            entry = {"site": name, "by": sorted(site.name_of(o) for o in writers)}
+            if m.clashes_with:
+                entry["name_clash"] = m.clashes_with
+                first = min(versions.of_key(site.conn, ROSTER, m.clashes_with),
+                            key=lambda v: v.csn)
+                entry["name_clash_added_by"] = site.name_of(csn_origin(first.csn))
+            if m.contested:
+                entry["contested"] = True
+            out.append(entry)
     return out

@@ -20,6 +20,7 @@ from typing import Iterable, Iterator
 from syncpack.admin import recovery
 from syncpack.format import blocks, codec, keys, values
 from syncpack.rules import planning
+from syncpack.rules import roster as roster_rule
 from syncpack.store import attached, chain, db, exports, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
@@ -35,7 +36,7 @@ from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES,
-                                 Member, priority_ok)
+                                 Member, decoded_versions, priority_ok)
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import (JoinedPiecesPacket, OpenPacket, packet_blocks,
                                       name_block_error, resolved_acks, verify_acks,
@@ -155,7 +156,12 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
     roster = site.roster() if roster is None else roster
     old = roster.get(name)
     if old is not None and (old.site_id, old.ed25519, old.x25519) != \
-            (new.site_id, new.ed25519, new.x25519):
+            (new.site_id, new.ed25519, new.x25519) and \
+            not _concurrent_entry(site, name, replaced) and \
+            not _known_identity(site, name, new):
+        # Written without having seen ours (the name added at two sites at once, from two
+        # keygen runs), it is another version of the entry, and the member is read as
+        # retired under either key (rules/roster.identities): neither takes the name over.
         raise error(f"roster entry of {name} would replace that member's identity or keys; "
                     f"refused", hint="a member's keys never change; to replace a site, retire "
                                      "it and add a new one")
@@ -174,10 +180,6 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
         if other.name != name and other.site_id == new.site_id:
             raise error(f"roster entry of {name} takes the site id of member {other.name}; "
                         f"refused")
-        if old is None and other.name != name and other.name.casefold() == name.casefold():
-            # as mkreplica refuses it: one directory for both on most removable media
-            raise error(f"roster entry of {name} differs from member {other.name} only in "
-                        f"case; refused")
 
 
 def _concurrent_entry(site: Site, name: str, replaced: bytes | None) -> bool:
@@ -187,6 +189,13 @@ def _concurrent_entry(site: Site, name: str, replaced: bytes | None) -> bool:
         return False
     gone = set(split_csns(replaced))
     return not any(v.csn in gone for v in versions.of_key(site.conn, ROSTER, name))
+
+
+def _known_identity(site: Site, name: str, new: Member) -> bool:
+    """Whether a held version of ``name``'s entry gives it ``new``'s identity (a snapshot
+    re-seeding a site that already holds the contested entry)."""
+    held = roster_rule.identities(decoded_versions(versions.of_key(site.conn, ROSTER, name)))
+    return (new.site_id, new.ed25519, new.x25519) in held
 
 
 def check_system_entry(site: Site, collection: str, key: str, raw: bytes | None,

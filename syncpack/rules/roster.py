@@ -33,12 +33,32 @@ def entry(versions: Iterable[tuple[bytes, Any]]) -> Any:
     _csn, newest = max(vs, key=lambda v: v[0])
     if not isinstance(newest, dict):
         return None
-    if not says_retired(newest) and any(says_retired(v) for _c, v in vs):
+    if not says_retired(newest) and (any(says_retired(v) for _c, v in vs)
+                                     or len(identities(vs)) > 1):
         newest = {**newest, "retired": True}
     low = lowest_base([v.get("base", []) for _c, v in vs if isinstance(v, dict)])
     if low != newest.get("base", []):
         newest = {**newest, "base": low}
     return newest
+
+
+def identities(versions: Iterable[tuple[bytes, Any]]) -> list[tuple]:
+    """The distinct ``(id, ed25519, x25519)`` the surviving versions give the member, sorted.
+
+    More than one: the name was added at two sites at once with keys of two ``keygen`` runs
+    (its first medium lost, the site made again elsewhere).  Each site refused the other's
+    entry as a member's keys changing, and with it every packet, for good.  Neither may sign
+    as the member (one of them would take over a name another site holds as its own), so the
+    entry is read as retired, and each identity stays known, to check the signatures of what
+    it wrote before."""
+    out = set()
+    for _c, v in versions:
+        if isinstance(v, dict):
+            try:
+                out.add((bytes(v["id"]), bytes(v["ed25519"]), bytes(v.get("x25519", b""))))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return sorted(out)
 
 
 def lowest_base(bases: list[Any]) -> list[list]:
@@ -64,3 +84,28 @@ def retiring(versions: Sequence[tuple[bytes, Any]]) -> list[bytes]:
     """CSNs of the surviving versions that retire the member, sorted: the writes the family
     should be told retired it (a version that only changed a priority did not)."""
     return sorted(csn for csn, v in versions if says_retired(v))
+
+
+def name_clashes(members: Iterable[tuple[str, bytes, bool]]) -> dict[str, str]:
+    """Of members ``(name, site id, retired)`` whose names differ only in case, each one that
+    does not keep the name, mapped to the one that does: of those no write retired, the
+    lowest site id.
+
+    One site refuses to add a name another member holds but for case (on most removable
+    media the two packet directories are one), but two sites may each add one before they
+    have exchanged.  Refused where it arrives, each entry stopped every packet carrying it,
+    at every site of the other side, for good.  Both entries are kept instead, and every
+    site reads the same one as retired, from the entries alone, whatever order they came
+    in (a site id, unlike a write's stamp, never changes with later writes of the entry).
+    Retiring the keeper gives the name to the next: the way back for a member a lying
+    entry took its name from, as ``rmreplica --undo`` is for a lying retirement."""
+    groups: dict[str, list[tuple[bytes, str]]] = {}
+    for name, site_id, retired in members:
+        if not retired:
+            groups.setdefault(name.casefold(), []).append((site_id, name))
+    out = {}
+    for group in groups.values():
+        if len(group) > 1:
+            _id, keeper = min(group)
+            out.update((name, keeper) for _i, name in group if name != keeper)
+    return out
