@@ -17,7 +17,7 @@ the outcome then says ``failed`` and the exit code is 1, so a scheduler can aler
 an attached table whose capture a schema change stopped (action ``capture``): the round does
 everything else, but that table's changes go nowhere until an administrator acts.  Parked
 packets are not failures: they wait, inside the site, for the packets they miss and apply by
-themselves in a later round.
+themselves in a later round (tried again also by a round whose inboxes are all absent).
 
 Configuration
 -------------
@@ -147,7 +147,7 @@ from typing import Any, Callable, ContextManager
 from syncpack.admin import inspection, metrics, recovery
 from syncpack.attach import core as attach_core
 from syncpack.exchange import sync
-from syncpack.store import db
+from syncpack.store import db, exports
 from syncpack.outcome import error_outcome
 from syncpack.exchange.apply import is_known
 from .errors import (arg, BatchConfigError, BatchLockedError, MetricsWriteError, OutboxError,
@@ -155,7 +155,7 @@ from .errors import (arg, BatchConfigError, BatchLockedError, MetricsWriteError,
 from syncpack.exchange.packets import DEFAULT_MAX_SIZE, MediumRoom, parse_size, prepare_outbox
 from syncpack.fileops import try_lock, write_atomic
 from syncpack.exchange.verify import find_packet_files, open_packet, printable
-from .site import Site
+from .site import PARKED_DIR, Site
 
 BATCH_LOCK_FILE = "batch.lock"
 DEFAULT_LOG_NAME = "batch.log"
@@ -445,9 +445,10 @@ def remove_applied(site: Site, inbox: Path, shown: list[str], unsealed: list[str
         # Its directory, links resolved, inside the inbox's too: through a link to another
         # directory (an archive), the import reads packets, but deleting one there would
         # delete the archive's copy.  (A link to a file is itself in the inbox: deleting it
-        # leaves its target.)
+        # leaves its target.  So is an inbox named as one packet file, a link or not: the
+        # directory holding it is not the inbox, and deleting the file deletes nothing else.)
         where = Path(os.path.realpath(p.parent))
-        if where != real_root and real_root not in where.parents:
+        if p != root and where != real_root and real_root not in where.parents:
             continue
         if not p.is_file():
             continue
@@ -558,6 +559,31 @@ class _Round:
         if spec.remove_after_import:
             text += f", removed {len(removed)} file(s)"
         self.log.line("import", text)
+        self._tell(res)
+
+    def retry_parked(self) -> None:
+        """With no inbox there (an unmounted medium), the packets parked at earlier rounds are
+        still tried again, as every import does: they are kept in the site, not on a medium,
+        and the round's ``parked`` is what is still parked once its imports are done."""
+        if not exports.parked_rows(self.site.conn):
+            return      # nothing to retry: a round without its medium leaves the site alone
+        res = self.importing = sync.ImportResult()
+        try:
+            sync.import_packets(self.site, [], progress=self.progress, result=res)
+        except Exception:
+            self.importing = None   # failed, not interrupted (as in do_import)
+            self._took(None, res, [])
+            raise
+        self.importing = None
+        self._took(None, res, [])
+        self.log.line("import", f"{self.site.path / PARKED_DIR}: no inbox present, packets "
+                                f"parked earlier: applied {len(res.applied)} "
+                                f"({res.ops_applied} ops), {len(res.parked)} still parked, "
+                                f"{len(res.rejected)} rejected")
+        self._tell(res)
+
+    def _tell(self, res: sync.ImportResult) -> None:
+        """An import's packets that wait or were refused, one log line each, and its forks."""
         for p in res.parked:
             self.log.line("import", f"parked {p['path']}: waiting for {sync.waiting_text(p)}")
         for r in res.rejected:
@@ -570,14 +596,15 @@ class _Round:
                       f"epoch {f['epoch']}; that range was not applied",
                       "'syncpack status' shows the evidence, which travels to every member")
 
-    def _took(self, entry: dict, res: sync.ImportResult, removed: list[str]) -> None:
-        """One inbox's import into its entry and the round's totals.  A packet parked at an
-        earlier round is retried by every inbox's import: counted once.  The round's
-        ``parked`` is what is still parked once its imports are done: a packet one inbox
-        parked and a later inbox's import applied (its missing packet was there) is applied,
-        not both."""
-        entry.update(res.to_json())
-        entry["removed"] = removed
+    def _took(self, entry: dict | None, res: sync.ImportResult, removed: list[str]) -> None:
+        """One inbox's import into its entry (no entry: :meth:`retry_parked`) and the round's
+        totals.  A packet parked at an earlier round is retried by every inbox's import:
+        counted once.  The round's ``parked`` is what is still parked once its imports are
+        done: a packet one inbox parked and a later inbox's import applied (its missing packet
+        was there) is applied, not both."""
+        if entry is not None:
+            entry.update(res.to_json())
+            entry["removed"] = removed
         for k in ("applied", "duplicates", "rejected", "skipped"):
             self.imported[k] += getattr(res, k)
         self._unpark([*res.applied, *res.duplicates, *(r["path"] for r in res.rejected),
@@ -673,6 +700,8 @@ class _Round:
     def run(self) -> None:
         for spec in self.cfg.imports:
             self.guarded("import", str(spec.path), lambda s=spec: self.do_import(s))
+        if self.cfg.imports and not any(e["present"] for e in self.inboxes):
+            self.guarded("import", str(self.site.path / PARKED_DIR), self.retry_parked)
         for spec in self.cfg.exports:
             self.guarded("export", str(spec.out), lambda s=spec: self.do_export(s))
         if self.cfg.scrub is not None:
@@ -845,6 +874,13 @@ def format_summary(doc: dict) -> str:
             lines.append(t)
             for p in e["parked"]:
                 lines.append(f"    parked {p['path']}: waiting for {sync.waiting_text(p)}")
+    imp = doc["imported"]
+    if not any(e["present"] for e in doc["inboxes"]) and (imp["applied"] or imp["parked"]):
+        # no inbox line tells them: retried by the round (retry_parked), not by an import
+        lines.append(f"  packets parked earlier: applied {len(imp['applied'])} "
+                     f"({imp['ops_applied']} ops), {len(imp['parked'])} still parked")
+        for p in imp["parked"]:
+            lines.append(f"    parked {p['path']}: waiting for {sync.waiting_text(p)}")
     for e in doc["outboxes"]:
         who = e["to"] if isinstance(e["to"], str) else ", ".join(e["to"])
         pk = e["packets"]

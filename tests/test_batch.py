@@ -939,6 +939,48 @@ path = "{in2}"
         assert s.get("parts", "p2") == 2
 
 
+def test_a_round_whose_inbox_is_absent_still_counts_the_packets_parked_earlier(family):
+    """The medium not mounted: the round imported nothing and said nothing was parked (in its
+    summary, its log and its metrics), though a packet waited in the site all along."""
+    three_sites(family)
+    family.put("boston", "parts", "p1", 1)
+    first = family.export("boston", "sanfran")
+    family.put("boston", "parts", "p2", 2)
+    [second] = family.export("boston", "sanfran")
+    assert family.import_("sanfran", [second]).parked       # it waits for the first
+    inbox = family.root / "not_mounted"
+    prom = family.root / "sanfran.prom"
+    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
+site = "{family.path('sanfran')}"
+metrics = "{prom}"
+[[import]]
+path = "{inbox}"
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 0, r                   # an absent inbox that is not required: no failure
+    doc = r.json
+    assert doc["outcome"] == "ok" and doc["errors"] == [], doc
+    assert doc["inboxes"] == [{"path": str(inbox), "present": False}]
+    assert [p["path"] for p in doc["imported"]["parked"]] == [str(second)], doc
+    assert doc["counts"]["parked"] == 1 and doc["counts"]["applied"] == 0
+    end = (family.path("sanfran") / "batch.log").read_text().splitlines()[-1]
+    assert "applied 0, parked 1," in end, end
+    packets = {labels["result"]: v for labels, v in _prom(prom)["syncpack_batch_last_run_packets"]}
+    assert packets["parked"] == 1, packets
+    r = run("batch", cfg)
+    assert f"parked {second}: waiting for" in r.out, r
+
+    # The medium comes back with the missing packet: both apply, the parked one from the
+    # site's own copy.
+    inbox.mkdir()
+    for p in first:
+        shutil.copy(p, inbox / p.name)
+    doc = run("--json", "batch", cfg).json
+    assert doc["counts"]["applied"] == 2 and doc["counts"]["parked"] == 0, doc
+    with family.open("sanfran") as s:
+        assert s.get("parts", "p2") == 2
+
+
 def test_unsealed_packets_left_from_before_sealing_are_removed_once_refused(family):
     """Packets written before the family required sealing, left in an inbox: refused at
     every round for ever (their ops come again, sealed), failing every round."""
@@ -978,6 +1020,41 @@ def test_remove_after_import_leaves_packets_reached_through_a_link_to_another_di
     with family.open("sanfran") as s:
         assert s.get("parts", "p1") == {"qty": 1}
     assert pk.path.exists(), "a packet outside the inbox was deleted"
+
+
+def test_an_inbox_that_is_one_packet_file_is_removed_once_applied(family):
+    """An inbox may be one packet file: remove_after_import never deleted it (its directory
+    is not inside the inbox), and it came back as a duplicate at every round."""
+    three_sites(family)
+    family.put("boston", "parts", "p1", {"qty": 1})
+    [pk] = family.export("boston", "sanfran")
+    inbox = family.root / "drop" / "from-boston.spk"
+    inbox.parent.mkdir()
+    shutil.copyfile(pk, inbox)
+    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
+site = "{family.path('sanfran')}"
+[[import]]
+path = "{inbox}"
+remove_after_import = true
+""")
+    r = run("--json", "batch", cfg)
+    assert r.code == 0, r
+    assert r.json["imported"]["applied"] == [str(inbox)], r.json
+    assert r.json["imported"]["removed"] == [str(inbox)], r.json
+    assert not inbox.exists()
+    with family.open("sanfran") as s:
+        assert s.get("parts", "p1") == {"qty": 1}
+
+    # A copy applied before (a duplicate) goes too; a link to one goes, not the file it leads
+    # to, as a link to a file in a directory inbox.
+    for place in (lambda: shutil.copyfile(pk, inbox), lambda: inbox.symlink_to(pk)):
+        place()
+        r = run("--json", "batch", cfg)
+        assert r.code == 0, r
+        assert r.json["imported"]["duplicates"] == [str(inbox)], r.json
+        assert r.json["imported"]["removed"] == [str(inbox)], r.json
+        assert not os.path.lexists(inbox)
+    assert pk.exists(), "the file a link in the inbox led to was deleted"
 
 
 def test_a_sigterm_once_the_actions_have_run_lets_the_round_end_and_write_its_metrics(family):
