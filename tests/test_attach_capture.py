@@ -6,6 +6,7 @@ the one-by-one ones give."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -644,6 +645,113 @@ def test_a_row_larger_than_a_record_stops_the_capture_naming_it(tmp_path, monkey
         == ["f"]
     for n in sites:
         assert run("fsck", site=sites[n]).code == 0
+
+
+def _repeated(chars: int, ch: str) -> str:
+    """SQL for a TEXT of ``chars`` characters ``ch``, made by SQLite: a key this long does not
+    fit on the application's command line."""
+    return f"replace(hex(zeroblob({chars})), '00', '{ch}')"
+
+
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_a_key_longer_than_a_block_reads_stops_the_capture_until_the_row_is_gone(
+        tmp_path, monkeypatch, elsewhere):
+    """A block's reader takes a key of at most blocks.MAX_STR_BYTES bytes of UTF-8.  A row
+    whose record key was longer was captured and sealed into a block no site could read (the
+    origin's own fsck failed), and every later change of the origin waited behind it at the
+    peers for good.  The capture stops at it instead, naming it, with nothing captured, read
+    here or by the reader process; once the application deletes the row (or shortens its
+    key), the peer gets everything else.  A key of exactly the limit travels; a key is
+    counted in bytes, and a BLOB key in hex."""
+    monkeypatch.setattr(reader, "ELSEWHERE_AT", 1 if elsewhere else 10 ** 12)
+    started = []
+    real_init = reader.Elsewhere.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        started.append(bool(self))
+    monkeypatch.setattr(reader.Elsewhere, "__init__", init)
+    from test_attach import exchange
+    limit = blocks.MAX_STR_BYTES
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE docs(path TEXT PRIMARY KEY NOT NULL, body TEXT)",
+                     "CREATE TABLE bl(k BLOB PRIMARY KEY NOT NULL, v)"])
+        sp(sites[n], "attach", dbs[n], "--table", "docs", "--table", "bl")
+    # 'é' is two bytes of UTF-8: fewer characters than the limit, two bytes more
+    app(dbs["a"], ["INSERT INTO docs VALUES ('short', 'ordinary')",
+                   f"INSERT INTO docs VALUES ({_repeated(limit, 'p')}, 'just fits')",
+                   f"INSERT INTO docs VALUES ({_repeated(limit // 2 + 1, 'é')}, 'too long')"])
+    for cmd in (["capture"], ["export", "--to", "b", "--out", tmp_path / "out",
+                              "--create-out"]):
+        r = run(*cmd, site=sites["a"])
+        assert r.code == 1 and (f"row '{'é' * 57}...' of table 'docs' has a key of "
+                                f"{limit + 2:,} bytes") in r.err, r
+        assert "nothing was captured" in r.err and "hint: give the row a shorter key" in r.err
+    assert run("ls", "docs", site=sites["a"]).out == ""
+    [docs] = [t for t in run("--json", "attached", site=sites["a"]).json["tables"]
+              if t["table"] == "docs"]
+    assert docs["pending"] == 3
+    sp(sites["a"], "fsck")
+    app(dbs["a"], ["DELETE FROM docs WHERE body = 'too long'"])
+    sp(sites["a"], "capture")
+    # 600,000 bytes of BLOB key are 1,200,000 hex digits in the record key
+    app(dbs["a"], ["INSERT INTO bl VALUES (x'01', 'small')",
+                   "INSERT INTO bl VALUES (zeroblob(600000), 'big')"])
+    r = run("capture", site=sites["a"])
+    assert r.code == 1 and "row '[{\"hex\":\"0000" in r.err, r
+    assert "of table 'bl' has a key of 1,200,012 bytes" in r.err, r
+    app(dbs["a"], ["UPDATE bl SET k = x'02' WHERE v = 'big'"])
+    exchange(tmp_path, sites)
+    assert [row[2] for row in table(dbs["b"], "docs")] == ["just fits", "ordinary"]
+    assert table(dbs["b"], "docs") == table(dbs["a"], "docs")
+    assert table(dbs["b"], "bl") == table(dbs["a"], "bl") and len(table(dbs["b"], "bl")) == 2
+    for n in sites:
+        sp(sites[n], "fsck")
+    if elsewhere:
+        assert started and all(started)
+
+
+def _schema(db: Path) -> list[tuple]:
+    c = sqlite3.connect(db)
+    try:
+        return c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+    finally:
+        c.close()
+
+
+def test_attaching_a_table_holding_a_key_too_long_for_a_block_changes_nothing(tmp_path):
+    """attach takes a table's rows as this site's changes: a table holding a row whose key no
+    block can hold is refused, naming the row, and nothing changes, in the store or the file;
+    once the application deletes the row, the attach takes the rest, which reaches the
+    peer."""
+    from test_attach import exchange
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    for n in sites:
+        app(dbs[n], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v)"])
+        sp(sites[n], "attach", dbs[n], "--table", "items")
+    app(dbs["a"], ["INSERT INTO items VALUES ('i1', 1)"])
+    sp(sites["a"], "capture")
+    app(dbs["a"], ["CREATE TABLE g(id TEXT PRIMARY KEY NOT NULL, v)",
+                   "INSERT INTO g VALUES ('small', 1)",
+                   f"INSERT INTO g VALUES ({_repeated(blocks.MAX_STR_BYTES + 1, 'q')}, 2)"])
+    before = (_schema(dbs["a"]), table(dbs["a"], "g"), sp(sites["a"], "fsck").out)
+    r = run("attach", dbs["a"], "--table", "g", site=sites["a"])
+    assert r.code == 1 and (f"row '{'q' * 57}...' of table 'g' has a key of "
+                            f"{blocks.MAX_STR_BYTES + 1:,} bytes") in r.err, r
+    assert "hint: " in r.err, r
+    assert (_schema(dbs["a"]), table(dbs["a"], "g"), sp(sites["a"], "fsck").out) == before
+    assert [t["table"] for t in run("--json", "attached", site=sites["a"]).json["tables"]] \
+        == ["items"]
+    assert run("ls", "g", site=sites["a"]).out == ""
+    app(dbs["a"], ["DELETE FROM g WHERE v = 2"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "g")
+    exchange(tmp_path, sites)
+    assert table(dbs["b"], "g") == table(dbs["a"], "g") == [("small", "text", 1, "integer")]
+    for n in sites:
+        sp(sites[n], "fsck")
 
 
 def test_a_utf16_file_replicates_deletes_and_key_changes(tmp_path):

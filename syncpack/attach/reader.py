@@ -28,7 +28,7 @@ from typing import BinaryIO, Iterator
 from syncpack import children
 from syncpack.attach import child, rows
 from syncpack.errors import AttachError
-from syncpack.format import codec
+from syncpack.format import blocks, codec
 from syncpack.store import appdb
 
 # Rows per part read and handed to the store, at most; and about how many bytes of records
@@ -68,16 +68,33 @@ def changes(app: appdb.Connection, t: appdb.TableInfo, since: int, upto: int
 
 
 def check_sizes(t: appdb.TableInfo, keys: list[str], raws: list[bytes | None]) -> None:
-    """Refuse a row whose record is larger than one record may be (formats/BLOCKS.md): the
-    capture stops there, with nothing captured, as at text that is not UTF-8."""
+    """Refuse a row whose record, or whose record key, is larger than a block may hold
+    (formats/BLOCKS.md): the capture stops there, with nothing captured, as at text that is
+    not UTF-8.  Sealed, such a row made a block no site decodes, the origin's own fsck
+    included, and every later change of the origin waited behind it at the peers."""
     big = rows.oversized(raws, codec.MAX_VALUE_BYTES)
     if big is not None:
-        key = keys[big] if len(keys[big]) <= 60 else keys[big][:57] + "..."
         raise AttachError(
-            f"row {key!r} of table {t.name!r} is {len(raws[big]):,} bytes as a record, more "
-            f"than the {codec.MAX_VALUE_BYTES:,} one record may hold; nothing was captured",
+            f"row {_shown(keys[big])!r} of table {t.name!r} is {len(raws[big]):,} bytes as a "
+            f"record, more than the {codec.MAX_VALUE_BYTES:,} one record may hold; nothing "
+            f"was captured",
             hint="keep so large a value outside the database (a file, and its path in the "
                  "row), or split it over several rows; then run the command again")
+    # the limit the block decoder reads a key with (as its msgpack str, in UTF-8 bytes)
+    over = rows.overlong(keys, raws, blocks.MAX_STR_BYTES)
+    if over is not None:
+        raise AttachError(
+            f"row {_shown(keys[over])!r} of table {t.name!r} has a key of "
+            f"{len(keys[over].encode('utf-8', 'surrogatepass')):,} bytes as a record key, "
+            f"more than the {blocks.MAX_STR_BYTES:,} a key may be; nothing was captured",
+            hint="give the row a shorter key (a BLOB key counts twice: it travels in hex), "
+                 "or delete the row; then run the command again, and the other changes go "
+                 "through")
+
+
+def _shown(key: str) -> str:
+    """``key`` shortened to be named in a message."""
+    return key if len(key) <= 60 else key[:57] + "..."
 
 
 def gone_keys(part: list[tuple], npk: int, encoding: str = "utf-8") -> list[tuple]:

@@ -85,6 +85,20 @@ def oversized(raws: list[bytes | None], limit: int) -> int | None:
     return next(i for i, r in enumerate(raws) if r is not None and len(r) > limit)
 
 
+def overlong(keys: list[str], raws: list[bytes | None], limit: int) -> int | None:
+    """The position of the first key of ``keys`` longer than ``limit`` bytes of UTF-8 whose
+    row is present (its record in ``raws`` is not None), or None.  A row gone is passed over:
+    its key was never captured (the row born and gone), so refusing its delete would stop the
+    capture for good, even after the application removed the row.  The common case is found
+    in C: no key has more than ``limit // 4`` characters, and a character is at most 4
+    bytes."""
+    if max(map(len, keys), default=0) <= limit // 4:
+        return None
+    return next((i for i, (k, r) in enumerate(zip(keys, raws)) if r is not None
+                 and len(k) > limit // 4 and len(k.encode("utf-8", "surrogatepass")) > limit),
+                None)
+
+
 NOT_A_ROW = "the record is not a row of the table"
 NOT_ITS_KEY = "the record's primary key columns are not its key"
 
