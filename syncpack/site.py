@@ -258,8 +258,14 @@ class Site:
         """Current members (and with ``include_retired`` the retired ones) by site id."""
         out = {m.site_id: m for m in self.roster().values() if include_retired or not m.retired}
         if include_retired:
-            out.update((m.site_id, m) for m in self._replicated.contested_identities(self.conn))
+            for m in self.contested_identities():
+                out.setdefault(m.site_id, m)     # never in place of a member's own entry
         return out
+
+    def contested_identities(self) -> list[Member]:
+        """The identities of contested roster entries besides the ones they are read with
+        (rules/roster.identities), all retired."""
+        return self._replicated.contested_identities(self.conn)
 
     def names(self) -> dict[bytes, str]:
         """Site id -> name for every site ever in the roster (retired ones too)."""

@@ -29,7 +29,7 @@ from syncpack.errors import (ClockSkewError, EpochCollisionError, PacketSenderEr
                              ScrubbedError)
 from syncpack.format import blocks
 from syncpack.exchange.packets import BlockRef, atomic_opener, build_update_packets
-from syncpack.site import Site
+from syncpack.site import ROSTER, Member, Site
 
 DAY_MS = 24 * 3600 * 1000
 NAMES = ["A", "B", "C"]
@@ -1275,6 +1275,21 @@ def test_one_name_added_at_two_sites_at_once_with_other_keys_does_not_split_the_
     assert r.code == 1 and "retired" in r.err, r
     r = run("rmreplica", "D", "--undo", site=fam.path("C"))
     assert r.code == 1 and "two keygen runs" in r.err and "new name" in r.err, r
+    # the identity D is not read with is still D's: no entry of another name may take it
+    made_ids = set()
+    for d in made.values():
+        with Site.open(d) as s:
+            made_ids.add(s.site_id)
+    with fam.open("B") as s:
+        [other_id] = made_ids - {s.roster()["D"].site_id}
+        lie = Member("E", other_id, b"\x02" * 32, b"", 0, {}, False)
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "E", codec.encode_value(lie.to_value()))
+    out, _ = cli_export(fam, "B", "A")
+    r = run("import", out, site=fam.path("A"))
+    assert r.code == 1 and "takes the site id of member D" in r.err, r
+    with fam.open("A") as s:
+        assert s.members_by_id(include_retired=True)[other_id].name == "D"
 
 
 def test_a_roster_entry_raising_a_members_base_is_still_refused(family, tmp_path):

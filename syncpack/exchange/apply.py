@@ -176,7 +176,7 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
                     f"from; refused", hint="a member's roster entry keeps its identity, keys "
                                            "and starting state; only priority and retirement "
                                            "change")
-    for other in roster.values():
+    for other in [*roster.values(), *site.contested_identities()]:
         if other.name != name and other.site_id == new.site_id:
             raise error(f"roster entry of {name} takes the site id of member {other.name}; "
                         f"refused")
