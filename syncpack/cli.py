@@ -1251,15 +1251,10 @@ def status(obj: Ctx, fmt):
         if "name_clash" in r:
             who = "this site" if r["site"] == doc["site"] else printable(r["site"])
             keeper = printable(r["name_clash"])
-            lines.append(f"retired: {who}: {keeper}, added by a write of "
-                         f"{printable(r['name_clash_added_by'])}, has its name but for case "
-                         f"and keeps it; its packets are refused. Add it again under another "
-                         f"name, or retire {keeper} to give the name back")
-        elif r.get("contested"):
-            who = "this site" if r["site"] == doc["site"] else printable(r["site"])
-            lines.append(f"retired: {who}, added at two members at once with the keys of two "
-                         f"keygen runs; its packets are refused under either key. Add it "
-                         f"again under a new name")
+            writers = ", ".join(map(printable, r["name_clash_written_by"]))
+            lines.append(f"retired: {who}: {keeper} (its entry written by {writers}) has its "
+                         f"name but for case and keeps it; its packets are refused. Add it "
+                         f"again under another name, or retire {keeper} to give the name back")
         elif r["site"] == doc["site"]:
             lines.append(f"retired: this site, by a write of {by}; members that know refuse "
                          f"its packets. If that was not meant, run 'syncpack rmreplica "

@@ -54,9 +54,6 @@ class Member:
     # as retired whatever its entry says (no write of the entry is offered for it: member_named
     # and reinstate refuse it)
     clashes_with: str = ""
-    # added at two sites at once with other keys each (rules/roster.identities): read as
-    # retired, as are its other identities
-    contested: bool = False
 
     def to_value(self) -> dict:
         return {"id": self.site_id, "ed25519": self.ed25519, "x25519": self.x25519,
@@ -80,17 +77,6 @@ def clash_text(m: Member, family: str) -> str:
             f"{family!r} (the two added at once at two sites, or one by a lie); every site "
             f"keeps {m.clashes_with} and reads {m.name} as retired: nothing is sent to it and "
             f"its packets are refused")
-
-
-CONTESTED_HINT = ("add that site again under a new name, from one 'syncpack keygen' "
-                  "('syncpack mkreplica export' at one member only)")
-
-
-def contested_text(m: Member, family: str) -> str:
-    """What to say of a member added at two sites at once with other keys each."""
-    return (f"{m.name} was added to family {family!r} at two members at once, with the keys "
-            f"of two keygen runs; every site reads it as retired, under either key: nothing "
-            f"is sent to it and its packets are refused")
 
 
 def decoded_versions(vs: list[Version]) -> list[tuple[bytes, object]]:
@@ -140,7 +126,6 @@ class Replicated:
 
     def __init__(self) -> None:
         self._roster: dict[str, Member] | None = None
-        self._others: list[Member] = []
         self._policies: dict[str, str] | None = None
         self._default: str | None = None
 
@@ -154,31 +139,17 @@ class Replicated:
         """The family's members by name, retired ones included."""
         if self._roster is None:
             out: dict[str, Member] = {}
-            others: list[Member] = []
-            for _c, key, vs in group_versions(versions.rows(conn, ROSTER)):
-                raw = roster_value(vs)
+            for _c, key, raw in self.visible_rows(conn, ROSTER):
                 try:
-                    m = Member.from_value(key, codec.decode_value(raw))
+                    out[key] = Member.from_value(key, codec.decode_value(raw))
                 except (KeyError, TypeError, ValueError):
                     continue
-                ids = roster_rule.identities(decoded_versions(vs)) if len(vs) > 1 else ()
-                if len(ids) > 1:
-                    m.contested = True
-                    others += [replace(m, site_id=i, ed25519=e, x25519=x)
-                               for i, e, x in ids if i != m.site_id]
-                out[key] = m
             clashes = roster_rule.name_clashes((m.name, m.site_id, m.retired)
                                                 for m in out.values())
             for name, keeper in clashes.items():
                 out[name] = replace(out[name], retired=True, clashes_with=keeper)
-            self._roster, self._others = out, others
+            self._roster = out
         return self._roster
-
-    def contested_identities(self, conn) -> list[Member]:
-        """The identities a contested entry gives its member besides the one it is read
-        with (rules/roster.identities): retired, known only to check what they signed."""
-        self.roster(conn)
-        return self._others
 
     def priorities(self, conn) -> dict[bytes, int]:
         """Each member's priority under the ``priority`` policy, by site id."""

@@ -52,9 +52,9 @@ def encode_record_value(value: Any) -> bytes:
                                 f"(this one is {len(raw)}); peers would refuse it")
     return raw
 # Also re-exported: applications and the packages above know these names from here.
-from syncpack.replicated import (CLASH_HINT, COLLECTIONS, CONTESTED_HINT,  # noqa: F401
-                                 FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES, Member,
-                                 Replicated, check_priority, clash_text, contested_text)
+from syncpack.replicated import (CLASH_HINT, COLLECTIONS, FAMILY, FAMILY_KEY,  # noqa: F401
+                                 ROSTER, SYS_PREFIX, TABLES, Member, Replicated, check_priority,
+                                 clash_text)
 
 keys = OnFirstUse("syncpack.format.keys")    # cryptography: only to create or sign
 
@@ -256,20 +256,11 @@ class Site:
 
     def members_by_id(self, include_retired: bool = False) -> dict[bytes, Member]:
         """Current members (and with ``include_retired`` the retired ones) by site id."""
-        out = {m.site_id: m for m in self.roster().values() if include_retired or not m.retired}
-        if include_retired:
-            for m in self.contested_identities():
-                out.setdefault(m.site_id, m)     # never in place of a member's own entry
-        return out
-
-    def contested_identities(self) -> list[Member]:
-        """The identities of contested roster entries besides the ones they are read with
-        (rules/roster.identities), all retired."""
-        return self._replicated.contested_identities(self.conn)
+        return {m.site_id: m for m in self.roster().values() if include_retired or not m.retired}
 
     def names(self) -> dict[bytes, str]:
         """Site id -> name for every site ever in the roster (retired ones too)."""
-        names = {m.site_id: m.name for m in self.members_by_id(include_retired=True).values()}
+        names = {m.site_id: m.name for m in self.roster().values()}
         names.setdefault(self.site_id, self.name)
         return names
 
@@ -282,8 +273,6 @@ class Site:
         m = self.roster().get(name)
         if m is not None and m.clashes_with:
             raise UsageError(clash_text(m, self.family_name), hint=CLASH_HINT)
-        if m is not None and m.contested:
-            raise UsageError(contested_text(m, self.family_name), hint=CONTESTED_HINT)
         if m is not None and m.retired:
             raise UsageError(f"{name} was retired from family {self.family_name!r}: nothing is "
                              f"sent to it and its packets are refused",

@@ -275,6 +275,27 @@ def test_a_roster_op_cannot_replace_another_members_key(family, tmp_path):
         assert s.roster()["C"].ed25519 == roster["C"].ed25519
 
 
+@pytest.mark.parametrize("same_id", [True, False], ids=["its-id", "a-new-id"])
+def test_a_roster_op_naming_nothing_replaced_cannot_give_a_member_other_keys(family, tmp_path,
+                                                                            same_id):
+    """Written as if its writer had not seen C's entry (the name added at two members at
+    once), a second version with B's keys would let B sign as C, or shut C out for good."""
+    def lie(r):
+        return Member("C", r["C"].site_id if same_id else b"\x00" * 8, r["B"].ed25519,
+                      r["B"].x25519, 0, {}, False)
+    three(family)
+    with family.open("B") as s:
+        roster = s.roster()
+        with s.transaction(_system=True) as tx:
+            tx.write_many(ROSTER, [("C", codec.encode_value(lie(roster).to_value()), [])])
+    [pb] = family.export("B", "A")
+    err = refused(family, "A", pb, tmp_path)
+    assert "roster entry of C" in err and "identity or keys" in err, err
+    with family.open("A") as s:
+        assert s.roster()["C"].ed25519 == roster["C"].ed25519
+        assert not s.roster()["C"].retired
+
+
 def test_a_roster_op_cannot_rewrite_the_state_another_member_was_created_from(family,
                                                                               tmp_path):
     """B rewrote C's entry, same id and keys, claiming C was created holding a million of A's
@@ -301,10 +322,10 @@ def test_a_roster_op_naming_a_member_like_another_but_for_case_is_told_and_undon
             tx.write_raw(ROSTER, evil.name, codec.encode_value(evil.to_value()))
     family.sync("B", "A")
     doc = status(family, "A")
-    assert {"site": "C", "by": [], "name_clash": "c", "name_clash_added_by": "B"} in \
+    assert {"site": "C", "by": [], "name_clash": "c", "name_clash_written_by": ["B"]} in \
         doc["retired"], doc["retired"]
     r = run("status", site=family.path("A"))
-    assert "retired: C: c, added by a write of B, has its name but for case" in r.out, r
+    assert "retired: C: c (its entry written by B) has its name but for case" in r.out, r
     r = run("export", "--to", "C", "--out", family.medium(), site=family.path("A"))
     assert r.code == 1 and "shares its name, but for case, with member c" in r.err, r
     assert run("rmreplica", "c", site=family.path("A")).code == 0

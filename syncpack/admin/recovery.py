@@ -17,8 +17,7 @@ from syncpack.store import forks as fork_store
 from syncpack.errors import AlreadyRecoveringError, UsageError
 from syncpack.exchange.links import ack_floor
 from syncpack.progress import expect
-from syncpack.replicated import (CLASH_HINT, CONTESTED_HINT, ROSTER, clash_text,
-                                 contested_text, decoded_versions)
+from syncpack.replicated import CLASH_HINT, ROSTER, clash_text, decoded_versions
 from syncpack.site import Member, Site, wall_ms
 from syncpack.exchange.verify import resolved_acks
 
@@ -413,8 +412,6 @@ def reinstate(site: Site, name: str) -> dict:
                          hint="members, retired ones too: " + ", ".join(sorted(site.roster())))
     if m.clashes_with:
         raise UsageError(clash_text(m, site.family_name), hint=CLASH_HINT)
-    if m.contested:
-        raise UsageError(contested_text(m, site.family_name), hint=CONTESTED_HINT)
     if not m.retired:
         raise UsageError(f"{name} is not retired; nothing to undo")
     return _set_retired(site, m, False)
@@ -442,10 +439,10 @@ def retired_members(site: Site) -> list[dict]:
             entry = {"site": name, "by": sorted(site.name_of(o) for o in writers)}
             if m.clashes_with:
                 entry["name_clash"] = m.clashes_with
-                first = min(versions.of_key(site.conn, ROSTER, m.clashes_with),
-                            key=lambda v: v.csn)
-                entry["name_clash_added_by"] = site.name_of(csn_origin(first.csn))
-            if m.contested:
-                entry["contested"] = True
+                # who wrote the keeper's entry as it stands (whoever added it, if no write
+                # came after: a later priority or undo replaces the adding write)
+                entry["name_clash_written_by"] = sorted({
+                    site.name_of(csn_origin(v.csn))
+                    for v in versions.of_key(site.conn, ROSTER, m.clashes_with)})
             out.append(entry)
     return out

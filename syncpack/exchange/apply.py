@@ -20,7 +20,6 @@ from typing import Iterable, Iterator
 from syncpack.admin import recovery
 from syncpack.format import blocks, codec, keys, values
 from syncpack.rules import planning
-from syncpack.rules import roster as roster_rule
 from syncpack.store import attached, chain, db, exports, fields, log, stash, versions
 from syncpack.store import matrix as stored
 from syncpack.format.codec import Header, Op
@@ -36,7 +35,7 @@ from syncpack.progress import expect
 from syncpack.format.names import check_site_name
 from syncpack.rules.conflict import POLICIES
 from syncpack.replicated import (COLLECTIONS, FAMILY, FAMILY_KEY, ROSTER, SYS_PREFIX, TABLES,
-                                 Member, decoded_versions, priority_ok)
+                                 Member, priority_ok)
 from syncpack.site import Site, wall_ms
 from syncpack.exchange.verify import (JoinedPiecesPacket, OpenPacket, packet_blocks,
                                       name_block_error, resolved_acks, verify_acks,
@@ -156,15 +155,11 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
     roster = site.roster() if roster is None else roster
     old = roster.get(name)
     if old is not None and (old.site_id, old.ed25519, old.x25519) != \
-            (new.site_id, new.ed25519, new.x25519) and \
-            not _concurrent_entry(site, name, replaced) and \
-            not _known_identity(site, name, new):
-        # Written without having seen ours (the name added at two sites at once, from two
-        # keygen runs), it is another version of the entry, and the member is read as
-        # retired under either key (rules/roster.identities): neither takes the name over.
+            (new.site_id, new.ed25519, new.x25519):
         raise error(f"roster entry of {name} would replace that member's identity or keys; "
                     f"refused", hint="a member's keys never change; to replace a site, retire "
-                                     "it and add a new one")
+                                     "it and add a new one (a name added at two members from "
+                                     "two keygen runs: docs/operations.md, 'Mishaps')")
     if old is not None and old.base != new.base and not planning.covers(old.base, new.base) \
             and not _concurrent_entry(site, name, replaced):
         # 'base' is what every site believes the member held when it joined: raised, no site
@@ -176,7 +171,7 @@ def check_roster_entry(site: Site, name: str, raw: bytes | None, error=PacketBod
                     f"from; refused", hint="a member's roster entry keeps its identity, keys "
                                            "and starting state; only priority and retirement "
                                            "change")
-    for other in [*roster.values(), *site.contested_identities()]:
+    for other in roster.values():
         if other.name != name and other.site_id == new.site_id:
             raise error(f"roster entry of {name} takes the site id of member {other.name}; "
                         f"refused")
@@ -189,13 +184,6 @@ def _concurrent_entry(site: Site, name: str, replaced: bytes | None) -> bool:
         return False
     gone = set(split_csns(replaced))
     return not any(v.csn in gone for v in versions.of_key(site.conn, ROSTER, name))
-
-
-def _known_identity(site: Site, name: str, new: Member) -> bool:
-    """Whether a held version of ``name``'s entry gives it ``new``'s identity (a snapshot
-    re-seeding a site that already holds the contested entry)."""
-    held = roster_rule.identities(decoded_versions(versions.of_key(site.conn, ROSTER, name)))
-    return (new.site_id, new.ed25519, new.x25519) in held
 
 
 def check_system_entry(site: Site, collection: str, key: str, raw: bytes | None,

@@ -33,32 +33,12 @@ def entry(versions: Iterable[tuple[bytes, Any]]) -> Any:
     _csn, newest = max(vs, key=lambda v: v[0])
     if not isinstance(newest, dict):
         return None
-    if not says_retired(newest) and (any(says_retired(v) for _c, v in vs)
-                                     or len(identities(vs)) > 1):
+    if not says_retired(newest) and any(says_retired(v) for _c, v in vs):
         newest = {**newest, "retired": True}
     low = lowest_base([v.get("base", []) for _c, v in vs if isinstance(v, dict)])
     if low != newest.get("base", []):
         newest = {**newest, "base": low}
     return newest
-
-
-def identities(versions: Iterable[tuple[bytes, Any]]) -> list[tuple]:
-    """The distinct ``(id, ed25519, x25519)`` the surviving versions give the member, sorted.
-
-    More than one: the name was added at two sites at once with keys of two ``keygen`` runs
-    (its first medium lost, the site made again elsewhere).  Each site refused the other's
-    entry as a member's keys changing, and with it every packet, for good.  Neither may sign
-    as the member (one of them would take over a name another site holds as its own), so the
-    entry is read as retired, and each identity stays known, to check the signatures of what
-    it wrote before."""
-    out = set()
-    for _c, v in versions:
-        if isinstance(v, dict):
-            try:
-                out.add((bytes(v["id"]), bytes(v["ed25519"]), bytes(v.get("x25519", b""))))
-            except (KeyError, TypeError, ValueError):
-                continue
-    return sorted(out)
 
 
 def lowest_base(bases: list[Any]) -> list[list]:
