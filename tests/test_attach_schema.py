@@ -1324,3 +1324,104 @@ def test_under_merge_columns_a_record_leaves_out_are_no_change_of_a_later_edit(t
         assert [r[::2] for r in table(dbs[n], "t")] == [("k1", "pc", 20, "rc")], n
         assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
         sp(sites[n], "fsck")
+
+
+def _rebuilt(create: str, *more: str) -> list:
+    """The application's release rebuilding items as SQLite's documentation says (create the
+    new table, copy, drop, rename), in one transaction."""
+    return ["PRAGMA foreign_keys=OFF", create.replace("items(", "items_new(", 1),
+            "INSERT INTO items_new SELECT * FROM items", "DROP TABLE items",
+            "ALTER TABLE items_new RENAME TO items", *more]
+
+
+@pytest.mark.parametrize("create", [
+    "CREATE TABLE items(id TEXT PRIMARY KEY COLLATE NOCASE, qty INTEGER, t TEXT)",
+    "CREATE TABLE items(id TEXT, qty INTEGER, t TEXT, PRIMARY KEY(id COLLATE RTRIM))",
+])
+def test_a_key_rebuilt_under_a_collation_stops_that_table_alone(three, create):
+    """attach refuses a key that compares by a collation; a release that rebuilt an attached
+    table so was not noticed: capture said nothing, and every later import at that site
+    failed whole ('ON CONFLICT clause does not match', blamed on the site store), the
+    untouched tables' rows with it.  The change stops that table alone, with the reason."""
+    root, sites, dbs = three
+    coll = "NOCASE" if "NOCASE" in create else "RTRIM"
+    app(dbs["b"], _rebuilt(create), ["INSERT INTO items VALUES ('b7', 7, 'while stopped')"])
+    app(dbs["a"], ["INSERT INTO items VALUES ('A9', 9, 'from a')",
+                   "INSERT INTO other VALUES ('a9', 'from a')"])
+    out = root / "drop" / "a-once"
+    out.mkdir(parents=True)
+    sp(sites["a"], "export", "--all", "--out", out)
+    r = run("import", out, site=sites["b"])
+    assert r.code == 0 and "site store" not in r.out + r.err, r
+    assert ("a9", "text", "from a", "text") in table(dbs["b"], "other")
+    assert "A9" not in [row[0] for row in table(dbs["b"], "items")]
+    said = f"key column id now compares with COLLATE {coll}"
+    r = run("capture", site=sites["b"])
+    assert r.code == 1 and said in r.err and "site store" not in r.err, r
+    assert said in entry(sites["b"], "items")["stopped"]
+    status = json.loads(run("status", site=sites["b"], json_mode=True).out)
+    assert [said in (t["stopped"] or "") for t in status["attached"]["tables"]] == [True, False]
+    # the other tables keep replicating both ways
+    app(dbs["b"], ["INSERT INTO other VALUES ('b9', 'from b')"])
+    exchange(root, sites)
+    for n in sites:
+        assert {"a9", "b9"} <= {row[0] for row in table(dbs[n], "other")}, n
+    assert "b7" not in [row[0] for row in table(dbs["a"], "items")]
+    # a refresh cannot take such a key, as attach cannot
+    r = run("attach", dbs["b"], "--refresh", "--table", "items", site=sites["b"])
+    assert r.code == 1 and f"COLLATE {coll}" in r.err and "nothing was refreshed" in r.err, r
+    assert said in entry(sites["b"], "items")["stopped"]
+    # undone (the rule kept by a UNIQUE index) and refreshed, it carries on, nothing lost
+    app(dbs["b"], _rebuilt(SCHEMA[0], "CREATE UNIQUE INDEX items_ci ON items(id COLLATE "
+                                      "NOCASE)"))
+    sp(sites["b"], "attach", dbs["b"], "--refresh", "--table", "items")
+    assert entry(sites["b"], "items")["stopped"] is None
+    exchange(root, sites)
+    converged(sites, dbs)
+    assert {"A9", "b7"} <= {row[0] for row in table(dbs["c"], "items")}
+
+
+def test_a_trigger_naming_a_dropped_table_makes_its_rows_clashes_not_a_failed_import(three):
+    """SQLite lets a table go while a trigger still names it, and the application's own
+    INSERTs still work; syncpack's write of a peer's row set it off, and every import at that
+    site failed whole, blamed on the site store, the untouched tables' rows with it.  The
+    rows it refuses are clashes, as for a function only the application defines."""
+    root, sites, dbs = three
+    app(dbs["b"], ["CREATE TABLE audit(x)",
+                   "CREATE TRIGGER tr AFTER UPDATE ON items BEGIN "
+                   "INSERT INTO audit VALUES (NEW.id); END",
+                   "DROP TABLE audit"],
+        ["INSERT INTO items VALUES ('b5', 5, 'still written by the application')"])
+    app(dbs["a"], ["INSERT INTO items VALUES ('a5', 5, 'from a')",
+                   "INSERT INTO other VALUES ('a5', 'from a')"])
+    out = root / "drop" / "a-once"
+    out.mkdir(parents=True)
+    sp(sites["a"], "export", "--all", "--out", out)
+    r = run("import", out, site=sites["b"])
+    assert r.code == 0 and "site store" not in r.out + r.err, r
+    assert ("a5", "text", "from a", "text") in table(dbs["b"], "other")
+    assert "a5" not in [row[0] for row in table(dbs["b"], "items")]
+    [conf] = run("--json", "conflicts", site=sites["b"]).json["conflicts"]
+    assert (conf["collection"], conf["key"]) == ("items", "a5")
+    assert "no such table: main.audit" in conf["constraint"], conf
+    # the site's own changes still travel
+    exchange(root, sites)
+    for n in ("a", "c"):
+        assert "b5" in [row[0] for row in table(dbs[n], "items")], n
+    # the application's schema corrected, the waiting row goes in
+    app(dbs["b"], ["DROP TRIGGER tr"])
+    exchange(root, sites)
+    converged(sites, dbs)
+    assert run("--json", "conflicts", site=sites["b"]).json["conflicts"] == []
+
+
+def test_a_key_collation_is_part_of_the_shape_and_never_one_peers_follow():
+    old = shapes.shape(["id", "v"], {"id": "TEXT"}, ["id"], [])
+    # shapes recorded before the collation was looked at still compare equal
+    assert shapes.shape(["id", "v"], {"id": "TEXT"}, ["id"], [], []) == old
+    new = shapes.shape(["id", "v"], {"id": "TEXT"}, ["id"], [], [("id", "NOCASE")])
+    for before in (old, new):
+        adds, problems = shapes.compare(before, new)
+        assert adds == [] and len(problems) == 1
+        assert problems[0].startswith("key column id now compares with COLLATE NOCASE")
+    assert shapes.compare(new, old) == ([], [])

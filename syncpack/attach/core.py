@@ -895,6 +895,10 @@ def refresh(site: Site, db_path: str | os.PathLike, names: list[str] | None = No
                         if not infos[n].pk]
             problems += [schema.too_wide(infos[n]) for n in names
                          if len(infos[n].columns) > appdb.MAX_COLUMNS]
+            # as attach refuses it: taken, peers' rows became clashes and the next capture
+            # stopped the table again
+            problems += [why for n in names if infos[n].pk
+                         and (why := _collated_key(app, infos[n]))]
             if problems:
                 raise AttachError("; ".join(problems) + "; nothing was refreshed")
             with appdb.write_txn(app):

@@ -4,9 +4,10 @@ A table's *shape* is what peers must agree on to exchange its rows: its columns 
 their type affinity, its primary key and its other UNIQUE indexes.  At each capture the current
 shape is compared with the one recorded: columns appended at the end (``ALTER TABLE ... ADD
 COLUMN``) are a change every site can follow, and travel as ordered schema ops; anything else
-(a column dropped, renamed or moved, a changed affinity or primary key, a new UNIQUE index)
-could lose or refuse peers' rows, so capture of that table stops until the change is rolled
-out everywhere and accepted with ``syncpack attach DB --refresh``.
+(a column dropped, renamed or moved, a changed affinity or primary key, a new UNIQUE index,
+a key column given a collation) could lose or refuse peers' rows, so capture of that table
+stops until the change is rolled out everywhere and accepted with ``syncpack attach DB
+--refresh``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,21 @@ from syncpack.rules import sqltext
 
 # Every change that stops capture is explained with this hint.
 REFRESH_HINT = ("roll the change out at every site at the same release, then run 'syncpack "
-                "attach {db} --refresh --table {table}' at each; until then the table's changes "
-                "wait in the application's file and records for it wait in the store")
+                "attach {db} --refresh --table {table}' at each (a change no site can follow, "
+                "as the reason says: undo it, then refresh here); until then the table's "
+                "changes wait in the application's file and records for it wait in the store")
 
 
 def shape(columns: list[str], affinity: dict[str, str], pk: list[str],
-          uniques: list[list[str]]) -> dict:
-    """The shape of a table (JSON-able, comparable with ``==``)."""
-    return {"columns": [[c, affinity.get(c, "BLOB")] for c in columns], "pk": list(pk),
-            "uniques": sorted(list(u) for u in uniques)}
+          uniques: list[list[str]], key_collation: list[tuple[str, str]] = ()) -> dict:
+    """The shape of a table (JSON-able, comparable with ``==``).  ``key_collation``: the
+    key columns that compare by a collation other than BINARY, with it; kept only when there
+    is one, so the shapes recorded before it was looked at still compare equal."""
+    out = {"columns": [[c, affinity.get(c, "BLOB")] for c in columns], "pk": list(pk),
+           "uniques": sorted(list(u) for u in uniques)}
+    if key_collation:
+        out["key_collation"] = [[c, coll] for c, coll in key_collation]
+    return out
 
 
 def compare(old: dict, new: dict) -> tuple[list[str], list[str]]:
@@ -61,6 +68,14 @@ def compare(old: dict, new: dict) -> tuple[list[str], list[str]]:
     for u in new.get("uniques", []):
         if list(u) not in old_u:
             problems.append(f"a new UNIQUE constraint on ({', '.join(u)})")
+    # Never one peers can follow, even if a refresh recorded it: attach refuses such a key,
+    # and the apply's upsert, aimed at the key's exact (BINARY) index, finds none.
+    for col, coll in new.get("key_collation", []):
+        problems.append(
+            f"key column {col} now compares with COLLATE {coll}, and syncpack keys rows by "
+            f"their exact text: two sites' keys that {coll} holds equal would overwrite each "
+            f"other's rows (declare the key without COLLATE again; a UNIQUE index on ({col} "
+            f"COLLATE {coll}) keeps the rule, and its clashes become conflicts)")
     if problems:
         return [], problems
     return new_names[len(oc):], []

@@ -62,32 +62,45 @@ def file_error(path: str, e: BaseException) -> AttachError:
 _APP_ONLY = ("no such function", "no such collation sequence", "no such module")
 
 
-def application_only(path: str, e: BaseException) -> ApplicationOnlyError | None:
-    """The :class:`ApplicationOnlyError` that ``e`` is, or None."""
-    msg = str(e).removeprefix("SQLError: ")
-    if not isinstance(e, apsw.SQLError) or not msg.startswith(_APP_ONLY):
+def schema_refusal(path: str, e: BaseException) -> ApplicationOnlyError | None:
+    """The :class:`ApplicationOnlyError` that ``e``, an error of a statement on the
+    application's file ``path``, is; None for an error that is no statement's refusal.
+
+    Any SQLError there is told as the application's: syncpack's statements on a table
+    compiled against its schema when it was attached (Writer.unwritable), so what SQLite
+    refuses later is what the application changed since (a trigger naming a table it dropped,
+    a key rebuilt under a collation), never the site store's state; told as the store's, its
+    hint (restore from a backup) would be wrong and dangerous.  A row such an error refuses
+    is a clash (Writer), as one refused by a constraint."""
+    if not isinstance(e, apsw.SQLError):
         return None
-    err = ApplicationOnlyError(
-        f"the application's database {path} uses what only the application defines "
-        f"({msg})", hint="syncpack cannot read or write what needs it; detach the table "
-                         "that uses it ('syncpack detach DB --table T')")
+    msg = str(e).removeprefix("SQLError: ")
+    if msg.startswith(_APP_ONLY):
+        err = ApplicationOnlyError(
+            f"the application's database {path} uses what only the application defines "
+            f"({msg})", hint="syncpack cannot read or write what needs it; detach the table "
+                             "that uses it ('syncpack detach DB --table T')")
+    else:
+        err = ApplicationOnlyError(
+            f"SQLite refused a statement of syncpack's on the application's database {path} "
+            f"({msg})", hint="the site store is not at fault; the application's schema "
+                             "likely is (a trigger, view or index naming a table or column "
+                             "the file no longer has: 'sqlite3 FILE .schema' shows it); "
+                             "correct it, or detach the table ('syncpack detach DB --table T')")
     err.needs = msg
     return err
 
 
 def _told_as_the_files(method):
     """``method`` of apsw.Cursor with the file's failures raised as :func:`file_error`'s,
-    and what needs the application as :func:`application_only`'s."""
+    and what the application's schema makes SQLite refuse as :func:`schema_refusal`'s."""
     def told(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except _FILE_ERRORS as e:
             raise file_error(self.connection.filename, e) from None
         except apsw.SQLError as e:
-            told_as = application_only(self.connection.filename, e)
-            if told_as is None:
-                raise
-            raise told_as from None
+            raise schema_refusal(self.connection.filename, e) from None
     told.__name__ = method.__name__
     return told
 
@@ -144,6 +157,10 @@ class TableInfo:
     # Captured in the order of each key's last change, not by key: set by the capture for a
     # table whose own triggers delete rows of it (see :func:`_in_order`)
     by_change: bool = False
+    # (column, collation) of key columns that compare by a collation other than BINARY
+    # (:func:`key_collations`): attach refuses such a key, and a table rebuilt with one
+    # after the attach must stop, not go on as if its key were unchanged
+    key_collation: list[tuple[str, str]] = field(default_factory=list)
 
 
 SQLITE_MAGIC = b"SQLite format 3\0"
@@ -190,6 +207,9 @@ def open_app(path: Path, wait_ms: int = BUSY_TIMEOUT_MS) -> Connection:
         conn.set_busy_timeout(wait_ms)
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+    except ApplicationOnlyError as e:    # statements this plain fail for the file itself
+        raise AttachError(f"{path} cannot be opened as an SQLite database ({e.needs})") \
+            from None
     except AttachError:
         raise
     except (apsw.BusyError, apsw.LockedError) as e:
@@ -392,6 +412,7 @@ def table_info(conn: Connection, name: str) -> TableInfo | None:
     info = TableInfo(name, sql, cols, pk, aff, virtual, uniques, parents,
                      other_uniques=other_uniques)
     if not virtual:
+        info.key_collation = key_collations(conn, info) if pk else []
         info.deferred = _deferred_fks(conn, name, sql)
         for (other, osql) in conn.execute(
                 "SELECT name, sql FROM sqlite_schema WHERE type='table' AND name != ?", (name,)):
@@ -839,6 +860,8 @@ def _foreign_keys_unusable(conn: Connection, table: str) -> str | None:
         broken = conn.execute(f"PRAGMA foreign_key_check({q(table)})").fetchone()
     except apsw.SQLError as e:
         return f"its foreign keys are unusable ({e})"
+    except ApplicationOnlyError as e:      # the application's file: its cursors tell it so
+        return f"its foreign keys are unusable ({e.needs})"
     if broken is not None:
         return "rows of the table would break its foreign keys"
     return None
@@ -1528,7 +1551,8 @@ def _storable(v: object) -> bool:
 
 # What refuses one row of ours and nothing else: a constraint (a trigger's RAISE(ABORT) or
 # RAISE(FAIL) included), a key an INTEGER PRIMARY KEY cannot hold (a record from a site whose
-# table is keyed by TEXT, or that never attached it), what only the application defines, a
+# table is keyed by TEXT, or that never attached it), what the application's schema makes
+# SQLite refuse (what only the application defines, a trigger naming a dropped table), a
 # value SQLite cannot bind.  That row is a clash; the rest of the write goes on.
 # TooBigError: a row the application's schema makes larger than SQLite allows (a DEFAULT or
 # a CHECK it computes): that row's clash, not a failure of the whole write.
@@ -1597,7 +1621,9 @@ def self_updating_keys(conn: Connection, t: TableInfo) -> list[str]:
 
 def _refusal_text(e: BaseException) -> str:
     if isinstance(e, ApplicationOnlyError):
-        return f"{e.needs}, which only the application defines"
+        if e.needs.startswith(_APP_ONLY):
+            return f"{e.needs}, which only the application defines"
+        return f"{e.needs}: the application's schema makes SQLite refuse the write"
     if isinstance(e, apsw.MismatchError):
         return "datatype mismatch: the table's INTEGER PRIMARY KEY holds only integers"
     if isinstance(e, (TypeError, OverflowError)):
