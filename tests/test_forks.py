@@ -1024,3 +1024,33 @@ def test_a_careless_restore_of_a_spoke_heals_at_the_other_spokes_once_it_writes_
             assert s.get("t", "w2") == "written before 'restore' was run"
     assert_no_epoch_reuse(fam)
     assert_converged(fam)
+
+
+def test_a_careless_restore_never_writes_over_its_own_packet_still_on_the_medium(family):
+    """A writes, exports to B on a stick, and is put back from a backup (no 'syncpack
+    restore') before B imports.  A's next ordinary round, numbered from its store alone,
+    took that packet's file name and replaced it: the write was lost at every site, with
+    nothing told.  The export now numbers past a packet of ours that holds more of our own
+    history than we do, B takes both, and A gets its write back from B."""
+    fam = three_sites(family)
+    copy = backup(fam, "A")
+    fam.put("A", "t", "w1", "written after the backup")
+    stick = fam.medium()
+    assert run("export", "--to", "B", "--out", stick, site=fam.path("A")).code == 0
+    put_back(fam, "A", copy)
+    fam.put("B", "t", "wb", "b")
+    out, _ = cli_export(fam, "B", "A")
+    cli_import(fam, "A", out)
+    assert run("export", "--to", "B", "--out", stick, site=fam.path("A")).code == 0
+    assert len(list((stick / "B" / "A").glob("*.spk"))) == 2
+    cli_import(fam, "B", stick / "B")
+    for _ in range(3):
+        for src in fam.sites:
+            out, _ = cli_export(fam, src)
+            for dst in fam.sites:
+                if dst != src and (out / dst).exists():
+                    cli_import(fam, dst, out / dst)
+    assert_converged(fam)
+    for n in fam.sites:
+        with fam.open(n) as s:
+            assert s.get("t", "w1") == "written after the backup", n
