@@ -165,3 +165,33 @@ def test_sealed_snapshot_with_record_pieces(family, tmp_path):
     assert run("mkreplica", "import", *reversed(files), site=d).code == 0
     family.sites["n"] = d
     assert family.digest("a") == family.digest("n")
+
+
+def test_parts_of_two_snapshots_mixed_are_refused_with_what_to_do(family, tmp_path):
+    """The parts of two resync snapshots mixed on one medium: refused, nothing applied, and
+    each rejected entry says what to do (its 'hint' was missing from the JSON and the text)."""
+    family.init("a")
+    family.add("b", via="a")
+    a, b = family.path("a"), family.path("b")
+    records = tmp_path / "r.jsonl"
+    records.write_text("".join(json.dumps({"collection": "parts", "key": f"k{i}",
+                                           "value": os.urandom(150).hex()}) + "\n"
+                               for i in range(1500)))
+    assert run("load", records, site=a).code == 0
+    snaps = []
+    for n in range(2):
+        out = tmp_path / f"snap{n}"
+        assert run("put", "parts", f"after{n}", "1", site=a).code == 0
+        assert run("resync", "--to", "b", "--create-out", "--out", out, "--max-size", "64K",
+                   site=a).code == 0
+        snaps.append(sorted(out.rglob("*.spk")))
+    assert len(snaps[0]) >= 3 and len(snaps[1]) == len(snaps[0])
+    mixed = [*snaps[0][:1], snaps[1][1], *snaps[0][2:]]
+    before = family.digest("b")
+    r = run("import", *mixed, site=b, json_mode=True)
+    assert r.code == 1 and family.digest("b") == before, r
+    assert r.json["rejected"] and all(
+        "different snapshots" in x["error"] and "every part of one snapshot" in x["hint"]
+        for x in r.json["rejected"]), r.json["rejected"]
+    r = run("import", *mixed, site=b)
+    assert "hint: import every part of one snapshot together" in r.err, r

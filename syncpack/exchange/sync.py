@@ -824,8 +824,10 @@ def _apply_snapshot(site: Site, group: list[_Candidate], res: ImportResult,
             for c in group):
         for s in shown:
             res.rejected.append({"path": s, "error": f"snapshot parts incomplete or from "
-                                 f"different snapshots: have parts {parts}; import every part "
-                                 f"of one snapshot together"})
+                                 f"different snapshots: have parts {parts}; nothing was "
+                                 f"changed",
+                                 "hint": "import every part of one snapshot together (the "
+                                         "files its 'resync' or 'mkreplica export' wrote)"})
         return
     try:
         n = apply_snapshot(site, [c.pk for c in group], progress)
