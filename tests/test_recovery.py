@@ -1243,3 +1243,23 @@ def test_a_roster_entry_raising_a_members_base_is_still_refused(family, tmp_path
     out, _ = cli_export(fam, "B", "A")
     r = run("import", out, site=fam.path("A"), json_mode=True)
     assert r.code != 0 and "created from" in r.out + r.err, r
+
+
+def test_one_packet_named_at_two_paths_is_parked_once(family):
+    """A packet that must wait, given at two paths in one import (a copy on the stick and
+    the original): it was reported parked twice ('2 parked'), while the site keeps one."""
+    fam = three_sites(family)
+    fam.put("A", "t", "first", 1)
+    first, _ = cli_export(fam, "A", "B")
+    fam.put("A", "t", "second", 2)
+    second, _ = cli_export(fam, "A", "B")
+    [pkt] = sorted(second.rglob("*.spk"))
+    copy = fam.root / "copy.spk"
+    shutil.copy(pkt, copy)
+    r = run("import", pkt, copy, site=fam.path("B"), json_mode=True)
+    assert r.code == 0, r
+    assert len(r.json["parked"]) == 1, r.json
+    assert len(status(fam, "B")["parked"]) == 1
+    cli_import(fam, "B", first)
+    with fam.open("B") as s:
+        assert s.get("t", "second") == 2

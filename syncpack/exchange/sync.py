@@ -954,6 +954,9 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
         h = c.pk.header
         if not c.parked_file and (h.sender, h.packet_id) in parked_ids:
             continue  # named again while parked: it stays parked, reported once
+        if not c.parked_file:
+            # one packet at two paths of this import: parked once, the other a duplicate
+            parked_ids.add((h.sender, h.packet_id))
         gaps = planning.gaps(h.ranges, vec)
         pieces = h.piece is not None and not gaps
         if pieces:
