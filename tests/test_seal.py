@@ -250,3 +250,24 @@ def test_an_import_with_a_sealing_key_it_cannot_use_changes_nothing_and_says_so(
     r = run("import", d, site=fam.path("b"), json_mode=True)
     assert r.code == 0 and len(r.json["applied"]) == 2, r
     assert run("get", "col", "from-c", site=fam.path("b")).out.strip() == "1"
+
+
+def test_one_member_without_a_sealing_key_does_not_stop_the_packets_for_the_others(trio):
+    """The family requires sealing and one member's entry has no sealing key (an entry
+    written without one: a member's lie, or one from before sealing): 'export --all' failed
+    whole, at every site, so no packet went to anyone.  The others get theirs; that member's
+    error is told, and the export exits 1."""
+    from syncpack.site import ROSTER, Member
+    assert run("require-sealing", "on", site=trio.path("a")).code == 0
+    with trio.open("a") as s:
+        e = Member("e", b"\x00\x11" * 4, os.urandom(32), b"", 0, {}, False)
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "e", codec.encode_value(e.to_value()))
+    trio.put("a", "col", "after", 1)
+    out = trio.medium()
+    r = run("export", "--all", "--out", out, site=trio.path("a"), json_mode=True)
+    assert r.code == 1 and "no X25519 key for e" in r.err, r
+    assert sorted(p["to"] for p in r.json["packets"]) == ["b", "c"], r.json
+    assert run("import", out / "b", site=trio.path("b")).code == 0
+    with trio.open("b") as s:
+        assert s.get("col", "after") == 1

@@ -381,13 +381,22 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
             plans = plan_exports(site, peers, now, failed, sign, max_size, out)
             expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
             for plan in plans:
+                try:
+                    seal_to = seal_key(site, plan.peer, encrypt)
+                except SyncpackError as err:
+                    # one member the family cannot seal to (an entry without a sealing
+                    # key) must not stop the packets for the others
+                    err.peer = plan.name
+                    if failed is None:
+                        raise
+                    failed.append(err)
+                    continue
                 d = packet_dir(out, site.name, plan.name)
                 opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part),
                                        outbox=outbox)
                 parts = build_update_packets(block_stream(site, plan.blocks), plan.template, sign,
                                              max_size, opener, seed, progress,
-                                             seal_to=seal_key(site, plan.peer, encrypt),
-                                             medium=medium)
+                                             seal_to=seal_to, medium=medium)
                 if parts:
                     written.append((plan, parts))
                 if did_not_fit is not None and medium is not None:
