@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 
 from syncpack.format import blocks
 
@@ -982,6 +983,85 @@ def test_two_running_copies_of_a_site_are_told_and_the_one_kept_heals(family):
         assert s.get("t", written_there) is not None
 
 
+@pytest.mark.parametrize("c_first", ["old", "new"])
+def test_two_running_copies_on_separate_media_heal_once_one_is_stopped(family, c_first):
+    """Two running copies of B, each with its own medium: the old machine's write reaches A
+    first, the new machine's reaches C first (or A too, ``c_first``), so peers hold and are
+    shown both histories.  The old machine, shown the fork by A (which holds its version),
+    kept the version it did not hold, set its own write aside and said so: A and C reverted
+    a write both held.  The old machine was then stopped, the new one, shown the fork, again
+    kept the version it did not hold, the one the family had just reverted, and refused its
+    own as the one that lost: it waited in 'recovering' for good, or the family lost the
+    old machine's write with every site saying 'healed'.  Each copy now keeps the version
+    the peer that showed it holds (its tip), so both writes reach every site."""
+    fam = family
+    fam.init("A")
+    fam.add("B", via="A")
+    fam.add("C", via="A")
+    names = ["A", "B", "C"]
+    shared_medium_rounds(fam, names, 2)
+    b2 = twin(fam, "B")
+    fam.put("B", "t", "old-machine", 1)
+    fam.put(b2, "t", "new-machine", 2)
+
+    def export(name: str, medium: Path) -> None:
+        assert run("-q", "export", "--all", "--out", medium, site=fam.path(name)).code == 0
+
+    def import_(name: str, medium: Path, inbox: str) -> None:
+        if (medium / inbox).exists():
+            run("-q", "import", medium / inbox, site=fam.path(name))
+
+    for _ in range(3):
+        old, new = fam.medium(), fam.medium()     # each machine's own medium
+        for peer in ("A", "C"):
+            export(peer, old)
+            export(peer, new)
+        export("B", old)
+        export(b2, new)
+        import_("A", old, "A")
+        import_("A", new, "A")
+        order = (new, old) if c_first == "new" else (old, new)
+        for medium in order:
+            import_("C", medium, "C")
+        import_("B", old, "B")
+        import_(b2, new, "B")
+    assert any(f["origin"] == "B" for f in forks_at(fam, "A")), forks_at(fam, "A")
+    # the old machine is stopped for good; the new one goes on under the site's name
+    drop(fam, "B")
+    fam.sites["B"] = fam.sites.pop(b2)
+    shared_medium_rounds(fam, names, 6)
+    for name in names:
+        assert status(fam, name)["state"] == "normal", status(fam, name)
+        assert all(f["state"] != "open" for f in forks_at(fam, name)), forks_at(fam, name)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for name in names:
+        with fam.open(name) as s:
+            assert (s.get("t", "old-machine", None), s.get("t", "new-machine", None)) == (1, 2), name
+
+
+@given(held=st.tuples(st.booleans(), st.booleans()), aside=st.tuples(st.booleans(), st.booleans()),
+       word=st.sampled_from([None, True, False]))
+def test_a_site_shown_its_own_fork_keeps_a_version_its_peer_holds(held, aside, word):
+    """rules.forks.own_keep: the version a site keeps at a fork of its own history does not
+    depend on the order the evidence names the two in; it is never one the site set aside on
+    a peer's word while it kept the other; with one version held it is the one the showing
+    peer holds (``word``: whether that is ours), and without that peer's word it waits."""
+    from syncpack.rules.forks import WAIT, own_keep
+    got = own_keep(held, aside, word)
+    swapped = own_keep(held[::-1], aside[::-1], word)
+    assert swapped == (1 - got if isinstance(got, int) else got)
+    if aside[0] != aside[1]:
+        assert got in (0, 1) and not aside[got]
+    elif held[0] != held[1]:
+        if word is None:
+            assert got == WAIT
+        else:
+            assert got in (0, 1) and held[got] == word
+    else:
+        assert got is None
+
+
 def test_a_careless_restore_of_a_spoke_heals_at_the_other_spokes_once_it_writes_them(family):
     """A is the hub; B and C never meet.  C is put back from a backup and written to before
     'syncpack restore'.  C's signed word that it kept the family's version ('kept') goes in
@@ -1030,8 +1110,8 @@ def test_a_careless_restore_never_writes_over_its_own_packet_still_on_the_medium
     """A writes, exports to B on a stick, and is put back from a backup (no 'syncpack
     restore') before B imports.  A's next ordinary round, numbered from its store alone,
     took that packet's file name and replaced it: the write was lost at every site, with
-    nothing told.  The export now numbers past a packet of ours that holds more of our own
-    history than we do, B takes both, and A gets its write back from B."""
+    nothing told.  The export now numbers past any packet of ours on the medium that this
+    store never wrote, B takes both, and A gets its write back from B."""
     fam = three_sites(family)
     copy = backup(fam, "A")
     fam.put("A", "t", "w1", "written after the backup")
@@ -1054,3 +1134,37 @@ def test_a_careless_restore_never_writes_over_its_own_packet_still_on_the_medium
     for n in fam.sites:
         with fam.open(n) as s:
             assert s.get("t", "w1") == "written after the backup", n
+
+
+def test_a_careless_restore_written_to_never_writes_over_its_own_packet_on_the_medium(family):
+    """As above, but A writes again after it is put back, before its next ordinary export to
+    the same stick.  That export, numbered from the store alone, took the name of the packet
+    still there (its store held as much of its own history as the packet claimed) and
+    replaced it: the write made before the restore was lost at every site, digests equal,
+    nothing told.  An export now numbers past any packet of ours on the medium that this
+    store never wrote: B takes both, the fork shows, and both writes reach every site."""
+    fam = three_sites(family)
+    copy = backup(fam, "A")
+    fam.put("A", "t", "w1", "written after the backup")
+    stick = fam.medium()
+    assert run("export", "--to", "B", "--out", stick, site=fam.path("A")).code == 0
+    put_back(fam, "A", copy)                 # no 'syncpack restore'
+    fam.put("A", "t", "w2", "written after the copy came back")
+    assert run("export", "--to", "B", "--out", stick, site=fam.path("A")).code == 0
+    assert len(list((stick / "B" / "A").glob("*.spk"))) == 2
+    run("import", stick / "B", site=fam.path("B"))
+    for _ in range(5):
+        medium = fam.medium()
+        for src in fam.sites:
+            assert run("-q", "export", "--all", "--out", medium, site=fam.path(src)).code == 0
+        for dst in fam.sites:
+            if (medium / dst).exists():
+                run("-q", "import", medium / dst, site=fam.path(dst))
+    for n in fam.sites:
+        assert status(fam, n)["state"] == "normal", status(fam, n)
+    assert_no_epoch_reuse(fam)
+    assert_converged(fam)
+    for n in fam.sites:
+        with fam.open(n) as s:
+            assert (s.get("t", "w1", None), s.get("t", "w2", None)) == (
+                "written after the backup", "written after the copy came back"), n

@@ -53,11 +53,32 @@ def enter_recovering(site: Site, reason: str) -> None:
     site.set_meta("restore_ms", wall_ms())
     site.set_meta("recover_reason", reason)
     _set_id_map(site, "recover_reports", {})
+    _set_id_map(site, "recover_asked", _next_packets(site))
+    stored.forget_told(site.conn)
+
+
+def _next_packets(site: Site) -> dict[bytes, int]:
+    """The sequence number of our next packet to each member."""
     asked = {peer: out + 1 for peer, out in stored.out_seqs(site.conn).items()}
     for m in site.members_by_id():
         asked.setdefault(m, 1)
-    _set_id_map(site, "recover_asked", asked)
+    return asked
+
+
+def wait_until_told(site: Site, reason: str) -> None:
+    """Called inside a write transaction, when this site keeps its own version at a fork of
+    its own history (a copy of it that still ran signed the other, which some peers hold).
+    Those peers revert theirs once a packet of ours says which we kept (its header's
+    ``kept``); nothing else of ours may be new to them, so nothing else would make us write
+    to them, and a packet lost on the way left a peer frozen on us for good.  We wait as a
+    restored site does, writing to every peer, and each peer's report counts only once it
+    has received a packet of ours sent from now on (one made before did not hear us)."""
+    enter_recovering(site, reason)
+    # again if we were recovering already: no packet or report before now carried our word
+    _set_id_map(site, "recover_asked", _next_packets(site))
+    _set_id_map(site, "recover_reports", {})
     stored.forget_told(site.conn)
+    site.set_meta("recover_until_told", 1)
 
 
 def note_report(site: Site, h, applied: bool) -> None:
@@ -94,7 +115,8 @@ def note_report(site: Site, h, applied: bool) -> None:
     if h.tip is not None and h.tip[0] <= held:
         e, csn = h.tip
         ours = chain.op_id_at(site.conn, me, e)
-        tip_differs = ours is not None and pack_csn(ours[0], me, ours[1]) != csn
+        tip_differs = ours is not None and pack_csn(ours[0], me, ours[1]) != csn \
+            and not _past_a_settled_fork(site, e)
     dismissed = _id_map(site, "recover_dismissed")
     if h.sender in dismissed and claim <= held and not tip_differs:
         # Its word agrees with our history again (a tip that still differs after the family
@@ -131,11 +153,28 @@ def note_report(site: Site, h, applied: bool) -> None:
             dismissed[h.sender] = claim
             _set_id_map(site, "recover_dismissed", dismissed)
             believed = False
-        reps[h.sender] = claim if believed else max(held, min(claim, proven))
-        _set_id_map(site, "recover_reports", reps)
+        if saw or not int(site.meta("recover_until_told", 0)):
+            reps[h.sender] = claim if believed else max(held, min(claim, proven))
+            _set_id_map(site, "recover_reports", reps)
     if site.state == RECOVERING:
         _note_relayed_reports(site, h, held, proven)
     maybe_finish(site)
+
+
+def _past_a_settled_fork(site: Site, epoch: int) -> bool:
+    """Whether our ``epoch`` lies at or past a fork of our own history that we settled, and
+    we hold one of its two versions: the one we kept (the other we set aside, and never take
+    back).  A peer's tip naming another op there names the version we left, which it reverts
+    once our packets say which we kept; setting ours aside for it (two running copies of the
+    site, each version held by some peer) made us refuse, as the one we left, the very
+    version we had kept."""
+    me = site.site_id
+    for f in fork_store.all_forks(site.conn):
+        if f.origin == me and f.state != fork_store.OPEN and f.epoch <= epoch:
+            held = fork_store.headers_overlapping(site.conn, me, f.epoch - 1, f.epoch)
+            if f.a in held or f.b in held:
+                return True
+    return False
 
 
 def _note_relayed_reports(site: Site, h, held: int, proven: int) -> None:
@@ -147,8 +186,12 @@ def _note_relayed_reports(site: Site, h, held: int, proven: int) -> None:
     since = int(site.meta("restore_ms", 0))
     reps = _id_map(site, "recover_reports")
     members = site.members_by_id()
+    # waiting until every peer is told (wait_until_told), a member's relayed word does not
+    # show that it heard us, unless it never writes to us itself (a spoke behind a hub)
+    direct_only = int(site.meta("recover_until_told", 0))
     new = {m: max(held, min(v.get(me, 0), proven)) for m, created, v, _s in resolved_acks(h)
-           if m != me and m != h.sender and m in members and m not in reps and created >= since}
+           if m != me and m != h.sender and m in members and m not in reps and created >= since
+           and not (direct_only and stored.link(site.conn, m)["in_seq"])}
     if new:
         _set_id_map(site, "recover_reports", {**reps, **new})
 
@@ -213,6 +256,7 @@ def maybe_finish(site: Site) -> bool:
         return False
     reissue_stash(site)
     site.set_meta("state", NORMAL)
+    site.set_meta("recover_until_told", 0)
     return True
 
 
@@ -303,6 +347,7 @@ def restore(site: Site, finish: bool = False) -> dict:
                 # holds them: left in the stash they never reached the family.
                 reissue_stash(site)
             site.set_meta("state", NORMAL)
+            site.set_meta("recover_until_told", 0)
         else:
             if site.state == RECOVERING:
                 raise AlreadyRecoveringError(

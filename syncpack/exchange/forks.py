@@ -9,9 +9,9 @@ learns of it within a round.  What it does then:
   refused naming the evidence, until it heals or is retired;
 - the origin **heals** when a block it signed continues, past the fork, the version this site
   holds (its signed word that it kept that version);
-- a site shown evidence that **it** forked keeps the version of the peer that showed it, sets
-  aside its own ops from the fork epoch and re-issues them under new epochs
-  (:func:`syncpack.admin.recovery.stash_own`);
+- a site shown evidence that **it** forked keeps the version of the peer that showed it (by
+  that peer's tip); if that is not its own, it sets aside its own ops from the fork epoch and
+  re-issues them under new epochs (:func:`syncpack.admin.recovery.stash_own`);
 - a fork of a **retired** member ends with one history kept everywhere
   (:func:`syncpack.rules.forks.winner`): a site holding the other reverts it and receives the
   kept one in ordinary rounds.
@@ -28,6 +28,7 @@ from syncpack.errors import ForkedMemberError
 from syncpack.format import blocks
 from syncpack.format import codec
 from syncpack.format.codec import MAX_FORKS, MAX_HEADS, MAX_KEPT, Header
+from syncpack.format.csn import pack_csn
 from syncpack.rules import forks as rules
 from syncpack.site import Site, wall_ms
 from syncpack.store import chain
@@ -105,12 +106,15 @@ def _op_bytes(op) -> tuple:
             None if op.value is None else bytes(op.value), bytes(op.replaced))
 
 
-def note(site: Site, origin: bytes, epoch: int, a: bytes, b: bytes) -> bool:
+def note(site: Site, origin: bytes, epoch: int, a: bytes, b: bytes,
+         shown_by: Header | None = None) -> bool:
     """Keep evidence; returns whether it is new here.  Evidence about our own origin makes us
-    heal at once."""
+    heal at once, if the header of the packet that showed it (``shown_by``: its sender's word
+    on our own history) or what we set aside tells which version the family holds
+    (:func:`_heal_own`)."""
     new = store.record(site.conn, origin, epoch, a, b, wall_ms())
     if new and origin == site.site_id:
-        _heal_own(site, store.Fork(origin, epoch, a, b, 0, store.OPEN))
+        _heal_own(site, store.Fork(origin, epoch, a, b, 0, store.OPEN), shown_by)
     return new
 
 
@@ -119,6 +123,7 @@ def learn(site: Site, h: Header) -> list[store.Fork]:
     we hold.  Returns the forks new here.  Signatures are checked only where something would
     be kept (evidence we already hold, and heads that agree with us, cost no verification)."""
     before = {(f.origin, f.a, f.b) for f in store.all_forks(site.conn)}
+    shown_by = h if h.sender != site.site_id else None
     for a, b in h.forks:
         a, b = rules.canonical(a, b)
         if store.known(site.conn, a[6:14], a, b):
@@ -128,7 +133,11 @@ def learn(site: Site, h: Header) -> list[store.Fork]:
             continue
         e = rules.fork_epoch(facts(ia), facts(ib))
         if e is not None:
-            note(site, ia.origin, e, a, b)
+            note(site, ia.origin, e, a, b, shown_by)
+    # Evidence of our own fork that an earlier packet showed without saying which version
+    # its sender holds waits for one that does.
+    for f in store.open_forks(site.conn, site.site_id):
+        _heal_own(site, f, shown_by)
     for raw in h.heads:
         try:
             info = blocks.read_block_header(raw, site.family_id, header_only=True)
@@ -140,24 +149,24 @@ def learn(site: Site, h: Header) -> list[store.Fork]:
     return [f for f in store.all_forks(site.conn) if (f.origin, f.a, f.b) not in before]
 
 
-def _heal_own(site: Site, f: store.Fork) -> None:
-    """Evidence that we signed two histories (restored from a backup, then written to): keep
-    the version our peers hold, the one of the two we do not hold, by setting our own ops
-    aside from the fork epoch; the family sends its version back and what is left is issued
-    again under new epochs, so nothing is lost and no epoch is used twice."""
+def _heal_own(site: Site, f: store.Fork, shown_by: Header | None) -> None:
+    """Evidence that we signed two histories (restored from a backup, then written to, or a
+    copy of this site that still runs): keep the version our peers hold
+    (:func:`syncpack.rules.forks.own_keep`).  If it is not ours, our own ops step aside from
+    the fork epoch; the family sends its version back and what is left is issued again under
+    new epochs, so nothing is lost and no epoch is used twice.  If it is ours (the other copy's
+    reached the peers second), we say so and keep it: setting it aside made this copy refuse
+    the family's version as the one it left.  ``shown_by`` is the header of the packet that
+    showed the fork (or a later one); if its sender holds none of our ops from the fork on,
+    and we set neither version aside, the fork stays open until a packet tells."""
     me = site.site_id
     ours = {bytes(x) for x in store.headers_overlapping(site.conn, me, f.epoch - 1, f.epoch)}
     aside = recovery.set_aside_headers(site)
-    if (f.a in aside) != (f.b in aside):
-        # A peer's word set our version aside before the evidence came (its packet held our
-        # epoch with another op, or its tip named another): the other is the one kept.  What
-        # we hold now may be the family's, come back: setting aside again would put the
-        # family's ops in the place of ours.
-        keep = f.b if f.a in aside else f.a
-    elif (f.a in ours) != (f.b in ours):
-        keep = f.b if f.a in ours else f.a
-    else:
-        keep = None
+    choice = rules.own_keep((f.a in ours, f.b in ours), (f.a in aside, f.b in aside),
+                            _sender_holds_ours(site, f.epoch, shown_by))
+    if choice == rules.WAIT:
+        return
+    keep = None if choice is None else (f.a, f.b)[choice]
     if keep is not None:
         # said from now on, or the family would refuse this site's packets for good
         _keep(site, keep)
@@ -172,7 +181,30 @@ def _heal_own(site: Site, f: store.Fork) -> None:
             recovery.stash_own(site, f"this site signed two versions of its epoch {f.epoch} "
                                      f"(a peer holds the other one: {recovery.COPIED})",
                            from_epoch=f.epoch)
+        elif keep in ours:
+            # peers holding the other version revert it once a packet of ours tells them
+            recovery.wait_until_told(
+                site, f"this site signed two versions of its epoch {f.epoch}; it keeps its own, "
+                      f"which its peers hold, and waits until each has heard "
+                      f"({recovery.COPIED})")
     store.set_state(site.conn, f, store.HEALED)
+
+
+def _sender_holds_ours(site: Site, epoch: int, h: Header | None) -> bool | None:
+    """Whether the sender of ``h`` holds our version from the fork ``epoch`` on: its tip (its
+    newest op of our origin) is the op we hold at that epoch (a fork changes every CSN from
+    where it happens).  None if it holds none of our ops from the fork on (it never took
+    either version, or reverted one): its packet does not tell."""
+    if h is None or h.vector.get(site.site_id, 0) < epoch:
+        return None
+    if h.tip is None or h.tip[0] < epoch:
+        # It holds our epochs past the fork but names no op there: it trimmed them, once
+        # every member acknowledged them, this site too, before it signed the version it
+        # holds now (a careless restore): the family's is the other.
+        return False
+    e, csn = h.tip
+    mine = chain.op_id_at(site.conn, site.site_id, e)
+    return mine is not None and pack_csn(mine[0], site.site_id, mine[1]) == csn
 
 
 def _keep(site: Site, header: bytes) -> None:

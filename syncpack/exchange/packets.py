@@ -74,19 +74,6 @@ def seq_on_medium(out: Path, sender: str, recipient: str) -> int:
     return max((int(m[1]) for n in names if (m := _PACKET_NAME.fullmatch(n))), default=0)
 
 
-def packets_on_medium(out: Path, sender: str, recipient: str, after: int
-                      ) -> list[tuple[int, Path]]:
-    """(link sequence number, path) of the packets in ``out`` for ``recipient`` from
-    ``sender`` numbered after ``after``, in order; none if the directory cannot be read."""
-    d = packet_dir(out, sender, recipient)
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return []
-    return sorted((int(m[1]), d / n) for n in names
-                  if (m := _PACKET_NAME.fullmatch(n)) and int(m[1]) > after)
-
-
 def packet_dir(out: Path, sender: str, recipient: str) -> Path:
     """Media layout: OUT/<recipient>/<sender>/.  Both names are checked again here, whatever
     the roster holds, and the result must stay inside OUT."""

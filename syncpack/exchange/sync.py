@@ -32,8 +32,7 @@ from syncpack.exchange.links import (believed, ensure_link, link, matrix, own_ac
                                      vec_from_blob, waiting_gaps)
 from syncpack.exchange.packets import (DEFAULT_MAX_SIZE, BlockRef, MediumRoom, PartInfo,
                                        atomic_opener, build_update_packets, order_blocks,
-                                       packet_dir, packet_name, packets_on_medium,
-                                       seq_on_medium)
+                                       packet_dir, packet_name, seq_on_medium)
 from syncpack.progress import expect
 from syncpack.admin.recovery import RECOVERING, stash_own
 from syncpack.site import Site, wall_ms
@@ -211,46 +210,12 @@ def _restored_heard(site: Site, peer: bytes, vec: dict[bytes, int],
                for m, own in exports.own_epochs_acked_since(site.conn, ours))
 
 
-def _ahead_on_medium(site: Site, out: Path | None, name: str, out_seq: int,
-                     vec: dict[bytes, int]) -> int:
-    """The highest sequence number of our packets to ``name`` in ``out`` that this store
-    never wrote and that carry more of our own changes than it holds (0 if none).
-
-    Our site was put back from a backup without 'syncpack restore' (a careless restore):
-    the packets it wrote since are forgotten, and numbered from the store alone, its next
-    packet took the name of one still on the medium and replaced it, its changes lost for
-    good with no site the wiser.  Numbered after it, both reach the peer, whose next packet
-    tells us we are behind (recovery.note_report) and brings those changes back.  A packet
-    that claims no more of our history than we hold is left to be replaced, as before: the
-    one an export killed before it recorded it (its ops are ours and go again), or one of
-    another running copy of this site (the two then outrun each other: recovery.COPIED)."""
-    if out is None:
-        return 0
-    me, held, ahead = site.site_id, vec.get(site.site_id, 0), 0
-    for seq, path in packets_on_medium(out, site.name, name, out_seq):
-        try:
-            pk = open_packet(path)
-        except PacketError:
-            continue        # not readable as a packet: not one of ours to keep
-        try:
-            h = pk.header
-            if h.sender == me and h.family == site.family_id and \
-                    h.ranges.get(me, (0, 0))[1] > held:
-                ahead = seq
-        finally:
-            pk.close()
-    return ahead
-
-
 def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                  failed: list[SyncpackError] | None = None,
                  sign: Callable[[bytes], bytes] | None = None,
                  max_size: int | None = None, out: Path | None = None) -> list[PeerPlan]:
-    """Inside a read snapshot: what each peer lacks, and the header it will get (while the
-    site recovers from a restore, numbered past any packet of ours already in ``out`` for
-    it: packets.seq_on_medium; two running copies of a site still write over each other's
-    packets there, which is how the one outrun learns of the other, recovery.COPIED).  A
-    peer that
+    """Inside a read snapshot: what each peer lacks, and the header it will get (numbered
+    past any packet of ours already in ``out`` for it, packets.seq_on_medium).  A peer that
     cannot be served (below our changelog floor, or a roster name that cannot be a path)
     raises, or with ``failed`` is left out and its error collected, so one peer does not stop
     the packets for the others.  ``sign`` signs our acknowledgement for the header.  What the
@@ -312,9 +277,13 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                       advisory=[codec.FEATURE_FORKS] if heads or evidence or kept else [],
                       family=site.family_id, sender=site.site_id,
                       recipient=peer, packet_id=b"",
+                      # Past any packet of ours still on the medium that this store never
+                      # wrote (put back from a backup, or another running copy of this
+                      # site): numbered from the store alone, ours took its name and replaced
+                      # it, its changes lost with no site the wiser.  Both reach the peer,
+                      # and a fork they show heals (forks.py).
                       seq=max(lk["out_seq"], seq_on_medium(out, site.name, name)
-                              if out is not None and recovering else 0,
-                              _ahead_on_medium(site, out, name, lk["out_seq"], vec)) + 1,
+                              if out is not None else 0) + 1,
                       part=0, final=True,
                       created_ms=now_ms, vector={o: e for o, e in vec.items() if e},
                       recv_seq=lk["in_seq"], waiting=waiting_gaps(site, None),

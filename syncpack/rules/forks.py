@@ -69,3 +69,34 @@ def winner(a: HeaderFacts, b: HeaderFacts) -> HeaderFacts:
     """The history every site keeps when a fork is ended by retiring its member: a
     deterministic choice that needs nothing but the evidence (the lower block hash)."""
     return a if a.block_hash <= b.block_hash else b
+
+
+# What a site does when shown evidence that it signed two histories itself (own_keep).
+WAIT = "wait"
+
+
+def own_keep(held: tuple[bool, bool], aside: tuple[bool, bool],
+             sender_holds_ours: bool | None) -> int | str | None:
+    """Which of the two versions ``(a, b)`` of its own epoch a site keeps when shown that it
+    signed both: the index of the one kept, None to keep neither (it holds both or none, and
+    set neither aside: nothing to choose between), or :data:`WAIT` until a peer's word tells.
+
+    ``held``: whether the site holds each; ``aside``: whether it set each aside on a peer's
+    word before (that peer holds the other, which is the family's: what it holds now may be
+    the family's block come back); ``sender_holds_ours``: whether the peer whose packet showed
+    the evidence holds, as its newest op of our origin at or past the fork, the op we hold
+    there (None if its packet does not say: it holds none of our ops from the fork on).
+
+    The version kept is always one a peer holds.  Keeping the one we do not hold whatever the
+    peer holds (right after a careless restore, where only this site holds its version) made
+    each of two running copies of one site keep the other's: peers settle on the first word
+    they hear, and the copy that went on then refused, as the version it left, the one the
+    family held, and waited for good or issued that epoch again."""
+    if aside[0] != aside[1]:
+        return 1 if aside[0] else 0
+    if held[0] != held[1]:
+        if sender_holds_ours is None:
+            return WAIT
+        ours = 0 if held[0] else 1
+        return ours if sender_holds_ours else 1 - ours
+    return None
