@@ -27,6 +27,18 @@ from conftest import run
 from test_attach import SCHEMA, app, make_family, sp, table
 
 
+
+def _child_starts(monkeypatch) -> list[bool]:
+    """Whether each reader.Elsewhere made from now on started its child (appended as made)."""
+    started: list[bool] = []
+    real_init = reader.Elsewhere.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        started.append(bool(self))
+    monkeypatch.setattr(reader.Elsewhere, "__init__", init)
+    return started
+
 def _own_blocks(site_dir: Path) -> list[blocks.BlockInfo]:
     with site_mod.Site.open(site_dir) as s:
         return [blocks.read_block_header(data) for o, _lo, _hi, data in chain.block_rows(s.conn)
@@ -138,13 +150,7 @@ def test_a_capture_read_by_the_reader_process_is_the_capture_read_here(tmp_path,
     monkeypatch.setattr(reader, "ELSEWHERE_AT", 10 ** 12)
     here = _capture_twice(tmp_path / "here")
     monkeypatch.setattr(reader, "ELSEWHERE_AT", 1)
-    started = []
-    real_init = reader.Elsewhere.__init__
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        started.append(bool(self))
-    monkeypatch.setattr(reader.Elsewhere, "__init__", init)
+    started = _child_starts(monkeypatch)
     child = _capture_twice(tmp_path / "child")
     assert started and all(started)
     assert child == here and len(here) > 30
@@ -664,13 +670,7 @@ def test_a_key_longer_than_a_block_reads_stops_the_capture_until_the_row_is_gone
     key), the peer gets everything else.  A key of exactly the limit travels; a key is
     counted in bytes, and a BLOB key in hex."""
     monkeypatch.setattr(reader, "ELSEWHERE_AT", 1 if elsewhere else 10 ** 12)
-    started = []
-    real_init = reader.Elsewhere.__init__
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        started.append(bool(self))
-    monkeypatch.setattr(reader.Elsewhere, "__init__", init)
+    started = _child_starts(monkeypatch)
     from test_attach import exchange
     limit = blocks.MAX_STR_BYTES
     sites = make_family(tmp_path, ("a", "b"))

@@ -18,7 +18,7 @@ from syncpack.format import blocks
 
 from conftest import Family, run
 from test_recovery import (assert_converged, assert_no_epoch_reuse, backup, cli_export,
-                           cli_import, fsck_ok, put_back, raw_vector, site_id, status,
+                           cli_import, cli_rounds, fsck_ok, put_back, raw_vector, site_id, status,
                            three_sites, vector)
 
 
@@ -1124,12 +1124,7 @@ def test_a_careless_restore_never_writes_over_its_own_packet_still_on_the_medium
     assert run("export", "--to", "B", "--out", stick, site=fam.path("A")).code == 0
     assert len(list((stick / "B" / "A").glob("*.spk"))) == 2
     cli_import(fam, "B", stick / "B")
-    for _ in range(3):
-        for src in fam.sites:
-            out, _ = cli_export(fam, src)
-            for dst in fam.sites:
-                if dst != src and (out / dst).exists():
-                    cli_import(fam, dst, out / dst)
+    cli_rounds(fam, 3)
     assert_converged(fam)
     for n in fam.sites:
         with fam.open(n) as s:
@@ -1153,13 +1148,7 @@ def test_a_careless_restore_written_to_never_writes_over_its_own_packet_on_the_m
     assert run("export", "--to", "B", "--out", stick, site=fam.path("A")).code == 0
     assert len(list((stick / "B" / "A").glob("*.spk"))) == 2
     run("import", stick / "B", site=fam.path("B"))
-    for _ in range(5):
-        medium = fam.medium()
-        for src in fam.sites:
-            assert run("-q", "export", "--all", "--out", medium, site=fam.path(src)).code == 0
-        for dst in fam.sites:
-            if (medium / dst).exists():
-                run("-q", "import", medium / dst, site=fam.path(dst))
+    shared_medium_rounds(fam, list(fam.sites), 5)
     for n in fam.sites:
         assert status(fam, n)["state"] == "normal", status(fam, n)
     assert_no_epoch_reuse(fam)

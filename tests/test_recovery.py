@@ -135,6 +135,17 @@ def cli_import(fam: Family, name: str, *paths) -> dict:
     return r.json
 
 
+def cli_rounds(fam: Family, rounds: int) -> None:
+    """``rounds`` rounds in which every site exports to all and every peer imports its
+    packets, each through the command."""
+    for _ in range(rounds):
+        for src in fam.sites:
+            out, _ = cli_export(fam, src)
+            for dst in fam.sites:
+                if dst != src and (out / dst).exists():
+                    cli_import(fam, dst, out / dst)
+
+
 def backup(fam: Family, name: str) -> Path:
     """A copy of the whole site directory, taken while no command runs (every site is closed
     between the Family's calls)."""
@@ -1167,12 +1178,7 @@ def test_a_member_added_at_two_sites_at_once_does_not_split_the_family(family):
     fam.sites["D"] = d
     for n in ("A", "B", "C", "D"):
         fam.put(n, "t", n.lower(), n)
-    for _ in range(4):
-        for src in fam.sites:
-            out, _ = cli_export(fam, src)
-            for dst in fam.sites:
-                if dst != src and (out / dst).exists():
-                    cli_import(fam, dst, out / dst)
+    cli_rounds(fam, 4)
     assert_converged(fam)
     with fam.open("C") as s:
         assert {k: s.get("t", k) for k in ("a0", "b0", "a", "b", "c", "d")} == \
@@ -1208,12 +1214,7 @@ def test_two_sites_added_at_once_under_names_alike_but_for_case_do_not_split_the
         fam.put(n, "t", n.lower(), n)
     fam.sites[keeper] = new[keeper]
     fam.put(keeper, "t", "kept", keeper)
-    for _ in range(4):
-        for src in fam.sites:
-            out, _ = cli_export(fam, src)
-            for dst in fam.sites:
-                if dst != src and (out / dst).exists():
-                    cli_import(fam, dst, out / dst)
+    cli_rounds(fam, 4)
     assert_converged(fam)
     with fam.open("C") as s:
         assert {k: s.get("t", k) for k in ("a", "b", "c", "kept")} == \
