@@ -634,3 +634,22 @@ def test_spark_killed_during_the_job_is_one_error_with_a_hint_and_leaves_nothing
                 run("status", site=f.path("hub"), json_mode=True).json["peers"]) == before
         return
     pytest.skip("the Spark job finished before its Java process could be killed")
+
+
+def test_one_member_without_a_sealing_key_does_not_stop_a_spark_export(tmp_path, base, spark):
+    """As with the local engine: with sealing required, one member's entry without a sealing
+    key failed the whole export, so no peer got a packet."""
+    from syncpack.format import codec
+    from syncpack.site import ROSTER, Member
+    f = _copy(base, tmp_path / "f")
+    assert run("require-sealing", "on", site=f.path("hub")).code == 0
+    with f.open("hub") as s:
+        e = Member("e", b"\x00\x11" * 4, b"\x01" * 32, b"", 0, {}, False)
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(ROSTER, "e", codec.encode_value(e.to_value()))
+    r = run("export", "--to", "p2", "--to", "e", "--create-out", "--out", tmp_path / "usb",
+            "--engine", "spark", "--spark-master", "local[2]", site=f.path("hub"),
+            json_mode=True)
+    assert r.code == 1 and "no X25519 key for e" in r.err, r
+    assert [p["to"] for p in r.json["packets"]] == ["p2"], r.json
+    assert run("import", tmp_path / "usb" / "p2", site=f.path("p2")).code == 0

@@ -91,8 +91,8 @@ from syncpack.exchange.packets import DEFAULT_MAX_SIZE, PACKET_SUFFIX, BlockRef,
     plan_packets, sealer_for
 from syncpack.progress import expect
 from syncpack.site import Site
-from syncpack.exchange.links import seal_key
-from syncpack.exchange.sync import ExportedPacket, PeerPlan, plan_exports, run_export
+from syncpack.exchange.sync import (ExportedPacket, PeerPlan, plan_exports, run_export,
+                                    sealable)
 
 STRATEGIES = ("merge", "shuffle")
 DEFAULT_MASTER = "local[*]"
@@ -491,7 +491,8 @@ def export_spark(site: Site, out_dir: str | os.PathLike, to: list[str] | None = 
         try:
             plans = plan_exports(site, peers, now, failed, sign=sign, max_size=max_size,
                                  out=Path(out_dir))
-            seal = [seal_key(site, p.peer, encrypt) for p in plans]
+            pairs = sealable(site, plans, encrypt, failed)
+            plans, seal = [p for p, _k in pairs], [k for _p, k in pairs]
             sizes = [exports.block_sizes(conn, p.blocks) for p in plans]
             # Every cut is decided here, before any job: executors only fill planned bodies.
             cuts = {i: plan_packets(p.blocks, sizes[i], p.template, max_size, seed, seal[i])

@@ -300,6 +300,23 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
     return plans
 
 
+def sealable(site: Site, plans: list[PeerPlan], encrypt: bool,
+             failed: list[SyncpackError] | None) -> list[tuple[PeerPlan, bytes | None]]:
+    """Each plan with the key its packets are sealed to (None: unsealed).  A peer the family
+    cannot seal to (an entry without a sealing key) raises, or with ``failed`` is left out
+    and its error collected: one such member must not stop the packets for the others."""
+    out = []
+    for plan in plans:
+        try:
+            out.append((plan, seal_key(site, plan.peer, encrypt)))
+        except SyncpackError as err:
+            err.peer = plan.name
+            if failed is None:
+                raise
+            failed.append(err)
+    return out
+
+
 def select_peers(site: Site, to: list[str] | None, all_peers: bool) -> list[bytes]:
     """Peer ids for ``--to NAME...`` (in the order named) or ``--all`` (by name)."""
     if all_peers:
@@ -349,17 +366,7 @@ def export(site: Site, out_dir: str | os.PathLike, to: list[str] | None = None,
         try:
             plans = plan_exports(site, peers, now, failed, sign, max_size, out)
             expect(progress, sum(hi - lo for p in plans for lo, hi in p.ranges.values()))
-            for plan in plans:
-                try:
-                    seal_to = seal_key(site, plan.peer, encrypt)
-                except SyncpackError as err:
-                    # one member the family cannot seal to (an entry without a sealing
-                    # key) must not stop the packets for the others
-                    err.peer = plan.name
-                    if failed is None:
-                        raise
-                    failed.append(err)
-                    continue
+            for plan, seal_to in sealable(site, plans, encrypt, failed):
                 d = packet_dir(out, site.name, plan.name)
                 opener = atomic_opener(d, lambda part, s=plan.template.seq: packet_name(s, part),
                                        outbox=outbox)
