@@ -938,9 +938,10 @@ def _apply_all(site: Site, cands: list[_Candidate], res: ImportResult, progress)
     for c in pending:
         h = c.pk.header
         if not c.parked_file and (h.sender, h.packet_id) in parked_ids:
-            continue  # named again while parked: it stays parked, reported once
+            # named again while parked, or at a second path of this import: it stays
+            # parked, reported once
+            continue
         if not c.parked_file:
-            # one packet at two paths of this import: parked once, the other a duplicate
             parked_ids.add((h.sender, h.packet_id))
         gaps = planning.gaps(h.ranges, vec)
         pieces = h.piece is not None and not gaps
