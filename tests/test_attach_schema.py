@@ -1334,6 +1334,20 @@ def _rebuilt(create: str, *more: str) -> list:
             "ALTER TABLE items_new RENAME TO items", *more]
 
 
+def _a_row_each_refused_in_items_at_b(root, sites, dbs, key: str) -> None:
+    """a writes ``key`` into items and its lower case into other, exports once, b imports:
+    the import succeeds, blames nothing on the store, other gets its row, items does not."""
+    app(dbs["a"], [f"INSERT INTO items VALUES ('{key}', {key[1]}, 'from a')",
+                   f"INSERT INTO other VALUES ('{key.lower()}', 'from a')"])
+    out = root / "drop" / "a-once"
+    out.mkdir(parents=True)
+    sp(sites["a"], "export", "--all", "--out", out)
+    r = run("import", out, site=sites["b"])
+    assert r.code == 0 and "site store" not in r.out + r.err, r
+    assert (key.lower(), "text", "from a", "text") in table(dbs["b"], "other")
+    assert key not in [row[0] for row in table(dbs["b"], "items")]
+
+
 @pytest.mark.parametrize("create", [
     "CREATE TABLE items(id TEXT PRIMARY KEY COLLATE NOCASE, qty INTEGER, t TEXT)",
     "CREATE TABLE items(id TEXT, qty INTEGER, t TEXT, PRIMARY KEY(id COLLATE RTRIM))",
@@ -1346,15 +1360,7 @@ def test_a_key_rebuilt_under_a_collation_stops_that_table_alone(three, create):
     root, sites, dbs = three
     coll = "NOCASE" if "NOCASE" in create else "RTRIM"
     app(dbs["b"], _rebuilt(create), ["INSERT INTO items VALUES ('b7', 7, 'while stopped')"])
-    app(dbs["a"], ["INSERT INTO items VALUES ('A9', 9, 'from a')",
-                   "INSERT INTO other VALUES ('a9', 'from a')"])
-    out = root / "drop" / "a-once"
-    out.mkdir(parents=True)
-    sp(sites["a"], "export", "--all", "--out", out)
-    r = run("import", out, site=sites["b"])
-    assert r.code == 0 and "site store" not in r.out + r.err, r
-    assert ("a9", "text", "from a", "text") in table(dbs["b"], "other")
-    assert "A9" not in [row[0] for row in table(dbs["b"], "items")]
+    _a_row_each_refused_in_items_at_b(root, sites, dbs, "A9")
     said = f"key column id now compares with COLLATE {coll}"
     r = run("capture", site=sites["b"])
     assert r.code == 1 and said in r.err and "site store" not in r.err, r
@@ -1392,15 +1398,7 @@ def test_a_trigger_naming_a_dropped_table_makes_its_rows_clashes_not_a_failed_im
                    "INSERT INTO audit VALUES (NEW.id); END",
                    "DROP TABLE audit"],
         ["INSERT INTO items VALUES ('b5', 5, 'still written by the application')"])
-    app(dbs["a"], ["INSERT INTO items VALUES ('a5', 5, 'from a')",
-                   "INSERT INTO other VALUES ('a5', 'from a')"])
-    out = root / "drop" / "a-once"
-    out.mkdir(parents=True)
-    sp(sites["a"], "export", "--all", "--out", out)
-    r = run("import", out, site=sites["b"])
-    assert r.code == 0 and "site store" not in r.out + r.err, r
-    assert ("a5", "text", "from a", "text") in table(dbs["b"], "other")
-    assert "a5" not in [row[0] for row in table(dbs["b"], "items")]
+    _a_row_each_refused_in_items_at_b(root, sites, dbs, "a5")
     [conf] = run("--json", "conflicts", site=sites["b"]).json["conflicts"]
     assert (conf["collection"], conf["key"]) == ("items", "a5")
     assert "no such table: main.audit" in conf["constraint"], conf
