@@ -204,6 +204,44 @@ def test_a_write_made_while_stopped_is_a_conflict_not_overwritten(three):
         assert conf["key"] == "a1"
 
 
+def test_a_row_too_large_written_while_stopped_stops_the_refresh_naming_it(three, monkeypatch):
+    """A row changed while its table's capture was stopped, whose key waits for a peer's
+    record, is taken by the refresh as capture takes a row: one too large for a record is
+    named and nothing changes (it was sealed into a block no site can read); once the
+    application makes it smaller, the refresh goes through and the row's write is a
+    conflict with the peer's, as any write made while stopped."""
+    monkeypatch.setattr(codec, "MAX_VALUE_BYTES", 10_000)
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items DROP COLUMN t",
+                   "UPDATE items SET qty = 100 WHERE id = 'a1'"])
+    app(dbs["b"], ["UPDATE items SET qty = 200 WHERE id = 'a1'"])
+    exchange(root, sites)
+    assert entry(sites["a"], "items")["to_apply"] >= 1
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN note BLOB",
+                   "UPDATE items SET note = randomblob(20000) WHERE id = 'a1'"])
+    def state():
+        # (a refresh captures the other tables first, as every command does)
+        items = {k: v for k, v in entry(sites["a"], "items").items() if k != "last_capture"}
+        return (table(dbs["a"], "items"), schema_text(dbs["a"]), sp(sites["a"], "fsck").out,
+                items)
+
+    before = state()
+    r = run("attach", dbs["a"], "--refresh", site=sites["a"])
+    assert r.code == 1 and "row 'a1' of table 'items' is 20," in r.err, r
+    assert "internal" not in r.err and "hint: " in r.err, r
+    assert state() == before
+    app(dbs["a"], ["UPDATE items SET note = x'01' WHERE id = 'a1'"])
+    for n in ("b", "c"):
+        app(dbs[n], ["ALTER TABLE items DROP COLUMN t", "ALTER TABLE items ADD COLUMN note BLOB"])
+    for n in sites:
+        sp(sites[n], "attach", dbs[n], "--refresh")
+    exchange(root, sites)
+    converged(sites, dbs)
+    for n in sites:
+        [conf] = run("--json", "conflicts", "items", site=sites[n]).json["conflicts"]
+        assert conf["key"] == "a1"
+
+
 def test_unsafe_changes_are_named(three):
     _root, sites, dbs = three
     app(dbs["b"], ["CREATE UNIQUE INDEX items_t ON items(t, id)"])

@@ -870,6 +870,9 @@ def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> i
         # supersedes those too, or under 'merge' a peer's concurrent edit of another field
         # lost to the row's old value of it
         batch.append((key, raw, capturing.shown(vs, u, replaced)))
+    # as a capture refuses them (a small batch goes to the changelog unsealed: the export
+    # that sealed it failed, then every later one)
+    reader.check_sizes(t, [k for k, _r, _v in batch], [r for _k, r, _v in batch])
     with site.transaction() as tx:
         attached.begin_capturing(conn)
         tx.write_many(t.name, batch)
