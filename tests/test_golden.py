@@ -539,6 +539,16 @@ def test_fork_evidence_by_hand():
     facts = [fork_rules.HeaderFacts(i.origin, i.lo, i.hi, i.hlc_first, i.hlc_last, i.prev_hash,
                                     i.block_hash) for i in infos]
     assert fork_rules.fork_epoch(*facts) == 3
+    # PACKET.md 4.5: charlie's word that it kept the version that went to alpha, passed on by
+    # bravo, verifies with charlie's key over the context, family, origin and block hash
+    [[kept, word]] = [[bytes.fromhex(x) for x in pair] for pair in h["kept_by"]]
+    # (the head is bravo's own version; the word names the other)
+    assert kept == next(i.block_hash for x, i in zip((a, b), infos)
+                        if x != bytes.fromhex(h["heads"][0]))
+    message = b"syncpack fork kept v1\x00" + gen.FAMILY_ID + gen.C + kept
+    assert message == bytes.fromhex(doc["kept_by"][0]["signed_message"])
+    charlie.verify(word, message)
+    assert not keys.verify(gen.public_key("bravo"), word, message)
 
 
 # --- reproducing the bytes -----------------------------------------------------------------------

@@ -469,7 +469,8 @@ def write_vectors(directory: Path) -> list[str]:
     # 6. Fork evidence: charlie signed two blocks for its epoch 3, both continuing its block
     #    of epochs 1..2 (one went to alpha, one to bravo).  bravo -> alpha, no blocks: 'heads'
     #    shows bravo's newest block of charlie (so alpha, holding the other, finds the fork),
-    #    'forks' the pair of signed headers (byte order), announced by the advisory 'forks'.
+    #    'forks' the pair of signed headers (byte order), announced by the advisory 'forks';
+    #    'kept_by' passes on charlie's signed word that it kept the first one (section 4.5).
     name = PREFIX + "update-fork"
     prev = chains.last[C]
     one = blocks.encode_block(FAMILY_ID, C, prev, [Op(C, 3, hlc(5_000), 0, "parts", "k",
@@ -479,14 +480,20 @@ def write_vectors(directory: Path) -> list[str]:
                                                       val("to bravo"), b"")],
                               signing_key("charlie").sign)
     h1, h2 = one[:blocks.HEADER_LEN], two[:blocks.HEADER_LEN]
+    kept = blocks.read_block_header(h1, FAMILY_ID, header_only=True).block_hash
+    word = signing_key("charlie").sign(codec.kept_signed_bytes(FAMILY_ID, C, kept))
     tmpl = update_template(B, A, seq=2, created_ms=CREATED_MS + 210_000, vector={A: 11, C: 3},
                            recv_seq=5, heads=[h2], forks=[(min(h1, h2), max(h1, h2))],
-                           advisory=[codec.FEATURE_FORKS])
+                           kept_by=[(kept, word)], advisory=[codec.FEATURE_FORKS])
     ((part, _held),) = write_update(directory, name, [], tmpl, "bravo")
     docs[name] = _describe(part.path, part.header, tmpl.origin_table(), "bravo",
                            "update bravo->alpha without blocks: a head (bravo's newest block "
-                           "of charlie) and fork evidence (two blocks charlie signed for its "
-                           "epoch 3)", raws=[])
+                           "of charlie), fork evidence (two blocks charlie signed for its "
+                           "epoch 3) and charlie's signed word that it kept the one that went "
+                           "to alpha", raws=[])
+    docs[name]["kept_by"] = [{"block_hash": kept.hex(), "signer": "charlie",
+                              "signed_message": codec.kept_signed_bytes(FAMILY_ID, C,
+                                                                        kept).hex()}]
 
     # 5. A snapshot packet alpha -> echo (replica creation), one part: records in one zstd
     #    frame, as in format 1.

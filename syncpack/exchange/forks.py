@@ -27,6 +27,7 @@ from syncpack.admin import recovery
 from syncpack.errors import ForkedMemberError
 from syncpack.format import blocks
 from syncpack.format import codec
+from syncpack.format import keys
 from syncpack.format.codec import MAX_FORKS, MAX_HEADS, MAX_KEPT, Header
 from syncpack.format.csn import pack_csn
 from syncpack.rules import forks as rules
@@ -146,6 +147,8 @@ def learn(site: Site, h: Header) -> list[store.Fork]:
         found = contradiction(site, info)
         if found is not None and signed_header(site, raw) is not None:
             note(site, info.origin, *found)
+    take_word(site, h)
+    settle_by_word(site)
     return [f for f in store.all_forks(site.conn) if (f.origin, f.a, f.b) not in before]
 
 
@@ -211,6 +214,8 @@ def _keep(site: Site, header: bytes) -> None:
     """Say in our packets, from now on, that the block of ``header`` is the version kept."""
     keep = blocks.read_block_header(header, site.family_id, header_only=True).block_hash
     site.set_meta("fork_kept", codec.packb([keep, *kept_for_header(site)][:MAX_KEPT]))
+    _remember_word(site, [(keep, site.signer()(codec.kept_signed_bytes(
+        site.family_id, site.site_id, keep)))])
 
 
 # How many lost versions a site remembers (the newest): a peer holding one reverts it once it
@@ -251,26 +256,114 @@ def frozen(site: Site) -> dict[bytes, int]:
 def note_kept(site: Site, h: Header) -> None:
     """A packet of a frozen member naming, in its signed header, the version it kept at a
     fork: it healed.  If it kept the version we do not hold, ours is reverted and the kept one
-    comes in ordinary rounds."""
+    comes in ordinary rounds.  Not if it said, signed, that it kept the other one too
+    (:func:`settle_by_word`)."""
     if not h.kept or h.sender == site.site_id:
         return
-    kept = set(h.kept)
+    take_word(site, h)
+    kept, said = set(h.kept), _said(site)
     for f in store.open_forks(site.conn, h.sender):
         a = blocks.read_block_header(f.a, site.family_id, header_only=True)
         b = blocks.read_block_header(f.b, site.family_id, header_only=True)
         chosen = [x for x in (a, b) if x.block_hash in kept]
-        if len(chosen) != 1:
+        if len(chosen) != 1 or len([x for x in (a, b) if x.block_hash in kept | said]) != 1:
             continue
-        held = store.headers_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
-        keep = bytes(chosen[0].raw[:blocks.HEADER_LEN])
-        if held and keep not in held:
-            store.revert_from(site.conn, f.origin, f.epoch)
-            site.invalidate()
-        elif not held:
-            _revert_trimmed(site, f, keep)
-        _lose(site, f, keep)
-        store.set_state(site.conn, f, store.HEALED)
+        _settle(site, f, bytes(chosen[0].raw[:blocks.HEADER_LEN]))
         _note_told_healed(site, f.origin, h.seq, f.epoch)
+
+
+def _settle(site: Site, f: store.Fork, keep: bytes) -> None:
+    """Keep the version ``keep`` of fork ``f``, as its origin said: a version of the other
+    history held here is reverted (the kept one comes in ordinary rounds), and the other is
+    remembered as lost instead of whatever an earlier decision named."""
+    held = store.headers_overlapping(site.conn, f.origin, f.epoch - 1, f.epoch)
+    lose = f.b if keep == f.a else f.a
+    if held and keep not in held and (lose in held or _against(site, held, keep)):
+        store.revert_from(site.conn, f.origin, f.epoch)
+        site.invalidate()
+    elif not held:
+        _revert_trimmed(site, f, keep)
+    _remember_lost(site, lose, frozenset((f.a, f.b)))
+    store.set_state(site.conn, f, store.HEALED)
+
+
+# How many signed words of which version an origin kept a site remembers and passes on.
+MAX_WORDS = 64
+
+
+def _words(site: Site) -> list[tuple[bytes, bytes, int]]:
+    """(block hash, its origin's signature, when it came here), newest first."""
+    raw = site.meta("fork_kept_by")
+    return [(bytes(k), bytes(sig), ms) for k, sig, ms in codec.unpackb(raw)] if raw else []
+
+
+def _said(site: Site) -> set[bytes]:
+    return {k for k, _sig, _ms in _words(site)}
+
+
+def _remember_word(site: Site, words: list[tuple[bytes, bytes]]) -> None:
+    have = _words(site)
+    known = {k for k, _sig, _ms in have}
+    now = wall_ms()
+    new = [(k, sig, now) for k, sig in dict(words).items() if k not in known]
+    if new:
+        site.set_meta("fork_kept_by", codec.packb([list(w) for w in (new + have)[:MAX_WORDS]]))
+
+
+def word_news_for(site: Site, peer: bytes) -> bool:
+    """Whether a word of which version an origin kept came after our last packet to
+    ``peer``: it must hear it, even when nothing else is to be sent (the member that said it
+    may never write to it again)."""
+    words = _words(site)
+    return bool(words) and words[0][2] >= store.last_sent_ms(site.conn, peer)
+
+
+def take_word(site: Site, h: Header) -> None:
+    """Keep the signed words of which version an origin kept at a fork (``kept_by``) that
+    verify: each names one block of evidence we hold, signed by that block's origin.  A word
+    of a block we hold no evidence of is passed over; it comes again with the evidence."""
+    said = _said(site)
+    fresh = [(k, sig) for k, sig in h.kept_by if k not in said]
+    if not fresh:
+        return
+    origin_of = {}
+    for f in store.all_forks(site.conn):
+        for raw in (f.a, f.b):
+            origin_of[blocks.read_block_header(raw, site.family_id,
+                                               header_only=True).block_hash] = f.origin
+    members = site.members_by_id(include_retired=True)
+    good = [(k, sig) for k, sig in fresh if k in origin_of and origin_of[k] in members
+            and keys.verify(members[origin_of[k]].ed25519, sig,
+                            codec.kept_signed_bytes(site.family_id, origin_of[k], k))]
+    _remember_word(site, good)
+
+
+def settle_by_word(site: Site) -> None:
+    """Forks of other origins settled by the origin's signed word, however it came (from the
+    origin itself, or passed on by any member): every site keeps the version it named, so a
+    member that heard the word only through others, or only after the origin was retired,
+    keeps the same history as those that heard it first.  An origin that said, signed, that
+    it kept each of the two versions (two running copies, or a liar telling each site what
+    it holds) settled nothing: the fork is open again wherever it counted as healed, and
+    retiring the member ends it with one history everywhere (:func:`end_retired`)."""
+    said = _said(site)
+    if not said:
+        return
+    reopened = False
+    for f in store.all_forks(site.conn):
+        if f.origin == site.site_id:
+            continue
+        pair = [(raw, blocks.read_block_header(raw, site.family_id, header_only=True))
+                for raw in (f.a, f.b)]
+        named = [raw for raw, info in pair if info.block_hash in said]
+        if len(named) == 2:
+            if f.state == store.HEALED:
+                store.set_state(site.conn, f, store.OPEN)
+                reopened = True
+        elif len(named) == 1 and f.state != store.HEALED:
+            _settle(site, f, named[0])
+    if reopened:
+        end_retired(site)
 
 
 # How many heals told by the forked member itself a site remembers (the newest).
@@ -337,11 +430,13 @@ def describe(site: Site, f: store.Fork) -> dict:
 
 
 def for_header(site: Site, peer: bytes, room: int | None = None
-               ) -> tuple[list[bytes], list[tuple[bytes, bytes]], list[tuple[bytes, int, bytes]]]:
+               ) -> tuple[list[bytes], list[tuple[bytes, bytes]], list[tuple[bytes, bytes]],
+                          list[tuple[bytes, int, bytes]]]:
     """What a packet to ``peer`` says of forks, within ``room`` header bytes (None: the
     per-field limits only): what we kept at forks of our own history; our evidence, open and
     healed first, then ended (a member that has not heard of a fork yet still needs it to keep
-    the same history when the forked member is retired), newest first; and our newest block of
+    the same history when the forked member is retired), newest first; the origins' signed
+    words of which version they kept (ours too), newest first; and our newest block of
     origins the peer has not been shown."""
     left = (1 << 62) if room is None else room
     kept = []
@@ -357,8 +452,14 @@ def for_header(site: Site, peer: bytes, room: int | None = None
             break
         ev.append((f.a, f.b))
         left -= 2 * 188
+    words = []
+    for k, sig, _ms in _words(site):
+        if len(words) == MAX_KEPT or left < 2 * 188 + 100:
+            break
+        words.append((k, sig))
+        left -= 100
     heads = store.heads_to_tell(site.conn, peer, min(HEADS_PER_PACKET, max(0, left // 188)))
-    return kept, ev, heads
+    return kept, ev, words, heads
 
 
 def end_retired(site: Site) -> int:

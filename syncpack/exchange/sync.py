@@ -264,17 +264,19 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         lk = link(site, peer)
         sent, acked = matrix(site, peer)
         unconfirmed = any(e > acked.get(o, 0) for o, e in sent.items())
-        kept, evidence, heads = forks.for_header(
+        kept, evidence, words, heads = forks.for_header(
             site, peer,
             None if max_size is None else max(max_size // FORK_ROOM_DIVISOR, FORK_ROOM_MIN))
         told = exports.acks_told(site.conn, peer)
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering,
                                     _grown_acks(site, peer, told, ack_members)
                                     or _restored_heard(site, peer, vec, told)) and \
-                not heads and not fork_store.news_for(site.conn, peer) and not needs_snapshot:
+                not heads and not fork_store.news_for(site.conn, peer) and \
+                not forks.word_news_for(site, peer) and not needs_snapshot:
             continue
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
-                      advisory=[codec.FEATURE_FORKS] if heads or evidence or kept else [],
+                      advisory=[codec.FEATURE_FORKS] if heads or evidence or kept or words
+                      else [],
                       family=site.family_id, sender=site.site_id,
                       recipient=peer, packet_id=b"",
                       # Past any packet of ours still on the medium that this store never
@@ -290,7 +292,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
                       tip=tip_for(site, peer, vec), anchors=_anchors(site, ranges, metas, peer),
                       reply=bool(ranges) or unconfirmed or recovering, recovering=recovering,
                       heads=[hd for _o, _hi, hd in heads], forks=evidence,
-                      kept=kept)
+                      kept=kept, kept_by=words)
         # what the part headers hold besides the acknowledgements: the template and the ranges
         full = replace(tmpl, ranges=ranges)
         rest = len(codec.packb(full.to_wire(full.origin_table())))

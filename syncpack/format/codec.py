@@ -28,6 +28,7 @@ from syncpack.errors import (PacketBodyError, PacketFeatureError, PacketFormatEr
 # --- msgpack, with fixed settings -------------------------------------------------------------
 
 MAX_VALUE_BYTES = 64 * 1024 * 1024      # one record value, encoded
+MAX_STR_BYTES = 1024 * 1024             # a key or collection name, in UTF-8 (every reader)
 MAX_HEADER_BYTES = 16 * 1024 * 1024     # O(sites); a thousand sites need well under 1 MiB
 MAX_ORIGINS = 100_000
 ZSTD_LEVEL = 3
@@ -217,7 +218,7 @@ def _untrusted_unpacker(body: bool = False) -> msgpack.Unpacker:
             return obj
     return msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False,
                             max_buffer_size=MAX_VALUE_BYTES + 1024 * 1024,
-                            max_bin_len=MAX_VALUE_BYTES, max_str_len=1024 * 1024,
+                            max_bin_len=MAX_VALUE_BYTES, max_str_len=MAX_STR_BYTES,
                             max_array_len=7 if body else 1_000_000,
                             max_map_len=0 if body else 100_000, max_ext_len=0,
                             list_hook=hook, object_hook=None if body else hook)
@@ -318,6 +319,13 @@ KNOWN_ADVISORY: frozenset[str] = frozenset({FEATURE_FORKS})
 
 
 ACK_CONTEXT = b"syncpack acknowledgement v1\x00"
+KEPT_CONTEXT = b"syncpack fork kept v1\x00"
+
+
+def kept_signed_bytes(family: bytes, origin: bytes, block_hash: bytes) -> bytes:
+    """What an origin signs to say that, at a fork of its own history, it kept the block
+    ``block_hash``; members pass the signature on as is (``kept_by``)."""
+    return KEPT_CONTEXT + family + origin + block_hash
 
 
 def ack_signed_bytes(family: bytes, member: bytes, created_ms: int,
@@ -389,6 +397,9 @@ class Header:
     # Block hashes of the sender's own origin: at forks of its history it healed, the version
     # it kept (its signed word, as this whole header is).
     kept: list[bytes] = field(default_factory=list)
+    # The same word, signed by itself so any member can pass it on: (block hash, the origin's
+    # signature of kept_signed_bytes), the sender's own and other origins' it holds.
+    kept_by: list[tuple[bytes, bytes]] = field(default_factory=list)
     # A piece packet (FEATURE_PIECE): (offset, total) of the block bytes its body holds.
     piece: tuple[int, int] | None = None
 
@@ -446,6 +457,8 @@ class Header:
             h["forks"] = [[a, b] for a, b in self.forks]
         if self.kept:
             h["kept"] = list(self.kept)
+        if self.kept_by:
+            h["kept_by"] = [[k, sig] for k, sig in self.kept_by]
         if self.piece is not None:
             h["piece"] = [self.piece[0], self.piece[1]]
         if self.kind == KIND_SNAPSHOT:
@@ -585,6 +598,13 @@ def header_from_wire(h: Any) -> tuple[Header, list[bytes]]:
           and all(isinstance(x, bytes) and len(x) == 32 for x in kept),
           f"field 'kept' must be at most {MAX_KEPT} block hashes")
     hdr.kept = list(kept)
+    kept_by = h.get("kept_by", [])
+    _need(isinstance(kept_by, list) and len(kept_by) <= MAX_KEPT
+          and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], bytes)
+                  and len(p[0]) == 32 and isinstance(p[1], bytes) and len(p[1]) == SIG_LEN
+                  for p in kept_by),
+          f"field 'kept_by' must be at most {MAX_KEPT} pairs [block hash, signature]")
+    hdr.kept_by = [(k, sig) for k, sig in kept_by]
     if hdr.sealed:
         seal = h.get("seal")
         _need(isinstance(seal, dict) and isinstance(seal.get("epk"), bytes)
