@@ -56,7 +56,7 @@ HEADER_LEN = SIGNED_LEN + SIG_LEN         # 186: the body starts here
 MAX_BLOCK_OPS = 1 << 20                   # ops (= epochs) in one block
 MAX_BLOCK_RAW = 256 * 1024 * 1024         # decompressed body; bounds the one allocation
 MAX_BLOCK_BODY = MAX_BLOCK_RAW + (MAX_BLOCK_RAW >> 7) + 1024   # zstd's worst-case expansion
-MAX_STR_BYTES = 1024 * 1024               # a key or collection name (as codec's v1 reader)
+MAX_STR_BYTES = codec.MAX_STR_BYTES      # a key or collection name
 HLC_LIMIT = 1 << 63                       # clocks and epochs are SQLite INTEGERs (signed 64)
 SEQ_LIMIT = 1 << 32                       # seq is the u32 at the end of a CSN
 N_COLUMNS = 9
