@@ -508,6 +508,11 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(tmp_path):
     os.link(db, link)       # the same file under another name: not a second database
     r = run("attach", link, "--table", "counters", site=s)
     assert r.code == 1 and "under another name" in r.err and "a site replicates" not in r.err, r
+    # detach names it so too (it said the file was not attached), and nothing is detached
+    r = run("detach", link, site=s)
+    assert r.code == 1 and f"is {db} under another name" in r.err, r
+    assert f"hint: name it as it was attached: {db}" in r.err, r
+    assert [t["table"] for t in run("--json", "attached", site=s).json["tables"]] == ["items"]
     other = tmp_path / "other.db"
     app(other, SCHEMA)
     r = run("attach", other, "--table", "items", site=s)
@@ -1280,6 +1285,14 @@ def test_fk_order_puts_parents_first(parents):
         for p in ps:
             if p in parents and p != t and t not in _reach(parents, p):
                 assert pos[p] < pos[t], (order, t, p)
+
+
+def test_fk_order_takes_a_chain_longer_than_pythons_stack():
+    """A peer may send a thousand tables each referring to the next: ordering them walked
+    the chain by recursion and overflowed (RecursionError in every import's apply)."""
+    n = 5000
+    parents = {f"t{i:05d}": [f"t{i + 1:05d}"] for i in range(n)}
+    assert rows.fk_order(parents) == sorted(parents, reverse=True)
 
 
 def _reach(parents, start):
@@ -2339,7 +2352,7 @@ def test_a_file_standing_in_for_the_attached_one_gets_a_hint_whose_command_runs(
         r = run(*args, site=sites["a"])
         assert r.code == 1 and "not an SQLite database" in r.err, (args, r)
         assert "put the application's database back" in r.err and "--refresh" not in r.err, r
-    command = re.search(r"'(syncpack detach [^\n]*?)' to stop", r.err)[1]
+    command = re.search(r'"(syncpack detach [^\n]*?)" to stop', r.err)[1]
     argv = shlex.split(command)
     assert argv[2] == str(db), argv
     assert run(*argv[1:], site=sites["a"]).code == 0
@@ -2361,6 +2374,10 @@ def test_all_tables_leaves_a_full_text_index_out(tmp_path):
     assert [t["table"] for t in r.json["tables"]] == ["notes"]
     assert any("notes_fts" in w and "notes_fts_data" in w for w in r.json["warnings"]), r.json
     assert run("fsck", site=sites["a"]).code == 0
+    # nothing left: said with the way to a table the family replicates and this file lacks
+    r = run("--json", "attach", db, "--all-tables", site=sites["a"])
+    assert r.code == 1 and r.json["error"].endswith("has no table left to attach"), r
+    assert "name it with --table T" in r.json["hint"], r
 
 
 @pytest.mark.parametrize("statement", [

@@ -242,6 +242,67 @@ def test_a_row_too_large_written_while_stopped_stops_the_refresh_naming_it(three
         assert conf["key"] == "a1"
 
 
+def test_a_site_joining_with_a_table_of_another_shape_never_replaces_the_familys(tmp_path):
+    """A table a site attaches when the family has one of that name already: one that lacks
+    a column of the family's table joins with a warning that says so (the peers' rows
+    waited for that column, blamed on a peer adding it, and nothing said why at the attach);
+    one with other types joins with a warning, and one with a column more publishes that
+    column.  None replaces the family's definition: a site attaching later got the
+    joiner's table (a column short, other types) and refused the origin's rows for good."""
+    sites = make_family(tmp_path, ("a", "b", "c", "d"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    family_sql = "CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v INTEGER, w TEXT)"
+    app(dbs["a"], [family_sql, "INSERT INTO items VALUES ('k1', 1, 'w1')"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "items")
+    exchange(tmp_path, sites)
+    app(dbs["b"], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v INTEGER)",
+                   "INSERT INTO items VALUES ('k2', 2)"])
+    r = sp(sites["b"], "attach", dbs["b"], "--table", "items", "--json")
+    assert any("lacks column(s) w of the family's table" in w and "$tables" in w
+               for w in json.loads(r.out)["warnings"]), r.out
+    exchange(tmp_path, sites)
+    [clash] = run("--json", "conflicts", "items", site=sites["b"]).json["conflicts"]
+    assert clash["key"] == "k1" and "waits for column w" in json.dumps(clash), clash
+    app(dbs["b"], ["ALTER TABLE items ADD COLUMN w TEXT"])
+    app(dbs["c"], ["CREATE TABLE items(id TEXT PRIMARY KEY NOT NULL, v TEXT, w TEXT, "
+                   "x INTEGER DEFAULT 5)", "INSERT INTO items VALUES ('k3', 'three', 'w3', 6)"])
+    r = sp(sites["c"], "attach", dbs["c"], "--table", "items", "--json")
+    assert any("v" in w and "TEXT" in w for w in json.loads(r.out)["warnings"]), r.out
+    exchange(tmp_path, sites)
+    app(dbs["d"], [])
+    sp(sites["d"], "attach", dbs["d"], "--table", "items")
+    exchange(tmp_path, sites)
+    made = dict((n, sql) for _t, n, sql in schema_text(dbs["d"]) if n == "items")["items"]
+    assert made.startswith(family_sql[:-1]) and "\"x\" INTEGER DEFAULT 5" in made, made
+    rows_d = {r[0]: r for r in table(dbs["d"], "items")}
+    assert set(rows_d) == {"k1", "k2", "k3"}, rows_d
+    assert rows_d["k1"][2:4] == (1, "integer") and rows_d["k3"][2:4] == ("three", "text")
+    for n in ("a", "b", "d"):
+        assert table(dbs[n], "items") == table(dbs["d"], "items"), n
+        sp(sites[n], "fsck")
+
+
+def test_a_column_a_member_only_lists_does_not_keep_another_sites_column_home(three):
+    """A lying member republishes the table's definition listing a column 'note' that its
+    CREATE TABLE does not make, and no schema op.  b's application later adds 'note' and
+    writes it: b took the listed name for a column the family had, published nothing, and
+    its rows waited at every other site for good.  What the family has is read from the
+    definitions' CREATE TABLE texts and ops, so b's column travels."""
+    root, sites, dbs = three
+    with Site.open(sites["a"]) as s:
+        d = s.get(TABLES, "items")
+        d["columns"] = [*d["columns"], "note"]
+        with s.transaction(_system=True) as tx:
+            tx.write_raw(TABLES, "items", codec.encode_value(d))
+    exchange(root, sites)
+    app(dbs["b"], ["ALTER TABLE items ADD COLUMN note TEXT",
+                   "INSERT INTO items VALUES ('b2', 2, 'y', 'hello')"])
+    exchange(root, sites, rounds=3)
+    converged(sites, dbs)
+    for n in sites:
+        assert {r[0]: r for r in table(dbs[n], "items")}["b2"][6:8] == ("hello", "text")
+
+
 def test_unsafe_changes_are_named(three):
     _root, sites, dbs = three
     app(dbs["b"], ["CREATE UNIQUE INDEX items_t ON items(t, id)"])
@@ -654,12 +715,18 @@ def test_constant_defaults_are_the_values_sqlite_gives(dflt, decl):
                                                         + "x" * 2000 + "'"}]},
     {"table": "items", "added": [{"column": "c", "def": "c TEXT CHECK (length(" + "upper(" * 8
                                                         + "c" + ")" * 8 + ") > 0)"}]},
+    # every INSERT into the table built the 30,000 values anew: 1,000 times slower, the
+    # application's own too; a chain of ORs tested in turn
+    {"table": "items", "added": [{"column": "c", "def": "c INTEGER CHECK (c IN ("
+                                  + ",".join(map(str, range(30_000))) + "))"}]},
+    {"table": "evil", "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, v INTEGER CHECK ("
+                                    + " OR ".join(f"v = {i}" for i in range(900)) + "))"},
 ], ids=["added-not-a-list", "dropped-not-a-list", "dropped-a-text", "nul", "fk-to-no-key",
         "fk-to-no-table", "950-columns", "endless-query", "huge-default", "huge-generated",
         "fk-to-syncpack", "huge-text", "column-binding-others", "column-fk-to-syncpack",
         "column-huge-default", "column-huge-text", "nested-hex", "concatenated",
         "column-like-backtracking", "column-slow-check", "doubling-generated",
-        "column-long-literal", "column-many-calls"])
+        "column-long-literal", "column-many-calls", "column-long-in-list", "or-chain"])
 def test_a_lying_table_definition_stops_nothing_and_leaves_the_schema(three, lie):
     """A member's definition of a table: fields of the wrong kind stopped every command at
     the sites with the table attached (an internal error, for good); a new table whose
@@ -811,19 +878,29 @@ def test_a_column_no_index_names_drops_beside_expression_and_partial_unique_inde
     assert run("fsck", site=sites["a"]).code == 0
 
 
-def test_capture_says_why_a_new_table_of_the_family_was_not_created(three):
+@pytest.mark.parametrize("create_sql, why", [
+    ("CREATE TABLE evil(id TEXT PRIMARY KEY, g DEFAULT (randomblob(9)))", "randomblob()"),
+    # made, attached and its triggers installed, then every row refused, the application's
+    # own too ("no such collation sequence"), listed as a clash for good
+    ("CREATE TABLE evil(id TEXT PRIMARY KEY, x TEXT CHECK (x = 'a' COLLATE nosuch))",
+     "SQLite refuses to write here")], ids=["function", "collation"])
+def test_capture_says_why_a_new_table_of_the_family_was_not_created(three, create_sql, why):
     """A peer's definition this site refuses left the table only 'available', and no command
-    said why; capture tells it, as it tells a refused column."""
+    said why; capture tells it, as it tells a refused column.  Nothing of it is made in the
+    application's file."""
     root, sites, dbs = three
+    before = schema_text(dbs["b"])
     with Site.open(sites["a"]) as site, site.transaction(_system=True) as tx:
         tx.write_raw(TABLES, "evil", codec.encode_value({
-            "pk": ["id"], "columns": ["id", "g"],
-            "create_sql": "CREATE TABLE evil(id TEXT PRIMARY KEY, g DEFAULT (randomblob(9)))"}))
+            "pk": ["id"], "columns": ["id", "g"], "create_sql": create_sql}))
+        tx.write_raw("evil", "e1", codec.encode_value({"id": "e1"}))
     export_to(root, sites, "a", ["b"])
     r = run("--json", "capture", site=sites["b"])
     assert r.code == 0 and any("table evil of the family was not created here" in w and
-                               "randomblob()" in w for w in r.json["refused"]), r
+                               why in w for w in r.json["refused"]), r
     assert "evil" in run("--json", "attached", site=sites["b"]).json["available"]
+    assert schema_text(dbs["b"]) == before
+    sp(sites["b"], "fsck")
 
 
 _SQL_PIECES = st.sampled_from(["a", " ", "||", "|", "(", ")", ",", "'x||y'", '"n||m"',
@@ -840,6 +917,16 @@ def test_concatenations_and_commas_are_counted_outside_quotes_and_comments(piece
     assert sqltext.concatenations(text) == sqltext.concatenations(bare)
     assert sqltext.concatenations(bare) == sum(len(r) // 2 for r in re.findall(r"\|+", bare))
     assert len(sqltext.split_top_level(text)) == len(sqltext.split_top_level(bare))
+
+
+def test_expression_terms_count_in_list_values_and_branches_outside_quotes():
+    assert sqltext.expression_terms("CREATE TABLE t(a, b CHECK (b IN (1, 2, 3)), "
+                                    "c CHECK (c > 0 AND c < 9 OR c IS NULL))") == 5
+    # a value holding a comma, a parenthesised one and a call are one each
+    assert sqltext.expression_terms("x IN ('a,b', (1), f(2, 3))") == 3
+    assert sqltext.expression_terms("note TEXT /* or and */ DEFAULT 'or, and, when'") == 0
+    assert sqltext.expression_terms("mOrder INTEGER, brand TEXT, INdex INTEGER") == 0
+    assert sqltext.expression_terms("CASE WHEN a THEN 1 WHEN b THEN 2 END") == 2
 
 
 @pytest.mark.parametrize("cols", [5, [["id"], {"a": 1}]], ids=["a-number", "not-names"])

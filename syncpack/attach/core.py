@@ -53,7 +53,7 @@ def is_attached(site: Site) -> bool:
 def back_or_detach(path: str) -> str:
     """What to do when the attached file is gone, or another file stands in its place."""
     return (f"put the application's database back at {path} (from its backup), or run "
-            f"'syncpack detach {arg(path)}' to stop replicating it (the records stay in the "
+            f"\"syncpack detach {arg(path)}\" to stop replicating it (the records stay in the "
             f"family)")
 
 
@@ -116,7 +116,7 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False,
 
 
 _NOT_THE_FILE_HINT = ("put back the file this site attached (a copy of it made after the attach "
-                      "heals itself); to replicate this one instead, run 'syncpack detach {path}' "
+                      "heals itself); to replicate this one instead, run \"syncpack detach {path}\" "
                       "and attach it again (its rows then join as this site's changes)")
 
 
@@ -164,7 +164,7 @@ def _create_again(site: Site, app: appdb.Connection, name: str) -> appdb.TableIn
 
 
 def _gone_hint(path: str, name: str) -> str:
-    return (f"rename it back, or run 'syncpack detach {arg(path)} --table {arg(name)}' to stop "
+    return (f"rename it back, or run \"syncpack detach {arg(path)} --table {arg(name)}\" to stop "
             f"replicating it (its records stay in the family)")
 
 
@@ -411,7 +411,7 @@ def attach(site: Site, db_path: str | os.PathLike, names: list[str],
             _refuse_copy(site, Path(att[0]))    # its own error says what this directory is
             raise AttachError(f"site {site.name!r} already has {att[0]} attached; a site "
                               f"replicates one application database",
-                              hint=f"'syncpack detach {arg(att[0])}' first, or use another "
+                              hint=f"\"syncpack detach {arg(att[0])}\" first, or use another "
                                    f"site")
         app = appdb.open_app(path)
         try:
@@ -545,6 +545,32 @@ def _check_table(site: Site, app: appdb.Connection, name: str, current: dict) ->
     return None
 
 
+def _lacking_warning(t: appdb.TableInfo, defs: list) -> str | None:
+    """A warning when ``t`` lacks columns of the family's table (definitions ``defs``) that
+    no schema op adds here: those of the CREATE TABLE that made it.  Peers' rows carrying
+    them wait until the table has them, or until the family accepts their drop (a column
+    dropped on purpose, the refresh not yet run); said at once, not only as waiting records
+    blamed on a peer adding a column."""
+    lacking = _lacking(t, defs)
+    if not lacking:
+        return None
+    return (f"table {t.name} lacks column(s) {', '.join(lacking)} of the family's table: "
+            f"peers' rows holding them wait here until it has them (add them as "
+            f"\"syncpack get '$tables' {t.name}\" shows), or until the family accepts "
+            f"their drop ('attach --refresh' at every site, docs/attach.md 'Schema changes')")
+
+
+def _lacking(t: appdb.TableInfo, defs: list) -> list[str]:
+    """The columns of the family's table (definitions ``defs``) that ``t`` lacks and that
+    the family never added by a schema op (which every site follows) nor dropped: those of
+    the CREATE TABLE that made it."""
+    here = {sqltext.fold(c) for c in t.columns}
+    later = {sqltext.fold(op["column"]) for op in shapes.ops_of(defs)} | {
+        sqltext.fold(c) for c in shapes.dropped_of(defs)}
+    return [c for c in schema.declared_columns(t.name, defs, generated=False)
+            if sqltext.fold(c) not in here | later]
+
+
 def _not_only_rows(site: Site, name: str, d: dict) -> str | None:
     """Why the family's table ``name`` (definition ``d``) is not to be attached here: its
     collection holds records no such table could hold.  A definition published for a
@@ -612,6 +638,15 @@ def _check_created(app: appdb.Connection, t: appdb.TableInfo | None, name: str,
             f"({', '.join(map(str, pk or []))}); nothing was created",
             hint="the site that attached the table may have published a wrong definition; "
                  "create the table yourself and attach it")
+    # as an administrator's table is refused (_check_table): created, every row written
+    # into it, the application's own too, failed and stayed listed as a clash for good
+    refused = appdb.unwritable(app, t)
+    if refused:
+        raise AttachError(
+            f"the family's definition of table {name!r} makes a table SQLite refuses to "
+            f"write here ({refused}); nothing was created",
+            hint="the site that attached the table may have published a wrong definition; "
+                 "create the table yourself and attach it")
 
 
 def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[str],
@@ -625,7 +660,11 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         plain, virtual = appdb.user_tables(app)
         names = [n for n in plain if n not in current]
         if not names:
-            raise AttachError(f"{path} has no table left to attach")
+            raise AttachError(
+                f"{path} has no table left to attach",
+                hint="--all-tables takes the tables the file holds that are not attached yet; "
+                     "to have a table of the family created here, name it with --table T "
+                     "('syncpack attached' lists those available)")
         if virtual:
             # a full-text index and its own tables: the application writes them from its
             # tables (each site builds its own), and they cannot be replicated anyway
@@ -675,6 +714,8 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
         odd_types = {n: rows.type_warning(n, new[n].affinity, made and made.affinity)
                      for n in names if (d := _definition(site, n)) is not None
                      for made in [appdb.declared(n, d["create_sql"])]}
+        short = {n: _lacking_warning(new[n], schema.definitions(site, n))
+                 for n in names if n not in created}
         added = {n: schema.unpublished(site, app, t) for n, t in new.items()}
         for t in new.values():
             appdb.install_capture(app, t)
@@ -697,7 +738,15 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                 attached.set_shape(conn, n, schema.shape_of(t))
             for n, t in new.items():
                 d = schema.definition(t, schema.definitions(site, n), added[n])
-                if _definition(site, n) != d:
+                family = _definition(site, n)
+                if family is not None and n not in created:
+                    # A site joining with a table of its own publishes the columns it adds,
+                    # never its own CREATE TABLE: in place of the family's, a site attaching
+                    # later was made that table (other types, a column short) and refused
+                    # the other sites' rows for good.
+                    d = {**d, **{k: family[k] for k in ("create_sql", "columns")
+                                 if k in family}}
+                if family != d:
                     tx.write_raw(TABLES, n, codec.encode_value(d))
             told: set[str] = set()
             for n, t in new.items():
@@ -713,7 +762,7 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
                           rows.untyped_key_warning(n, t.pk, t.affinity),
                           rows.null_key_warning(n, appdb.nullable_key(app, n)),
                           rows.fk_action_warning(n, actions),
-                          odd_types.get(n)):
+                          odd_types.get(n), short.get(n)):
                     if w:
                         warnings.append(w)
                 out.append({"table": n, "rows": 0, "primary_key": t.pk})
@@ -741,6 +790,9 @@ def _named_tables(site: Site, path: Path, names: list[str] | None, current: dict
     """The attached tables a command names (all of them by default), or why not; the caller
     holds the site lock."""
     att = attached.attachment(site.conn)
+    if att is not None and att[0] != str(path) and _same_file(att[0], path):
+        raise AttachError(f"{path} is {att[0]} under another name; nothing was {done}",
+                          hint=f"name it as it was attached: {arg(att[0])}")
     if att is None or att[0] != str(path):
         raise AttachError(f"{path} is not attached to site {site.name!r}",
                           hint="'syncpack attached' shows what is")

@@ -324,24 +324,32 @@ def same_row(record: Any, row: dict, defaults: dict | None = None) -> bool:
 
 def fk_order(parents: dict[str, list[str]]) -> list[str]:
     """Tables ordered parents first (a table after every table it references), ties by
-    name; a cycle is broken at the name order (its rows may then clash and retry)."""
+    name; a cycle is broken at the name order (its rows may then clash and retry).  A
+    depth-first walk on a stack of its own: a chain of a thousand tables, each referring to
+    the next (a peer's definitions may be so), overflowed Python's."""
     out: list[str] = []
     done: set[str] = set()
     visiting: set[str] = set()
 
-    def visit(t: str) -> None:
-        if t in done or t in visiting:
-            return
-        visiting.add(t)
-        for p in sorted(parents.get(t, [])):
-            if p in parents and p != t:
-                visit(p)
-        visiting.discard(t)
-        done.add(t)
-        out.append(t)
+    def referenced(t: str):
+        return iter(sorted(p for p in parents.get(t, []) if p in parents and p != t))
 
-    for t in sorted(parents):
-        visit(t)
+    for root in sorted(parents):
+        if root in done:
+            continue
+        visiting.add(root)
+        stack = [(root, referenced(root))]
+        while stack:
+            t, todo = stack[-1]
+            p = next((p for p in todo if p not in done and p not in visiting), None)
+            if p is not None:
+                visiting.add(p)
+                stack.append((p, referenced(p)))
+                continue
+            stack.pop()
+            visiting.discard(t)
+            done.add(t)
+            out.append(t)
     return out
 
 

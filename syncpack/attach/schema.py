@@ -104,6 +104,22 @@ def review(site: Site, app: appdb.Connection, infos: dict[str, appdb.TableInfo],
     return live
 
 
+def declared_columns(name: str, defs: list, generated: bool = True) -> list[str]:
+    """The columns the CREATE TABLE texts of the family's definitions ``defs`` of table
+    ``name`` make, in order (the first text's first).  Not the definitions' own lists of
+    columns: a member may list there a column no text makes, and a site that later added
+    that column took it for one the family had, published no op, and its rows waited at
+    the peers for good."""
+    out: dict[str, None] = {}
+    for d in defs:
+        sql = d.get("create_sql") if isinstance(d, dict) else None
+        made = appdb.declared(name, sql) if isinstance(sql, str) else None
+        if made is not None:
+            out.update(dict.fromkeys(
+                [*made.affinity, *(sorted(made.generated) if generated else ())]))
+    return list(out)
+
+
 def too_wide(t: appdb.TableInfo) -> str:
     return (f"table {t.name} has {len(t.columns)} columns, more than the "
             f"{appdb.MAX_COLUMNS} an attached table may have")
@@ -117,7 +133,7 @@ def _new_ops(site: Site, app: appdb.Connection, t: appdb.TableInfo, adds: list[s
         return []
     prev = definitions(site, t.name)
     known = {op["column"] for op in shapes.ops_of(prev)}
-    family_cols = shapes.columns_of(prev)
+    family_cols = set(declared_columns(t.name, prev))
     ops = []
     # Several ADD COLUMNs since the last capture sit one after another in the new CREATE
     # TABLE text, each as the application wrote it (CHECK, COLLATE, REFERENCES and all)
@@ -146,7 +162,7 @@ def unpublished(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> list[d
     prev = definitions(site, t.name)
     if not prev:
         return []       # the first attach in the family: its columns are the definition
-    known = shapes.columns_of(prev) | {op["column"] for op in shapes.ops_of(prev)}
+    known = set(declared_columns(t.name, prev)) | {op["column"] for op in shapes.ops_of(prev)}
     _same_but_case(t, known)
     # a column the family dropped is one it had: a site on the old release still has it,
     # and published again it was added back where the application had dropped it

@@ -137,11 +137,6 @@ def ops_of(definitions: list[Any]) -> list[dict]:
     return out
 
 
-def columns_of(definitions: list[Any]) -> set[str]:
-    """The columns named by any of the surviving versions of a table's definition."""
-    return _names_in(definitions, "columns")
-
-
 def dropped_of(definitions: list[Any]) -> set[str]:
     """Columns a refresh somewhere in the family accepted as dropped: values of them in older
     records are left out, not waited for."""

@@ -1,9 +1,10 @@
 """Pure reading of SQL text: where its quotes and comments are, where its top-level commas
-are, how many concatenations it holds, when two names are one.  No I/O; no parsing beyond
-that."""
+are, how many concatenations and expression terms it holds, when two names are one.  No I/O;
+no parsing beyond that."""
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Iterator
 
@@ -67,4 +68,33 @@ def concatenations(text: str) -> int:
             last = -2       # '|||' is one and a stray bar
         elif ch == "|":
             last = i
+    return n
+
+
+_TERM_WORD = re.compile(r"(?i)(?<![\w$])(?:or|and|when)(?![\w$])")
+_IN_LIST = re.compile(r"(?i)(?<![\w$])in\s*\(")
+
+
+def expression_terms(text: str) -> int:
+    """How many terms SQL ``text`` gives the expressions SQLite evaluates at each write, beyond
+    a few: the values of its IN lists (SQLite builds each list anew for every row a CHECK
+    tests, the whole list) and its OR, AND and WHEN (each branch tested in turn), outside its
+    quotes and comments."""
+    bare = [" "] * len(text)
+    for i, ch in _outside_quotes(text):
+        bare[i] = ch
+    plain = "".join(bare)
+    n = len(_TERM_WORD.findall(plain))
+    for m in _IN_LIST.finditer(plain):
+        depth, items = 1, 1
+        for ch in plain[m.end():]:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if not depth:
+                    break
+            elif ch == "," and depth == 1:
+                items += 1
+        n += items
     return n

@@ -677,6 +677,10 @@ PEER_FUNCTIONS = frozenset("""
     substr substring time typeof unicode unixepoch unlikely upper""".split())
 PEER_CALLS = 8
 PEER_CONCATENATIONS = 4
+# ... and at most this many terms in its expressions (sqltext.expression_terms): a CHECK of
+# 30,000 values in an IN list, 240 KB, made each INSERT into the table 1,000 times slower,
+# the application's own (SQLite builds the list anew for each row)
+PEER_TERMS = 256
 MAX_DEFAULT_CHARS = 1024
 # Tables no peer's definition may refer to: SQLite's and syncpack's own (a foreign key to
 # the change table made syncpack's own clean-up of it fail at every command).
@@ -737,6 +741,10 @@ def _too_long(sql: str) -> str | None:
     n = sqltext.concatenations(sql)
     if n > PEER_CONCATENATIONS:
         return f"it holds {n} concatenations (||), more than the {PEER_CONCATENATIONS} allowed"
+    n = sqltext.expression_terms(sql)
+    if n > PEER_TERMS:
+        return (f"its expressions hold {n:,} terms (values of IN lists, OR, AND, WHEN), more "
+                f"than the {PEER_TERMS} allowed")
     return None
 
 
@@ -2177,7 +2185,9 @@ WAITING = "waits for column"
 
 def waiting_text(table: str, columns: list[str]) -> str:
     return (f"{WAITING} {', '.join(columns)}: table {table} here lacks "
-            f"{'it' if len(columns) == 1 else 'them'} (added at a peer, not yet here)")
+            f"{'it' if len(columns) == 1 else 'them'} (a peer's table has "
+            f"{'it' if len(columns) == 1 else 'them'}; added here, or dropped everywhere "
+            f"with 'attach --refresh', the record goes in)")
 
 
 def column_sql(conn: Connection, table: str, column: str) -> str:
