@@ -303,6 +303,36 @@ def test_a_column_a_member_only_lists_does_not_keep_another_sites_column_home(th
         assert {r[0]: r for r in table(dbs[n], "items")}["b2"][6:8] == ("hello", "text")
 
 
+def test_many_new_tables_of_a_member_are_created_a_bounded_number_per_command(three):
+    """A member publishes many tables at once (one of them unwritable here): each was
+    created and attached on its own, every attach reviewing all the tables attached so far,
+    and 400 of them took one import 142 s.  One command creates at most FOLLOW_AT_ONCE of
+    them, together; the rest follow at the next commands, and the refused one is named."""
+    from syncpack.attach import core
+    root, sites, dbs = three
+    n = core.FOLLOW_AT_ONCE + 20
+    with Site.open(sites["a"]) as site, site.transaction(_system=True) as tx:
+        for i in range(n):
+            name = f"t{i:03d}"
+            check = " CHECK (x = 'a' COLLATE nosuch)" if i == 7 else ""
+            tx.write_raw(TABLES, name, codec.encode_value({
+                "pk": ["id"], "columns": ["id", "x"],
+                "create_sql": f"CREATE TABLE {name}(id TEXT PRIMARY KEY, x TEXT{check})"}))
+            tx.write_raw(name, "r", codec.encode_value({"id": "r", "x": "a"}))
+    export_to(root, sites, "a", ["b"])
+    made = [t["table"] for t in attached_doc(sites["b"])["tables"] if t["table"][0] == "t"]
+    assert len(made) == core.FOLLOW_AT_ONCE - 1, len(made)
+    r = run("--json", "capture", site=sites["b"])
+    assert any("table t007 of the family was not created here" in w
+               for w in r.json["refused"]), r
+    doc = attached_doc(sites["b"])
+    assert doc["available"] == ["t007"]
+    assert len([t for t in doc["tables"] if t["table"][0] == "t"]) == n - 1
+    assert all(table(dbs["b"], f"t{i:03d}") == [("r", "text", "a", "text")]
+               for i in range(n) if i != 7)
+    sp(sites["b"], "fsck")
+
+
 def test_unsafe_changes_are_named(three):
     _root, sites, dbs = three
     app(dbs["b"], ["CREATE UNIQUE INDEX items_t ON items(t, id)"])
