@@ -184,17 +184,23 @@ def test_a_dropped_column_stops_that_table_only_and_loses_nothing(three):
         assert run("conflicts", "items", "--json", site=sites[n]).out.count('"key"') == 0
 
 
-def test_a_write_made_while_stopped_is_a_conflict_not_overwritten(three):
+def _a1_written_at_a_while_stopped_and_at_b(three) -> None:
+    """a's application drops a column (its capture stops) and updates a1; b updates a1 too;
+    b's record waits at a."""
     root, sites, dbs = three
     app(dbs["a"], ["ALTER TABLE items DROP COLUMN t", "UPDATE items SET qty = 100 WHERE "
                    "id = 'a1'"])
     app(dbs["b"], ["UPDATE items SET qty = 200 WHERE id = 'a1'"])
     exchange(root, sites)
-    # b's record waits at a (its table is stopped): a's own change is still in a's table.
-    assert {r[0]: r[2] for r in table(dbs["a"], "items")}["a1"] == 100
     assert entry(sites["a"], "items")["to_apply"] >= 1
+
+
+def _rolled_out_with_a1_in_conflict(three, statements: list[str]) -> None:
+    """b and c's applications run ``statements`` (the release a has), every site refreshes,
+    and the family converges with a1 in conflict everywhere."""
+    root, sites, dbs = three
     for n in ("b", "c"):
-        app(dbs[n], ["ALTER TABLE items DROP COLUMN t"])
+        app(dbs[n], statements)
     for n in sites:
         sp(sites[n], "attach", dbs[n], "--refresh")
     exchange(root, sites)
@@ -202,6 +208,13 @@ def test_a_write_made_while_stopped_is_a_conflict_not_overwritten(three):
     for n in sites:
         [conf] = run("--json", "conflicts", "items", site=sites[n]).json["conflicts"]
         assert conf["key"] == "a1"
+
+
+def test_a_write_made_while_stopped_is_a_conflict_not_overwritten(three):
+    _a1_written_at_a_while_stopped_and_at_b(three)
+    # b's record waits at a (its table is stopped): a's own change is still in a's table.
+    assert {r[0]: r[2] for r in table(three[2]["a"], "items")}["a1"] == 100
+    _rolled_out_with_a1_in_conflict(three, ["ALTER TABLE items DROP COLUMN t"])
 
 
 def test_a_row_too_large_written_while_stopped_stops_the_refresh_naming_it(three, monkeypatch):
@@ -212,11 +225,7 @@ def test_a_row_too_large_written_while_stopped_stops_the_refresh_naming_it(three
     conflict with the peer's, as any write made while stopped."""
     monkeypatch.setattr(codec, "MAX_VALUE_BYTES", 10_000)
     root, sites, dbs = three
-    app(dbs["a"], ["ALTER TABLE items DROP COLUMN t",
-                   "UPDATE items SET qty = 100 WHERE id = 'a1'"])
-    app(dbs["b"], ["UPDATE items SET qty = 200 WHERE id = 'a1'"])
-    exchange(root, sites)
-    assert entry(sites["a"], "items")["to_apply"] >= 1
+    _a1_written_at_a_while_stopped_and_at_b(three)
     app(dbs["a"], ["ALTER TABLE items ADD COLUMN note BLOB",
                    "UPDATE items SET note = randomblob(20000) WHERE id = 'a1'"])
     def state():
@@ -231,15 +240,8 @@ def test_a_row_too_large_written_while_stopped_stops_the_refresh_naming_it(three
     assert "internal" not in r.err and "hint: " in r.err, r
     assert state() == before
     app(dbs["a"], ["UPDATE items SET note = x'01' WHERE id = 'a1'"])
-    for n in ("b", "c"):
-        app(dbs[n], ["ALTER TABLE items DROP COLUMN t", "ALTER TABLE items ADD COLUMN note BLOB"])
-    for n in sites:
-        sp(sites[n], "attach", dbs[n], "--refresh")
-    exchange(root, sites)
-    converged(sites, dbs)
-    for n in sites:
-        [conf] = run("--json", "conflicts", "items", site=sites[n]).json["conflicts"]
-        assert conf["key"] == "a1"
+    _rolled_out_with_a1_in_conflict(three, ["ALTER TABLE items DROP COLUMN t",
+                                            "ALTER TABLE items ADD COLUMN note BLOB"])
 
 
 def test_a_site_joining_with_a_table_of_another_shape_never_replaces_the_familys(tmp_path):
