@@ -877,8 +877,10 @@ def test_a_kept_version_reaches_a_site_that_trimmed_the_one_not_kept(family):
             h["hlc_max"] = max(h["hlc_max"], yi.hlc_last)
             for k in ("acks", "anchors", "heads"):
                 h.pop(k, None)
-            if kept:
+            if kept:        # its word, signed (PACKET.md 4.5): a 'kept' alone heals nothing
                 h["kept"] = [yi.block_hash]
+                h["kept_by"] = [[yi.block_hash, key.sign(codec.kept_signed_bytes(
+                    fam_id, mid, yi.block_hash))]]
             h["id"] = os.urandom(len(h["id"]))
         d = fam.medium()
         (d / "x.spk").write_bytes(rebuild(genuine[peer], key, edit, y if with_y else b""))

@@ -261,7 +261,12 @@ def note_kept(site: Site, h: Header) -> None:
     if not h.kept or h.sender == site.site_id:
         return
     take_word(site, h)
-    kept, said = set(h.kept), _said(site)
+    said = _said(site)
+    if h.sender in _liars(site, said):
+        return
+    # only with its signed word, which every member passes on: healed on the header alone,
+    # a site kept what the member told it without a word that could meet the other one
+    kept = set(h.kept) & said
     for f in store.open_forks(site.conn, h.sender):
         a = blocks.read_block_header(f.a, site.family_id, header_only=True)
         b = blocks.read_block_header(f.b, site.family_id, header_only=True)
@@ -287,12 +292,11 @@ def _settle(site: Site, f: store.Fork, keep: bytes) -> None:
     store.set_state(site.conn, f, store.HEALED)
 
 
-# How many signed words of which version an origin kept a site remembers and passes on.
-MAX_WORDS = 64
-
-
 def _words(site: Site) -> list[tuple[bytes, bytes, int]]:
-    """(block hash, its origin's signature, when it came here), newest first."""
+    """(block hash, its origin's signature, when it came here), newest first: every word
+    verified here, each of a block of evidence held here (kept for good, as the evidence is:
+    dropped at a cap, the older of a liar's two words went, and a site then settled the
+    fork again on the one left)."""
     raw = site.meta("fork_kept_by")
     return [(bytes(k), bytes(sig), ms) for k, sig, ms in codec.unpackb(raw)] if raw else []
 
@@ -307,15 +311,47 @@ def _remember_word(site: Site, words: list[tuple[bytes, bytes]]) -> None:
     now = wall_ms()
     new = [(k, sig, now) for k, sig in dict(words).items() if k not in known]
     if new:
-        site.set_meta("fork_kept_by", codec.packb([list(w) for w in (new + have)[:MAX_WORDS]]))
+        site.set_meta("fork_kept_by", codec.packb([list(w) for w in new + have]))
+
+
+def _told_key(peer: bytes) -> str:
+    return "fork_words_told:" + peer.hex()
+
+
+def _told_words(site: Site, peer: bytes) -> set[bytes]:
+    raw = site.meta(_told_key(peer))
+    return {bytes(k) for k in codec.unpackb(raw)} if raw else set()
+
+
+def note_words_told(site: Site, peer: bytes, words: list[tuple[bytes, bytes]]) -> None:
+    """After an export: ``peer`` has been given these words (with their evidence)."""
+    if words:
+        told = _told_words(site, peer) | {k for k, _sig in words}
+        site.set_meta(_told_key(peer), codec.packb(sorted(told)))
+
+
+def forget_words_told(site: Site, peer: bytes) -> None:
+    """``peer`` lost what we told it (restored from a backup): every word goes again."""
+    if site.meta(_told_key(peer)) is not None:
+        site.set_meta(_told_key(peer), codec.packb([]))
 
 
 def word_news_for(site: Site, peer: bytes) -> bool:
-    """Whether a word of which version an origin kept came after our last packet to
-    ``peer``: it must hear it, even when nothing else is to be sent (the member that said it
-    may never write to it again)."""
-    words = _words(site)
-    return bool(words) and words[0][2] >= store.last_sent_ms(site.conn, peer)
+    """Whether we hold a word ``peer`` has not been given: it must hear it, even when
+    nothing else is to be sent (the member that said it may never write to it again), and
+    every word, whatever came after it (a member's newer words crowded older ones out)."""
+    return bool(_said(site) - _told_words(site, peer))
+
+
+def _liars(site: Site, said: set[bytes]) -> set[bytes]:
+    """Origins that said, signed, that they kept each of the two versions of one of their
+    forks: none of their words counts."""
+    out = set()
+    for f in store.all_forks(site.conn):
+        if all(blocks.read_block_header(raw, site.family_id, header_only=True).block_hash
+               in said for raw in (f.a, f.b)):
+            out.add(f.origin)
+    return out
 
 
 def take_word(site: Site, h: Header) -> None:
@@ -349,18 +385,22 @@ def settle_by_word(site: Site) -> None:
     said = _said(site)
     if not said:
         return
+    liars = _liars(site, said)
     reopened = False
     for f in store.all_forks(site.conn):
         if f.origin == site.site_id:
             continue
-        pair = [(raw, blocks.read_block_header(raw, site.family_id, header_only=True))
-                for raw in (f.a, f.b)]
-        named = [raw for raw, info in pair if info.block_hash in said]
-        if len(named) == 2:
+        if f.origin in liars:
+            # a member that lied at one fork settled none: each is open again, and its
+            # retirement ends them all from the evidence alone
             if f.state == store.HEALED:
                 store.set_state(site.conn, f, store.OPEN)
                 reopened = True
-        elif len(named) == 1 and f.state != store.HEALED:
+            continue
+        pair = [(raw, blocks.read_block_header(raw, site.family_id, header_only=True))
+                for raw in (f.a, f.b)]
+        named = [raw for raw, info in pair if info.block_hash in said]
+        if len(named) == 1 and f.state != store.HEALED:
             _settle(site, f, named[0])
     if reopened:
         end_retired(site)
@@ -445,19 +485,41 @@ def for_header(site: Site, peer: bytes, room: int | None = None
             break
         kept.append(k)
         left -= 34
-    fs = list(reversed(store.all_forks(site.conn)))
-    ev = []
-    for f in [f for f in fs if f.state != store.ENDED] + [f for f in fs if f.state == store.ENDED]:
+    forks = list(reversed(store.all_forks(site.conn)))
+    hash_of = {raw: blocks.read_block_header(raw, site.family_id, header_only=True).block_hash
+               for f in forks for raw in (f.a, f.b)}
+    pair_of = {hash_of[raw]: (f.origin, f.a, f.b) for f in forks for raw in (f.a, f.b)}
+    ev: list[tuple[bytes, bytes]] = []
+    words: list[tuple[bytes, bytes]] = []
+
+    def give(k: bytes, sig: bytes) -> None:
+        # a word with its evidence, which the peer needs to check it
+        nonlocal left
+        _o, a, b = pair_of[k]
+        need = 100 + (0 if (a, b) in ev else 2 * 188)
+        if len(words) < MAX_KEPT and left >= need and ((a, b) in ev or len(ev) < MAX_FORKS):
+            words.append((k, sig))
+            if (a, b) not in ev:
+                ev.append((a, b))
+            left -= need
+
+    # Words the peer has not been given, ours first (a restored site's word is what unfreezes
+    # it), then other origins' with both of a fork's words first (the proof of a lie), each
+    # in turn: the newest alone would let a member crowd its older word out for good.
+    told, held = _told_words(site, peer), _words(site)
+    said = {k for k, _sig, _ms in held}
+    both = {k for k, (_o, a, b) in pair_of.items() if hash_of[a] in said and hash_of[b] in said}
+    untold = [(k, sig) for k, sig, _ms in held if k not in told and k in pair_of]
+    for k, sig in sorted(untold, key=lambda w: (pair_of[w[0]][0] != site.site_id,
+                                                w[0] not in both)):
+        give(k, sig)
+    for f in [f for f in forks if f.state != store.ENDED] + \
+            [f for f in forks if f.state == store.ENDED]:
         if len(ev) == MAX_FORKS or left < 2 * 188:
             break
-        ev.append((f.a, f.b))
-        left -= 2 * 188
-    words = []
-    for k, sig, _ms in _words(site):
-        if len(words) == MAX_KEPT or left < 2 * 188 + 100:
-            break
-        words.append((k, sig))
-        left -= 100
+        if (f.a, f.b) not in ev:
+            ev.append((f.a, f.b))
+            left -= 2 * 188
     heads = store.heads_to_tell(site.conn, peer, min(HEADS_PER_PACKET, max(0, left // 188)))
     return kept, ev, words, heads
 

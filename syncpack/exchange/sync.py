@@ -454,6 +454,7 @@ def record_exports(site: Site, written: list[tuple[PeerPlan, list[PartInfo]]],
             exports.record_acks_told(conn, plan.peer,
                                      [(m, c) for m, c, _v, _s in plan.template.acks])
             fork_store.note_heads_told(conn, plan.peer, plan.heads)
+            forks.note_words_told(site, plan.peer, plan.template.kept_by)
             for p in parts:
                 h = p.header
                 exports.record_packet_out(conn, h.packet_id, h.recipient, h.seq, h.part, h.kind,

@@ -180,9 +180,3 @@ def news_for(conn, peer: bytes) -> bool:
     return conn.execute(
         "SELECT 1 FROM forks WHERE state<>'ended' AND found_ms >= coalesce((SELECT max(at_ms) "
         "FROM packets_out WHERE recipient=?), 0) LIMIT 1", (peer,)).fetchone() is not None
-
-
-def last_sent_ms(conn, peer: bytes) -> int:
-    """When our last packet to ``peer`` was made (0: never)."""
-    return conn.execute("SELECT coalesce(max(at_ms), 0) FROM packets_out WHERE recipient=?",
-                        (peer,)).fetchone()[0]
