@@ -2781,6 +2781,54 @@ def test_an_attach_stopped_between_its_two_commits_creates_the_table_at_the_next
         sp(sites[n], "fsck")
 
 
+def _schema(db: Path) -> list[tuple]:
+    c = sqlite3.connect(db)
+    try:
+        return c.execute("SELECT type, name FROM sqlite_schema").fetchall()
+    finally:
+        c.close()
+
+
+def test_tables_a_stopped_follow_created_are_made_again_parents_first_beside_new_ones(
+        tmp_path, monkeypatch):
+    """b's import creates a's new tables c and p (c refers to p; at most two a command
+    here) and is stopped between the store's commit and the file's.  The next command first
+    created the family's next new table, z, and its end erased the note of c and p being
+    made: both were stopped as 'gone from the file' for good.  Made again, c came before p
+    (name order) and was refused, its parent missing.  Now both are made again, parents
+    first, beside z."""
+    from syncpack.attach import core, schema
+    monkeypatch.setattr(core, "FOLLOW_AT_ONCE", 2)
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = {n: tmp_path / f"{n}.db" for n in sites}
+    app(dbs["a"], ["CREATE TABLE p(id TEXT PRIMARY KEY NOT NULL, v INTEGER)",
+                   "CREATE TABLE c(id TEXT PRIMARY KEY NOT NULL, p TEXT REFERENCES p(id))",
+                   "CREATE TABLE z(id TEXT PRIMARY KEY NOT NULL, v)",
+                   "INSERT INTO p VALUES ('p1', 1)", "INSERT INTO c VALUES ('c1', 'p1')",
+                   "INSERT INTO z VALUES ('z1', 1)"])
+    app(dbs["b"], ["CREATE TABLE own(id TEXT PRIMARY KEY NOT NULL, v)"])
+    sp(sites["b"], "attach", dbs["b"], "--table", "own")
+    sp(sites["a"], "attach", dbs["a"], "--table", "p", "--table", "c", "--table", "z")
+    follow = schema.follow
+
+    def stopped_here(*args, **kwargs):      # after the store's commit, before the file's
+        raise KeyboardInterrupt
+    monkeypatch.setattr(schema, "follow", stopped_here)
+    out = tmp_path / "drop-once"
+    sp(sites["a"], "export", "--all", "--out", out, "--create-out")
+    assert run("import", out, site=sites["b"]).code != 0
+    monkeypatch.setattr(schema, "follow", follow)
+    assert not {"c", "p", "z"} & {r[1] for r in _schema(dbs["b"])}
+    sp(sites["b"], "capture")       # z first, then c and p again
+    exchange(tmp_path, sites)
+    doc = run("--json", "attached", site=sites["b"]).json
+    assert all(t["stopped"] is None for t in doc["tables"]), doc
+    for t in ("p", "c", "z"):
+        assert table(dbs["b"], t) == table(dbs["a"], t), t
+    for n in sites:
+        sp(sites[n], "fsck")
+
+
 def test_rows_a_trigger_of_the_application_deletes_while_syncpack_writes_are_captured(
         tmp_path):
     """An application's trigger that deletes the children of a deleted parent (a cascade by

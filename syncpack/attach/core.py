@@ -92,10 +92,15 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False,
         infos = {}
         stopped = attached.stopped(site.conn) if stop_gone else {}
         unfinished = attached.creating(site.conn) if stop_gone else []
+        again = {}
+        # parents first, as the attach made them: a child made before its parent was refused
+        # (its foreign key named no table) and stopped as gone, for good
+        for name in rows.fk_order({n: _parents_of(site, n) for n in unfinished
+                                   if n in attached.tables(site.conn)
+                                   and appdb.table_info(app, n) is None}):
+            again[name] = _create_again(site, app, name)
         for name in attached.tables(site.conn):
-            t = appdb.table_info(app, name)
-            if t is None and name in unfinished:
-                t = _create_again(site, app, name)
+            t = again.get(name) or appdb.table_info(app, name)
             if t is None:
                 if gone_ok:
                     continue
@@ -141,6 +146,13 @@ def _not_the_file(site: Site, app: appdb.Connection, path: str, note: bool = Tru
         with site.write_txn() as conn:
             attached.note_file_seen(conn, path)
     return None
+
+
+def _parents_of(site: Site, name: str) -> list[str]:
+    """The tables the family's definition of ``name`` refers to."""
+    d = _definition(site, name)
+    sql = d.get("create_sql") if isinstance(d, dict) else None
+    return appdb.definition_parents(name, sql) if isinstance(sql, str) else []
 
 
 def _create_again(site: Site, app: appdb.Connection, name: str) -> appdb.TableInfo | None:
@@ -794,7 +806,9 @@ def _attach_locked(site: Site, app: appdb.Connection, path: Path, names: list[st
     with site.write_txn() as conn:
         attached.note_file_seen(conn, str(path))
         if created:
-            attached.end_creating(conn)
+            # these alone: another attach's, stopped between its two commits, are still
+            # to be made again (_open_attached)
+            attached.end_creating(conn, created)
     schema.record(site, grown)
     applying.settle(site, done, clashes)
     with appdb.read_txn(app):
