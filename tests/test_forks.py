@@ -179,6 +179,44 @@ def test_a_word_of_which_version_was_kept_counts_only_signed_by_the_forked_membe
     assert fam.digest("A") == fam.digest("B") or signer == "B"
 
 
+def test_every_piece_of_evidence_reaches_a_site_that_hears_of_it_only_through_a_relay(family):
+    """A member signs more forks than one packet carries evidence of (16), and a relay, C,
+    shows them to A.  B hears of them only through A: it was given the 16 newest once, then
+    nothing (a packet went only for evidence newer than the last one), and never learnt of
+    the others.  Each peer is now given every piece it has not had, in turn, and a quiet
+    family falls quiet again."""
+    from packetkit import rebuild, sign_key
+    from syncpack.format.codec import Op
+    fam = family
+    fam.init("A")
+    for n in ("B", "C", "M"):
+        fam.add(n, via="A")
+    rounds(fam, ["A", "B", "C", "M"], 2)
+    key = sign_key(fam.path("M"))
+    with fam.open("A") as s:
+        fam_id = s.family_id
+    mid = site_id(fam, "M")
+    pairs = []
+    for i in range(20):         # two blocks M signed for each of 20 epochs past its history
+        made = [blocks.encode_block(fam_id, mid, bytes([i + 1]) * 32,
+                                    [Op(mid, 1000 + i, 5_000 + i, 0, "t", "k",
+                                        codec.encode_value(v), b"")], key.sign)[:blocks.HEADER_LEN]
+                for v in ("one", "two")]
+        pairs.append(sorted(made))
+    for n, part in enumerate((pairs[:10], pairs[10:])):
+        fam.put("C", "t", f"c{n}", "a write of C's, for a packet to carry the evidence")
+        out, _ = cli_export(fam, "C", "A")
+        [p] = out.rglob("*.spk")
+        p.write_bytes(rebuild(p.read_bytes(), sign_key(fam.path("C")),
+                              edit=lambda h, part=part: h.update(forks=part, opt=["forks"])))
+        cli_import(fam, "A", out)
+    assert len(forks_at(fam, "A")) == 20
+    rounds(fam, ["A", "B"], 3)
+    assert len(forks_at(fam, "B")) == 20
+    out, packets = cli_export(fam, "A", "B")
+    assert packets == [], packets       # nothing more to tell
+
+
 def test_a_relay_carrying_the_second_version_gets_a_loud_error_and_changes_nothing(family):
     fam = three_sites(family)
     fam.add("D", via="A")

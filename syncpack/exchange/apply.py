@@ -86,7 +86,7 @@ def note_header(site: Site, h: Header, applied: bool) -> None:
             # of how much of its own history it once held.
             stored.forget_acks_told(conn, peer)
             fork_store.forget_heads_told(conn, peer)
-            forks.forget_words_told(site, peer)
+            forks.forget_told(site, peer)
         stored.set_acked_created(conn, peer, h.created_ms)
     stored.note_received(conn, peer, h.seq, h.recv_seq, h.waiting)
     _wind_back(site, peer, h)

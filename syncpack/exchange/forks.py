@@ -21,6 +21,7 @@ Everything here runs inside the caller's write transaction.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Iterator
 
 from syncpack.admin import recovery
@@ -315,32 +316,41 @@ def _remember_word(site: Site, words: list[tuple[bytes, bytes]]) -> None:
 
 
 def _told_key(peer: bytes) -> str:
-    return "fork_words_told:" + peer.hex()
+    return "fork_told:" + peer.hex()
 
 
-def _told_words(site: Site, peer: bytes) -> set[bytes]:
+def _told(site: Site, peer: bytes) -> set[bytes]:
+    """The words (by block hash) and the pieces of evidence (by :func:`_piece`) ``peer`` has
+    been given."""
     raw = site.meta(_told_key(peer))
     return {bytes(k) for k in codec.unpackb(raw)} if raw else set()
 
 
-def note_words_told(site: Site, peer: bytes, words: list[tuple[bytes, bytes]]) -> None:
-    """After an export: ``peer`` has been given these words (with their evidence)."""
-    if words:
-        told = _told_words(site, peer) | {k for k, _sig in words}
-        site.set_meta(_told_key(peer), codec.packb(sorted(told)))
+def _piece(a: bytes, b: bytes) -> bytes:
+    return hashlib.blake2b(a + b, digest_size=16).digest()
 
 
-def forget_words_told(site: Site, peer: bytes) -> None:
-    """``peer`` lost what we told it (restored from a backup): every word goes again."""
+def note_told(site: Site, peer: bytes, h: Header) -> None:
+    """After an export: ``peer`` has been given the words and evidence of header ``h``."""
+    given = {k for k, _sig in h.kept_by} | {_piece(a, b) for a, b in h.forks}
+    if given - (told := _told(site, peer)):
+        site.set_meta(_told_key(peer), codec.packb(sorted(told | given)))
+
+
+def forget_told(site: Site, peer: bytes) -> None:
+    """``peer`` lost what we told it (restored from a backup): everything goes again."""
     if site.meta(_told_key(peer)) is not None:
         site.set_meta(_told_key(peer), codec.packb([]))
 
 
-def word_news_for(site: Site, peer: bytes) -> bool:
-    """Whether we hold a word ``peer`` has not been given: it must hear it, even when
-    nothing else is to be sent (the member that said it may never write to it again), and
-    every word, whatever came after it (a member's newer words crowded older ones out)."""
-    return bool(_said(site) - _told_words(site, peer))
+def news_for(site: Site, peer: bytes) -> bool:
+    """Whether we hold a word or a piece of evidence ``peer`` has not been given: it must
+    hear it, even when nothing else is to be sent (the member it concerns may never write to
+    it again), and every one of them, whatever came after it (a member's newer forks and
+    words crowded older ones out of the 16 a packet carries, for good)."""
+    told = _told(site, peer)
+    return bool(_said(site) - told) or any(
+        _piece(f.a, f.b) not in told for f in store.all_forks(site.conn))
 
 
 def _liars(site: Site, said: set[bytes]) -> set[bytes]:
@@ -506,15 +516,15 @@ def for_header(site: Site, peer: bytes, room: int | None = None
     # Words the peer has not been given, ours first (a restored site's word is what unfreezes
     # it), then other origins' with both of a fork's words first (the proof of a lie), each
     # in turn: the newest alone would let a member crowd its older word out for good.
-    told, held = _told_words(site, peer), _words(site)
+    told, held = _told(site, peer), _words(site)
     said = {k for k, _sig, _ms in held}
     both = {k for k, (_o, a, b) in pair_of.items() if hash_of[a] in said and hash_of[b] in said}
     untold = [(k, sig) for k, sig, _ms in held if k not in told and k in pair_of]
     for k, sig in sorted(untold, key=lambda w: (pair_of[w[0]][0] != site.site_id,
                                                 w[0] not in both)):
         give(k, sig)
-    for f in [f for f in forks if f.state != store.ENDED] + \
-            [f for f in forks if f.state == store.ENDED]:
+    # then evidence the peer has not been given, open and healed first, then the rest
+    for f in sorted(forks, key=lambda f: (_piece(f.a, f.b) in told, f.state == store.ENDED)):
         if len(ev) == MAX_FORKS or left < 2 * 188:
             break
         if (f.a, f.b) not in ev:

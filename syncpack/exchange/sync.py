@@ -271,8 +271,7 @@ def plan_exports(site: Site, peers: list[bytes], now_ms: int,
         if not planning.should_send(ranges, lk["told"], vec, unconfirmed, recovering,
                                     _grown_acks(site, peer, told, ack_members)
                                     or _restored_heard(site, peer, vec, told)) and \
-                not heads and not fork_store.news_for(site.conn, peer) and \
-                not forks.word_news_for(site, peer) and not needs_snapshot:
+                not heads and not forks.news_for(site, peer) and not needs_snapshot:
             continue
         tmpl = Header(kind=codec.KIND_UPDATE, mandatory=[codec.FEATURE_BLOCKS],
                       advisory=[codec.FEATURE_FORKS] if heads or evidence or kept or words
@@ -454,7 +453,7 @@ def record_exports(site: Site, written: list[tuple[PeerPlan, list[PartInfo]]],
             exports.record_acks_told(conn, plan.peer,
                                      [(m, c) for m, c, _v, _s in plan.template.acks])
             fork_store.note_heads_told(conn, plan.peer, plan.heads)
-            forks.note_words_told(site, plan.peer, plan.template.kept_by)
+            forks.note_told(site, plan.peer, plan.template)
             for p in parts:
                 h = p.header
                 exports.record_packet_out(conn, h.packet_id, h.recipient, h.seq, h.part, h.kind,

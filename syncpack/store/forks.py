@@ -173,10 +173,3 @@ def undo_ops(conn, ops: list) -> None:
                 conn.execute("INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?)",
                              (op.collection, op.key, r,
                               fields.record_of(conn, op.collection, op.key, r, back.value)))
-
-
-def news_for(conn, peer: bytes) -> bool:
-    """Whether evidence came in after our last packet to ``peer`` (it must hear of it)."""
-    return conn.execute(
-        "SELECT 1 FROM forks WHERE state<>'ended' AND found_ms >= coalesce((SELECT max(at_ms) "
-        "FROM packets_out WHERE recipient=?), 0) LIMIT 1", (peer,)).fetchone() is not None
