@@ -2781,10 +2781,11 @@ def test_an_attach_stopped_between_its_two_commits_creates_the_table_at_the_next
         sp(sites[n], "fsck")
 
 
-def _schema(db: Path) -> list[tuple]:
+def schema_text(db: Path) -> list[tuple]:
+    """(type, name, sql) of everything in the file's schema, in order."""
     c = sqlite3.connect(db)
     try:
-        return c.execute("SELECT type, name FROM sqlite_schema").fetchall()
+        return c.execute("SELECT type, name, sql FROM sqlite_schema ORDER BY 1, 2").fetchall()
     finally:
         c.close()
 
@@ -2818,7 +2819,7 @@ def test_tables_a_stopped_follow_created_are_made_again_parents_first_beside_new
     sp(sites["a"], "export", "--all", "--out", out, "--create-out")
     assert run("import", out, site=sites["b"]).code != 0
     monkeypatch.setattr(schema, "follow", follow)
-    assert not {"c", "p", "z"} & {r[1] for r in _schema(dbs["b"])}
+    assert not {"c", "p", "z"} & {r[1] for r in schema_text(dbs["b"])}
     sp(sites["b"], "capture")       # z first, then c and p again
     exchange(tmp_path, sites)
     doc = run("--json", "attached", site=sites["b"]).json

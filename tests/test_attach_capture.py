@@ -6,7 +6,6 @@ the one-by-one ones give."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from syncpack.format.codec import Op
 from syncpack.store import appdb, chain
 
 from conftest import run
-from test_attach import SCHEMA, app, make_family, sp, table
+from test_attach import SCHEMA, app, make_family, schema_text, sp, table
 
 
 
@@ -713,14 +712,6 @@ def test_a_key_longer_than_a_block_reads_stops_the_capture_until_the_row_is_gone
         assert started and all(started)
 
 
-def _schema(db: Path) -> list[tuple]:
-    c = sqlite3.connect(db)
-    try:
-        return c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
-    finally:
-        c.close()
-
-
 def test_attaching_a_table_holding_a_key_too_long_for_a_block_changes_nothing(tmp_path):
     """attach takes a table's rows as this site's changes: a table holding a row whose key no
     block can hold is refused, naming the row, and nothing changes, in the store or the file;
@@ -737,12 +728,12 @@ def test_attaching_a_table_holding_a_key_too_long_for_a_block_changes_nothing(tm
     app(dbs["a"], ["CREATE TABLE g(id TEXT PRIMARY KEY NOT NULL, v)",
                    "INSERT INTO g VALUES ('small', 1)",
                    f"INSERT INTO g VALUES ({_repeated(blocks.MAX_STR_BYTES + 1, 'q')}, 2)"])
-    before = (_schema(dbs["a"]), table(dbs["a"], "g"), sp(sites["a"], "fsck").out)
+    before = (schema_text(dbs["a"]), table(dbs["a"], "g"), sp(sites["a"], "fsck").out)
     r = run("attach", dbs["a"], "--table", "g", site=sites["a"])
     assert r.code == 1 and (f"row '{'q' * 57}...' of table 'g' has a key of "
                             f"{blocks.MAX_STR_BYTES + 1:,} bytes") in r.err, r
     assert "hint: " in r.err, r
-    assert (_schema(dbs["a"]), table(dbs["a"], "g"), sp(sites["a"], "fsck").out) == before
+    assert (schema_text(dbs["a"]), table(dbs["a"], "g"), sp(sites["a"], "fsck").out) == before
     assert [t["table"] for t in run("--json", "attached", site=sites["a"]).json["tables"]] \
         == ["items"]
     assert run("ls", "g", site=sites["a"]).out == ""

@@ -21,8 +21,8 @@ from syncpack.format import codec
 from syncpack.site import TABLES, Site
 
 from conftest import run
-from test_attach import (app, attached_everywhere, exchange, make_family, make_family_member, sp,
-                         table)
+from test_attach import (app, attached_everywhere, exchange, make_family, make_family_member,
+                         schema_text, sp, table)
 
 SCHEMA = [
     "CREATE TABLE items(id TEXT PRIMARY KEY, qty INTEGER, t TEXT)",
@@ -35,14 +35,6 @@ def columns(db: Path, name: str) -> list[tuple]:
     c = sqlite3.connect(db)
     try:
         return [tuple(r[1:]) for r in c.execute(f"PRAGMA table_xinfo({name})")]
-    finally:
-        c.close()
-
-
-def schema_text(db: Path) -> list[tuple]:
-    c = sqlite3.connect(db)
-    try:
-        return c.execute("SELECT type, name, sql FROM sqlite_schema ORDER BY 1, 2").fetchall()
     finally:
         c.close()
 
