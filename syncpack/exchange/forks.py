@@ -389,9 +389,10 @@ def settle_by_word(site: Site) -> None:
     origin itself, or passed on by any member): every site keeps the version it named, so a
     member that heard the word only through others, or only after the origin was retired,
     keeps the same history as those that heard it first.  An origin that said, signed, that
-    it kept each of the two versions (two running copies, or a liar telling each site what
-    it holds) settled nothing: the fork is open again wherever it counted as healed, and
-    retiring the member ends it with one history everywhere (:func:`end_retired`)."""
+    it kept each of the two versions of one fork (two running copies, or a liar telling each
+    site what it holds) settled nothing, there or at any other fork of its own: each is open
+    again wherever it counted as healed, and retiring the member ends them with one history
+    everywhere (:func:`end_retired`)."""
     said = _said(site)
     if not said:
         return
@@ -483,11 +484,12 @@ def for_header(site: Site, peer: bytes, room: int | None = None
                ) -> tuple[list[bytes], list[tuple[bytes, bytes]], list[tuple[bytes, bytes]],
                           list[tuple[bytes, int, bytes]]]:
     """What a packet to ``peer`` says of forks, within ``room`` header bytes (None: the
-    per-field limits only): what we kept at forks of our own history; our evidence, open and
-    healed first, then ended (a member that has not heard of a fork yet still needs it to keep
-    the same history when the forked member is retired), newest first; the origins' signed
-    words of which version they kept (ours too), newest first; and our newest block of
-    origins the peer has not been shown."""
+    per-field limits only): what we kept at forks of our own history; the origins' signed
+    words of which version they kept that the peer has not been given (ours first), each with
+    its evidence; then our other evidence, what the peer has not been given first, open and
+    healed before ended (a member that has not heard of a fork yet still needs it to keep the
+    same history when the forked member is retired); and our newest block of origins the peer
+    has not been shown."""
     left = (1 << 62) if room is None else room
     kept = []
     for k in kept_for_header(site):
