@@ -583,6 +583,20 @@ def _one(got: dict, name: str) -> float:
     return value
 
 
+def _packets(prom: Path) -> dict[str, float]:
+    """The metrics file's packets of the last round, by result."""
+    return {lab["result"]: v for lab, v in _prom(prom)["syncpack_batch_last_run_packets"]}
+
+
+def _sanfran_imports(family, *inboxes: Path) -> tuple[Path, Path]:
+    """(a batch file for sanfran importing from ``inboxes`` in turn, its metrics file)."""
+    prom = family.root / "sanfran.prom"
+    imports = "".join(f'[[import]]\npath = "{p}"\n' for p in inboxes)
+    cfg = write_config(family.root / "etc" / "sanfran.toml",
+                       f'site = "{family.path("sanfran")}"\nmetrics = "{prom}"\n' + imports)
+    return cfg, prom
+
+
 def test_metrics_file_after_good_and_failed_rounds(family):
     three_sites(family)
     family.put("boston", "parts", "p1", {"qty": 1})
@@ -606,7 +620,7 @@ out = "{media}"
     assert before - 1 <= success <= time.time() + 1
     assert _one(got, "syncpack_batch_last_run_timestamp_seconds") == success
     assert _one(got, "syncpack_batch_last_run_failed_actions") == 0
-    packets = {lab["result"]: v for lab, v in got["syncpack_batch_last_run_packets"]}
+    packets = _packets(prom)
     assert packets["exported"] == 2 and packets["applied"] == 0
     # The site's status metrics are in the same file, as 'status --format prometheus' has them.
     assert {lab["peer"] for lab, _ in got["syncpack_peer_lag_ops"]} == {"sanfran", "bangalore"}
@@ -648,19 +662,13 @@ def test_metrics_a_rejected_packet_counts_as_a_failed_round(family):
     with family.open("boston") as s:
         pk = sync.export(s, media, to=["sanfran"])[0].path
     pk.write_bytes(pk.read_bytes()[:-10])
-    prom = family.root / "sanfran.prom"
-    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
-site = "{family.path('sanfran')}"
-metrics = "{prom}"
-[[import]]
-path = "{media / 'sanfran'}"
-""")
+    cfg, prom = _sanfran_imports(family, media / "sanfran")
     r = run("--json", "batch", cfg)
     assert r.code == 1 and r.json["errors"] == [], r
     got = _prom(prom)
     [(_, ok)] = got["syncpack_batch_last_run_ok"]
     assert ok == 0
-    packets = {lab["result"]: v for lab, v in got["syncpack_batch_last_run_packets"]}
+    packets = _packets(prom)
     assert packets["rejected"] == 1
 
 
@@ -912,15 +920,7 @@ def test_a_packet_one_inbox_parks_and_a_later_inbox_applies_is_not_counted_parke
         inbox.mkdir()
         for p in pkts:
             shutil.copy(p, inbox / p.name)
-    prom = family.root / "sanfran.prom"
-    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
-site = "{family.path('sanfran')}"
-metrics = "{prom}"
-[[import]]
-path = "{in1}"
-[[import]]
-path = "{in2}"
-""")
+    cfg, prom = _sanfran_imports(family, in1, in2)
     r = run("--json", "batch", cfg)
     assert r.code == 0, r
     doc = r.json
@@ -932,8 +932,7 @@ path = "{in2}"
     assert run("--json", "status", site=family.path("sanfran")).json["parked"] == []
     end = (family.path("sanfran") / "batch.log").read_text().splitlines()[-1]
     assert "applied 2, parked 0," in end, end
-    got = _prom(prom)
-    packets = {labels["result"]: v for labels, v in got["syncpack_batch_last_run_packets"]}
+    packets = _packets(prom)
     assert packets["parked"] == 0 and packets["applied"] == 2, packets
     with family.open("sanfran") as s:
         assert s.get("parts", "p2") == 2
@@ -949,13 +948,7 @@ def test_a_round_whose_inbox_is_absent_still_counts_the_packets_parked_earlier(f
     [second] = family.export("boston", "sanfran")
     assert family.import_("sanfran", [second]).parked       # it waits for the first
     inbox = family.root / "not_mounted"
-    prom = family.root / "sanfran.prom"
-    cfg = write_config(family.root / "etc" / "sanfran.toml", f"""
-site = "{family.path('sanfran')}"
-metrics = "{prom}"
-[[import]]
-path = "{inbox}"
-""")
+    cfg, prom = _sanfran_imports(family, inbox)
     r = run("--json", "batch", cfg)
     assert r.code == 0, r                   # an absent inbox that is not required: no failure
     doc = r.json
@@ -965,7 +958,7 @@ path = "{inbox}"
     assert doc["counts"]["parked"] == 1 and doc["counts"]["applied"] == 0
     end = (family.path("sanfran") / "batch.log").read_text().splitlines()[-1]
     assert "applied 0, parked 1," in end, end
-    packets = {labels["result"]: v for labels, v in _prom(prom)["syncpack_batch_last_run_packets"]}
+    packets = _packets(prom)
     assert packets["parked"] == 1, packets
     r = run("batch", cfg)
     assert f"parked {second}: waiting for" in r.out, r
