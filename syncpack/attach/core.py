@@ -92,14 +92,14 @@ def _open_attached(site: Site, gone_ok: bool = False, stop_gone: bool = False,
         infos = {}
         stopped = attached.stopped(site.conn) if stop_gone else {}
         unfinished = attached.creating(site.conn) if stop_gone else []
+        names = attached.tables(site.conn)
         again = {}
         # parents first, as the attach made them: a child made before its parent was refused
         # (its foreign key named no table) and stopped as gone, for good
         for name in rows.fk_order({n: _parents_of(site, n) for n in unfinished
-                                   if n in attached.tables(site.conn)
-                                   and appdb.table_info(app, n) is None}):
+                                   if n in names and appdb.table_info(app, n) is None}):
             again[name] = _create_again(site, app, name)
-        for name in attached.tables(site.conn):
+        for name in names:
             t = again.get(name) or appdb.table_info(app, name)
             if t is None:
                 if gone_ok:

@@ -263,19 +263,18 @@ def note_kept(site: Site, h: Header) -> None:
         return
     take_word(site, h)
     said = _said(site)
-    if h.sender in _liars(site, said):
+    forks = store.all_forks(site.conn)
+    hash_of = _hashes(site, forks)
+    if h.sender in _liars(forks, hash_of, said):
         return
     # only with its signed word, which every member passes on: healed on the header alone,
     # a site kept what the member told it without a word that could meet the other one
     kept = set(h.kept) & said
-    for f in store.open_forks(site.conn, h.sender):
-        a = blocks.read_block_header(f.a, site.family_id, header_only=True)
-        b = blocks.read_block_header(f.b, site.family_id, header_only=True)
-        chosen = [x for x in (a, b) if x.block_hash in kept]
-        if len(chosen) != 1 or len([x for x in (a, b) if x.block_hash in kept | said]) != 1:
-            continue
-        _settle(site, f, bytes(chosen[0].raw[:blocks.HEADER_LEN]))
-        _note_told_healed(site, f.origin, h.seq, f.epoch)
+    for f in forks:
+        chosen = [raw for raw in (f.a, f.b) if hash_of[raw] in kept]
+        if f.origin == h.sender and f.state == store.OPEN and len(chosen) == 1:
+            _settle(site, f, chosen[0])
+            _note_told_healed(site, f.origin, h.seq, f.epoch)
 
 
 def _settle(site: Site, f: store.Fork, keep: bytes) -> None:
@@ -353,15 +352,17 @@ def news_for(site: Site, peer: bytes) -> bool:
         _piece(f.a, f.b) not in told for f in store.all_forks(site.conn))
 
 
-def _liars(site: Site, said: set[bytes]) -> set[bytes]:
+def _hashes(site: Site, forks: list[store.Fork]) -> dict[bytes, bytes]:
+    """Signed header -> its block hash, for both headers of each of ``forks``."""
+    return {raw: blocks.read_block_header(raw, site.family_id, header_only=True).block_hash
+            for f in forks for raw in (f.a, f.b)}
+
+
+def _liars(forks: list[store.Fork], hash_of: dict[bytes, bytes], said: set[bytes]
+           ) -> set[bytes]:
     """Origins that said, signed, that they kept each of the two versions of one of their
-    forks: none of their words counts."""
-    out = set()
-    for f in store.all_forks(site.conn):
-        if all(blocks.read_block_header(raw, site.family_id, header_only=True).block_hash
-               in said for raw in (f.a, f.b)):
-            out.add(f.origin)
-    return out
+    ``forks``: none of their words counts."""
+    return {f.origin for f in forks if hash_of[f.a] in said and hash_of[f.b] in said}
 
 
 def take_word(site: Site, h: Header) -> None:
@@ -372,11 +373,9 @@ def take_word(site: Site, h: Header) -> None:
     fresh = [(k, sig) for k, sig in h.kept_by if k not in said]
     if not fresh:
         return
-    origin_of = {}
-    for f in store.all_forks(site.conn):
-        for raw in (f.a, f.b):
-            origin_of[blocks.read_block_header(raw, site.family_id,
-                                               header_only=True).block_hash] = f.origin
+    forks = store.all_forks(site.conn)
+    hash_of = _hashes(site, forks)
+    origin_of = {hash_of[raw]: f.origin for f in forks for raw in (f.a, f.b)}
     members = site.members_by_id(include_retired=True)
     good = [(k, sig) for k, sig in fresh if k in origin_of and origin_of[k] in members
             and keys.verify(members[origin_of[k]].ed25519, sig,
@@ -396,9 +395,11 @@ def settle_by_word(site: Site) -> None:
     said = _said(site)
     if not said:
         return
-    liars = _liars(site, said)
+    forks = store.all_forks(site.conn)
+    hash_of = _hashes(site, forks)
+    liars = _liars(forks, hash_of, said)
     reopened = False
-    for f in store.all_forks(site.conn):
+    for f in forks:
         if f.origin == site.site_id:
             continue
         if f.origin in liars:
@@ -408,9 +409,7 @@ def settle_by_word(site: Site) -> None:
                 store.set_state(site.conn, f, store.OPEN)
                 reopened = True
             continue
-        pair = [(raw, blocks.read_block_header(raw, site.family_id, header_only=True))
-                for raw in (f.a, f.b)]
-        named = [raw for raw, info in pair if info.block_hash in said]
+        named = [raw for raw in (f.a, f.b) if hash_of[raw] in said]
         if len(named) == 1 and f.state != store.HEALED:
             _settle(site, f, named[0])
     if reopened:
@@ -498,8 +497,7 @@ def for_header(site: Site, peer: bytes, room: int | None = None
         kept.append(k)
         left -= 34
     forks = list(reversed(store.all_forks(site.conn)))
-    hash_of = {raw: blocks.read_block_header(raw, site.family_id, header_only=True).block_hash
-               for f in forks for raw in (f.a, f.b)}
+    hash_of = _hashes(site, forks)
     pair_of = {hash_of[raw]: (f.origin, f.a, f.b) for f in forks for raw in (f.a, f.b)}
     ev: list[tuple[bytes, bytes]] = []
     words: list[tuple[bytes, bytes]] = []
