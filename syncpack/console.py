@@ -58,8 +58,10 @@ def _terminated(_signum, _frame) -> None:
 
 
 def main() -> None:
-    import signal
     try:
+        # inside: its import builds enums, long enough for a Ctrl-C to land in it on a slow
+        # host (a traceback and exit -2, seen)
+        import signal
         # 'systemctl stop' while the command line loads: told as a Ctrl-C then is (without
         # this, SIGTERM's default action ended the process silently, exit 143)
         signal.signal(signal.SIGTERM, _terminated)
@@ -67,6 +69,7 @@ def main() -> None:
         large_buffers_go_back()
         from syncpack.cli import main as run
     except KeyboardInterrupt:
+        import signal       # (imported again if the interrupt came while it was)
         # told once: a second interrupt now (another signal, or one a finaliser swallowed
         # and interrupts_never_lost delivers again) would end the process by SIGINT itself
         for n in (signal.SIGINT, signal.SIGTERM):

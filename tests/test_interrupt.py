@@ -274,6 +274,30 @@ def test_an_interrupted_batch_round_says_what_its_import_kept(family, tmp_path, 
     assert _state(b)[0] == 2
 
 
+def test_an_interrupt_while_the_signal_module_loads_is_told_as_one_while_starting():
+    """The first thing the program loads, the signal module, builds enums: on a slow host a
+    Ctrl-C landed in it, before the handler that tells one, and ended in a traceback (exit
+    -2, seen in CI).  Raised there on purpose, it is told like any interrupt at the start."""
+    script = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "hit = []\n"
+        "def imp(name, *a, **k):\n"
+        "    if name == 'signal' and not hit:\n"
+        "        hit.append(1)\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real(name, *a, **k)\n"
+        "from syncpack import console\n"
+        "sys.modules.pop('signal', None)\n"
+        "builtins.__import__ = imp\n"
+        "sys.argv = ['syncpack', '--help']\n"
+        "console.main()\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 130, r
+    assert r.stderr == "error: interrupted while starting; nothing was done\n", r.stderr
+
+
 def test_a_signal_at_any_instant_of_a_put_is_told_truthfully(tmp_path):
     """SIGINT or SIGTERM sent to 'syncpack put' from its start to just after its end: either it
     finished (exit 0, the record kept) or it says 'interrupted' with exit 130 and whether the
