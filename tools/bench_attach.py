@@ -16,6 +16,10 @@ least 5), ratios within one run:
 
     .venv/bin/python tools/bench_attach.py                 # 1M rows, medians of 3
     .venv/bin/python tools/bench_attach.py --rows 20000 --repeat 1 --json   # a smoke run
+
+syncpack's bytecode is compiled first (machine.compile_syncpack, as ``pip install`` does);
+``--no-bytecode`` leaves it out, to measure an editable install run with
+``PYTHONDONTWRITEBYTECODE=1``, which compiles every module from source in every command.
 """
 
 from __future__ import annotations
@@ -210,7 +214,12 @@ def main() -> int:
                     help="runs of each figure; the median is reported (default 3)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--dir", help="where to work (default: a new temporary directory)")
+    ap.add_argument("--no-bytecode", action="store_true",
+                    help="do not compile syncpack's bytecode first (each command then compiles "
+                         "from source if PYTHONDONTWRITEBYTECODE is set)")
     a = ap.parse_args()
+    if not a.no_bytecode:
+        machine.compile_syncpack()
     root = Path(tempfile.mkdtemp(dir=a.dir))
     watch = machine.Watch()
     try:

@@ -39,11 +39,9 @@ disk is skipped with a note.
     python tools/bench_cli.py --bulk-ops 0 --small-ops 0 --big-gb 1 2 4   # peak RSS only
     python tools/bench_cli.py --bulk-ops 20000 --small-ops 2000 --peers 2   # a smoke run
 
-syncpack's bytecode is compiled first, as ``pip install`` does for an installed package: an
-editable install run with ``PYTHONDONTWRITEBYTECODE=1`` (as on the shared machine) would
-otherwise compile every module from source in every command (~0.3 s of CPU a call, which the
-plain-SQLite scripts, importing only precompiled modules, never pay).  ``--no-bytecode`` leaves
-it out, to measure that case.
+syncpack's bytecode is compiled first (machine.compile_syncpack, as ``pip install`` does);
+``--no-bytecode`` leaves it out, to measure an editable install run with
+``PYTHONDONTWRITEBYTECODE=1``, which compiles every module from source in every command.
 """
 
 from __future__ import annotations
@@ -474,8 +472,7 @@ def main() -> int:
     if a.api_ops is not None and a.api_ops < 1:
         ap.error("--api-ops must be at least 1")
     if not a.no_bytecode:
-        import compileall
-        compileall.compile_dir(str(ROOT / "syncpack"), quiet=1)
+        machine.compile_syncpack()
     rnd = random.Random(a.seed)
     bulk, small, big = [], [], []
     watch = machine.Watch()
