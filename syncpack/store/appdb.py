@@ -1060,10 +1060,12 @@ def _all_columns(conn: Connection, t: TableInfo) -> list[str]:
 def _compile_error(conn: Connection, statements: Iterable[tuple[str, int]]) -> str | None:
     """SQLite's reason for refusing to compile the first of ``statements`` (SQL, number of
     parameters) that it refuses, with the triggers, indexes and checks each sets off, or
-    None.  Compiled, never run: EXPLAIN."""
+    None.  Compiled, never run: EXPLAIN, whose rows are never read (a program's text column
+    holds a literal's bytes as they are: x'ff' in a DEFAULT, a CHECK or a trigger is no
+    UTF-8, and reading it failed)."""
     for sql, n in statements:
         try:
-            apsw.Cursor(conn).execute("EXPLAIN " + sql, [None] * n).fetchall()
+            apsw.Cursor(conn).execute("EXPLAIN " + sql, [None] * n).close()
         except apsw.SQLError as e:
             return str(e).removeprefix("SQLError: ")
     return None
@@ -1602,7 +1604,9 @@ def self_deleting_triggers(conn: Connection, t: TableInfo) -> list[str]:
                     f"EXPLAIN INSERT INTO {q(t.name)} DEFAULT VALUES",
                     f"EXPLAIN UPDATE {q(t.name)} SET {sets} WHERE 0"):
             try:        # a plain cursor: what only the application defines is no error here
-                apsw.Cursor(conn).execute(sql).fetchall()
+                # (compiling is what the authorizer sees; the rows are not read, see
+                # _compile_error)
+                apsw.Cursor(conn).execute(sql).close()
             except apsw.Error:      # a schema this connection cannot compile: nothing found
                 pass
     return sorted(found)
