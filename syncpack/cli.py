@@ -1081,8 +1081,10 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
         echo_error(f"{f['path']}: fork: {f['origin']} signed two histories of its epoch "
                    f"{f['epoch']}; that range was not applied, the evidence is kept and "
                    f"passed on (see 'syncpack status')")
+    for why in res.refused_definitions:
+        obj.warn(why)
     if not obj.json:
-        lines = []
+        lines = [_created_line(c) for c in res.created_tables]
         for p in res.parked:
             lines.append(f"parked {p['path']}: waiting for {sync.waiting_text(p)}")
         # Last, after any error: the counts of everything that was found, so a directory of
@@ -1091,6 +1093,11 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
         obj.say("\n".join(lines))
     if res.rejected or res.forks:
         sys.exit(1)
+
+
+def _created_line(c: dict) -> str:
+    return (f"created table {printable(c['table'])} in the attached database from the family's "
+            f"definition ({c['rows']:,} row(s) written)")
 
 
 def _import_summary(res: sync.ImportResult) -> str:
@@ -1328,7 +1335,10 @@ class _ConflictsGroup(Group):
 @cli.group(cls=_ConflictsGroup, invoke_without_command=True)
 @click.pass_context
 def conflicts(ctx):
-    """List keys with more than one surviving version (writes that did not see each other).
+    """List keys with more than one surviving version (writes that did not see each other),
+    and records of an attached table that its schema refused (a UNIQUE, CHECK, NOT NULL or
+    FOREIGN KEY clash, named; listed even with one version until resolved, or until a later
+    write removes the clash).  '*' marks the visible version; 'resolve' picks one.
 
     \b
     Example:
@@ -1809,8 +1819,12 @@ def _attached_text(doc: dict) -> str:
 def capture_(obj: Ctx, as_json):
     """Move the attached application's committed changes into the changelog now.
 
-    export, import, batch, status, mkreplica export and resync do this by themselves first;
-    exit 1 when a schema change stopped the capture of a table (see 'syncpack attached').
+    It also writes the family's records waiting for the application's tables, and creates
+    (from the family's definition) a table another site attached that the application lacks.
+    export, import, batch, status, mkreplica export and resync do this by themselves first.
+    Exit 1 when a schema change stopped the capture of a table (see 'syncpack attached'),
+    when the attached file cannot be used (gone, locked too long), or when nothing is
+    attached.
 
     \b
     Example:
@@ -1821,9 +1835,11 @@ def capture_(obj: Ctx, as_json):
     doc = attach_core.capture(s)
     for why in doc.get("refused", []):
         obj.warn(why)
-    obj.emit(doc, f"captured {doc['captured']} change(s), applied {doc['applied']} record(s)"
-             + (f", {doc['clashes']} refused by the schema (see 'syncpack conflicts')"
-                if doc["clashes"] else ""))
+    obj.emit(doc, "\n".join(
+        [_created_line(c) for c in doc.get("created", [])]
+        + [f"captured {doc['captured']} change(s), applied {doc['applied']} record(s)"
+           + (f", {doc['clashes']} refused by the schema (see 'syncpack conflicts')"
+              if doc["clashes"] else "")]))
 
 
 @cli.command()

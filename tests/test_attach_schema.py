@@ -381,6 +381,55 @@ def test_a_new_table_attached_at_one_site_is_created_and_filled_at_the_others(th
     converged(sites, dbs, tables=TABLES_ + ("extra",))
 
 
+def test_capture_and_import_say_which_tables_of_the_family_they_created_and_count_rows(three):
+    """The administrator is told when a table appears in the application's file: before, a
+    new site's capture that created a peer's table and wrote its rows said 'applied 0'."""
+    root, sites, dbs = three
+    app(dbs["a"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)",
+                   "INSERT INTO extra VALUES ('e', 1), ('f', 2)"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "extra")
+    out = root / "drop-extra"
+    sp(sites["a"], "export", "--to", "c", "--out", out, "--create-out")
+    r = sp(sites["c"], "import", out)
+    assert ("created table extra in the attached database from the family's definition "
+            "(2 row(s) written)") in r.out, r
+    assert table(dbs["c"], "extra") == table(dbs["a"], "extra")
+    # a new site attaching one table: its capture creates the others and counts their rows
+    d = make_family_member(root, sites, "d")
+    dbd = root / "d.db"
+    app(dbd, [SCHEMA[0]])
+    sp(d, "attach", dbd, "--table", "items")
+    doc = json.loads(sp(d, "--json", "capture").out)
+    assert sorted(doc["created"], key=lambda c: c["table"]) == [
+        {"table": "extra", "rows": 2}, {"table": "other", "rows": 3}], doc
+    assert doc["applied"] == 5, doc
+    assert table(dbd, "extra") == table(dbs["a"], "extra")
+    r = sp(d, "capture")
+    assert "created" not in r.out and "applied 0 record(s)" in r.out, r
+
+
+def test_blob_literals_that_are_no_utf8_in_a_schema_replicate(three):
+    """x'ff' in a DEFAULT, a CHECK or a trigger of the application's: SQLite shows such a
+    literal's bytes as they are when it compiles a write, and reading that program made
+    attach, and every capture after an ALTER TABLE adding one, an internal error."""
+    root, sites, dbs = three
+    app(dbs["a"], ["CREATE TABLE bin(id TEXT PRIMARY KEY, b BLOB DEFAULT x'ff', "
+                   "c BLOB CHECK (c IS NOT x'fe'))",
+                   "CREATE TABLE binlog(b BLOB, id TEXT)",
+                   "CREATE TRIGGER bin_log AFTER INSERT ON bin BEGIN "
+                   "INSERT INTO binlog VALUES (x'ff01', NEW.id); END",
+                   "INSERT INTO bin(id, c) VALUES ('1', x'00')"])
+    sp(sites["a"], "attach", dbs["a"], "--table", "bin")
+    app(dbs["a"], ["ALTER TABLE items ADD COLUMN raw BLOB DEFAULT x'DEADBEEF'",
+                   "INSERT INTO items(id, qty) VALUES ('raw', 1)",
+                   "INSERT INTO bin(id) VALUES ('2')"])
+    exchange(root, sites)
+    converged(sites, dbs, tables=TABLES_ + ("bin",))
+    assert table(dbs["c"], "bin")[0][2:4] == (b"\xff", "blob")
+    assert [r[6:8] for r in table(dbs["b"], "items") if r[0] == "raw"] == \
+        [(b"\xde\xad\xbe\xef", "blob")]
+
+
 def test_a_table_detached_at_one_site_is_not_attached_again(three):
     root, sites, dbs = three
     app(dbs["a"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)", "INSERT INTO extra VALUES "

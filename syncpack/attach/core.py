@@ -270,7 +270,8 @@ def sync_app(site: Site, *, wait: bool = True, lock_wait: bool = True) -> dict |
 
 def _sync_app_locked(site: Site, wait: bool) -> dict:
     """:func:`sync_app` under the site lock."""
-    not_created = _follow_new_tables(site)
+    not_created, created = _follow_new_tables(site)
+    filled = sum(c["rows"] for c in created)
     # 'status' from cron or a monitor: a minute's wait for the application's lock would stall
     # it (twice: the capture, then the figures); they are then those of the last capture
     with _open_attached(site, stop_gone=True,
@@ -300,11 +301,13 @@ def _sync_app_locked(site: Site, wait: bool) -> dict:
             # nothing to write: a write committed for nothing would still end the
             # read snapshot of an application transaction about to write (SQLite's
             # BUSY_SNAPSHOT, at once, whatever its busy timeout)
-            return {"captured": early, "applied": 0, "clashes": 0,
-                    "refused": not_created}
+            return {"captured": early, "applied": filled, "clashes": 0,
+                    "refused": not_created, "created": created}
         doc = _cycle(site, app, infos)
         doc["captured"] += early
+        doc["applied"] += filled
         doc["refused"] = not_created + doc["refused"]
+        doc["created"] = created
         return doc
 
 
@@ -328,17 +331,18 @@ def _take_back(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> int:
 FOLLOW_AT_ONCE = 64
 
 
-def _follow_new_tables(site: Site) -> list[str]:
+def _follow_new_tables(site: Site) -> tuple[list[str], list[dict]]:
     """A table another site attached, which this site's application does not have, is a schema
     change of the family: it is created from the family's definition and attached here, and its
     records are written into it (docs/attach.md).  A table the application already has (an
     unrelated table of that name), or one detached here (even if the application dropped it
     since), is left alone and stays 'available'.  Returns why each table whose definition
-    this database refuses was not created."""
+    this database refuses was not created, and the tables created (``{"table", "rows"}``)."""
     names = [n for n in schema.available(site) if n not in attached.detached_here(site.conn)]
     if not names:
-        return []
+        return [], []
     why: dict[str, str] = {}
+    created: list[dict] = []
     path = Path(attached.attachment(site.conn)[0])
     app = appdb.open_app(path)
     try:
@@ -362,7 +366,7 @@ def _follow_new_tables(site: Site) -> list[str]:
             # all at once, parents first: one by one, each attach reviewed every table
             # attached so far (a member's 400 tables took one import 142 s)
             if ready:
-                _attach_locked(site, app, path, ready, False, unasked=True)
+                created += _attach_locked(site, app, path, ready, False, unasked=True)["tables"]
             ready = []
         except AttachError:
             pass        # one of them is refused: one by one, to tell which
@@ -371,7 +375,8 @@ def _follow_new_tables(site: Site) -> list[str]:
             refused = []
             for name in names:
                 try:
-                    _attach_locked(site, app, path, [name], False, unasked=True)
+                    created += _attach_locked(site, app, path, [name], False,
+                                              unasked=True)["tables"]
                     why.pop(name, None)
                 except AttachError as e:
                     # A definition this database refuses (it is a peer's text): the records
@@ -382,7 +387,9 @@ def _follow_new_tables(site: Site) -> list[str]:
             names = refused if len(refused) < len(names) else []
     finally:
         app.close()
-    return [f"table {n} of the family was not created here: {w}" for n, w in sorted(why.items())]
+    return ([f"table {n} of the family was not created here: {w}"
+             for n, w in sorted(why.items())],
+            [{"table": c["table"], "rows": c["rows"]} for c in created])
 
 
 def capture(site: Site) -> dict:

@@ -52,11 +52,17 @@ def _has_app(site: Site) -> bool:
     return attached.attachment(site.conn) is not None
 
 
-def _sync_app(site: Site) -> None:
+def _sync_app(site: Site, res: ImportResult | None = None) -> None:
     """Capture an attached application's changes and write pending records into its tables
-    (attach/core.py: sync_app); nothing when nothing is attached."""
+    (attach/core.py: sync_app); nothing when nothing is attached.  With ``res``, the tables
+    of the family it created in the application's file, and those it refused to, are noted
+    there."""
     if _has_app(site):
-        attach_core.sync_app(site)
+        doc = attach_core.sync_app(site)
+        if res is not None and doc is not None:
+            res.created_tables += doc.get("created", [])
+            res.refused_definitions += [w for w in doc.get("refused", [])
+                                        if w not in res.refused_definitions]
 
 # Relayed acknowledgements ride in the header; this bounds what one packet carries of them
 # (a 1,000-member family's vectors would otherwise cost megabytes per packet).  The ones a
@@ -488,13 +494,18 @@ class ImportResult:
     # Rejected only because the family requires sealing (shown paths): their headers were
     # taken in, so their senders send what they held again, sealed.
     unsealed: list[str] = field(default_factory=list)
+    # Tables of the family created in the attached application's file, with their rows, and
+    # the peers' definitions (tables, columns) it refused, each with the reason.
+    created_tables: list[dict] = field(default_factory=list)
+    refused_definitions: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"applied": self.applied, "duplicates": self.duplicates, "parked": self.parked,
                 "rejected": self.rejected, "ops_applied": self.ops_applied,
                 "skipped": self.skipped, "ignored": self.ignored,
                 "incomplete_transactions": self.incomplete, "forks": self.forks,
-                "forgotten_parked": self.forgotten}
+                "forgotten_parked": self.forgotten, "created_tables": self.created_tables,
+                "refused_definitions": self.refused_definitions}
 
 
 @dataclass
@@ -624,7 +635,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
     (Ctrl-C) still knows which packets were applied and committed."""
     res = result if result is not None else ImportResult()
     res.started_ms = wall_ms()
-    _sync_app(site)     # local changes first: an import never hides one
+    _sync_app(site, res)    # local changes first: an import never hides one
     with site.lock():
         cands: list[_Candidate] = []
         snaps: dict[tuple[bytes, int], list[_Candidate]] = {}
@@ -735,7 +746,7 @@ def import_packets(site: Site, paths: Iterable[str | os.PathLike], *,
             for c in opened:
                 c.pk.close()
     with _applied_kept(res):
-        _sync_app(site)     # what arrived, into the attached application's tables
+        _sync_app(site, res)    # what arrived, into the attached application's tables
     return res
 
 
