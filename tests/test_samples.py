@@ -63,10 +63,10 @@ def test_attach_demo_three_shops_converge(tmp_path):
     assert list(start.iterdir()) == []
 
 
-def _readme_block(heading: str) -> str:
+def _readme_block(heading: str, lang: str = "sh") -> str:
     text = (SAMPLES.parent / "README.md").read_text()
-    section = text.split(f"## {heading}\n", 1)[1]
-    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split(f"```{lang}\n", 1)[1].split("```", 1)[0]
 
 
 def test_readme_setup_puts_syncpack_on_path_and_is_seen_by_type_checkers():
@@ -84,3 +84,9 @@ def test_readme_family_in_five_minutes_works_as_written(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1] == '{"name": "bolt", "qty": 40}', r.stdout
+    # then the Python API's example, in the same directory
+    r = subprocess.run([sys.executable, "-c", _readme_block("A family in five minutes",
+                                                            "python")],
+                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "{'name': 'bolt', 'qty': 40}", r.stdout
