@@ -7,6 +7,15 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/demo_dir.sh"
 APP="python3 $HERE/attach_app.py"
 
+round() {
+  for a in boston sanfran bangalore; do
+    syncpack -q --site "$a" export --all --out "usb/$a" --create-out >/dev/null
+    for b in boston sanfran bangalore; do
+      [ "$a" = "$b" ] || syncpack -q --site "$b" import "usb/$a"
+    done
+  done
+}
+
 say "a family of three sites"
 syncpack init boston --family shops --site boston >/dev/null
 for s in sanfran bangalore; do
@@ -26,14 +35,9 @@ for s in sanfran bangalore; do
   syncpack --site "$s" attach "$s.db" --table stock --table orders
 done
 
-round() {
-  for a in boston sanfran bangalore; do
-    syncpack -q --site "$a" export --all --out "usb/$a" --create-out >/dev/null
-    for b in boston sanfran bangalore; do
-      [ "$a" = "$b" ] || syncpack -q --site "$b" import "usb/$a"
-    done
-  done
-}
+
+say "a first round: the new shops receive boston's stock and orders"
+round
 
 say "each shop takes orders on its own, offline"
 $APP boston.db order boston 2 &
@@ -60,4 +64,7 @@ else
   echo "NOT converged" >&2
   exit 1
 fi
+say "bolt's stock: the shops' first orders updated it at once, a conflict that lww decided
+   (the newest update kept) and that bangalore's later order, made after it had seen them
+   all, settled. A counter kept per shop (a row each, summed) would count every order."
 syncpack --site boston conflicts
