@@ -1366,6 +1366,35 @@ def test_under_merge_a_site_that_dropped_a_column_leaves_its_value_alone_where_i
         sp(sites[n], "fsck")
 
 
+def test_under_merge_a_dropped_columns_value_is_kept_when_two_peers_edited_the_row(tmp_path):
+    """As above, with two peers on the old release editing the row meanwhile (one its note,
+    one its bin), both unseen at a when its refresh takes a's edit: both replaced the same
+    record, which was then counted twice, and a's edit counted the note as removed (the
+    note lost everywhere, a conflict listed)."""
+    sites = make_family(tmp_path, ("a", "b", "c"))
+    sp(sites["a"], "collection", "create", "items", "--policy", "merge")
+    exchange(tmp_path, sites, rounds=1)
+    dbs = attached_everywhere(tmp_path, sites, "CREATE TABLE items(id TEXT PRIMARY KEY NOT "
+                              "NULL, qty INTEGER, bin TEXT, note TEXT)",
+                              ["INSERT INTO items VALUES ('k', 1, 'A', 'n1')"], "items",
+                              rounds=1)
+    app(dbs["a"], ["ALTER TABLE items DROP COLUMN note"])
+    assert sp(sites["a"], "capture", ok=False).code == 1
+    app(dbs["a"], ["UPDATE items SET qty = 2 WHERE id = 'k'"])
+    app(dbs["b"], ["UPDATE items SET note = 'important' WHERE id = 'k'"])
+    app(dbs["c"], ["UPDATE items SET bin = 'C' WHERE id = 'k'"])
+    exchange(tmp_path, sites)
+    sp(sites["a"], "attach", dbs["a"], "--refresh", "--table", "items")
+    exchange(tmp_path, sites)
+    assert table(dbs["a"], "items") == [("k", "text", 2, "integer", "C", "text")]
+    for n in "bc":
+        assert table(dbs[n], "items") == [("k", "text", 2, "integer", "C", "text",
+                                            "important", "text")], n
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+        sp(sites[n], "fsck")
+
+
 _names = st.sampled_from(["id", "qty", "note", "bin", "loc"])
 _vals = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=5), st.binary(max_size=5))
 

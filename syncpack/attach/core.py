@@ -951,9 +951,10 @@ def _capture_stopped(site: Site, app: appdb.Connection, t: appdb.TableInfo) -> i
         u = unseen.get(key, set())
         seen = [c for c, _v in vs if c not in u]
         if gone:
-            below = [under[r] for c in u for r in replaced.get(c, ()) if r in under]
+            # (one version two unseen ones both replaced is one record the row shows)
+            below = {r for c in u for r in replaced.get(c, ()) if r in under}
             base = (capturing.shown_record(site, t.name, key, vs, u) if seen else
-                    below[0] if len(below) == 1 else None)
+                    under[below.pop()] if len(below) == 1 else None)
             raw = capturing.merge_write(raw, base, None, gone)
         if seen and len(seen) == len(vs) and any(v == raw for c, v in vs):
             continue
