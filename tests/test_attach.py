@@ -1871,6 +1871,7 @@ def test_put_and_delete_of_an_attached_table_reach_the_table_at_once(tmp_path):
     for value, said in (('{"id": "elsewhere", "i": 6}', "its key column id must hold the key"),
                         ('{"i": 6}', "its key column id must hold the key"),
                         ("6", "not an object of the table's columns"),
+                        ("null", "not an object of the table's columns"),
                         ('{"id": "p2", "colour": "red"}', "has no column 'colour'")):
         r = run("put", "items", "p2", value, site=sites["a"])
         assert r.code == 1 and said in r.err and "nothing was written" in r.err, r
@@ -1879,6 +1880,58 @@ def test_put_and_delete_of_an_attached_table_reach_the_table_at_once(tmp_path):
     sp(sites["a"], "delete", "items", "p1")
     assert table(db, "items") == []
     sp(sites["a"], "fsck")
+
+
+def test_a_put_whose_row_makes_another_record_key_is_told_the_key_it_makes(tmp_path):
+    """A REAL key is spelt [{"real":"1.5"}]: a put keyed 1.5 was told to write its key
+    column as "1.5", which the table's affinity refused in turn."""
+    sites = make_family(tmp_path, ("a",))
+    db = tmp_path / "a.db"
+    app(db, ["CREATE TABLE rk(id REAL PRIMARY KEY NOT NULL, v TEXT)",
+             "INSERT INTO rk VALUES (1.5, 'v')"])
+    sp(sites["a"], "attach", db, "--table", "rk")
+    assert '[{"real":"1.5"}]' in sp(sites["a"], "ls", "rk").out
+    r = run("put", "rk", "1.5", '{"id": 1.5, "v": "x"}', site=sites["a"])
+    assert r.code == 1 and 'makes the record key [{"real":"1.5"}]' in r.err, r
+    sp(sites["a"], "put", "rk", '[{"real":"1.5"}]', '{"id": 1.5, "v": "x"}')
+    assert table(db, "rk") == [(1.5, "real", "x", "text")]
+    r = run("put", "rk", '[{"real":"2.5"}]', '{"v": "y"}', site=sites["a"])
+    assert r.code == 1 and 'e.g. {"id": 2.5, ...}' in r.err, r
+
+
+def test_put_delete_resolve_and_load_capture_the_applications_changes_first(tmp_path):
+    """An administrator's write after an application's change of the same row, not yet
+    captured: before, the application's change was captured after the write, as the newer
+    op, and won (the put undone in the table, a delete leaving the row, a conflict of the
+    site with itself)."""
+    sites = make_family(tmp_path, ("a", "b"))
+    dbs = attached_everywhere(tmp_path, sites, SCHEMA[0],
+                              ["INSERT INTO items(id, i) VALUES ('k1', 1), ('k2', 2), "
+                               "('k3', 3), ('k4', 4)"], "items")
+    a = sites["a"]
+    app(dbs["a"], ["UPDATE items SET i = 99 WHERE id = 'k1'"])
+    sp(a, "put", "items", "k1", '{"id": "k1", "i": 5}')
+    app(dbs["a"], ["UPDATE items SET i = 77 WHERE id = 'k2'"])
+    sp(a, "delete", "items", "k2")
+    app(dbs["a"], ["UPDATE items SET i = 66 WHERE id = 'k4'"])
+    lines = tmp_path / "k4.jsonl"
+    lines.write_text('{"collection": "items", "key": "k4", "value": {"id": "k4", "i": 8}}\n')
+    sp(a, "load", lines)
+    assert [(r[0], r[2]) for r in table(dbs["a"], "items")] == [("k1", 5), ("k3", 3),
+                                                                ("k4", 8)]
+    # a conflict, then the application's edit of the row, then a resolve picking b's
+    app(dbs["a"], ["UPDATE items SET i = 10 WHERE id = 'k3'"])
+    app(dbs["b"], ["UPDATE items SET i = 20 WHERE id = 'k3'"])
+    exchange(tmp_path, sites)
+    assert run("--json", "conflicts", site=a).json["conflicts"][0]["key"] == "k3"
+    app(dbs["a"], ["UPDATE items SET t = 'late' WHERE id = 'k3'"])
+    sp(a, "conflicts", "resolve", "items", "k3", "--pick", "b", ok=False)
+    exchange(tmp_path, sites)
+    for n in sites:
+        assert run("--json", "conflicts", site=sites[n]).json["conflicts"] == []
+    assert table(dbs["b"], "items") == table(dbs["a"], "items")
+    assert [(r[0], r[2], r[6]) for r in table(dbs["a"], "items")] == [
+        ("k1", 5, None), ("k3", 20, "late"), ("k4", 8, None)]
 
 
 def test_a_put_that_a_rowid_key_or_a_generated_column_refuses_writes_nothing(tmp_path):

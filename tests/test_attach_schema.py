@@ -381,6 +381,21 @@ def test_a_new_table_attached_at_one_site_is_created_and_filled_at_the_others(th
     converged(sites, dbs, tables=TABLES_ + ("extra",))
 
 
+def test_a_put_into_a_stopped_table_says_it_waits(three):
+    """Before, a put or a delete of a stopped table's record said nothing, though nothing
+    reached the table."""
+    root, sites, dbs = three
+    app(dbs["a"], ["ALTER TABLE items DROP COLUMN t"])
+    assert run("capture", site=sites["a"]).code == 1
+    for args in (("put", "items", "z", '{"id": "z", "qty": 2}'), ("delete", "items", "a1")):
+        r = sp(sites["a"], *args)
+        assert "capture of table items stopped" in r.err and \
+            "nothing is written into that table now" in r.err, r
+    assert [r[0] for r in table(dbs["a"], "items")] == ["a1", "b1", "c1"]
+    sp(sites["a"], "attach", dbs["a"], "--refresh", "--table", "items")
+    assert [r[0] for r in table(dbs["a"], "items")] == ["b1", "c1", "z"]
+
+
 def test_capture_and_import_say_which_tables_of_the_family_they_created_and_count_rows(three):
     """The administrator is told when a table appears in the application's file: before, a
     new site's capture that created a peer's table and wrote its rows said 'applied 0'."""

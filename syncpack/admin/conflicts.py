@@ -147,6 +147,9 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
                                     hint="give each field once: --field FIELD=SITE")
         seen.add(f)
     key = site.key_as_shown(collection, key)
+    # the application's changes first: one of this key's, captured after the resolve, would
+    # be the newer write, and the key in conflict again
+    writes.capture_first(site, [collection])
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",

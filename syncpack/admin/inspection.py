@@ -190,6 +190,7 @@ def _load_batches(site: Site, parts, records: int, progress) -> dict:
     # store transaction, all of the file, back.
     collections: set[str] = set()
     tables: dict[str, bool] = {}     # collection -> whether it is a table of the family
+    writes.capture_first(site)      # as a put does (which tables the file writes is not known)
     with site.transaction() as tx:
         for i, (batch, deletes) in enumerate(parts):
             if i:

@@ -25,6 +25,7 @@ def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     check_key(key)
     if attached.family_table(site.conn, TABLES, collection):
         attach_core.check_values(site, collection, [(key, value)])
+    capture_first(site, [collection])
     with site.transaction() as tx:
         tx.put(collection, key, value)
     return into_attached(site, [collection], key)
@@ -32,9 +33,26 @@ def put(site: Site, collection: str, key: str, value: Any) -> str | None:
 
 def delete(site: Site, collection: str, key: str) -> str | None:
     """:func:`put` of a delete."""
+    capture_first(site, [collection])
     with site.transaction() as tx:
         tx.delete(collection, key)
     return into_attached(site, [collection], key)
+
+
+def capture_first(site: Site, collections: Iterable[str] | None = None) -> None:
+    """Before an administrator's write to an attached table (one of ``collections``; None:
+    any), the application's committed changes are captured: taken after it, an earlier
+    change of the application's to the same row became the newer op, a conflict of the site
+    with itself that the application's old value won.  Nothing is said here when the file
+    cannot be read or another command holds the site: the write goes on, and
+    :func:`into_attached` tells what it could not do."""
+    watched = attached.watched(site.conn)
+    if not watched or collections is not None and watched.isdisjoint(collections):
+        return
+    try:
+        attach_core.sync_app(site, wait=True, lock_wait=False)
+    except (LockedError, AttachError):
+        pass
 
 
 def into_attached(site: Site, collections: Iterable[str], key: str | None = None
@@ -54,6 +72,11 @@ def into_attached(site: Site, collections: Iterable[str], key: str | None = None
     except AttachError as e:
         return (f"{e.message}; the record is in the store, and goes into the application's "
                 f"table at the next capture that can write it")
+    stopped = attached.stopped(site.conn).get(collections[0])
+    if stopped is not None:
+        return (f"{stopped}, so nothing is written into that table now; the record is in the "
+                f"store, and goes into the table once its capture resumes ('syncpack "
+                f"attached' says what to do)")
     why = attach_core.clash_of(site, collections[0], key) if key is not None else None
     return (f"the attached table refused it: {why} (listed by 'syncpack conflicts' until a "
             f"write or 'conflicts resolve' settles it)") if why else None

@@ -1138,26 +1138,43 @@ def check_values(site: Site, collection: str, records: list[tuple[str, object]])
             f"written", hint="write the value as the table stores it")
 
 
+def _row_example(key: str, pk: list[str], integer_key: bool) -> str:
+    """A row of record key ``key`` (its key columns; '...' for the rest), as JSON."""
+    values = (rows.decode_key(key, ["BLOB"] * len(pk)) if key.startswith("[") else
+              (int(key),) if integer_key and key.lstrip("-").isdigit() else (key,))
+    if values is None or len(values) != len(pk) or any(isinstance(v, bytes) for v in values):
+        return "{" + ", ".join(f"{json.dumps(c)}: ..." for c in pk) + ", ...}"
+    return "{" + ", ".join(f"{json.dumps(c)}: {json.dumps(v)}"
+                           for c, v in zip(pk, values)) + ", ...}"
+
+
 def _check_rows(name: str, pk: list[str], columns: list[str],
                 records: list[tuple[str, object]], integer_key: bool = False,
                 generated: frozenset[str] = frozenset()) -> None:
-    """:func:`check_values`'s refusal of records that are no row of table ``name``."""
-    puts = [(k, v) for k, v in records if v is not None]
-    refused = rows.refused_records([v for _k, v in puts], [k for k, _v in puts], pk)
+    """:func:`check_values`'s refusal of records that are no row of table ``name`` (a JSON
+    null among them: a record, not a delete)."""
+    refused = rows.refused_records([v for _k, v in records], [k for k, _v in records], pk)
     if refused:
         at = min(refused)
-        key, _value = puts[at]
+        key, value = records[at]
         plural = "s" if len(pk) > 1 else ""
         why = ("it is not an object of the table's columns" if refused[at] == rows.NOT_A_ROW
                else f"its key column{plural} {', '.join(pk)} must hold the key")
-        shown = int(key) if integer_key and key.lstrip("-").isdigit() else key
-        example = (f"{{{json.dumps(pk[0])}: {json.dumps(shown)}, ...}}" if len(pk) == 1 else
-                   "{" + ", ".join(f"{json.dumps(c)}: ..." for c in pk) + ", ...}")
+        hint = f"give the row as an object, e.g. {_row_example(key, pk, integer_key)}"
+        if isinstance(value, dict) and all(c in value for c in pk):
+            try:
+                own = rows.encode_key(tuple(value[c] for c in pk))
+            except (TypeError, ValueError):
+                own = None
+            if own is not None and own != key:
+                # a REAL or composite key is spelt as a JSON array ([{"real":"1.5"}])
+                hint = (f"the row's key column{plural} make{'' if plural else 's'} the record "
+                        f"key {own}: give that key, or key columns that make {key}")
         raise AttachError(
             f"the value for key {key!r} is not a row of attached table {name}: {why}; "
-            f"nothing was written", hint=f"give the row as an object, e.g. {example}")
+            f"nothing was written", hint=hint)
     known = set(columns)
-    for key, value in puts:
+    for key, value in records:
         odd = next(((c, v) for c, v in value.items() if not storable(v)), None)
         if odd is not None:
             raise AttachError(
