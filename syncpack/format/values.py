@@ -186,19 +186,18 @@ def read_patch(raw: bytes) -> tuple[dict[str, bytes], list[str]]:
     # Values are as a record holds them: JSON for put's records, and also bytes and infinite
     # floats for an attached table's rows (attach/rows.py); an ext (a patch inside a patch)
     # was refused by the decoding above.
-    return {k: msgpack.packb(v, use_bin_type=True) for k, v in setf.items()}, removed
+    return {k: codec.packb(v) for k, v in setf.items()}, removed
 
 
 def make_patch(base: dict[str, bytes], new: dict[str, bytes]) -> bytes:
     """The patch that turns record ``base`` into ``new`` (both as field -> msgpack bytes): the
     fields whose bytes differ, in ``new``'s order, and the fields ``new`` lacks, sorted."""
-    setf = b"".join(msgpack.packb(k, use_bin_type=True) + v for k, v in new.items()
+    setf = b"".join(codec.packb(k) + v for k, v in new.items()
                     if base.get(k) != v)
     n = sum(1 for k, v in new.items() if base.get(k) != v)
     removed = sorted(k for k in base if k not in new)
-    body = (b"\x92" + _map_header(n) + setf + msgpack.packb(removed, use_bin_type=True))
-    return msgpack.packb(msgpack.ExtType(PATCH_EXT, bytes([PATCH_VERSION]) + body),
-                         use_bin_type=True)
+    body = (b"\x92" + _map_header(n) + setf + codec.packb(removed))
+    return codec.packb(msgpack.ExtType(PATCH_EXT, bytes([PATCH_VERSION]) + body))
 
 
 def _map_header(n: int) -> bytes:
@@ -225,7 +224,7 @@ def encode_fields(fields: dict[str, bytes]) -> bytes:
     """A record (a msgpack map) made of its fields' bytes as they are, in the given order: no
     value is decoded and re-encoded, so no site can change a byte of it."""
     return _map_header(len(fields)) + b"".join(
-        msgpack.packb(k, use_bin_type=True) + v for k, v in fields.items())
+        codec.packb(k) + v for k, v in fields.items())
 
 
 _FIRST_BYTE = operator.itemgetter(0)
