@@ -267,7 +267,8 @@ class Ctx:
         before = site.commit_marker()
 
         def note() -> tuple[str, str | None]:
-            if site.commit_marker() != before:
+            # (a commit the command made first, a capture, is none of its work)
+            if site.commit_marker() != (site.marker_before_work or before):
                 return kept, None
             return rolled_back, hint
         self.on_interrupt(note)

@@ -130,6 +130,9 @@ class Site:
         # commit came in between, the next local transaction starts from it without asking
         # the store (a one-put transaction's one statement fewer)
         self._position: tuple[int, int, int, str] | None = None
+        # commit_marker() after a commit a command made before its own work (an attached
+        # application's changes captured first): what an interrupt of that work compares with
+        self.marker_before_work: tuple | None = None
 
     # -- opening and creating ------------------------------------------------------------------
 

@@ -445,6 +445,49 @@ def test_blob_literals_that_are_no_utf8_in_a_schema_replicate(three):
         [(b"\xde\xad\xbe\xef", "blob")]
 
 
+def test_a_capture_stopped_by_one_table_still_says_the_table_it_created(three):
+    """A capture that created a table of the family while another table's capture was
+    stopped failed (exit 1) naming only the stopped table: the new table, and its rows,
+    were never told (found by a probe)."""
+    root, sites, dbs = three
+    app(dbs["b"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)",
+                   "INSERT INTO extra VALUES ('e', 1)"])
+    sp(sites["b"], "attach", dbs["b"], "--table", "extra")
+    app(dbs["a"], ["CREATE TABLE extra(unrelated)"])    # a's own: extra stays available
+    out = root / "drop-extra"
+    sp(sites["b"], "export", "--to", "a", "--out", out, "--create-out")
+    sp(sites["a"], "import", out)
+    assert attached_doc(sites["a"])["available"] == ["extra"]
+    app(dbs["a"], ["DROP TABLE extra", "ALTER TABLE items DROP COLUMN t"])
+    r = run("capture", site=sites["a"])
+    assert r.code == 1 and "capture of table items stopped" in r.err, r
+    assert "created table extra in the attached database from the family's definition " \
+           "(1 row(s) written)" in r.err, r
+    assert table(dbs["a"], "extra") == table(dbs["b"], "extra")
+
+
+def test_a_put_waits_for_a_busy_application_once(three, monkeypatch):
+    """A put whose capture first found the application holding its lock through the whole
+    wait waited as long again to write the record into the table (a probe's put took 120 s
+    against a 60 s wait)."""
+    from syncpack.attach import core
+    from syncpack.errors import AttachBusyError
+    root, sites, dbs = three
+    waits = []
+
+    def busy(site, **k):
+        waits.append(1)
+        raise AttachBusyError("the application held its lock")
+    monkeypatch.setattr(core, "sync_app", busy)
+    r = run("put", "items", "p", '{"id": "p", "qty": 1}', site=sites["a"])
+    assert r.code == 0 and "the application held its lock; the record is in the store" \
+        in r.err, r
+    assert len(waits) == 1
+    monkeypatch.undo()
+    sp(sites["a"], "capture")
+    assert [r[0] for r in table(dbs["a"], "items")][-1] == "p"
+
+
 def test_a_table_detached_at_one_site_is_not_attached_again(three):
     root, sites, dbs = three
     app(dbs["a"], ["CREATE TABLE extra(id TEXT PRIMARY KEY, v)", "INSERT INTO extra VALUES "

@@ -350,3 +350,38 @@ def test_a_signal_at_any_instant_of_a_put_is_told_truthfully(tmp_path):
             assert "interrupted" in err and "committed" not in err, err
         seen.add((p.returncode, kept))
     assert (130, False) in seen, seen       # (how many finish depends on the machine)
+
+
+def test_an_interrupted_put_or_load_at_an_attached_site_is_told_rolled_back(tmp_path,
+                                                                             monkeypatch):
+    """put and load capture the attached application's changes first, in a commit of their
+    own: an interrupt of the write that followed was told as 'committed, do not load it
+    again', the capture's commit taken for the write's (found by a probe)."""
+    import sqlite3
+    from conftest import run
+    from syncpack.site import Transaction
+    site = tmp_path / "s"
+    assert run("init", site, "--family", "f", "--site", "s").code == 0
+    db = tmp_path / "app.db"
+    c = sqlite3.connect(db)
+    c.execute("CREATE TABLE t(id TEXT PRIMARY KEY NOT NULL, v INTEGER)")
+    c.commit()
+    assert run("attach", db, "--table", "t", site=site).code == 0
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"collection": "plain", "key": "k", "value": 1}\n')
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Transaction, "write_rows", interrupted)
+    monkeypatch.setattr(Transaction, "put", interrupted)
+    for n, args, said in ((1, ("load", lines), "nothing was loaded"),
+                          (2, ("put", "t", "x", '{"id": "x", "v": 1}'), "rolled back")):
+        c.execute("INSERT INTO t VALUES (?, ?)", (f"app{n}", n))    # not captured yet
+        c.commit()
+        r = run(*args, site=site)
+        assert r.code == 130 and said in r.err and "committed" not in r.err, r
+    c.close()
+    monkeypatch.undo()
+    assert run("get", "plain", "k", site=site).code == 1
+    assert run("get", "t", "x", site=site).code == 1
+    assert run("get", "t", "app2", site=site).code == 0     # the capture itself is kept

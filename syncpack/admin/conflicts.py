@@ -149,7 +149,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
     key = site.key_as_shown(collection, key)
     # the application's changes first: one of this key's, captured after the resolve, would
     # be the newer write, and the key in conflict again
-    writes.capture_first(site, [collection])
+    failed = writes.capture_first(site, [collection])
     vs = site.versions(collection, key)
     if len(vs) < 2 and attach_core.clash_of(site, collection, key) is None:
         raise UsageError(f"{collection}/{key} is not in conflict",
@@ -163,7 +163,7 @@ def resolve(site: Site, collection: str, key: str, pick_version: str | None = No
     with site.transaction() as tx:
         tx.write_raw(collection, key, raw)   # supersedes every surviving version
     # into an attached table (retrying a clash); said if the table refuses it, as for put
-    warning = writes.into_attached(site, [collection], key)
+    warning = writes.into_attached(site, [collection], key, failed)
     return {"collection": collection, "key": key,
             "value": None if raw is None else codec.shown_value(raw),
             "deleted": raw is None, "superseded": len(vs), "warning": warning}

@@ -190,7 +190,7 @@ def _load_batches(site: Site, parts, records: int, progress) -> dict:
     # store transaction, all of the file, back.
     collections: set[str] = set()
     tables: dict[str, bool] = {}     # collection -> whether it is a table of the family
-    writes.capture_first(site)      # as a put does (which tables the file writes is not known)
+    failed = writes.capture_first(site)     # as put does (which tables it writes is not known)
     with site.transaction() as tx:
         for i, (batch, deletes) in enumerate(parts):
             if i:
@@ -208,7 +208,7 @@ def _load_batches(site: Site, parts, records: int, progress) -> dict:
             deleted += deletes
             if progress:
                 progress(len(batch))
-    writes.into_attached(site, collections)     # as a put does
+    writes.into_attached(site, collections, failed=failed)     # as a put does
     return {"loaded": loaded, "puts": loaded - deleted, "deletes": deleted}
 
 

@@ -25,47 +25,58 @@ def put(site: Site, collection: str, key: str, value: Any) -> str | None:
     check_key(key)
     if attached.family_table(site.conn, TABLES, collection):
         attach_core.check_values(site, collection, [(key, value)])
-    capture_first(site, [collection])
+    failed = capture_first(site, [collection])
     with site.transaction() as tx:
         tx.put(collection, key, value)
-    return into_attached(site, [collection], key)
+    return into_attached(site, [collection], key, failed)
 
 
 def delete(site: Site, collection: str, key: str) -> str | None:
     """:func:`put` of a delete."""
-    capture_first(site, [collection])
+    failed = capture_first(site, [collection])
     with site.transaction() as tx:
         tx.delete(collection, key)
-    return into_attached(site, [collection], key)
+    return into_attached(site, [collection], key, failed)
 
 
-def capture_first(site: Site, collections: Iterable[str] | None = None) -> None:
+def capture_first(site: Site, collections: Iterable[str] | None = None
+                  ) -> AttachError | None:
     """Before an administrator's write to an attached table (one of ``collections``; None:
     any), the application's committed changes are captured: taken after it, an earlier
     change of the application's to the same row became the newer op, a conflict of the site
-    with itself that the application's old value won.  Nothing is said here when the file
-    cannot be read or another command holds the site: the write goes on, and
-    :func:`into_attached` tells what it could not do."""
+    with itself that the application's old value won.  When the file cannot be read (or the
+    application held its lock through the wait), the write goes on and the error is
+    returned, for :func:`into_attached` to tell without waiting again; when another command
+    holds the site, that one captures."""
     watched = attached.watched(site.conn)
     if not watched or collections is not None and watched.isdisjoint(collections):
-        return
+        return None
+    failed = None
     try:
         attach_core.sync_app(site, wait=True, lock_wait=False)
-    except (LockedError, AttachError):
-        pass
+    except LockedError:
+        return None
+    except AttachError as e:
+        failed = e      # (the capture may have committed before the file failed)
+    # an interrupt of the write compares the store with its state now (cli.py)
+    site.marker_before_work = site.commit_marker()
+    return failed
 
 
-def into_attached(site: Site, collections: Iterable[str], key: str | None = None
-                  ) -> str | None:
+def into_attached(site: Site, collections: Iterable[str], key: str | None = None,
+                  failed: AttachError | None = None) -> str | None:
     """Write what is pending for the application's tables if one of ``collections`` is
     attached (an administrator's write shows in the table at once, not only at the next
     capture; if another command holds the site, that one does it).  Returns a warning when
     the table of the first collection refused ``key``'s record, or the application's file
-    could not be written now (the records wait in the store either way)."""
+    could not be written now (the records wait in the store either way; ``failed``: it
+    could not be read a moment ago, by :func:`capture_first`, and is not waited for again)."""
     collections = list(collections)
     if attached.watched(site.conn).isdisjoint(collections):
         return None
     try:
+        if failed is not None:
+            raise failed
         attach_core.sync_app(site, wait=True, lock_wait=False)
     except LockedError:
         return None     # the command holding the site writes it
