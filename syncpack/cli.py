@@ -1085,7 +1085,7 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
     for why in res.refused_definitions:
         obj.warn(why)
     if not obj.json:
-        lines = [_created_line(c) for c in res.created_tables]
+        lines = [printable(attach_core.created_text(c)) for c in res.created_tables]
         for p in res.parked:
             lines.append(f"parked {p['path']}: waiting for {sync.waiting_text(p)}")
         # Last, after any error: the counts of everything that was found, so a directory of
@@ -1094,11 +1094,6 @@ def _import_report(obj: Ctx, res: sync.ImportResult) -> None:
         obj.say("\n".join(lines))
     if res.rejected or res.forks:
         sys.exit(1)
-
-
-def _created_line(c: dict) -> str:
-    return (f"created table {printable(c['table'])} in the attached database from the family's "
-            f"definition ({c['rows']:,} row(s) written)")
 
 
 def _import_summary(res: sync.ImportResult) -> str:
@@ -1837,7 +1832,7 @@ def capture_(obj: Ctx, as_json):
     for why in doc.get("refused", []):
         obj.warn(why)
     obj.emit(doc, "\n".join(
-        [_created_line(c) for c in doc.get("created", [])]
+        [printable(attach_core.created_text(c)) for c in doc.get("created", [])]
         + [f"captured {doc['captured']} change(s), applied {doc['applied']} record(s)"
            + (f", {doc['clashes']} refused by the schema (see 'syncpack conflicts')"
               if doc["clashes"] else "")]))

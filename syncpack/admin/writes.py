@@ -74,15 +74,16 @@ def into_attached(site: Site, collections: Iterable[str], key: str | None = None
     collections = list(collections)
     if attached.watched(site.conn).isdisjoint(collections):
         return None
-    try:
-        if failed is not None:
-            raise failed
-        attach_core.sync_app(site, wait=True, lock_wait=False)
-    except LockedError:
-        return None     # the command holding the site writes it
-    except AttachError as e:
-        return (f"{e.message}; the record is in the store, and goes into the application's "
-                f"table at the next capture that can write it")
+    if failed is None:
+        try:
+            attach_core.sync_app(site, wait=True, lock_wait=False)
+        except LockedError:
+            return None     # the command holding the site writes it
+        except AttachError as e:
+            failed = e
+    if failed is not None:
+        return (f"{failed.message}; the record is in the store, and goes into the "
+                f"application's table at the next capture that can write it")
     stopped = attached.stopped(site.conn).get(collections[0])
     if stopped is not None:
         return (f"{stopped}, so nothing is written into that table now; the record is in the "

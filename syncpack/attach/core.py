@@ -408,11 +408,17 @@ def capture(site: Site) -> dict:
     if stopped:
         # The other tables were captured; this one waits until the change is rolled out.
         # (What was done is said too: a table created now is not created, nor said, again.)
-        made = [f"created table {c['table']} in the attached database from the family's "
-                f"definition ({c['rows']:,} row(s) written)" for c in doc.get("created", [])]
-        raise AttachError("; ".join([why for _n, why, _h in stopped] + made),
+        raise AttachError("; ".join([why for _n, why, _h in stopped]
+                                    + [created_text(c) for c in doc.get("created", [])]),
                           hint=stopped[0][2])
     return doc
+
+
+def created_text(c: dict) -> str:
+    """What is said of a table of the family created in the attached file (``{"table",
+    "rows"}`` of a capture's ``created``)."""
+    return (f"created table {c['table']} in the attached database from the family's "
+            f"definition ({c['rows']:,} row(s) written)")
 
 
 def stopped_tables(site: Site) -> list[tuple[str, str, str]]:
